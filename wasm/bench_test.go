@@ -1,0 +1,69 @@
+package wasm_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/fleetlearn/fleetlearn/model/sgd"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/wasm"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+// BenchmarkEpoch is one MLP (784-128-10) epoch over 6,000 MNIST examples with
+// batch 32, natively and through the WASM module. The sandbox always runs with
+// deadline enforcement (WithCloseOnContextDone) on.
+func BenchmarkEpoch(b *testing.B) {
+	tr, _ := mnist(b)
+	d := head(tr, 6000)
+	init, _ := train.InitMLP([]int{784, 128, 10}, 1)
+	h := sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 512}
+	b.Run("native", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := train.Train(init, d, h, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("wasm", func(b *testing.B) {
+		s := newSandbox(b)
+		mod := load(b, s, wasmtest.MLP)
+		hyper, _ := json.Marshal(h)
+		for b.Loop() {
+			if _, err := mod.Train(context.Background(), wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkLoad is loading the MLP module: compiling it to machine code cold,
+// and with a warm on-disk compilation cache as a restarted agent sees it.
+func BenchmarkLoad(b *testing.B) {
+	code := wasmtest.Build(b, wasmtest.MLP)
+	hash := wasm.Hash(code)
+	ctx := context.Background()
+	run := func(b *testing.B, opts ...wasm.Option) {
+		s, err := wasm.New(opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close(ctx)
+		if _, err := s.Load(ctx, code, hash); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("cold", func(b *testing.B) {
+		for b.Loop() {
+			run(b)
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		dir := b.TempDir()
+		run(b, wasm.WithCacheDir(dir))
+		for b.Loop() {
+			run(b, wasm.WithCacheDir(dir))
+		}
+	})
+}

@@ -1,0 +1,245 @@
+package wasm
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model"
+)
+
+// Module is a loaded, hash-checked update module. Each call runs in a fresh
+// instance, so no state survives from one call to the next.
+type Module struct {
+	s    *Sandbox
+	hash string
+	code []byte
+
+	mu       sync.Mutex
+	compiled map[uint32]wazero.CompiledModule
+}
+
+// SHA256 is the lowercase hex hash of the module's bytes.
+func (m *Module) SHA256() string { return m.hash }
+
+func (m *Module) compile(ctx context.Context, pages uint32) (wazero.CompiledModule, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cm, ok := m.compiled[pages]; ok {
+		return cm, nil
+	}
+	r, err := m.s.runtime(ctx, pages)
+	if err != nil {
+		return nil, err
+	}
+	cm, err := r.CompileModule(ctx, m.code)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: compile %s: %w: %v", m.hash[:12], ErrInvalidModule, err)
+	}
+	m.compiled[pages] = cm
+	return cm, nil
+}
+
+// Call is one invocation of a module's train or evaluate entry point.
+type Call struct {
+	Model  *model.Model
+	Data   *data.Dataset
+	Hyper  json.RawMessage // task hyper-parameters, passed to the module verbatim
+	Seed   uint64          // drives example order and the module's random source
+	Limits Limits          // zero fields take the sandbox defaults
+}
+
+// Result is what a call returned, validated.
+type Result struct {
+	// Model holds the weights after a train call (same layout as the input);
+	// nil after evaluate.
+	Model       *model.Model
+	NumExamples int
+	Metrics     map[string]float64
+	// Work is the kernel work the call used, in the units of Limits.MaxWork.
+	Work     int64
+	Duration time.Duration
+	// Stderr is the start of what the module wrote to stdout and stderr.
+	Stderr string
+}
+
+// Train runs the module's train entry point on the call's model and data.
+func (m *Module) Train(ctx context.Context, c Call) (*Result, error) {
+	return m.run(ctx, exportTrain, c)
+}
+
+// Evaluate runs the module's evaluate entry point; the model is not changed.
+func (m *Module) Evaluate(ctx context.Context, c Call) (*Result, error) {
+	return m.run(ctx, exportEvaluate, c)
+}
+
+// paramDims views a tensor of any rank as the matrix kernels see: rank 0 and 1
+// are one row, higher ranks keep their leading dimension as rows.
+func paramDims(shape []int) (int, int) {
+	switch len(shape) {
+	case 0:
+		return 1, 1
+	case 1:
+		return 1, shape[0]
+	}
+	cols := 1
+	for _, d := range shape[1:] {
+		cols *= d
+	}
+	return shape[0], cols
+}
+
+func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error) {
+	op := "wasm: " + entry + " " + m.hash[:12]
+	lim := c.Limits.orDefault(m.s.cfg.limits)
+	if err := lim.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if c.Model == nil || c.Data == nil {
+		return nil, fmt.Errorf("%s: %w: model and data are required", op, ErrInvalidCall)
+	}
+	if err := c.Model.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w: model: %v", op, ErrInvalidCall, err)
+	}
+	if err := c.Data.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w: data: %v", op, ErrInvalidCall, err)
+	}
+	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {
+		return nil, fmt.Errorf("%s: %w: hyper-parameters are not JSON", op, ErrInvalidCall)
+	}
+	cm, err := m.compile(ctx, lim.MemoryPages)
+	if err != nil {
+		return nil, err
+	}
+
+	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}}
+	req := request{ABI: ABIVersion, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
+		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
+	if len(req.Hyper) == 0 {
+		req.Hyper = json.RawMessage("{}")
+	}
+	for _, t := range c.Model.Tensors {
+		r, cols := paramDims(t.Shape)
+		h := st.newTensor("param", r, cols, true)
+		copy(st.handles[h].m.Data, t.Data)
+		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
+	}
+	if st.err != nil {
+		return nil, fmt.Errorf("%s: %w", op, st.err)
+	}
+	st.nparams = len(c.Model.Tensors)
+	if st.input, err = json.Marshal(req); err != nil {
+		return nil, fmt.Errorf("%s: %w: %v", op, ErrInvalidCall, err)
+	}
+
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, lim.Timeout)
+	defer cancel()
+	st.ctx = cctx
+	cctx = context.WithValue(cctx, stateKey{}, st)
+	out := &boundedBuffer{max: 16 << 10}
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], c.Seed)
+	mc := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(exportInit).
+		WithStdout(out).WithStderr(out).
+		WithRandSource(rand.NewChaCha8(seed))
+	r, err := m.s.runtime(ctx, lim.MemoryPages)
+	if err != nil {
+		return nil, err
+	}
+	inst, err := r.InstantiateModule(cctx, cm, mc)
+	if err != nil {
+		return nil, m.callErr(op, "instantiate", st, cctx, err, out, lim, nil)
+	}
+	defer inst.Close(context.WithoutCancel(ctx))
+
+	verRes, err := inst.ExportedFunction(exportVersion).Call(cctx)
+	if err != nil {
+		return nil, m.callErr(op, exportVersion, st, cctx, err, out, lim, inst.Memory())
+	}
+	if v := int32(uint32(verRes[0])); v != ABIVersion {
+		return nil, fmt.Errorf("%s: %w: module speaks v%d, host speaks v%d", op, ErrABIVersion, v, ABIVersion)
+	}
+	res, err := inst.ExportedFunction(entry).Call(cctx)
+	if err != nil || st.err != nil {
+		return nil, m.callErr(op, entry, st, cctx, err, out, lim, inst.Memory())
+	}
+	if code := int32(uint32(res[0])); code != 0 {
+		msg := st.failMsg
+		if msg == "" {
+			msg = "no message"
+		}
+		return nil, fmt.Errorf("%s: %w: status %d: %s", op, ErrModuleFailed, code, msg)
+	}
+
+	mr, err := decodeResult(st.output, c.Data.Len())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	result := &Result{NumExamples: mr.NumExamples, Metrics: mr.Metrics, Work: st.work,
+		Duration: time.Since(start), Stderr: out.String()}
+	if entry == exportTrain {
+		out := c.Model.Clone()
+		out.Lineage = model.Lineage{Parent: c.Model.Lineage.Version}
+		for i := range out.Tensors {
+			t := st.handles[i+1]
+			copy(out.Tensors[i].Data, t.m.Data)
+			for j, v := range out.Tensors[i].Data {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, out.Tensors[i].Name, j, v)
+				}
+			}
+		}
+		result.Model = out
+	}
+	return result, nil
+}
+
+// memoryPage is wasm's page size.
+const memoryPage = 65536
+
+// callErr turns a failed instantiate or call into one sentinel-wrapped error,
+// preferring what the host observed over what the engine reports.
+func (m *Module) callErr(op, stage string, st *callState, ctx context.Context, err error, out *boundedBuffer, lim Limits, mem interface{ Size() uint32 }) error {
+	if st.err != nil {
+		return fmt.Errorf("%s: %w", op, st.err)
+	}
+	var exit *sys.ExitError
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded) {
+		return fmt.Errorf("%s: %w: %s after %v", op, ErrDeadline, stage, lim.Timeout)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return fmt.Errorf("%s: %s: %w", op, stage, ctx.Err())
+	}
+	stderr := out.String()
+	nearCap := mem != nil && uint64(mem.Size())+64*memoryPage > uint64(lim.MemoryPages)*memoryPage
+	if strings.Contains(stderr, "out of memory") || nearCap {
+		return fmt.Errorf("%s: %w: cap %d pages (%d MiB)", op, ErrMemoryLimit, lim.MemoryPages, uint64(lim.MemoryPages)*memoryPage>>20)
+	}
+	tail := stderr
+	if len(tail) > 512 {
+		tail = tail[len(tail)-512:]
+	}
+	return fmt.Errorf("%s: %w: %s: %v (output: %q)", op, ErrModuleFailed, stage, firstLine(err), tail)
+}
+
+func firstLine(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,252 @@
+package wasm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// Limits bound one module call. Zero fields take the sandbox's defaults.
+type Limits struct {
+	// MemoryPages caps the module's linear memory in 64 KiB pages.
+	MemoryPages uint32
+	// Timeout is the call's wall-clock limit; the module is closed when it passes.
+	Timeout time.Duration
+	// MaxWork caps host kernel work, counted in floating-point operations
+	// (a gemm of m×k by k×n costs 2mnk; element-wise kernels cost one per value).
+	MaxWork int64
+	// MaxTensorBytes caps the bytes of host tensors alive at once, parameters included.
+	MaxTensorBytes int64
+}
+
+// DefaultLimits are used for any field a sandbox's options and a call leave zero.
+var DefaultLimits = Limits{
+	MemoryPages:    2048, // 128 MiB: the Go runtime plus small module-side state
+	Timeout:        5 * time.Minute,
+	MaxWork:        2e12,
+	MaxTensorBytes: 1 << 30,
+}
+
+func (l Limits) orDefault(d Limits) Limits {
+	if l.MemoryPages == 0 {
+		l.MemoryPages = d.MemoryPages
+	}
+	if l.Timeout == 0 {
+		l.Timeout = d.Timeout
+	}
+	if l.MaxWork == 0 {
+		l.MaxWork = d.MaxWork
+	}
+	if l.MaxTensorBytes == 0 {
+		l.MaxTensorBytes = d.MaxTensorBytes
+	}
+	return l
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.MemoryPages > 65536:
+		return fmt.Errorf("%w: memory pages %d above the wasm32 maximum 65536", ErrInvalidCall, l.MemoryPages)
+	case l.Timeout < 0 || l.MaxWork < 0 || l.MaxTensorBytes < 0:
+		return fmt.Errorf("%w: negative limit %+v", ErrInvalidCall, l)
+	}
+	return nil
+}
+
+// Option configures a Sandbox.
+type Option func(*config)
+
+type config struct {
+	cacheDir string
+	limits   Limits
+	logger   *slog.Logger
+	maxCode  int
+}
+
+// WithCacheDir keeps compiled machine code in dir so later processes skip compilation.
+func WithCacheDir(dir string) Option { return func(c *config) { c.cacheDir = dir } }
+
+// WithLimits sets the defaults for calls that leave a limit zero.
+func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
+
+// WithLogger receives module log lines (at debug level) and sandbox events.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithMaxModuleBytes refuses modules larger than n bytes (default 64 MiB).
+func WithMaxModuleBytes(n int) Option { return func(c *config) { c.maxCode = n } }
+
+// Sandbox compiles and runs update modules. It is safe for concurrent use.
+type Sandbox struct {
+	cfg   config
+	cache wazero.CompilationCache
+
+	mu       sync.Mutex
+	closed   bool
+	runtimes map[uint32]wazero.Runtime // by memory cap: wazero fixes the cap per runtime
+}
+
+// New returns a sandbox. Close releases it.
+func New(opts ...Option) (*Sandbox, error) {
+	cfg := config{logger: slog.New(slog.DiscardHandler), maxCode: 64 << 20}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	cfg.limits = cfg.limits.orDefault(DefaultLimits)
+	if err := cfg.limits.validate(); err != nil {
+		return nil, fmt.Errorf("wasm: new: %w", err)
+	}
+	s := &Sandbox{cfg: cfg, runtimes: map[uint32]wazero.Runtime{}}
+	if cfg.cacheDir != "" {
+		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
+		if err != nil {
+			return nil, fmt.Errorf("wasm: new: compilation cache: %w", err)
+		}
+		s.cache = c
+	} else {
+		s.cache = wazero.NewCompilationCache()
+	}
+	return s, nil
+}
+
+// runtime returns the runtime for a memory cap, creating it on first use.
+func (s *Sandbox) runtime(ctx context.Context, pages uint32) (wazero.Runtime, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if r, ok := s.runtimes[pages]; ok {
+		return r, nil
+	}
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCompilationCache(s.cache).
+		WithMemoryLimitPages(pages).
+		WithCloseOnContextDone(true).
+		WithCoreFeatures(api.CoreFeaturesV2)
+	r := wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
+		r.Close(ctx)
+		return nil, fmt.Errorf("wasm: wasi: %w", err)
+	}
+	if err := instantiateHost(ctx, r); err != nil {
+		r.Close(ctx)
+		return nil, fmt.Errorf("wasm: host module: %w", err)
+	}
+	s.runtimes[pages] = r
+	return r, nil
+}
+
+// Close releases all runtimes and compiled code. It is safe to call twice.
+func (s *Sandbox) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var first error
+	for _, r := range s.runtimes {
+		if err := r.Close(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := s.cache.Close(ctx); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// Hash returns the lowercase hex sha256 that identifies module bytes.
+func Hash(code []byte) string {
+	h := sha256.Sum256(code)
+	return hex.EncodeToString(h[:])
+}
+
+// Load checks that code hashes to wantSHA256 (lowercase hex), compiles it, and
+// checks that it imports nothing outside ABI v1 and exports its entry points.
+// The version handshake happens on each call, in a fresh instance.
+func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Module, error) {
+	if len(code) > s.cfg.maxCode {
+		return nil, fmt.Errorf("wasm: load: %w: %d bytes, limit %d", ErrInvalidModule, len(code), s.cfg.maxCode)
+	}
+	got := Hash(code)
+	if !strings.EqualFold(got, wantSHA256) {
+		return nil, fmt.Errorf("wasm: load: %w: bytes hash to %s, want %s", ErrHashMismatch, got, wantSHA256)
+	}
+	m := &Module{s: s, hash: got, code: append([]byte(nil), code...), compiled: map[uint32]wazero.CompiledModule{}}
+	cm, err := m.compile(ctx, s.cfg.limits.MemoryPages)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkShape(cm); err != nil {
+		return nil, fmt.Errorf("wasm: load %s: %w", got[:12], err)
+	}
+	return m, nil
+}
+
+// checkShape refuses imports outside the ABI and requires its exports.
+func checkShape(cm wazero.CompiledModule) error {
+	for _, f := range cm.ImportedFunctions() {
+		mod, name, _ := f.Import()
+		switch {
+		case mod == HostModule && hostNames[name]:
+		case mod == wasiModule && wasiAllowed[name]:
+		default:
+			return fmt.Errorf("%w: %s.%s is not granted by ABI v%d", ErrForbiddenImport, mod, name, ABIVersion)
+		}
+	}
+	for _, m := range cm.ImportedMemories() {
+		mod, name, _ := m.Import()
+		return fmt.Errorf("%w: memory %s.%s (modules must define their own memory)", ErrForbiddenImport, mod, name)
+	}
+	exports := cm.ExportedFunctions()
+	want := map[string][2]int{exportVersion: {0, 1}, exportTrain: {0, 1}, exportEvaluate: {0, 1}}
+	for name, sig := range want {
+		f, ok := exports[name]
+		if !ok {
+			return fmt.Errorf("%w: missing export %q", ErrABI, name)
+		}
+		if len(f.ParamTypes()) != sig[0] || len(f.ResultTypes()) != sig[1] || f.ResultTypes()[0] != api.ValueTypeI32 {
+			return fmt.Errorf("%w: export %q must be () -> i32", ErrABI, name)
+		}
+	}
+	if len(cm.ExportedMemories()) == 0 {
+		return fmt.Errorf("%w: module exports no memory", ErrABI)
+	}
+	return nil
+}
+
+// boundedBuffer keeps the first max bytes written and counts the rest.
+type boundedBuffer struct {
+	mu      sync.Mutex
+	b       []byte
+	max     int
+	dropped int
+}
+
+func (w *boundedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := min(len(p), w.max-len(w.b))
+	w.b = append(w.b, p[:n]...)
+	w.dropped += len(p) - n
+	return len(p), nil
+}
+
+func (w *boundedBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}
+
+var _ io.Writer = (*boundedBuffer)(nil)
