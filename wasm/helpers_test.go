@@ -23,3 +23,11 @@ func cacheDir(t testing.TB) string {
 	})
 	return cachePath
 }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cachePath != "" {
+		os.RemoveAll(cachePath)
+	}
+	os.Exit(code)
+}

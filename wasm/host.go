@@ -41,6 +41,7 @@ type callState struct {
 	log     *slog.Logger
 	data    *data.Dataset
 	handles []*tensor // index 0 is never used
+	free    []uint32  // released handles, reused first
 	nparams int
 	limits  Limits
 	work    int64
@@ -61,11 +62,12 @@ func (s *callState) abort(err error) {
 	panic(s.err)
 }
 
-func (s *callState) kernelErr(op string, err error) {
-	if errors.Is(err, ErrBudget) || errors.Is(err, ErrMemoryAccess) || errors.Is(err, ErrKernel) {
-		s.abort(fmt.Errorf("%s: %w", op, err))
+// kernelErr aborts with a kernel's own error, which already names the kernel.
+func (s *callState) kernelErr(err error) {
+	if errors.Is(err, ErrDeadline) || errors.Is(err, context.Canceled) {
+		s.abort(err)
 	}
-	s.abort(fmt.Errorf("%w: %s: %v", ErrKernel, op, err))
+	s.abort(fmt.Errorf("%w: %v", ErrKernel, err))
 }
 
 func (s *callState) charge(op string, work int64) {
@@ -109,17 +111,19 @@ func (s *callState) newTensor(op string, rows, cols int, param bool) uint32 {
 	if s.limits.MaxTensorBytes > 0 && s.bytes+size > s.limits.MaxTensorBytes {
 		s.abort(fmt.Errorf("%w: %s: %d tensor bytes would exceed limit %d", ErrBudget, op, s.bytes+size, s.limits.MaxTensorBytes))
 	}
+	s.charge(op, int64(n)) // zeroing the storage is work too
 	t := &tensor{m: kernel.Mat{Rows: rows, Cols: cols, Data: make([]float32, n)}, cap: n, param: param}
-	s.bytes += size
-	for i := 1; i < len(s.handles); i++ {
-		if s.handles[i] == nil {
-			s.handles[i] = t
-			return uint32(i)
-		}
+	if k := len(s.free); k > 0 {
+		h := s.free[k-1]
+		s.free = s.free[:k-1]
+		s.handles[h] = t
+		s.bytes += size
+		return h
 	}
 	if len(s.handles) >= maxHandles {
 		s.abort(fmt.Errorf("%w: %s: more than %d live tensors", ErrBudget, op, maxHandles-1))
 	}
+	s.bytes += size
 	s.handles = append(s.handles, t)
 	return uint32(len(s.handles) - 1)
 }
@@ -217,6 +221,7 @@ var hostFunctions = []hostFn{
 		}
 		s.bytes -= int64(t.cap) * 4
 		s.handles[h] = nil
+		s.free = append(s.free, h)
 	}},
 	{"tensor_rows", []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.mat("tensor_rows", u32(st[0])).Rows)
@@ -314,36 +319,38 @@ var hostFunctions = []hostFn{
 			k = a.Rows
 		}
 		s.charge("gemm", kernel.GemmFLOPs(c.Rows, c.Cols, k))
-		if err := kernel.Gemm(u32(st[0]) != 0, u32(st[1]) != 0, fl(st[2]), a, b, fl(st[5]), c); err != nil {
-			s.kernelErr("gemm", err)
+		// Large products run in row blocks with a deadline check between them,
+		// so one huge gemm cannot outlive the call's timeout by much.
+		if err := kernel.GemmCheck(u32(st[0]) != 0, u32(st[1]) != 0, fl(st[2]), a, b, fl(st[5]), c, s.deadline); err != nil {
+			s.kernelErr(err)
 		}
 	}},
 	{"bias_add", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("bias_add", u32(st[0]))
 		s.charge("bias_add", int64(x.Len()))
 		if err := kernel.BiasAdd(x, s.mat("bias_add", u32(st[1]))); err != nil {
-			s.kernelErr("bias_add", err)
+			s.kernelErr(err)
 		}
 	}},
 	{"col_sum", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("col_sum", u32(st[0]))
 		s.charge("col_sum", int64(x.Len()))
 		if err := kernel.ColSum(x, s.mat("col_sum", u32(st[1]))); err != nil {
-			s.kernelErr("col_sum", err)
+			s.kernelErr(err)
 		}
 	}},
 	{"relu", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("relu", u32(st[0]))
 		s.charge("relu", int64(x.Len()))
 		if err := kernel.ReLU(x, s.mat("relu", u32(st[1]))); err != nil {
-			s.kernelErr("relu", err)
+			s.kernelErr(err)
 		}
 	}},
 	{"relu_grad", []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		dy := s.mat("relu_grad", u32(st[0]))
 		s.charge("relu_grad", int64(dy.Len()))
 		if err := kernel.ReLUGrad(dy, s.mat("relu_grad", u32(st[1])), s.mat("relu_grad", u32(st[2]))); err != nil {
-			s.kernelErr("relu_grad", err)
+			s.kernelErr(err)
 		}
 	}},
 	{"softmax_xent", []api.ValueType{i32, i32, i32}, []api.ValueType{f64}, func(s *callState, _ api.Module, st []uint64) {
@@ -351,7 +358,7 @@ var hostFunctions = []hostFn{
 		s.charge("softmax_xent", 5*int64(logits.Len()))
 		loss, err := kernel.SoftmaxXent(logits, s.mat("softmax_xent", u32(st[1])), s.optMat("softmax_xent", u32(st[2])))
 		if err != nil {
-			s.kernelErr("softmax_xent", err)
+			s.kernelErr(err)
 		}
 		st[0] = api.EncodeF64(loss)
 	}},
@@ -360,7 +367,7 @@ var hostFunctions = []hostFn{
 		s.charge("count_correct", int64(logits.Len()))
 		n, err := kernel.CountCorrect(logits, s.mat("count_correct", u32(st[1])))
 		if err != nil {
-			s.kernelErr("count_correct", err)
+			s.kernelErr(err)
 		}
 		st[0] = uint64(n)
 	}},
@@ -368,7 +375,7 @@ var hostFunctions = []hostFn{
 		x := s.mat("axpy", u32(st[1]))
 		s.charge("axpy", 2*int64(x.Len()))
 		if err := kernel.Axpy(fl(st[0]), x, s.mat("axpy", u32(st[2]))); err != nil {
-			s.kernelErr("axpy", err)
+			s.kernelErr(err)
 		}
 	}},
 	{"scale", []api.ValueType{f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
@@ -383,13 +390,25 @@ var hostFunctions = []hostFn{
 	}},
 }
 
-var hostNames = func() map[string]bool {
-	m := make(map[string]bool, len(hostFunctions))
-	for _, f := range hostFunctions {
-		m[f.name] = true
+var hostByName = func() map[string]*hostFn {
+	m := make(map[string]*hostFn, len(hostFunctions))
+	for i := range hostFunctions {
+		m[hostFunctions[i].name] = &hostFunctions[i]
 	}
 	return m
 }()
+
+// deadline reports the call's context error in the host's terms.
+func (s *callState) deadline() error {
+	switch err := s.ctx.Err(); {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %v", ErrDeadline, err)
+	default:
+		return err
+	}
+}
 
 // instantiateHost registers the ABI host module in r. Each function checks the
 // call's context first, so a call past its deadline stops at its next host call
@@ -403,8 +422,8 @@ func instantiateHost(ctx context.Context, r wazero.Runtime) error {
 			if s.err != nil {
 				s.abort(s.err)
 			}
-			if err := s.ctx.Err(); err != nil {
-				s.abort(fmt.Errorf("%w: %s: %v", ErrDeadline, f.name, err))
+			if err := s.deadline(); err != nil {
+				s.abort(fmt.Errorf("%s: %w", f.name, err))
 			}
 			f.fn(s, mod, stack)
 		}), f.params, f.results).Export(f.name)

@@ -9,10 +9,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/fleetlearn/fleetlearn/data"
@@ -22,34 +22,16 @@ import (
 // Module is a loaded, hash-checked update module. Each call runs in a fresh
 // instance, so no state survives from one call to the next.
 type Module struct {
-	s    *Sandbox
-	hash string
-	code []byte
-
-	mu       sync.Mutex
-	compiled map[uint32]wazero.CompiledModule
+	s        *Sandbox
+	hash     string
+	compiled wazero.CompiledModule
 }
 
 // SHA256 is the lowercase hex hash of the module's bytes.
 func (m *Module) SHA256() string { return m.hash }
 
-func (m *Module) compile(ctx context.Context, pages uint32) (wazero.CompiledModule, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cm, ok := m.compiled[pages]; ok {
-		return cm, nil
-	}
-	r, err := m.s.runtime(ctx, pages)
-	if err != nil {
-		return nil, err
-	}
-	cm, err := r.CompileModule(ctx, m.code)
-	if err != nil {
-		return nil, fmt.Errorf("wasm: compile %s: %w: %v", m.hash[:12], ErrInvalidModule, err)
-	}
-	m.compiled[pages] = cm
-	return cm, nil
-}
+// Close releases the module's compiled code. It is safe to call twice.
+func (m *Module) Close(ctx context.Context) error { return m.compiled.Close(ctx) }
 
 // Call is one invocation of a module's train or evaluate entry point.
 type Call struct {
@@ -118,16 +100,21 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {
 		return nil, fmt.Errorf("%s: %w: hyper-parameters are not JSON", op, ErrInvalidCall)
 	}
-	cm, err := m.compile(ctx, lim.MemoryPages)
-	if err != nil {
-		return nil, err
-	}
-
 	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}}
 	req := request{ABI: ABIVersion, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
 	if len(req.Hyper) == 0 {
 		req.Hyper = json.RawMessage("{}")
+	}
+	// Parameters are budgeted like any tensor; check up front, since outside a
+	// module call nothing would recover newTensor's abort.
+	var paramBytes int64
+	for _, t := range c.Model.Tensors {
+		paramBytes += 4 * int64(len(t.Data))
+	}
+	if len(c.Model.Tensors) >= maxHandles || paramBytes > lim.MaxTensorBytes {
+		return nil, fmt.Errorf("%s: %w: model has %d tensors (limit %d live tensors) of %d bytes (limit %d)",
+			op, ErrBudget, len(c.Model.Tensors), maxHandles-1, paramBytes, lim.MaxTensorBytes)
 	}
 	for _, t := range c.Model.Tensors {
 		r, cols := paramDims(t.Shape)
@@ -135,10 +122,8 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		copy(st.handles[h].m.Data, t.Data)
 		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
 	}
-	if st.err != nil {
-		return nil, fmt.Errorf("%s: %w", op, st.err)
-	}
 	st.nparams = len(c.Model.Tensors)
+	var err error
 	if st.input, err = json.Marshal(req); err != nil {
 		return nil, fmt.Errorf("%s: %w: %v", op, ErrInvalidCall, err)
 	}
@@ -148,6 +133,8 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	defer cancel()
 	st.ctx = cctx
 	cctx = context.WithValue(cctx, stateKey{}, st)
+	alloc := &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage}
+	cctx = experimental.WithMemoryAllocator(cctx, alloc)
 	out := &boundedBuffer{max: 16 << 10}
 	var seed [32]byte
 	binary.LittleEndian.PutUint64(seed[:], c.Seed)
@@ -156,26 +143,22 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		WithStartFunctions(exportInit).
 		WithStdout(out).WithStderr(out).
 		WithRandSource(rand.NewChaCha8(seed))
-	r, err := m.s.runtime(ctx, lim.MemoryPages)
+	inst, err := m.s.rt.InstantiateModule(cctx, m.compiled, mc)
 	if err != nil {
-		return nil, err
-	}
-	inst, err := r.InstantiateModule(cctx, cm, mc)
-	if err != nil {
-		return nil, m.callErr(op, "instantiate", st, cctx, err, out, lim, nil)
+		return nil, callErr(op, "instantiate", st, cctx, err, out, lim, alloc)
 	}
 	defer inst.Close(context.WithoutCancel(ctx))
 
 	verRes, err := inst.ExportedFunction(exportVersion).Call(cctx)
 	if err != nil {
-		return nil, m.callErr(op, exportVersion, st, cctx, err, out, lim, inst.Memory())
+		return nil, callErr(op, exportVersion, st, cctx, err, out, lim, alloc)
 	}
 	if v := int32(uint32(verRes[0])); v != ABIVersion {
 		return nil, fmt.Errorf("%s: %w: module speaks v%d, host speaks v%d", op, ErrABIVersion, v, ABIVersion)
 	}
 	res, err := inst.ExportedFunction(entry).Call(cctx)
 	if err != nil || st.err != nil {
-		return nil, m.callErr(op, entry, st, cctx, err, out, lim, inst.Memory())
+		return nil, callErr(op, entry, st, cctx, err, out, lim, alloc)
 	}
 	if code := int32(uint32(res[0])); code != 0 {
 		msg := st.failMsg
@@ -213,23 +196,24 @@ const memoryPage = 65536
 
 // callErr turns a failed instantiate or call into one sentinel-wrapped error,
 // preferring what the host observed over what the engine reports.
-func (m *Module) callErr(op, stage string, st *callState, ctx context.Context, err error, out *boundedBuffer, lim Limits, mem interface{ Size() uint32 }) error {
+func callErr(op, stage string, st *callState, ctx context.Context, err error, out *boundedBuffer, lim Limits, alloc *capAllocator) error {
 	if st.err != nil {
 		return fmt.Errorf("%s: %w", op, st.err)
+	}
+	if alloc.refused() {
+		return fmt.Errorf("%s: %w: %s: growth past %d pages (%d MiB) refused", op, ErrMemoryLimit, stage, lim.MemoryPages, uint64(lim.MemoryPages)*memoryPage>>20)
 	}
 	var exit *sys.ExitError
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded) {
 		return fmt.Errorf("%s: %w: %s after %v", op, ErrDeadline, stage, lim.Timeout)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
+	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %s: %w", op, stage, ctx.Err())
 	}
-	stderr := out.String()
-	nearCap := mem != nil && uint64(mem.Size())+64*memoryPage > uint64(lim.MemoryPages)*memoryPage
-	if strings.Contains(stderr, "out of memory") || nearCap {
-		return fmt.Errorf("%s: %w: cap %d pages (%d MiB)", op, ErrMemoryLimit, lim.MemoryPages, uint64(lim.MemoryPages)*memoryPage>>20)
+	if err == nil {
+		err = errors.New("no error")
 	}
-	tail := stderr
+	tail := out.String()
 	if len(tail) > 512 {
 		tail = tail[len(tail)-512:]
 	}

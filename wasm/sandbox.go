@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -86,13 +88,18 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 func WithMaxModuleBytes(n int) Option { return func(c *config) { c.maxCode = n } }
 
 // Sandbox compiles and runs update modules. It is safe for concurrent use.
+//
+// One wazero runtime serves every call: the per-call memory cap is enforced by
+// a memory allocator handed to each instantiation, not by the runtime, so calls
+// with different caps share compiled code.
 type Sandbox struct {
 	cfg   config
 	cache wazero.CompilationCache
+	rt    wazero.Runtime
+	wasi  map[string]api.FunctionDefinition // signatures of the WASI functions we serve
 
-	mu       sync.Mutex
-	closed   bool
-	runtimes map[uint32]wazero.Runtime // by memory cap: wazero fixes the cap per runtime
+	mu     sync.Mutex
+	closed bool
 }
 
 // New returns a sandbox. Close releases it.
@@ -105,7 +112,7 @@ func New(opts ...Option) (*Sandbox, error) {
 	if err := cfg.limits.validate(); err != nil {
 		return nil, fmt.Errorf("wasm: new: %w", err)
 	}
-	s := &Sandbox{cfg: cfg, runtimes: map[uint32]wazero.Runtime{}}
+	s := &Sandbox{cfg: cfg}
 	if cfg.cacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
 		if err != nil {
@@ -115,36 +122,27 @@ func New(opts ...Option) (*Sandbox, error) {
 	} else {
 		s.cache = wazero.NewCompilationCache()
 	}
+	ctx := context.Background()
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCompilationCache(s.cache).
+		WithMemoryLimitPages(maxPages).
+		WithCloseOnContextDone(true).
+		WithCoreFeatures(api.CoreFeaturesV2)
+	s.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, s.rt); err != nil {
+		s.rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: new: wasi: %w", err)
+	}
+	s.wasi = s.rt.Module(wasiModule).ExportedFunctionDefinitions()
+	if err := instantiateHost(ctx, s.rt); err != nil {
+		s.rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: new: host module: %w", err)
+	}
 	return s, nil
 }
 
-// runtime returns the runtime for a memory cap, creating it on first use.
-func (s *Sandbox) runtime(ctx context.Context, pages uint32) (wazero.Runtime, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if r, ok := s.runtimes[pages]; ok {
-		return r, nil
-	}
-	rc := wazero.NewRuntimeConfigCompiler().
-		WithCompilationCache(s.cache).
-		WithMemoryLimitPages(pages).
-		WithCloseOnContextDone(true).
-		WithCoreFeatures(api.CoreFeaturesV2)
-	r := wazero.NewRuntimeWithConfig(ctx, rc)
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
-		r.Close(ctx)
-		return nil, fmt.Errorf("wasm: wasi: %w", err)
-	}
-	if err := instantiateHost(ctx, r); err != nil {
-		r.Close(ctx)
-		return nil, fmt.Errorf("wasm: host module: %w", err)
-	}
-	s.runtimes[pages] = r
-	return r, nil
-}
+// maxPages is wasm32's address space; each call's own cap is lower.
+const maxPages = 65536
 
 // Close releases all runtimes and compiled code. It is safe to call twice.
 func (s *Sandbox) Close(ctx context.Context) error {
@@ -154,16 +152,7 @@ func (s *Sandbox) Close(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	var first error
-	for _, r := range s.runtimes {
-		if err := r.Close(ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	if err := s.cache.Close(ctx); err != nil && first == nil {
-		first = err
-	}
-	return first
+	return errors.Join(s.rt.Close(ctx), s.cache.Close(ctx))
 }
 
 // Hash returns the lowercase hex sha256 that identifies module bytes.
@@ -183,26 +172,41 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 	if !strings.EqualFold(got, wantSHA256) {
 		return nil, fmt.Errorf("wasm: load: %w: bytes hash to %s, want %s", ErrHashMismatch, got, wantSHA256)
 	}
-	m := &Module{s: s, hash: got, code: append([]byte(nil), code...), compiled: map[uint32]wazero.CompiledModule{}}
-	cm, err := m.compile(ctx, s.cfg.limits.MemoryPages)
-	if err != nil {
-		return nil, err
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("wasm: load: %w", ErrClosed)
 	}
-	if err := checkShape(cm); err != nil {
+	cm, err := s.rt.CompileModule(ctx, code)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: load %s: %w: %v", got[:12], ErrInvalidModule, err)
+	}
+	if err := s.checkShape(cm); err != nil {
+		cm.Close(ctx)
 		return nil, fmt.Errorf("wasm: load %s: %w", got[:12], err)
 	}
-	return m, nil
+	return &Module{s: s, hash: got, compiled: cm}, nil
 }
 
-// checkShape refuses imports outside the ABI and requires its exports.
-func checkShape(cm wazero.CompiledModule) error {
+// checkShape refuses imports outside the ABI, imports with the wrong
+// signature, and modules without the ABI's exports.
+func (s *Sandbox) checkShape(cm wazero.CompiledModule) error {
 	for _, f := range cm.ImportedFunctions() {
 		mod, name, _ := f.Import()
+		var params, results []api.ValueType
 		switch {
-		case mod == HostModule && hostNames[name]:
+		case mod == HostModule && hostByName[name] != nil:
+			params, results = hostByName[name].params, hostByName[name].results
 		case mod == wasiModule && wasiAllowed[name]:
+			d := s.wasi[name]
+			params, results = d.ParamTypes(), d.ResultTypes()
 		default:
 			return fmt.Errorf("%w: %s.%s is not granted by ABI v%d", ErrForbiddenImport, mod, name, ABIVersion)
+		}
+		if !slices.Equal(f.ParamTypes(), params) || !slices.Equal(f.ResultTypes(), results) {
+			return fmt.Errorf("%w: import %s.%s has signature %v -> %v, ABI v%d has %v -> %v", ErrABI, mod, name,
+				typeNames(f.ParamTypes()), typeNames(f.ResultTypes()), ABIVersion, typeNames(params), typeNames(results))
 		}
 	}
 	for _, m := range cm.ImportedMemories() {
@@ -226,10 +230,20 @@ func checkShape(cm wazero.CompiledModule) error {
 	return nil
 }
 
-// boundedBuffer keeps the first max bytes written and counts the rest.
+func typeNames(ts []api.ValueType) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = api.ValueTypeName(t)
+	}
+	return out
+}
+
+// boundedBuffer keeps the first and the last max/2 bytes written: the start of
+// a module's output says what it was doing, the end (a panic) how it failed.
 type boundedBuffer struct {
 	mu      sync.Mutex
-	b       []byte
+	head    []byte
+	tail    []byte // the most recent bytes after head filled up
 	max     int
 	dropped int
 }
@@ -237,16 +251,25 @@ type boundedBuffer struct {
 func (w *boundedBuffer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := min(len(p), w.max-len(w.b))
-	w.b = append(w.b, p[:n]...)
-	w.dropped += len(p) - n
+	half := w.max / 2
+	n := min(len(p), half-len(w.head))
+	w.head = append(w.head, p[:n]...)
+	rest := p[n:]
+	w.tail = append(w.tail, rest...)
+	if over := len(w.tail) - half; over > 0 {
+		w.dropped += over
+		w.tail = append(w.tail[:0], w.tail[over:]...)
+	}
 	return len(p), nil
 }
 
 func (w *boundedBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return string(w.b)
+	if w.dropped > 0 {
+		return fmt.Sprintf("%s\n[... %d bytes dropped ...]\n%s", w.head, w.dropped, w.tail)
+	}
+	return string(w.head) + string(w.tail)
 }
 
 var _ io.Writer = (*boundedBuffer)(nil)

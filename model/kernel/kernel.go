@@ -57,6 +57,17 @@ var impl gonum.Implementation
 
 // Gemm computes C = alpha·op(A)·op(B) + beta·C where op transposes when asked.
 func Gemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat) error {
+	return GemmCheck(transA, transB, alpha, a, b, beta, c, nil)
+}
+
+// blockWork is the work of one row block of a gemm: about 10 ms of arithmetic,
+// the granularity at which GemmCheck polls.
+const blockWork = 1 << 25
+
+// GemmCheck is Gemm computed in blocks of rows of C, calling check (if not
+// nil) before each block and stopping with its error. Both Gemm and the WASM
+// host use the same blocking, so their results agree bit for bit.
+func GemmCheck(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat, check func() error) error {
 	for _, m := range []struct {
 		n string
 		m Mat
@@ -91,7 +102,22 @@ func Gemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat) err
 	if transB {
 		tB = blas.Trans
 	}
-	impl.Sgemm(tA, tB, m, n, k, alpha, a.Data, max(a.Cols, 1), b.Data, max(b.Cols, 1), beta, c.Data, max(c.Cols, 1))
+	rows := max(1, blockWork/(2*n*k))
+	for r0 := 0; r0 < m; r0 += rows {
+		if check != nil {
+			if err := check(); err != nil {
+				return fmt.Errorf("gemm: %w", err)
+			}
+		}
+		r1 := min(r0+rows, m)
+		// Row r of op(A) starts at A[r,0] untransposed and at A[0,r] transposed.
+		off := r0 * a.Cols
+		if transA {
+			off = r0
+		}
+		impl.Sgemm(tA, tB, r1-r0, n, k, alpha, a.Data[off:], max(a.Cols, 1), b.Data, max(b.Cols, 1),
+			beta, c.Data[r0*c.Cols:], max(c.Cols, 1))
+	}
 	return nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -22,7 +21,6 @@ const (
 var (
 	mu    sync.Mutex
 	built = map[string][]byte{}
-	dir   string
 )
 
 // Build compiles the Go package pkg (an import path or a directory) with
@@ -34,14 +32,12 @@ func Build(tb testing.TB, pkg string) []byte {
 	if b, ok := built[pkg]; ok {
 		return b
 	}
-	if dir == "" {
-		d, err := os.MkdirTemp("", "fleetlearn-wasmtest-")
-		if err != nil {
-			tb.Fatalf("wasmtest: %v", err)
-		}
-		dir = d
+	dir, err := os.MkdirTemp("", "fleetlearn-wasmtest-")
+	if err != nil {
+		tb.Fatalf("wasmtest: %v", err)
 	}
-	out := filepath.Join(dir, strings.NewReplacer("/", "_", ".", "_").Replace(pkg)+".wasm")
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "module.wasm")
 	cmd := exec.Command(goTool(), "build", "-trimpath", "-buildmode=c-shared", "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {

@@ -1,0 +1,45 @@
+package wasm
+
+import "github.com/tetratelabs/wazero/experimental"
+
+// cappedMemory backs one instance's linear memory and refuses to grow past
+// maxBytes. Refusal makes memory.grow return -1 inside the module; the flag
+// lets the host report ErrMemoryLimit exactly, rather than guessing from how
+// the module died.
+type cappedMemory struct {
+	buf      []byte
+	maxBytes uint64
+	refused  bool
+}
+
+func (m *cappedMemory) Reallocate(size uint64) []byte {
+	if size > m.maxBytes {
+		m.refused = true
+		return nil
+	}
+	if size <= uint64(cap(m.buf)) {
+		m.buf = m.buf[:size] // memory never shrinks, so bytes past len are still zero
+		return m.buf
+	}
+	// Grow geometrically to keep reallocation amortised, never past the cap.
+	c := min(max(size, 2*uint64(cap(m.buf))), m.maxBytes)
+	nb := make([]byte, size, c)
+	copy(nb, m.buf)
+	m.buf = nb
+	return nb
+}
+
+func (m *cappedMemory) Free() { m.buf = nil }
+
+// capAllocator hands out one cappedMemory per instantiation and remembers it.
+type capAllocator struct {
+	maxBytes uint64
+	mem      *cappedMemory
+}
+
+func (a *capAllocator) Allocate(capacity, max uint64) experimental.LinearMemory {
+	a.mem = &cappedMemory{buf: make([]byte, 0, min(capacity, a.maxBytes)), maxBytes: min(max, a.maxBytes)}
+	return a.mem
+}
+
+func (a *capAllocator) refused() bool { return a.mem != nil && a.mem.refused }
