@@ -1174,6 +1174,164 @@ func (x *RoundEvent) GetEpsilonSpent() float64 {
 	return 0
 }
 
+// ReportReceipt tells a device what became of its update or evaluation report.
+// The server publishes it on the device's receipt subject after validating the
+// report; a refused report does not affect the round.
+type ReportReceipt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task the report was for.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round the report was for.
+	Round uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// Device that sent the report.
+	DeviceId string `protobuf:"bytes,3,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// Whether the report counts towards the round.
+	Accepted bool `protobuf:"varint,4,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Why the report was refused; empty when accepted.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportReceipt) Reset() {
+	*x = ReportReceipt{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportReceipt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportReceipt) ProtoMessage() {}
+
+func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportReceipt.ProtoReflect.Descriptor instead.
+func (*ReportReceipt) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReportReceipt) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReportReceipt) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *ReportReceipt) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *ReportReceipt) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *ReportReceipt) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RoundAnnouncement is broadcast when a round opens, so that idle devices
+// waiting out a retry window can check in early (after their own random delay).
+type RoundAnnouncement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task whose round opened.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round that opened.
+	Round uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// Kind of the round.
+	Kind RoundKind `protobuf:"varint,3,opt,name=kind,proto3,enum=fleetlearn.v1.RoundKind" json:"kind,omitempty"`
+	// Devices the round still wants.
+	Wanted        uint32 `protobuf:"varint,4,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoundAnnouncement) Reset() {
+	*x = RoundAnnouncement{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoundAnnouncement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoundAnnouncement) ProtoMessage() {}
+
+func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoundAnnouncement.ProtoReflect.Descriptor instead.
+func (*RoundAnnouncement) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RoundAnnouncement) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *RoundAnnouncement) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *RoundAnnouncement) GetKind() RoundKind {
+	if x != nil {
+		return x.Kind
+	}
+	return RoundKind_ROUND_KIND_UNSPECIFIED
+}
+
+func (x *RoundAnnouncement) GetWanted() uint32 {
+	if x != nil {
+		return x.Wanted
+	}
+	return 0
+}
+
 var File_fleetlearn_v1_round_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_round_proto_rawDesc = "" +
@@ -1259,7 +1417,18 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x05model\x18\n" +
 	" \x01(\v2\x17.fleetlearn.v1.ModelRefR\x05model\x12\x16\n" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12#\n" +
-	"\repsilon_spent\x18\f \x01(\x01R\fepsilonSpent*\xc0\x01\n" +
+	"\repsilon_spent\x18\f \x01(\x01R\fepsilonSpent\"\x8f\x01\n" +
+	"\rReportReceipt\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
+	"\tdevice_id\x18\x03 \x01(\tR\bdeviceId\x12\x1a\n" +
+	"\baccepted\x18\x04 \x01(\bR\baccepted\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x88\x01\n" +
+	"\x11RoundAnnouncement\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x18.fleetlearn.v1.RoundKindR\x04kind\x12\x16\n" +
+	"\x06wanted\x18\x04 \x01(\rR\x06wanted*\xc0\x01\n" +
 	"\vRetryReason\x12\x1c\n" +
 	"\x18RETRY_REASON_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRY_REASON_NO_TASK\x10\x01\x12\x1d\n" +
@@ -1291,7 +1460,7 @@ func file_fleetlearn_v1_round_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_fleetlearn_v1_round_proto_goTypes = []any{
 	(RetryReason)(0),              // 0: fleetlearn.v1.RetryReason
 	(RoundKind)(0),                // 1: fleetlearn.v1.RoundKind
@@ -1305,45 +1474,48 @@ var file_fleetlearn_v1_round_proto_goTypes = []any{
 	(*UpdateReport)(nil),          // 9: fleetlearn.v1.UpdateReport
 	(*EvaluationReport)(nil),      // 10: fleetlearn.v1.EvaluationReport
 	(*RoundEvent)(nil),            // 11: fleetlearn.v1.RoundEvent
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*ModelRef)(nil),              // 13: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 14: fleetlearn.v1.ModuleRef
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*Limits)(nil),                // 16: fleetlearn.v1.Limits
-	(*SecAggConfig)(nil),          // 17: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 18: fleetlearn.v1.DPConfig
-	(*TensorSpec)(nil),            // 19: fleetlearn.v1.TensorSpec
-	(*Metrics)(nil),               // 20: fleetlearn.v1.Metrics
-	(*MaskedUpdate)(nil),          // 21: fleetlearn.v1.MaskedUpdate
+	(*ReportReceipt)(nil),         // 12: fleetlearn.v1.ReportReceipt
+	(*RoundAnnouncement)(nil),     // 13: fleetlearn.v1.RoundAnnouncement
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*ModelRef)(nil),              // 15: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 16: fleetlearn.v1.ModuleRef
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*Limits)(nil),                // 18: fleetlearn.v1.Limits
+	(*SecAggConfig)(nil),          // 19: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 20: fleetlearn.v1.DPConfig
+	(*TensorSpec)(nil),            // 21: fleetlearn.v1.TensorSpec
+	(*Metrics)(nil),               // 22: fleetlearn.v1.Metrics
+	(*MaskedUpdate)(nil),          // 23: fleetlearn.v1.MaskedUpdate
 }
 var file_fleetlearn_v1_round_proto_depIdxs = []int32{
 	3,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
-	12, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
+	14, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
 	0,  // 2: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
 	7,  // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
 	5,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
 	1,  // 5: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
-	13, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
-	14, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
-	15, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
-	16, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
-	17, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	18, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
-	19, // 12: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	20, // 13: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
+	15, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
+	16, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
+	17, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
+	18, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
+	19, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	20, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
+	21, // 12: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	22, // 13: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
 	8,  // 14: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
-	21, // 15: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
-	20, // 16: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
+	23, // 15: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
+	22, // 16: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
 	2,  // 17: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
 	1,  // 18: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
-	15, // 19: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
-	20, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
-	13, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	17, // 19: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
+	22, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
+	15, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
+	1,  // 22: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_round_proto_init() }
@@ -1368,7 +1540,7 @@ func file_fleetlearn_v1_round_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_round_proto_rawDesc), len(file_fleetlearn_v1_round_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

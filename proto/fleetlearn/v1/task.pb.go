@@ -329,7 +329,10 @@ type AggregationConfig struct {
 	Tau float64 `protobuf:"fixed64,6,opt,name=tau,proto3" json:"tau,omitempty"`
 	// Fraction of updates discarded at each end, per coordinate, for
 	// TRIMMED_MEAN; in [0, 0.5).
-	TrimFraction  float64 `protobuf:"fixed64,7,opt,name=trim_fraction,json=trimFraction,proto3" json:"trim_fraction,omitempty"`
+	TrimFraction float64 `protobuf:"fixed64,7,opt,name=trim_fraction,json=trimFraction,proto3" json:"trim_fraction,omitempty"`
+	// L2 norm bound on each update (delta); an update above it is refused.
+	// Zero means no bound.
+	MaxUpdateNorm float64 `protobuf:"fixed64,8,opt,name=max_update_norm,json=maxUpdateNorm,proto3" json:"max_update_norm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +416,13 @@ func (x *AggregationConfig) GetTrimFraction() float64 {
 	return 0
 }
 
+func (x *AggregationConfig) GetMaxUpdateNorm() float64 {
+	if x != nil {
+		return x.MaxUpdateNorm
+	}
+	return 0
+}
+
 // Task is a federated fine-tuning job: a sequence of rounds that train a
 // model with a WASM module on device data.
 type Task struct {
@@ -468,9 +478,14 @@ type Task struct {
 	// When the task was created. Output only.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the task last changed. Output only.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Directory on the server holding a held-out dataset (device dataset
+	// format, docs/DATASET.md). When set, each committed model is evaluated on it
+	// with the task's module and the metrics are stored with the round as
+	// "server_loss" and "server_accuracy".
+	ServerEvalDataset string `protobuf:"bytes,24,opt,name=server_eval_dataset,json=serverEvalDataset,proto3" json:"server_eval_dataset,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
@@ -664,6 +679,13 @@ func (x *Task) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Task) GetServerEvalDataset() string {
+	if x != nil {
+		return x.ServerEvalDataset
+	}
+	return ""
+}
+
 // RoundSummary is the record of one round of a task.
 type RoundSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -828,7 +850,7 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x10require_charging\x18\x02 \x01(\bR\x0frequireCharging\x12!\n" +
 	"\frequire_idle\x18\x03 \x01(\bR\vrequireIdle\x12+\n" +
 	"\x11require_unmetered\x18\x04 \x01(\bR\x10requireUnmetered\x12%\n" +
-	"\x0edevice_classes\x18\x05 \x03(\tR\rdeviceClasses\"\xf8\x01\n" +
+	"\x0edevice_classes\x18\x05 \x03(\tR\rdeviceClasses\"\xa0\x02\n" +
 	"\x11AggregationConfig\x122\n" +
 	"\x04rule\x18\x01 \x01(\x0e2\x1e.fleetlearn.v1.AggregationRuleR\x04rule\x120\n" +
 	"\x14server_learning_rate\x18\x02 \x01(\x01R\x12serverLearningRate\x12\x1a\n" +
@@ -836,7 +858,8 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x05beta1\x18\x04 \x01(\x01R\x05beta1\x12\x14\n" +
 	"\x05beta2\x18\x05 \x01(\x01R\x05beta2\x12\x10\n" +
 	"\x03tau\x18\x06 \x01(\x01R\x03tau\x12#\n" +
-	"\rtrim_fraction\x18\a \x01(\x01R\ftrimFraction\"\xad\b\n" +
+	"\rtrim_fraction\x18\a \x01(\x01R\ftrimFraction\x12&\n" +
+	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\"\xdd\b\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -865,7 +888,8 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\vcreate_time\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x80\x04\n" +
+	"updateTime\x12.\n" +
+	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\"\x80\x04\n" +
 	"\fRoundSummary\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +

@@ -1,0 +1,481 @@
+// Package edge is Fleetlearn's device agent. It checks in with the aggregator
+// over NATS, and when selected for a round it fetches the round's model and
+// update module by sha256 (cached on disk and verified), runs the module in the
+// WASM sandbox on the device's local dataset under the task's limits, and
+// publishes the update through JetStream. It never imports the server: the
+// two share only the wire protocol (package proto/wire and the protobuf types).
+package edge
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// Version is reported in check-ins.
+const Version = "fleetlearn-edge/1"
+
+// Config describes one device.
+type Config struct {
+	NATSURL    string
+	DataDir    string   // cache and identity; created if missing
+	DatasetDir string   // local dataset (docs/DATASET.md); not needed with WithDataset
+	DeviceID   string   // pseudonymous id; empty means the one stored in DataDir (created on first start)
+	TaskIDs    []string // tasks to join; empty means any
+	// Attributes the device reports; examples_available is filled in from the dataset.
+	DeviceClass string
+	Charging    bool
+	Idle        bool
+	Unmetered   bool
+}
+
+// Option injects collaborators.
+type Option func(*options)
+
+type options struct {
+	log     *slog.Logger
+	sandbox *wasm.Sandbox
+	dataset *data.Dataset
+	rand    *mrand.Rand
+	now     func() time.Time
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithSandbox shares a sandbox (and its compiled code) between agents in one
+// process, as the demo's simulated fleet does. By default each agent owns one.
+func WithSandbox(s *wasm.Sandbox) Option { return func(o *options) { o.sandbox = s } }
+
+// WithDataset gives the agent its local data directly instead of reading DatasetDir.
+func WithDataset(d *data.Dataset) Option { return func(o *options) { o.dataset = d } }
+
+// WithRand sets the randomness for back-off jitter.
+func WithRand(r *mrand.Rand) Option { return func(o *options) { o.rand = r } }
+
+// WithClock sets the clock (default time.Now).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// Stats count what an agent has done.
+type Stats struct {
+	CheckIns, Rounds, Reports, Refused, Failures int64
+}
+
+// Agent is one device.
+type Agent struct {
+	cfg  Config
+	o    options
+	data *data.Dataset
+	own  bool // the agent created its sandbox and must close it
+
+	mu      sync.Mutex
+	modules map[string]*wasm.Module
+	models  map[string]*model.Model
+
+	checkIns, rounds, reports, refused, failures atomic.Int64
+	lastReason                                   atomic.Value // string: last refusal reason
+}
+
+// New prepares an agent: reads its identity and dataset. Run connects.
+func New(cfg Config, opts ...Option) (*Agent, error) {
+	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.rand == nil {
+		var seed [32]byte
+		rand.Read(seed[:])
+		o.rand = mrand.New(mrand.NewChaCha8(seed))
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("edge: DataDir is required")
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "blobs"), 0o700); err != nil {
+		return nil, fmt.Errorf("edge: data dir: %w", err)
+	}
+	if cfg.DeviceID == "" {
+		id, err := loadOrCreateID(filepath.Join(cfg.DataDir, "device-id"))
+		if err != nil {
+			return nil, err
+		}
+		cfg.DeviceID = id
+	}
+	if err := wire.CheckToken("device", cfg.DeviceID); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{}}
+	if a.data == nil {
+		d, err := data.ReadDir(cfg.DatasetDir)
+		if err != nil {
+			return nil, fmt.Errorf("edge: dataset: %w", err)
+		}
+		a.data = d
+	}
+	if err := a.data.Validate(); err != nil {
+		return nil, fmt.Errorf("edge: dataset: %w", err)
+	}
+	if o.sandbox == nil {
+		s, err := wasm.New(wasm.WithCacheDir(filepath.Join(cfg.DataDir, "wasm-cache")), wasm.WithLogger(o.log))
+		if err != nil {
+			return nil, err
+		}
+		a.o.sandbox, a.own = s, true
+	}
+	return a, nil
+}
+
+// loadOrCreateID returns the device's pseudonymous id, creating it once.
+func loadOrCreateID(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("edge: device id: %w", err)
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	id := "d-" + hex.EncodeToString(r[:])
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("edge: device id: %w", err)
+	}
+	return id, nil
+}
+
+// ID is the device's id.
+func (a *Agent) ID() string { return a.cfg.DeviceID }
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats {
+	return Stats{CheckIns: a.checkIns.Load(), Rounds: a.rounds.Load(), Reports: a.reports.Load(),
+		Refused: a.refused.Load(), Failures: a.failures.Load()}
+}
+
+// LastRefusal is the reason the server gave for the last refused report.
+func (a *Agent) LastRefusal() string {
+	s, _ := a.lastReason.Load().(string)
+	return s
+}
+
+// Run works until ctx ends: check in, train when selected, report, repeat.
+// It survives server and NATS restarts by reconnecting with back-off.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.close()
+	nc, err := nats.Connect(a.cfg.NATSURL,
+		nats.Name("fleetlearn-edge/"+a.cfg.DeviceID),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
+		nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return fmt.Errorf("edge: connect: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("edge: jetstream: %w", err)
+	}
+	wake := make(chan struct{}, 1)
+	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(*nats.Msg) {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("edge: subscribe: %w", err)
+	}
+	defer announce.Unsubscribe()
+	receipts, err := nc.Subscribe(wire.ReceiptSubject(a.cfg.DeviceID), a.onReceipt)
+	if err != nil {
+		return fmt.Errorf("edge: subscribe: %w", err)
+	}
+	defer receipts.Unsubscribe()
+	a.o.log.Info("edge agent running", "device", a.cfg.DeviceID, "examples", a.data.Len(), "nats", a.cfg.NATSURL)
+
+	backoff := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		wait, err := a.cycle(ctx, nc, js)
+		if err != nil && ctx.Err() == nil {
+			a.o.log.Debug("check-in cycle failed", "err", err)
+			wait = backoff + a.jitter(backoff)
+			backoff = min(2*backoff, 30*time.Second)
+		} else {
+			backoff = 250 * time.Millisecond
+		}
+		if wait <= 0 {
+			continue
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		case <-wake:
+			// A round opened: check in soon, but not in lockstep with the fleet.
+			timer.Stop()
+			select {
+			case <-ctx.Done():
+			case <-time.After(a.jitter(min(wait, time.Second))):
+			}
+		}
+		timer.Stop()
+	}
+	return nil
+}
+
+func (a *Agent) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range a.modules {
+		m.Close(context.Background())
+	}
+	if a.own {
+		a.o.sandbox.Close(context.Background())
+	}
+}
+
+func (a *Agent) jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return time.Duration(a.o.rand.Int64N(int64(d)))
+}
+
+func (a *Agent) onReceipt(m *nats.Msg) {
+	var r pb.ReportReceipt
+	if proto.Unmarshal(m.Data, &r) != nil {
+		return
+	}
+	if r.Accepted {
+		a.reports.Add(1)
+		return
+	}
+	a.refused.Add(1)
+	a.lastReason.Store(r.Reason)
+	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", r.Reason)
+}
+
+// cycle is one check-in and, if selected, one round. It returns how long to wait.
+func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (time.Duration, error) {
+	ci := &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
+		DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
+		Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}}
+	b, _ := proto.Marshal(ci)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	msg, err := nc.RequestWithContext(rctx, wire.SubjectCheckIn, b)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("check-in: %w", err)
+	}
+	a.checkIns.Add(1)
+	var resp pb.CheckInResponse
+	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("check-in response: %w", err)
+	}
+	if r := resp.GetRetryAfter(); r != nil {
+		d := r.GetDuration().AsDuration()
+		return min(max(d, 50*time.Millisecond), 10*time.Minute), nil
+	}
+	plan := resp.GetPlan()
+	if plan == nil {
+		return 0, errors.New("check-in response has neither plan nor retry")
+	}
+	a.rounds.Add(1)
+	if err := a.participate(ctx, js, plan); err != nil {
+		a.failures.Add(1)
+		a.o.log.Warn("round failed", "task", plan.TaskId, "round", plan.Round, "err", err)
+		return time.Second, nil
+	}
+	return 0, nil
+}
+
+// participate runs the module for a plan and publishes the report.
+func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *pb.RoundPlan) error {
+	if err := errors.Join(wire.CheckToken("task", plan.TaskId), wire.CheckSHA256("model", plan.GetModel().GetSha256()),
+		wire.CheckSHA256("module", plan.GetModule().GetSha256())); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	deadline := plan.GetReportDeadline().AsTime()
+	if !a.o.now().Before(deadline) {
+		return fmt.Errorf("plan: report deadline %v already passed", deadline)
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
+	if err != nil {
+		return err
+	}
+	mod, err := a.module(ctx, js, plan.GetModule().GetSha256())
+	if err != nil {
+		return err
+	}
+	call := wasm.Call{Model: m, Data: a.data, Hyper: plan.Hyperparameters, Seed: wire.DeviceSeed(plan.Seed, a.cfg.DeviceID),
+		Limits: limits(plan.GetLimits())}
+	var subj, kind string
+	var payload []byte
+	switch plan.Kind {
+	case pb.RoundKind_ROUND_KIND_TRAIN:
+		res, err := mod.Train(ctx, call)
+		if err != nil {
+			return fmt.Errorf("train: %w", err)
+		}
+		before, after := m.Flatten(), res.Model.Flatten()
+		for i := range after {
+			after[i] -= before[i]
+		}
+		values := wire.EncodeDense(after)
+		layout := make([]*pb.TensorSpec, len(m.Tensors))
+		for i, t := range m.Tensors {
+			shape := make([]uint64, len(t.Shape))
+			for j, d := range t.Shape {
+				shape[j] = uint64(d)
+			}
+			layout[i] = &pb.TensorSpec{Name: t.Name, Shape: shape}
+		}
+		rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
+			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
+			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics},
+			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}},
+			PayloadSha256: wire.SHA256(values)}
+		if payload, err = proto.Marshal(rep); err != nil {
+			return err
+		}
+		subj, kind = wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "update"
+	case pb.RoundKind_ROUND_KIND_EVALUATE:
+		res, err := mod.Evaluate(ctx, call)
+		if err != nil {
+			return fmt.Errorf("evaluate: %w", err)
+		}
+		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
+			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
+			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}}
+		if payload, err = proto.Marshal(rep); err != nil {
+			return err
+		}
+		subj, kind = wire.EvalSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "evaluation"
+	default:
+		return fmt.Errorf("plan: unknown round kind %v", plan.Kind)
+	}
+	return a.publish(ctx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID))
+}
+
+// publish stores the report in JetStream, retrying through reconnects until
+// the round's deadline; the message id makes retries idempotent.
+func (a *Agent) publish(ctx context.Context, js jetstream.JetStream, subj string, payload []byte, id string) error {
+	backoff := 100 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.Publish(pctx, subj, payload, jetstream.WithMsgID(id))
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, nats.ErrMaxPayload) || strings.Contains(err.Error(), "maximum payload") ||
+			strings.Contains(err.Error(), "message size exceeds") {
+			return fmt.Errorf("report of %d bytes is too large: %w", len(payload), err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publish report: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(backoff + a.jitter(backoff)):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func limits(l *pb.Limits) wasm.Limits {
+	return wasm.Limits{MemoryPages: l.GetMemoryPages(), Timeout: l.GetTimeout().AsDuration(),
+		MaxWork: int64(min(l.GetMaxFlops(), 1<<62)), MaxTensorBytes: int64(min(l.GetMaxTensorBytes(), 1<<62))}
+}
+
+// blob returns the bytes named sha from the disk cache or the object store,
+// verifying the hash either way.
+func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string) ([]byte, error) {
+	path := filepath.Join(a.cfg.DataDir, "blobs", sha)
+	if b, err := os.ReadFile(path); err == nil {
+		if wire.SHA256(b) == sha {
+			return b, nil
+		}
+		os.Remove(path) // corrupt cache entry: fetch again
+	}
+	obs, err := js.ObjectStore(ctx, wire.BlobBucket)
+	if err != nil {
+		return nil, fmt.Errorf("blob store: %w", err)
+	}
+	b, err := obs.GetBytes(ctx, sha)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", sha, err)
+	}
+	if got := wire.SHA256(b); got != sha {
+		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err == nil {
+		os.Rename(tmp, path)
+	}
+	return b, nil
+}
+
+func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {
+	a.mu.Lock()
+	m := a.models[sha]
+	a.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	b, err := a.blob(ctx, js, sha)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if m, err = model.ReadSafetensors(bytes.NewReader(b)); err != nil {
+		return nil, fmt.Errorf("model %s: %w", sha, err)
+	}
+	a.mu.Lock()
+	clear(a.models) // only the current round's model is worth keeping
+	a.models[sha] = m
+	a.mu.Unlock()
+	return m, nil
+}
+
+func (a *Agent) module(ctx context.Context, js jetstream.JetStream, sha string) (*wasm.Module, error) {
+	a.mu.Lock()
+	mod := a.modules[sha]
+	a.mu.Unlock()
+	if mod != nil {
+		return mod, nil
+	}
+	b, err := a.blob(ctx, js, sha)
+	if err != nil {
+		return nil, fmt.Errorf("module: %w", err)
+	}
+	if mod, err = a.o.sandbox.Load(ctx, b, sha); err != nil {
+		return nil, fmt.Errorf("module: %w", err)
+	}
+	a.mu.Lock()
+	a.modules[sha] = mod
+	a.mu.Unlock()
+	return mod, nil
+}

@@ -1,0 +1,168 @@
+// Package wire holds what the aggregator and the edge agent must agree on beyond
+// the protobuf messages: NATS subjects, JetStream stream and bucket names, message
+// IDs, size limits and the dense update encoding. Both sides import it, so they
+// never share code by importing each other. docs/PROTOCOL.md describes the flow.
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Subjects and names. Everything lives under "fl." so one account export or
+// permission rule covers the protocol.
+const (
+	// SubjectCheckIn takes CheckIn requests and replies with CheckInResponse.
+	SubjectCheckIn = "fl.checkin"
+	// SubjectAnnounce carries RoundAnnouncement broadcasts.
+	SubjectAnnounce = "fl.announce"
+	// StreamReports is the JetStream stream holding update and evaluation reports
+	// until their round commits, so a server crash loses none.
+	StreamReports = "FL_REPORTS"
+	// BlobBucket is the JetStream object store of model and module blobs, named
+	// by the lowercase hex sha256 of their bytes.
+	BlobBucket = "fl_blobs"
+	// QueueServers is the queue group aggregator replicas share for check-ins.
+	QueueServers = "fl-servers"
+)
+
+// Report subjects: fl.report.<task>.<round>.<device> and fl.eval.<task>.<round>.<device>.
+var StreamSubjects = []string{"fl.report.>", "fl.eval.>"}
+
+// Limits.
+const (
+	// MaxMessageBytes is the default NATS max_payload the server configures and
+	// the largest report it accepts: 100k float32 parameters take 400 KB.
+	MaxMessageBytes = 8 << 20
+	// MaxTokenLen bounds task and device identifiers.
+	MaxTokenLen = 64
+)
+
+// ErrToken reports an identifier that is not a safe NATS subject token.
+var ErrToken = errors.New("wire: invalid identifier")
+
+// ErrPayload reports a malformed dense update payload.
+var ErrPayload = errors.New("wire: invalid payload")
+
+// CheckToken accepts 1–64 characters of [A-Za-z0-9_-]: such identifiers can
+// be embedded in subjects without wildcards or separators sneaking in.
+func CheckToken(kind, s string) error {
+	if s == "" || len(s) > MaxTokenLen {
+		return fmt.Errorf("%w: %s %q must be 1-%d characters", ErrToken, kind, s, MaxTokenLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %s %q: character %q not allowed", ErrToken, kind, s, c)
+		}
+	}
+	return nil
+}
+
+// ReportSubject is where a device publishes its update report for a round.
+func ReportSubject(task string, round uint64, device string) string {
+	return "fl.report." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// EvalSubject is where a device publishes its evaluation report for a round.
+func EvalSubject(task string, round uint64, device string) string {
+	return "fl.eval." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// RoundFilters are the stream subject filters of all reports of one round.
+func RoundFilters(task string, round uint64) []string {
+	r := strconv.FormatUint(round, 10)
+	return []string{"fl.report." + task + "." + r + ".*", "fl.eval." + task + "." + r + ".*"}
+}
+
+// ReceiptSubject is where the server tells a device the fate of its reports.
+func ReceiptSubject(device string) string { return "fl.receipt." + device }
+
+// EventsSubject carries a task's RoundEvents for watchers.
+func EventsSubject(task string) string { return "fl.events." + task }
+
+// MsgID is the JetStream de-duplication id of a report: a device's second
+// report for the same round within the duplicate window is dropped by the stream.
+func MsgID(kind, task string, round uint64, device string) string {
+	return kind + "/" + task + "/" + strconv.FormatUint(round, 10) + "/" + device
+}
+
+// EncodeDense encodes float32 values little-endian.
+func EncodeDense(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+// DecodeDense decodes exactly want float32 values and refuses non-finite ones.
+func DecodeDense(b []byte, want int) ([]float32, error) {
+	if len(b) != 4*want {
+		return nil, fmt.Errorf("%w: %d bytes for %d float32 values", ErrPayload, len(b), want)
+	}
+	v := make([]float32, want)
+	for i := range v {
+		x := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return nil, fmt.Errorf("%w: value %d is %v", ErrPayload, i, x)
+		}
+		v[i] = x
+	}
+	return v, nil
+}
+
+// SHA256 is the lowercase hex sha256 of b, the form every blob and payload
+// hash takes on the wire.
+func SHA256(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// CheckSHA256 accepts a lowercase hex sha256.
+func CheckSHA256(kind, s string) error {
+	if len(s) != 64 {
+		return fmt.Errorf("%w: %s sha256 %q is not 64 hex digits", ErrToken, kind, s)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return fmt.Errorf("%w: %s sha256 %q is not lowercase hex", ErrToken, kind, s)
+		}
+	}
+	return nil
+}
+
+// DeviceSeed derives the per-device, per-round training seed from the round
+// seed, so devices shuffle differently and a re-run is reproducible.
+func DeviceSeed(roundSeed uint64, device string) uint64 {
+	h := sha256.Sum256(append(binary.LittleEndian.AppendUint64(nil, roundSeed), device...))
+	return binary.LittleEndian.Uint64(h[:8])
+}
+
+// ParseReportSubject splits fl.report|eval.<task>.<round>.<device>.
+func ParseReportSubject(subj string) (task string, round uint64, device string, err error) {
+	parts := strings.Split(subj, ".")
+	if len(parts) != 5 || parts[0] != "fl" || (parts[1] != "report" && parts[1] != "eval") {
+		return "", 0, "", fmt.Errorf("%w: report subject %q", ErrToken, subj)
+	}
+	round, err = strconv.ParseUint(parts[3], 10, 64)
+	if err != nil {
+		return "", 0, "", fmt.Errorf("%w: report subject %q: round: %v", ErrToken, subj, err)
+	}
+	if err := CheckToken("task", parts[2]); err != nil {
+		return "", 0, "", err
+	}
+	if err := CheckToken("device", parts[4]); err != nil {
+		return "", 0, "", err
+	}
+	return parts[2], round, parts[4], nil
+}
+
+// IsEvalSubject reports whether a report subject carries an evaluation report.
+func IsEvalSubject(subj string) bool { return len(subj) > 8 && subj[:8] == "fl.eval." }

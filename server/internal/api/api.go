@@ -1,0 +1,114 @@
+package api
+
+import (
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/backend"
+)
+
+// Limits on what one request may carry.
+const (
+	DefaultMaxModelBytes  = 1 << 30  // one ImportModel upload
+	DefaultMaxModuleBytes = 64 << 20 // one RegisterModule upload
+	// ChunkBytes is the largest chunk an upload may send in one message and
+	// the size of the chunks ExportModel sends.
+	ChunkBytes = 1 << 20
+	// MaxPageSize caps page_size; larger requests get this many items.
+	MaxPageSize = 1000
+)
+
+// Option configures Register.
+type Option func(*config)
+
+type config struct {
+	log            *slog.Logger
+	maxModelBytes  int64
+	maxModuleBytes int64
+	health         *health.Server
+}
+
+func newConfig(opts []Option) config {
+	c := config{maxModelBytes: DefaultMaxModelBytes, maxModuleBytes: DefaultMaxModuleBytes}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if c.health == nil {
+		c.health = health.NewServer()
+	}
+	return c
+}
+
+// WithLogger sets where failures that clients only see as "internal error"
+// are logged in full. By default nothing is logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.log = l }
+}
+
+// WithMaxModelBytes caps the size of one ImportModel upload; n <= 0 keeps
+// DefaultMaxModelBytes.
+func WithMaxModelBytes(n int64) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxModelBytes = n
+		}
+	}
+}
+
+// WithMaxModuleBytes caps the size of one RegisterModule upload; n <= 0
+// keeps DefaultMaxModuleBytes.
+func WithMaxModuleBytes(n int64) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxModuleBytes = n
+		}
+	}
+}
+
+// WithHealthServer registers h as the health service instead of a private
+// one, so that the caller can report NOT_SERVING (h.Shutdown) while draining.
+func WithHealthServer(h *health.Server) Option {
+	return func(c *config) { c.health = h }
+}
+
+// serviceNames are the services Register adds and reports as SERVING.
+var serviceNames = []string{
+	pb.TaskService_ServiceDesc.ServiceName,
+	pb.ModelService_ServiceDesc.ServiceName,
+	pb.ModuleService_ServiceDesc.ServiceName,
+}
+
+// Register adds TaskService, ModelService and ModuleService backed by b to s,
+// plus the gRPC health service (SERVING for "" and each of the three) and
+// server reflection. Call it before s.Serve.
+func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
+	c := newConfig(opts)
+	core := &service{b: b, cfg: c}
+	pb.RegisterTaskServiceServer(s, &taskServer{service: core})
+	pb.RegisterModelServiceServer(s, &modelServer{service: core})
+	pb.RegisterModuleServiceServer(s, &moduleServer{service: core})
+
+	c.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	for _, name := range serviceNames {
+		c.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(s, c.health)
+	reflection.Register(s)
+}
+
+// service is the state the three service implementations share. They are
+// separate types because each must embed its own Unimplemented server.
+type service struct {
+	b   backend.Backend
+	cfg config
+}

@@ -1,0 +1,121 @@
+package api
+
+import (
+	"context"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+type modelServer struct {
+	pb.UnimplementedModelServiceServer
+	*service
+}
+
+func (s *modelServer) ImportModel(stream grpc.ClientStreamingServer[pb.ImportModelRequest, pb.ImportModelResponse]) error {
+	const op = "import model"
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err == io.EOF {
+		return invalid(op, "missing header: the stream was empty")
+	}
+	if err != nil {
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return invalid(op, "missing header: the first message must be the header")
+	}
+	if err := checkImportHeader(op, h); err != nil {
+		return err
+	}
+	a, err := newAssembler(op, s.cfg.maxModelBytes, h.GetSizeBytes(), h.GetSha256())
+	if err != nil {
+		return err
+	}
+	data, sum, err := receiveChunks(a, stream.Recv, func(m *pb.ImportModelRequest) ([]byte, bool) {
+		return m.GetChunk(), m.GetHeader() != nil
+	})
+	if err != nil {
+		return err
+	}
+	// The backend gets the size and digest of what actually arrived.
+	h = proto.CloneOf(h)
+	h.SizeBytes = uint64(len(data))
+	h.Sha256 = sum
+	m, err := s.b.ImportModel(ctx, h, data)
+	if err != nil {
+		return s.toStatus(ctx, op, err)
+	}
+	return stream.SendAndClose(&pb.ImportModelResponse{Model: m})
+}
+
+func checkImportHeader(op string, h *pb.ImportModelHeader) error {
+	if err := checkID(op, "header.name", h.GetName()); err != nil {
+		return err
+	}
+	if err := checkName(op, "header.version", h.GetVersion()); err != nil {
+		return err
+	}
+	if err := checkName(op, "header.parent_version", h.GetParentVersion()); err != nil {
+		return err
+	}
+	if err := checkSHA256(op, "header.sha256", h.GetSha256(), false); err != nil {
+		return err
+	}
+	return checkText(op, "header.description", h.GetDescription(), maxTextLen)
+}
+
+func (s *modelServer) ExportModel(req *pb.ExportModelRequest, stream grpc.ServerStreamingServer[pb.ExportModelResponse]) error {
+	const op = "export model"
+	ctx := stream.Context()
+	if err := checkID(op, "version", req.GetVersion()); err != nil {
+		return err
+	}
+	m, data, err := s.b.ExportModel(ctx, req.GetVersion())
+	if err != nil {
+		return s.toStatus(ctx, op, err)
+	}
+	if err := stream.Send(&pb.ExportModelResponse{Part: &pb.ExportModelResponse_Model{Model: m}}); err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), ChunkBytes)
+		if err := stream.Send(&pb.ExportModelResponse{Part: &pb.ExportModelResponse_Chunk{Chunk: data[:n]}}); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+func (s *modelServer) GetModel(ctx context.Context, req *pb.GetModelRequest) (*pb.GetModelResponse, error) {
+	const op = "get model"
+	if err := checkID(op, "version", req.GetVersion()); err != nil {
+		return nil, err
+	}
+	m, err := s.b.GetModel(ctx, req.GetVersion())
+	if err != nil {
+		return nil, s.toStatus(ctx, op, err)
+	}
+	return &pb.GetModelResponse{Model: m}, nil
+}
+
+func (s *modelServer) ListModels(ctx context.Context, req *pb.ListModelsRequest) (*pb.ListModelsResponse, error) {
+	const op = "list models"
+	p, err := page(op, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName(op, "name", req.GetName()); err != nil {
+		return nil, err
+	}
+	ms, next, err := s.b.ListModels(ctx, req.GetName(), p)
+	if err != nil {
+		return nil, s.toStatus(ctx, op, err)
+	}
+	return &pb.ListModelsResponse{Models: ms, NextPageToken: next}, nil
+}

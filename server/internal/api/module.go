@@ -1,0 +1,95 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+type moduleServer struct {
+	pb.UnimplementedModuleServiceServer
+	*service
+}
+
+func (s *moduleServer) RegisterModule(stream grpc.ClientStreamingServer[pb.RegisterModuleRequest, pb.RegisterModuleResponse]) error {
+	const op = "register module"
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err == io.EOF {
+		return invalid(op, "missing header: the stream was empty")
+	}
+	if err != nil {
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return invalid(op, "missing header: the first message must be the header")
+	}
+	if err := checkModuleHeader(op, h); err != nil {
+		return err
+	}
+	a, err := newAssembler(op, s.cfg.maxModuleBytes, h.GetSizeBytes(), h.GetSha256())
+	if err != nil {
+		return err
+	}
+	code, sum, err := receiveChunks(a, stream.Recv, func(m *pb.RegisterModuleRequest) ([]byte, bool) {
+		return m.GetChunk(), m.GetHeader() != nil
+	})
+	if err != nil {
+		return err
+	}
+	h = proto.CloneOf(h)
+	h.SizeBytes = uint64(len(code))
+	h.Sha256 = sum
+	m, err := s.b.RegisterModule(ctx, h, code)
+	if err != nil {
+		return s.toStatus(ctx, op, err)
+	}
+	return stream.SendAndClose(&pb.RegisterModuleResponse{Module: m})
+}
+
+func checkModuleHeader(op string, h *pb.RegisterModuleHeader) error {
+	if err := checkID(op, "header.name", h.GetName()); err != nil {
+		return err
+	}
+	if err := checkSHA256(op, "header.sha256", h.GetSha256(), false); err != nil {
+		return err
+	}
+	if n := len(h.GetSignature()); n > maxSignatureBytes {
+		return invalid(op, fmt.Sprintf("header.signature is longer than %d bytes", maxSignatureBytes))
+	}
+	return nil
+}
+
+func (s *moduleServer) GetModule(ctx context.Context, req *pb.GetModuleRequest) (*pb.GetModuleResponse, error) {
+	const op = "get module"
+	if err := checkSHA256(op, "sha256", req.GetSha256(), true); err != nil {
+		return nil, err
+	}
+	m, err := s.b.GetModule(ctx, req.GetSha256())
+	if err != nil {
+		return nil, s.toStatus(ctx, op, err)
+	}
+	return &pb.GetModuleResponse{Module: m}, nil
+}
+
+func (s *moduleServer) ListModules(ctx context.Context, req *pb.ListModulesRequest) (*pb.ListModulesResponse, error) {
+	const op = "list modules"
+	p, err := page(op, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName(op, "name", req.GetName()); err != nil {
+		return nil, err
+	}
+	ms, next, err := s.b.ListModules(ctx, req.GetName(), p)
+	if err != nil {
+		return nil, s.toStatus(ctx, op, err)
+	}
+	return &pb.ListModulesResponse{Modules: ms, NextPageToken: next}, nil
+}

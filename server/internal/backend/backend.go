@@ -1,0 +1,50 @@
+// Package backend is the seam between the aggregator's gRPC API and its core:
+// the API layer translates requests and errors; the core implements Backend.
+package backend
+
+import (
+	"context"
+	"errors"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+// Sentinel errors; the API maps them to gRPC status codes.
+var (
+	ErrNotFound     = errors.New("not found")           // codes.NotFound
+	ErrInvalid      = errors.New("invalid argument")    // codes.InvalidArgument
+	ErrExists       = errors.New("already exists")      // codes.AlreadyExists
+	ErrPrecondition = errors.New("failed precondition") // codes.FailedPrecondition
+	ErrTooLarge     = errors.New("too large")           // codes.ResourceExhausted
+	ErrUnavailable  = errors.New("unavailable")         // codes.Unavailable
+)
+
+// Page is a request for one page of a listing.
+type Page struct {
+	Size  int    // 0 means the default; the backend caps it
+	Token string // opaque, from a previous response
+}
+
+// Backend is what the aggregator service offers its API.
+type Backend interface {
+	CreateTask(ctx context.Context, t *pb.Task) (*pb.Task, error)
+	GetTask(ctx context.Context, id string) (*pb.Task, error)
+	ListTasks(ctx context.Context, state pb.TaskState, p Page) ([]*pb.Task, string, error)
+	StopTask(ctx context.Context, id, reason string) (*pb.Task, error)
+	// WatchTask streams the task's round events from now on until ctx ends or
+	// the task finishes (then the channel closes).
+	WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEvent, error)
+	ListRounds(ctx context.Context, taskID string, p Page) ([]*pb.RoundSummary, string, error)
+
+	// ImportModel stores safetensors bytes as a base model version.
+	ImportModel(ctx context.Context, h *pb.ImportModelHeader, safetensors []byte) (*pb.Model, error)
+	// ExportModel returns a model version's metadata and safetensors bytes.
+	ExportModel(ctx context.Context, version string) (*pb.Model, []byte, error)
+	GetModel(ctx context.Context, version string) (*pb.Model, error)
+	ListModels(ctx context.Context, name string, p Page) ([]*pb.Model, string, error)
+
+	// RegisterModule stores a WASM update module after validating it in the sandbox.
+	RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader, code []byte) (*pb.Module, error)
+	GetModule(ctx context.Context, sha256 string) (*pb.Module, error)
+	ListModules(ctx context.Context, name string, p Page) ([]*pb.Module, string, error)
+}

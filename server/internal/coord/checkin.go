@@ -1,0 +1,171 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// maxCheckInBytes bounds a check-in message; attributes are small.
+const maxCheckInBytes = 16 << 10
+
+// deviceWriteInterval limits how often a polling device's last-seen time is written.
+const deviceWriteInterval = time.Minute
+
+func (c *Coordinator) handleCheckIn(m *nats.Msg) {
+	resp := c.checkIn(m.Data)
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		c.d.Log.Error("marshal check-in response", "err", err)
+		return
+	}
+	if err := m.Respond(b); err != nil {
+		c.d.Log.Debug("check-in reply", "err", err)
+	}
+}
+
+func retry(d time.Duration, reason pb.RetryReason, detail string) *pb.CheckInResponse {
+	return &pb.CheckInResponse{Result: &pb.CheckInResponse_RetryAfter{RetryAfter: &pb.RetryAfter{
+		Duration: durationpb.New(d), Reason: reason, Detail: detail}}}
+}
+
+func (c *Coordinator) checkIn(b []byte) *pb.CheckInResponse {
+	pace := c.d.PaceWindow
+	if len(b) > maxCheckInBytes {
+		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, fmt.Sprintf("check-in of %d bytes exceeds %d", len(b), maxCheckInBytes))
+	}
+	var ci pb.CheckIn
+	if err := proto.Unmarshal(b, &ci); err != nil {
+		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, "malformed check-in: "+err.Error())
+	}
+	if err := wire.CheckToken("device", ci.DeviceId); err != nil {
+		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error())
+	}
+	now := c.d.Now()
+	c.noteDevice(ci.DeviceId, ci.Attributes, now)
+
+	c.mu.Lock()
+	runs := make([]*taskRun, 0, len(c.tasks))
+	for id, tr := range c.tasks {
+		if len(ci.TaskIds) == 0 || slices.Contains(ci.TaskIds, id) {
+			runs = append(runs, tr)
+		}
+	}
+	c.mu.Unlock()
+	// Earliest time any of the candidate tasks is expected to want devices again.
+	wait, why, detail := 5*pace, pb.RetryReason_RETRY_REASON_NO_TASK, "no running task"
+	for _, tr := range runs {
+		plan, w, reason, d := tr.offer(&ci, now)
+		if plan != nil {
+			c.d.Metrics.CheckIns.WithLabelValues("selected").Inc()
+			return &pb.CheckInResponse{Result: &pb.CheckInResponse_Plan{Plan: plan}}
+		}
+		if why == pb.RetryReason_RETRY_REASON_NO_TASK || w < wait {
+			wait, why, detail = w, reason, d
+		}
+	}
+	c.d.Metrics.CheckIns.WithLabelValues("deferred").Inc()
+	// Pace steering: spread the next check-ins over a window after the moment
+	// a round is expected to want devices, so they do not arrive as one burst.
+	return retry(wait+c.jitter(pace), why, detail)
+}
+
+func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time.Time) {
+	c.mu.Lock()
+	last, ok := c.seen[id]
+	if ok && now.Sub(last) < deviceWriteInterval {
+		c.mu.Unlock()
+		return
+	}
+	c.seen[id] = now
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	if err := c.d.Store.SeeDevice(ctx, id, attrs, now); err != nil {
+		c.d.Log.Warn("recording device", "device", id, "err", err)
+	}
+}
+
+// eligible checks a device against the task's eligibility and ABI.
+func (t *taskRun) eligible(a *pb.DeviceAttributes) string {
+	e := t.spec.GetEligibility()
+	switch {
+	case a.GetExamplesAvailable() < max(e.GetMinExamples(), 1):
+		return fmt.Sprintf("needs at least %d examples, device has %d", max(e.GetMinExamples(), 1), a.GetExamplesAvailable())
+	case e.GetRequireCharging() && !a.GetCharging():
+		return "task requires charging devices"
+	case e.GetRequireIdle() && !a.GetIdle():
+		return "task requires idle devices"
+	case e.GetRequireUnmetered() && !a.GetUnmetered():
+		return "task requires unmetered networks"
+	case len(e.GetDeviceClasses()) > 0 && !slices.Contains(e.GetDeviceClasses(), a.GetDeviceClass()):
+		return fmt.Sprintf("device class %q not in %v", a.GetDeviceClass(), e.GetDeviceClasses())
+	case !slices.Contains(a.GetSupportedAbiVersions(), uint32(wasm.ABIVersion)):
+		return fmt.Sprintf("device does not support module ABI v%d", wasm.ABIVersion)
+	}
+	return ""
+}
+
+// offer assigns the device to the open round if it may join, or says how long
+// to wait. A device already in the cohort gets its plan again (it may have
+// restarted), unless it has reported.
+func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Duration, pb.RetryReason, string) {
+	pace := t.c.d.PaceWindow
+	if why := t.eligible(ci.Attributes); why != "" {
+		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+	}
+	t.mu.Lock()
+	r := t.round
+	if r == nil {
+		t.mu.Unlock()
+		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
+	}
+	until := max(0, r.row.Deadline.Sub(now))
+	if p, ok := r.assigned[ci.DeviceId]; ok && !r.reported[ci.DeviceId] {
+		t.mu.Unlock()
+		return withParticipant(r.plan, p), 0, 0, ""
+	}
+	if !r.selecting || len(r.assigned) >= r.wanted || r.reported[ci.DeviceId] {
+		t.mu.Unlock()
+		// The next round opens about when this one closes.
+		return nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_ROUND_FULL, fmt.Sprintf("round %d is full", r.row.Round)
+	}
+	// Reserve the slot before the write so concurrent check-ins cannot overfill.
+	r.assigned[ci.DeviceId] = 0
+	t.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(t.c.ctx, 5*time.Second)
+	defer cancel()
+	p, _, err := t.c.d.Store.Assign(ctx, t.id, r.row.Round, ci.DeviceId, now)
+	t.mu.Lock()
+	if err != nil || t.round != r {
+		delete(r.assigned, ci.DeviceId)
+		t.mu.Unlock()
+		if err != nil {
+			t.log().Warn("assigning device", "device", ci.DeviceId, "err", err)
+		}
+		return nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
+	}
+	r.assigned[ci.DeviceId] = p
+	t.mu.Unlock()
+	r.poke()
+	return withParticipant(r.plan, p), 0, 0, ""
+}
+
+func withParticipant(plan *pb.RoundPlan, p uint32) *pb.RoundPlan {
+	out := proto.Clone(plan).(*pb.RoundPlan)
+	out.ParticipantId = p
+	return out
+}

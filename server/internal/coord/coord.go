@@ -1,0 +1,254 @@
+// Package coord runs federated rounds: it answers device check-ins with round
+// plans or paced retry windows, consumes reports from JetStream, validates and
+// aggregates them, and commits model versions. State lives in SQLite and the
+// reports stream, so a restarted coordinator resumes an open round where it was:
+// the round's cohort is in the database and its reports are replayed from the
+// stream. docs/PROTOCOL.md describes the protocol.
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// Deps are the coordinator's collaborators, all injected.
+type Deps struct {
+	Store   *store.Store
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	Stream  jetstream.Stream
+	Blobs   *blobs.Store
+	Sandbox *wasm.Sandbox // server-side evaluation
+	Metrics *metrics.M
+	Log     *slog.Logger
+	Now     func() time.Time
+	Rand    *rand.Rand // guarded by the coordinator's mutex
+	// PaceWindow spreads the check-ins of devices that were not selected:
+	// each retries after the current round is expected to end plus a uniform
+	// delay in [0, PaceWindow).
+	PaceWindow time.Duration
+}
+
+// Coordinator runs every running task's rounds.
+type Coordinator struct {
+	d Deps
+
+	mu       sync.Mutex
+	tasks    map[string]*taskRun
+	watchers map[string]map[chan *pb.RoundEvent]struct{}
+	seen     map[string]time.Time // devices recently written to the store
+	subs     []*nats.Subscription
+	wg       sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+// New returns a coordinator; Start begins serving.
+func New(d Deps) *Coordinator {
+	if d.PaceWindow <= 0 {
+		d.PaceWindow = 2 * time.Second
+	}
+	return &Coordinator{d: d, tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.RoundEvent]struct{}{},
+		seen: map[string]time.Time{}}
+}
+
+// Start subscribes to check-ins and stray reports and resumes running tasks.
+func (c *Coordinator) Start(ctx context.Context) error {
+	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	sub, err := c.d.NC.QueueSubscribe(wire.SubjectCheckIn, wire.QueueServers, c.handleCheckIn)
+	if err != nil {
+		return fmt.Errorf("coord: subscribe check-ins: %w", err)
+	}
+	c.subs = append(c.subs, sub)
+	for _, subj := range wire.StreamSubjects {
+		s, err := c.d.NC.Subscribe(subj, c.handleStray)
+		if err != nil {
+			return fmt.Errorf("coord: subscribe %s: %w", subj, err)
+		}
+		c.subs = append(c.subs, s)
+	}
+	rows, err := c.d.Store.Tasks(ctx, pb.TaskState_TASK_STATE_RUNNING, "", 1<<20)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		c.StartTask(r.Spec.Id)
+	}
+	return nil
+}
+
+// Shutdown stops all task runners (open rounds stay open in the store, to be
+// resumed) and waits for them. Safe to call twice.
+func (c *Coordinator) Shutdown() {
+	if c.cancel == nil {
+		return
+	}
+	for _, s := range c.subs {
+		s.Unsubscribe()
+	}
+	c.cancel()
+	c.wg.Wait()
+}
+
+// StartTask begins running a task's rounds if it is not running already.
+func (c *Coordinator) StartTask(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.tasks[id]; ok || c.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(c.ctx)
+	tr := &taskRun{c: c, id: id, cancel: cancel}
+	c.tasks[id] = tr
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		tr.run(ctx)
+		c.mu.Lock()
+		delete(c.tasks, id)
+		c.mu.Unlock()
+		c.closeWatchers(id)
+	}()
+}
+
+// StopTask stops a task's runner; its open round is left to be abandoned by the caller.
+func (c *Coordinator) StopTask(id string) {
+	c.mu.Lock()
+	tr := c.tasks[id]
+	c.mu.Unlock()
+	if tr != nil {
+		tr.cancel()
+		<-tr.doneCh()
+	}
+}
+
+// Watch returns a channel of the task's round events and a function that ends the subscription.
+func (c *Coordinator) Watch(id string) (<-chan *pb.RoundEvent, func()) {
+	ch := make(chan *pb.RoundEvent, 64)
+	c.mu.Lock()
+	if c.watchers[id] == nil {
+		c.watchers[id] = map[chan *pb.RoundEvent]struct{}{}
+	}
+	c.watchers[id][ch] = struct{}{}
+	c.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			c.mu.Lock()
+			if _, ok := c.watchers[id][ch]; ok {
+				delete(c.watchers[id], ch)
+				close(ch)
+			}
+			c.mu.Unlock()
+		})
+	}
+}
+
+// Running reports whether a task has a runner.
+func (c *Coordinator) Running(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.tasks[id]
+	return ok
+}
+
+func (c *Coordinator) closeWatchers(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ch := range c.watchers[id] {
+		close(ch)
+	}
+	delete(c.watchers, id)
+}
+
+// emit delivers an event to watchers (dropping it for a watcher that is not
+// keeping up, rather than stalling the round) and publishes it on NATS.
+func (c *Coordinator) emit(ev *pb.RoundEvent) {
+	c.mu.Lock()
+	for ch := range c.watchers[ev.TaskId] {
+		select {
+		case ch <- ev:
+		default:
+			c.d.Log.Warn("watcher is not keeping up; event dropped", "task", ev.TaskId, "round", ev.Round)
+		}
+	}
+	c.mu.Unlock()
+	if b, err := proto.Marshal(ev); err == nil {
+		c.d.NC.Publish(wire.EventsSubject(ev.TaskId), b)
+	}
+}
+
+func (c *Coordinator) jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Duration(c.d.Rand.Int64N(int64(d)))
+}
+
+func (c *Coordinator) seed() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.d.Rand.Uint64()
+}
+
+// receipt tells a device what became of its report.
+func (c *Coordinator) receipt(task string, round uint64, device string, reason string) {
+	if wire.CheckToken("device", device) != nil {
+		return
+	}
+	b, err := proto.Marshal(&pb.ReportReceipt{TaskId: task, Round: round, DeviceId: device, Accepted: reason == "", Reason: reason})
+	if err == nil {
+		c.d.NC.Publish(wire.ReceiptSubject(device), b)
+	}
+}
+
+// handleStray refuses reports for rounds that are not open: the current open
+// round's runner consumes its own reports from the stream and ignores this path.
+func (c *Coordinator) handleStray(m *nats.Msg) {
+	task, round, device, err := wire.ParseReportSubject(m.Subject)
+	if err != nil {
+		c.d.Log.Warn("report on a malformed subject", "subject", m.Subject, "err", err)
+		return
+	}
+	c.mu.Lock()
+	tr := c.tasks[task]
+	c.mu.Unlock()
+	if tr != nil && tr.isOpen(round) {
+		return
+	}
+	reason := fmt.Sprintf("round %d of task %q is not open", round, task)
+	if tr == nil {
+		reason = fmt.Sprintf("task %q has no open round (round %d)", task, round)
+	}
+	kind := "update"
+	if wire.IsEvalSubject(m.Subject) {
+		kind = "evaluation"
+	}
+	c.d.Metrics.Reports.WithLabelValues(kind, "not_open").Inc()
+	c.d.Log.Info("report refused", "task", task, "round", round, "device", device, "reason", reason)
+	c.receipt(task, round, device, reason)
+	// Nothing will ever consume it; keep the stream lean.
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(m.Subject))
+}
+
+var errStopped = errors.New("coord: stopped")

@@ -1,0 +1,42 @@
+// Package metrics defines the aggregator's Prometheus metrics on a registry
+// of its own, so tests and embedded servers never collide on the default one.
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// M holds the aggregator's collectors.
+type M struct {
+	Registry      *prometheus.Registry
+	Rounds        *prometheus.CounterVec   // by kind and outcome
+	RoundDuration *prometheus.HistogramVec // by kind
+	Reports       *prometheus.CounterVec   // by kind and result (accepted, or the refusal class)
+	Dropouts      prometheus.Counter
+	ReportBytes   prometheus.Counter
+	CheckIns      *prometheus.CounterVec // by outcome
+	OpenRounds    prometheus.Gauge
+}
+
+// New registers the collectors (and the Go and process collectors) on a fresh registry.
+func New() *M {
+	r := prometheus.NewRegistry()
+	m := &M{
+		Registry: r,
+		Rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_rounds_total",
+			Help: "Rounds closed, by kind and outcome (committed, abandoned)."}, []string{"kind", "outcome"}),
+		RoundDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetlearn_round_duration_seconds",
+			Help: "Wall time from a round opening to its close.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"kind"}),
+		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_reports_total",
+			Help: "Reports received, by kind and result."}, []string{"kind", "result"}),
+		Dropouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_dropouts_total",
+			Help: "Devices assigned to a round that did not report before it closed."}),
+		ReportBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_report_bytes_total",
+			Help: "Bytes of report messages received."}),
+		CheckIns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_checkins_total",
+			Help: "Device check-ins, by outcome."}, []string{"outcome"}),
+		OpenRounds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds",
+			Help: "Rounds currently open."}),
+	}
+	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}

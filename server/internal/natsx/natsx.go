@@ -1,0 +1,132 @@
+// Package natsx runs the aggregator's embedded NATS server (JetStream on disk)
+// and sets up the streams and buckets the round protocol needs. Pointed at an
+// external cluster instead, the same setup runs against it unchanged.
+package natsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// Embedded is an in-process nats-server.
+type Embedded struct {
+	ns *server.Server
+}
+
+// StartEmbedded starts a nats-server listening on listen ("host:port"; port 0
+// picks a free one) with JetStream storing under storeDir.
+func StartEmbedded(listen, storeDir string, maxPayload int32, log *slog.Logger) (*Embedded, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("nats: listen address %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("nats: listen port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: "fleetlearn",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		MaxPayload: maxPayload,
+		// Large cohorts reconnect at once after a restart.
+		MaxPending: 64 << 20,
+		NoSigs:     true, // only cmd/ handles signals
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("nats: new server: %w", err)
+	}
+	ns.SetLoggerV2(slogLogger{log}, false, false, false)
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("nats: embedded server did not become ready")
+	}
+	return &Embedded{ns: ns}, nil
+}
+
+// ClientURL is the URL clients use to reach the embedded server.
+func (e *Embedded) ClientURL() string { return e.ns.ClientURL() }
+
+// Shutdown stops the server and waits for it; safe to call twice.
+func (e *Embedded) Shutdown() {
+	e.ns.Shutdown()
+	e.ns.WaitForShutdown()
+}
+
+type slogLogger struct{ l *slog.Logger }
+
+func (s slogLogger) Noticef(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Warnf(format string, v ...any)   { s.l.Warn(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Fatalf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Errorf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Debugf(format string, v ...any)  { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Tracef(format string, v ...any)  {}
+
+// Setup creates (or updates) the reports stream and the blob bucket.
+func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32) (jetstream.Stream, jetstream.ObjectStore, error) {
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        wire.StreamReports,
+		Description: "Fleetlearn update and evaluation reports, kept until their round commits",
+		Subjects:    wire.StreamSubjects,
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      7 * 24 * time.Hour,
+		MaxBytes:    -1,
+		MaxMsgSize:  maxMsg,
+		Duplicates:  time.Hour, // a device re-sending a report after a reconnect is dropped here
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats: reports stream: %w", err)
+	}
+	obs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      wire.BlobBucket,
+		Description: "Fleetlearn model and module blobs by sha256",
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats: blob bucket: %w", err)
+	}
+	return st, obs, nil
+}
+
+// Connect dials url with reconnects that never give up: the aggregator and
+// agents keep working through NATS restarts.
+func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
+	}, extra...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect %s: %w", url, err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,617 @@
+// Package store is the aggregator's durable state in SQLite (modernc, pure Go,
+// WAL): tasks, rounds, cohort assignments, model versions, modules, devices and
+// server optimizer state. Blobs (model and module bytes) are not here; they live
+// in the JetStream object store.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/backend"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Store wraps the database. Methods are safe for concurrent use.
+type Store struct{ db *sql.DB }
+
+const schema = `
+CREATE TABLE IF NOT EXISTS tasks (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL,
+	state INTEGER NOT NULL,
+	spec BLOB NOT NULL,            -- pb.Task as created (configuration)
+	current_round INTEGER NOT NULL DEFAULT 0,
+	current_model TEXT NOT NULL,
+	train_rounds INTEGER NOT NULL DEFAULT 0,
+	state_reason TEXT NOT NULL DEFAULT '',
+	opt_state BLOB,                -- server optimizer state (aggregator)
+	created INTEGER NOT NULL,
+	updated INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (
+	task_id TEXT NOT NULL,
+	round INTEGER NOT NULL,
+	kind INTEGER NOT NULL,
+	state INTEGER NOT NULL,
+	seed INTEGER NOT NULL,
+	base_model TEXT NOT NULL,
+	open_time INTEGER NOT NULL,
+	deadline INTEGER NOT NULL,
+	close_time INTEGER NOT NULL DEFAULT 0,
+	assigned INTEGER NOT NULL DEFAULT 0,
+	reported INTEGER NOT NULL DEFAULT 0,
+	dropped INTEGER NOT NULL DEFAULT 0,
+	metrics BLOB,
+	model TEXT NOT NULL DEFAULT '',
+	reason TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (task_id, round)
+);
+CREATE TABLE IF NOT EXISTS assignments (
+	task_id TEXT NOT NULL,
+	round INTEGER NOT NULL,
+	device_id TEXT NOT NULL,
+	participant INTEGER NOT NULL,
+	assigned_at INTEGER NOT NULL,
+	PRIMARY KEY (task_id, round, device_id)
+);
+CREATE TABLE IF NOT EXISTS models (
+	version TEXT PRIMARY KEY,
+	name TEXT NOT NULL,
+	description TEXT NOT NULL DEFAULT '',
+	parent TEXT NOT NULL DEFAULT '',
+	task_id TEXT NOT NULL DEFAULT '',
+	round INTEGER NOT NULL DEFAULT 0,
+	source INTEGER NOT NULL,
+	tensors INTEGER NOT NULL,
+	params INTEGER NOT NULL,
+	size INTEGER NOT NULL,
+	created INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS modules (
+	sha256 TEXT PRIMARY KEY,
+	name TEXT NOT NULL,
+	abi INTEGER NOT NULL,
+	size INTEGER NOT NULL,
+	signature BLOB,
+	key_id TEXT NOT NULL DEFAULT '',
+	created INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+	id TEXT PRIMARY KEY,
+	attrs BLOB,
+	first_seen INTEGER NOT NULL,
+	last_seen INTEGER NOT NULL
+);
+`
+
+// Open opens (creating if needed) the database file at path.
+func Open(ctx context.Context, path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	// One writer at a time is SQLite's model; a single connection also keeps
+	// transactions from tripping over each other with SQLITE_BUSY.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: schema: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func ts(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromTS(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+// Tx runs fn in a transaction.
+func (s *Store) Tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+// ---- tasks
+
+// TaskRow is a task's configuration plus its mutable progress.
+type TaskRow struct {
+	Spec         *pb.Task // configuration as created
+	State        pb.TaskState
+	Reason       string
+	CurrentRound uint64
+	CurrentModel string
+	TrainRounds  uint32 // committed training rounds
+	OptState     []byte
+	Created      time.Time
+	Updated      time.Time
+}
+
+// Proto renders the row as the API's Task.
+func (r *TaskRow) Proto() *pb.Task {
+	t := proto.Clone(r.Spec).(*pb.Task)
+	t.State = r.State
+	t.StateReason = r.Reason
+	t.CurrentRound = r.CurrentRound
+	t.CurrentModel = &pb.ModelRef{Sha256: r.CurrentModel, Version: r.CurrentModel}
+	return t
+}
+
+// InsertTask stores a new task.
+func (s *Store) InsertTask(ctx context.Context, t *pb.Task, now time.Time) error {
+	spec, err := proto.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("store: task: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO tasks (id, name, state, spec, current_model, created, updated)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, t.Id, t.Name, int32(t.State), spec, t.GetModel().GetVersion(), ts(now), ts(now))
+	if err != nil {
+		return fmt.Errorf("store: insert task %s: %w", t.Id, err)
+	}
+	return nil
+}
+
+const taskCols = `spec, state, state_reason, current_round, current_model, train_rounds, opt_state, created, updated`
+
+func scanTask(sc interface{ Scan(...any) error }) (*TaskRow, error) {
+	var (
+		r        TaskRow
+		spec     []byte
+		state    int32
+		cur      int64
+		tr       int64
+		cr, upd  int64
+		optState []byte
+	)
+	if err := sc.Scan(&spec, &state, &r.Reason, &cur, &r.CurrentModel, &tr, &optState, &cr, &upd); err != nil {
+		return nil, err
+	}
+	r.Spec = &pb.Task{}
+	if err := proto.Unmarshal(spec, r.Spec); err != nil {
+		return nil, fmt.Errorf("store: task spec: %w", err)
+	}
+	r.State, r.CurrentRound, r.TrainRounds, r.OptState = pb.TaskState(state), uint64(cur), uint32(tr), optState
+	r.Created, r.Updated = fromTS(cr), fromTS(upd)
+	r.Spec.CreateTime, r.Spec.UpdateTime = tsProto(r.Created), tsProto(r.Updated)
+	return &r, nil
+}
+
+// Task loads one task.
+func (s *Store) Task(ctx context.Context, id string) (*TaskRow, error) {
+	r, err := scanTask(s.db.QueryRowContext(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: task %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// Tasks lists tasks by id after the cursor, optionally filtered by state.
+func (s *Store) Tasks(ctx context.Context, state pb.TaskState, after string, limit int) ([]*TaskRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+taskCols+` FROM tasks
+		WHERE id > ? AND (? = 0 OR state = ?) ORDER BY id LIMIT ?`, after, int32(state), int32(state), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: tasks: %w", err)
+	}
+	defer rows.Close()
+	var out []*TaskRow
+	for rows.Next() {
+		r, err := scanTask(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// SetTaskState changes a task's state.
+func (s *Store) SetTaskState(ctx context.Context, id string, st pb.TaskState, reason string, now time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET state = ?, state_reason = ?, updated = ? WHERE id = ?`,
+		int32(st), reason, ts(now), id)
+	if err != nil {
+		return fmt.Errorf("store: task state: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
+	}
+	return nil
+}
+
+// ---- rounds
+
+// RoundRow is one round of a task.
+type RoundRow struct {
+	TaskID    string
+	Round     uint64
+	Kind      pb.RoundKind
+	State     pb.RoundState
+	Seed      uint64
+	BaseModel string
+	Open      time.Time
+	Deadline  time.Time
+	Close     time.Time
+	Assigned  uint32
+	Reported  uint32
+	Dropped   uint32
+	Metrics   map[string]float64
+	Model     string
+	Reason    string
+}
+
+// Proto renders the row for the API.
+func (r *RoundRow) Proto() *pb.RoundSummary {
+	s := &pb.RoundSummary{TaskId: r.TaskID, Round: r.Round, Kind: r.Kind, State: r.State,
+		OpenTime: tsProto(r.Open), CloseTime: tsProto(r.Close), Assigned: r.Assigned, Reported: r.Reported,
+		Dropped: r.Dropped, Reason: r.Reason, Metrics: &pb.Metrics{Values: r.Metrics}}
+	if r.Model != "" {
+		s.Model = &pb.ModelRef{Sha256: r.Model, Version: r.Model, ParentVersion: r.BaseModel}
+	}
+	return s
+}
+
+// OpenRound inserts a round in state OPEN and records it as the task's current round.
+func (s *Store) OpenRound(ctx context.Context, r *RoundRow, now time.Time) error {
+	return s.Tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO rounds (task_id, round, kind, state, seed, base_model, open_time, deadline)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, r.TaskID, int64(r.Round), int32(r.Kind), int32(pb.RoundState_ROUND_STATE_OPEN),
+			int64(r.Seed), r.BaseModel, ts(r.Open), ts(r.Deadline)); err != nil {
+			return fmt.Errorf("store: open round %s/%d: %w", r.TaskID, r.Round, err)
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE tasks SET current_round = ?, updated = ? WHERE id = ?`, int64(r.Round), ts(now), r.TaskID)
+		return err
+	})
+}
+
+const roundCols = `task_id, round, kind, state, seed, base_model, open_time, deadline, close_time, assigned, reported, dropped, metrics, model, reason`
+
+func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
+	var (
+		r                      RoundRow
+		round, seed            int64
+		kind, state            int32
+		open, dl, cl           int64
+		assigned, rep, dropped int64
+		metrics                []byte
+	)
+	if err := sc.Scan(&r.TaskID, &round, &kind, &state, &seed, &r.BaseModel, &open, &dl, &cl, &assigned, &rep, &dropped,
+		&metrics, &r.Model, &r.Reason); err != nil {
+		return nil, err
+	}
+	r.Round, r.Kind, r.State, r.Seed = uint64(round), pb.RoundKind(kind), pb.RoundState(state), uint64(seed)
+	r.Open, r.Deadline, r.Close = fromTS(open), fromTS(dl), fromTS(cl)
+	r.Assigned, r.Reported, r.Dropped = uint32(assigned), uint32(rep), uint32(dropped)
+	if len(metrics) > 0 {
+		var m pb.Metrics
+		if err := proto.Unmarshal(metrics, &m); err != nil {
+			return nil, fmt.Errorf("store: round metrics: %w", err)
+		}
+		r.Metrics = m.Values
+	}
+	return &r, nil
+}
+
+// Round loads one round.
+func (s *Store) Round(ctx context.Context, task string, round uint64) (*RoundRow, error) {
+	r, err := scanRound(s.db.QueryRowContext(ctx, `SELECT `+roundCols+` FROM rounds WHERE task_id = ? AND round = ?`, task, int64(round)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("round %s/%d: %w", task, round, backend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: round: %w", err)
+	}
+	return r, nil
+}
+
+// Rounds lists a task's rounds in order after the given round number.
+func (s *Store) Rounds(ctx context.Context, task string, after uint64, limit int) ([]*RoundRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+roundCols+` FROM rounds WHERE task_id = ? AND round > ? ORDER BY round LIMIT ?`,
+		task, int64(after), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: rounds: %w", err)
+	}
+	defer rows.Close()
+	var out []*RoundRow
+	for rows.Next() {
+		r, err := scanRound(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func marshalMetrics(m map[string]float64) []byte {
+	b, _ := proto.Marshal(&pb.Metrics{Values: m})
+	return b
+}
+
+// CloseRound records a round's outcome. For a committed training round, model
+// (the new version) and the task's progress are written in the same
+// transaction, together with the model row and the optimizer state, so a crash
+// leaves either the old or the new state, never half of each.
+func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow, optState []byte, now time.Time) error {
+	return s.Tx(ctx, func(tx *sql.Tx) error {
+		if newModel != nil {
+			if err := insertModel(ctx, tx, newModel); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE rounds SET state = ?, close_time = ?, assigned = ?, reported = ?, dropped = ?,
+			metrics = ?, model = ?, reason = ? WHERE task_id = ? AND round = ?`,
+			int32(r.State), ts(r.Close), r.Assigned, r.Reported, r.Dropped, marshalMetrics(r.Metrics), r.Model, r.Reason,
+			r.TaskID, int64(r.Round))
+		if err != nil {
+			return fmt.Errorf("store: close round: %w", err)
+		}
+		if newModel != nil {
+			_, err = tx.ExecContext(ctx, `UPDATE tasks SET current_model = ?, train_rounds = train_rounds + 1, opt_state = ?, updated = ?
+				WHERE id = ?`, newModel.Version, optState, ts(now), r.TaskID)
+			if err != nil {
+				return fmt.Errorf("store: task progress: %w", err)
+			}
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM assignments WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round))
+		return err
+	})
+}
+
+// UpdateRoundMetrics merges metrics into a closed round (server-side evaluation
+// arrives after the commit).
+func (s *Store) UpdateRoundMetrics(ctx context.Context, task string, round uint64, m map[string]float64) error {
+	r, err := s.Round(ctx, task, round)
+	if err != nil {
+		return err
+	}
+	if r.Metrics == nil {
+		r.Metrics = map[string]float64{}
+	}
+	for k, v := range m {
+		r.Metrics[k] = v
+	}
+	_, err = s.db.ExecContext(ctx, `UPDATE rounds SET metrics = ? WHERE task_id = ? AND round = ?`, marshalMetrics(r.Metrics), task, int64(round))
+	return err
+}
+
+// ---- assignments
+
+// Assign records a device in a round's cohort; it returns the device's
+// participant number (1-based) and whether it was newly assigned.
+func (s *Store) Assign(ctx context.Context, task string, round uint64, device string, now time.Time) (uint32, bool, error) {
+	var participant int64
+	err := s.db.QueryRowContext(ctx, `SELECT participant FROM assignments WHERE task_id = ? AND round = ? AND device_id = ?`,
+		task, int64(round), device).Scan(&participant)
+	if err == nil {
+		return uint32(participant), false, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return 0, false, fmt.Errorf("store: assignment: %w", err)
+	}
+	err = s.db.QueryRowContext(ctx, `INSERT INTO assignments (task_id, round, device_id, participant, assigned_at)
+		VALUES (?, ?, ?, (SELECT COUNT(*) + 1 FROM assignments WHERE task_id = ? AND round = ?), ?) RETURNING participant`,
+		task, int64(round), device, task, int64(round), ts(now)).Scan(&participant)
+	if err != nil {
+		return 0, false, fmt.Errorf("store: assign: %w", err)
+	}
+	return uint32(participant), true, nil
+}
+
+// Assignments returns a round's cohort: device id → participant number.
+func (s *Store) Assignments(ctx context.Context, task string, round uint64) (map[string]uint32, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT device_id, participant FROM assignments WHERE task_id = ? AND round = ?`, task, int64(round))
+	if err != nil {
+		return nil, fmt.Errorf("store: assignments: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]uint32{}
+	for rows.Next() {
+		var d string
+		var p int64
+		if err := rows.Scan(&d, &p); err != nil {
+			return nil, err
+		}
+		out[d] = uint32(p)
+	}
+	return out, rows.Err()
+}
+
+// ---- models
+
+// ModelRow is a model version's metadata; its bytes are a blob named Version.
+type ModelRow struct {
+	Version     string // sha256 of the safetensors bytes
+	Name        string
+	Description string
+	Parent      string
+	TaskID      string
+	Round       uint64
+	Source      pb.ModelSource
+	Tensors     int
+	Params      int
+	Size        int64
+	Created     time.Time
+}
+
+// Proto renders the row for the API.
+func (m *ModelRow) Proto() *pb.Model {
+	return &pb.Model{
+		Ref:  &pb.ModelRef{Sha256: m.Version, Version: m.Version, SizeBytes: uint64(m.Size), ParentVersion: m.Parent},
+		Name: m.Name, Description: m.Description, Source: m.Source, TaskId: m.TaskID, Round: m.Round,
+		TensorCount: uint32(m.Tensors), ParameterCount: uint64(m.Params), CreateTime: tsProto(m.Created),
+	}
+}
+
+func insertModel(ctx context.Context, tx *sql.Tx, m *ModelRow) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO models (version, name, description, parent, task_id, round, source, tensors, params, size, created)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(version) DO NOTHING`,
+		m.Version, m.Name, m.Description, m.Parent, m.TaskID, int64(m.Round), int32(m.Source), m.Tensors, m.Params, m.Size, ts(m.Created))
+	if err != nil {
+		return fmt.Errorf("store: insert model %s: %w", m.Version, err)
+	}
+	return nil
+}
+
+// InsertModel stores an imported model version; an existing version is ErrExists.
+func (s *Store) InsertModel(ctx context.Context, m *ModelRow) error {
+	if _, err := s.Model(ctx, m.Version); err == nil {
+		return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
+	}
+	return s.Tx(ctx, func(tx *sql.Tx) error { return insertModel(ctx, tx, m) })
+}
+
+const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created`
+
+func scanModel(sc interface{ Scan(...any) error }) (*ModelRow, error) {
+	var m ModelRow
+	var round, created int64
+	var source int32
+	if err := sc.Scan(&m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created); err != nil {
+		return nil, err
+	}
+	m.Round, m.Source, m.Created = uint64(round), pb.ModelSource(source), fromTS(created)
+	return &m, nil
+}
+
+// Model loads a model version's metadata.
+func (s *Store) Model(ctx context.Context, version string) (*ModelRow, error) {
+	m, err := scanModel(s.db.QueryRowContext(ctx, `SELECT `+modelCols+` FROM models WHERE version = ?`, version))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("model %q: %w", version, backend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: model: %w", err)
+	}
+	return m, nil
+}
+
+// Models lists model versions by creation order after the cursor (a version).
+func (s *Store) Models(ctx context.Context, name string, afterRowID int64, limit int) ([]*ModelRow, int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT rowid, `+modelCols+` FROM models WHERE rowid > ? AND (? = '' OR name = ?)
+		ORDER BY rowid LIMIT ?`, afterRowID, name, name, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: models: %w", err)
+	}
+	defer rows.Close()
+	var out []*ModelRow
+	var last int64
+	for rows.Next() {
+		var m ModelRow
+		var round, created int64
+		var source int32
+		if err := rows.Scan(&last, &m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created); err != nil {
+			return nil, 0, err
+		}
+		m.Round, m.Source, m.Created = uint64(round), pb.ModelSource(source), fromTS(created)
+		out = append(out, &m)
+	}
+	return out, last, rows.Err()
+}
+
+// ---- modules
+
+// InsertModule stores a module's metadata; registering the same bytes twice is ErrExists.
+func (s *Store) InsertModule(ctx context.Context, m *pb.Module, now time.Time) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO modules (sha256, name, abi, size, signature, key_id, created) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		m.Ref.Sha256, m.Ref.Name, m.Ref.AbiVersion, int64(m.Ref.SizeBytes), m.Signature, m.KeyId, ts(now))
+	if err != nil {
+		if _, gerr := s.Module(ctx, m.Ref.Sha256); gerr == nil {
+			return fmt.Errorf("module %s: %w", m.Ref.Sha256, backend.ErrExists)
+		}
+		return fmt.Errorf("store: insert module: %w", err)
+	}
+	return nil
+}
+
+func scanModule(sc interface{ Scan(...any) error }) (*pb.Module, error) {
+	m := &pb.Module{Ref: &pb.ModuleRef{}}
+	var abi, size, created int64
+	if err := sc.Scan(&m.Ref.Sha256, &m.Ref.Name, &abi, &size, &m.Signature, &m.KeyId, &created); err != nil {
+		return nil, err
+	}
+	m.Ref.AbiVersion, m.Ref.SizeBytes, m.CreateTime = uint32(abi), uint64(size), tsProto(fromTS(created))
+	return m, nil
+}
+
+// Module loads a module's metadata.
+func (s *Store) Module(ctx context.Context, sha string) (*pb.Module, error) {
+	m, err := scanModule(s.db.QueryRowContext(ctx, `SELECT sha256, name, abi, size, signature, key_id, created FROM modules WHERE sha256 = ?`, sha))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("module %q: %w", sha, backend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: module: %w", err)
+	}
+	return m, nil
+}
+
+// Modules lists modules by sha256 after the cursor.
+func (s *Store) Modules(ctx context.Context, name, after string, limit int) ([]*pb.Module, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT sha256, name, abi, size, signature, key_id, created FROM modules
+		WHERE sha256 > ? AND (? = '' OR name = ?) ORDER BY sha256 LIMIT ?`, after, name, name, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: modules: %w", err)
+	}
+	defer rows.Close()
+	var out []*pb.Module
+	for rows.Next() {
+		m, err := scanModule(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// ---- devices
+
+// SeeDevice records a device's check-in.
+func (s *Store) SeeDevice(ctx context.Context, id string, attrs *pb.DeviceAttributes, now time.Time) error {
+	b, _ := proto.Marshal(attrs)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO devices (id, attrs, first_seen, last_seen) VALUES (?, ?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET attrs = excluded.attrs, last_seen = excluded.last_seen`, id, b, ts(now), ts(now))
+	if err != nil {
+		return fmt.Errorf("store: device: %w", err)
+	}
+	return nil
+}
+
+// DeviceCount is the number of devices ever seen.
+func (s *Store) DeviceCount(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM devices`).Scan(&n)
+	return n, err
+}

@@ -1,0 +1,245 @@
+// Package server is Fleetlearn's cloud aggregator service: an embedded (or
+// external) NATS with JetStream for the round protocol and blobs, SQLite for
+// durable state, the round coordinator, a gRPC API and Prometheus metrics.
+//
+//	s, err := server.New(server.Config{DataDir: dir})
+//	err = s.Start(ctx)
+//	defer s.Shutdown(ctx)
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/api"
+	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/coord"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// Config says where the service keeps state and listens. Zero values take the
+// defaults noted.
+type Config struct {
+	DataDir     string // required: SQLite, JetStream store and the WASM compilation cache live here
+	NATSURL     string // external NATS cluster; empty starts an embedded server
+	NATSListen  string // embedded server's client address (default 127.0.0.1:4222; port 0 picks one)
+	GRPCAddr    string // default 127.0.0.1:7070; port 0 picks one
+	MetricsAddr string // Prometheus /metrics; default 127.0.0.1:9464; "off" disables
+	// MaxMessageBytes is the embedded server's max_payload and the reports
+	// stream's message size limit (default wire.MaxMessageBytes).
+	MaxMessageBytes int32
+	// PaceWindow spreads check-ins of devices not selected (default 2s).
+	PaceWindow time.Duration
+}
+
+// Option injects a collaborator.
+type Option func(*options)
+
+type options struct {
+	log  *slog.Logger
+	now  func() time.Time
+	rand *rand.Rand
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithClock sets the clock (default time.Now).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithRand sets the randomness used for round seeds and pacing jitter.
+func WithRand(r *rand.Rand) Option { return func(o *options) { o.rand = r } }
+
+// Server is the aggregator service.
+type Server struct {
+	cfg Config
+	o   options
+
+	embedded *natsx.Embedded
+	nc       *nats.Conn
+	store    *store.Store
+	sandbox  *wasm.Sandbox
+	coord    *coord.Coordinator
+	grpc     *grpc.Server
+	grpcLn   net.Listener
+	http     *http.Server
+	httpLn   net.Listener
+	natsURL  string
+
+	idMu     sync.Mutex // guards ids
+	ids      *rand.Rand // task ids; split from o.rand so the coordinator owns that one
+	shutdown sync.Once
+	err      error
+}
+
+// New validates the configuration; Start brings the service up.
+func New(cfg Config, opts ...Option) (*Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("server: DataDir is required")
+	}
+	if cfg.NATSListen == "" {
+		cfg.NATSListen = "127.0.0.1:4222"
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = "127.0.0.1:7070"
+	}
+	if cfg.MetricsAddr == "" {
+		cfg.MetricsAddr = "127.0.0.1:9464"
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = wire.MaxMessageBytes
+	}
+	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.rand == nil {
+		o.rand = rand.New(rand.NewChaCha8(seedFromOS()))
+	}
+	ids := rand.New(rand.NewPCG(o.rand.Uint64(), o.rand.Uint64()))
+	return &Server{cfg: cfg, o: o, ids: ids}, nil
+}
+
+// Start opens state, connects NATS and begins serving. On error everything
+// started so far is shut down.
+func (s *Server) Start(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			s.Shutdown(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("server: data dir: %w", err)
+	}
+	if s.store, err = store.Open(ctx, filepath.Join(s.cfg.DataDir, "fleetlearn.db")); err != nil {
+		return err
+	}
+	s.natsURL = s.cfg.NATSURL
+	if s.natsURL == "" {
+		s.embedded, err = natsx.StartEmbedded(s.cfg.NATSListen, filepath.Join(s.cfg.DataDir, "jetstream"),
+			s.cfg.MaxMessageBytes, s.o.log.With("component", "nats"))
+		if err != nil {
+			return err
+		}
+		s.natsURL = s.embedded.ClientURL()
+	}
+	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log); err != nil {
+		return err
+	}
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return fmt.Errorf("server: jetstream: %w", err)
+	}
+	stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes)
+	if err != nil {
+		return err
+	}
+	if s.sandbox, err = wasm.New(wasm.WithCacheDir(filepath.Join(s.cfg.DataDir, "wasm-cache")),
+		wasm.WithLogger(s.o.log.With("component", "wasm"))); err != nil {
+		return err
+	}
+	m := metrics.New()
+	bl := blobs.New(obs)
+	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
+		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow})
+	if err := s.coord.Start(ctx); err != nil {
+		return err
+	}
+
+	s.grpcLn, err = net.Listen("tcp", s.cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("server: grpc listen: %w", err)
+	}
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(8 << 20))
+	api.Register(s.grpc, &service{s: s, blobs: bl}, api.WithLogger(s.o.log.With("component", "api")))
+	go s.grpc.Serve(s.grpcLn)
+
+	if s.cfg.MetricsAddr != "off" {
+		s.httpLn, err = net.Listen("tcp", s.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("server: metrics listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go s.http.Serve(s.httpLn)
+	}
+	s.o.log.Info("aggregator started", "grpc", s.GRPCAddr(), "nats", s.natsURL, "metrics", s.MetricsAddr(), "data", s.cfg.DataDir)
+	return nil
+}
+
+// GRPCAddr is the address the gRPC API listens on.
+func (s *Server) GRPCAddr() string {
+	if s.grpcLn == nil {
+		return ""
+	}
+	return s.grpcLn.Addr().String()
+}
+
+// MetricsAddr is the address /metrics is served on ("" when off).
+func (s *Server) MetricsAddr() string {
+	if s.httpLn == nil {
+		return ""
+	}
+	return s.httpLn.Addr().String()
+}
+
+// NATSURL is the NATS URL devices connect to.
+func (s *Server) NATSURL() string { return s.natsURL }
+
+// Shutdown stops serving and closes state: API first, then the round runners
+// (open rounds stay open, to be resumed), then NATS and the database. Safe to
+// call twice; later calls return the first result.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdown.Do(func() {
+		var errs []error
+		if s.grpc != nil {
+			stopped := make(chan struct{})
+			go func() { s.grpc.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-ctx.Done():
+				s.grpc.Stop()
+			}
+		}
+		if s.http != nil {
+			errs = append(errs, s.http.Shutdown(ctx))
+		}
+		if s.coord != nil {
+			s.coord.Shutdown()
+		}
+		if s.nc != nil {
+			s.nc.Drain()
+			s.nc.Close()
+		}
+		if s.embedded != nil {
+			s.embedded.Shutdown()
+		}
+		if s.sandbox != nil {
+			errs = append(errs, s.sandbox.Close(ctx))
+		}
+		if s.store != nil {
+			errs = append(errs, s.store.Close())
+		}
+		s.err = errors.Join(errs...)
+	})
+	return s.err
+}

@@ -1,0 +1,161 @@
+// Package servertest starts a real aggregator for tests: embedded NATS with
+// JetStream and SQLite in a temporary directory, on random loopback ports,
+// shut down by t.Cleanup. It also offers the few API calls most tests need.
+package servertest
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
+)
+
+// Harness is a running server and a client connection to its API.
+type Harness struct {
+	*server.Server
+	Dir     string
+	Conn    *grpc.ClientConn
+	Tasks   pb.TaskServiceClient
+	Models  pb.ModelServiceClient
+	Modules pb.ModuleServiceClient
+}
+
+// Option adjusts the server configuration.
+type Option func(*server.Config)
+
+// WithDataDir reuses a data directory, e.g. to restart a server on its state.
+func WithDataDir(dir string) Option { return func(c *server.Config) { c.DataDir = dir } }
+
+// WithPace sets the pace-steering window.
+func WithPace(d time.Duration) Option { return func(c *server.Config) { c.PaceWindow = d } }
+
+// WithNATSListen fixes the embedded NATS address (to restart on the same one).
+func WithNATSListen(addr string) Option { return func(c *server.Config) { c.NATSListen = addr } }
+
+// New starts a server. Set FLEETLEARN_TEST_LOG=1 to see its logs.
+func New(t testing.TB, opts ...Option) *Harness {
+	t.Helper()
+	cfg := server.Config{DataDir: t.TempDir(), NATSListen: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("FLEETLEARN_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	s, err := server.New(cfg, server.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(ctx) })
+	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &Harness{Server: s, Dir: cfg.DataDir, Conn: conn, Tasks: pb.NewTaskServiceClient(conn),
+		Models: pb.NewModelServiceClient(conn), Modules: pb.NewModuleServiceClient(conn)}
+}
+
+// ImportModel uploads m and returns its version.
+func (h *Harness) ImportModel(t testing.TB, name string, m *model.Model) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.Models.ImportModel(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.ImportModelRequest{Part: &pb.ImportModelRequest_Header{Header: &pb.ImportModelHeader{
+		Name: name, SizeBytes: uint64(buf.Len())}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.ImportModelRequest{Part: &pb.ImportModelRequest_Chunk{Chunk: buf.Bytes()}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetModel().GetRef().GetVersion()
+}
+
+// RegisterModule uploads WASM bytes and returns their sha256.
+func (h *Harness) RegisterModule(t testing.TB, name string, code []byte) string {
+	t.Helper()
+	st, err := h.Modules.RegisterModule(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.RegisterModuleRequest{Part: &pb.RegisterModuleRequest_Header{Header: &pb.RegisterModuleHeader{
+		Name: name, SizeBytes: uint64(len(code))}}}); err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(code); off += 1 << 20 {
+		if err := st.Send(&pb.RegisterModuleRequest{Part: &pb.RegisterModuleRequest_Chunk{Chunk: code[off:min(off+1<<20, len(code))]}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetModule().GetRef().GetSha256()
+}
+
+// CreateTask creates a task and returns it.
+func (h *Harness) CreateTask(t testing.TB, task *pb.Task) *pb.Task {
+	t.Helper()
+	resp, err := h.Tasks.CreateTask(context.Background(), &pb.CreateTaskRequest{Task: task})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetTask()
+}
+
+// WaitTask polls until the task reaches one of the states or the timeout passes.
+func (h *Harness) WaitTask(t testing.TB, id string, timeout time.Duration, states ...pb.TaskState) *pb.Task {
+	t.Helper()
+	end := time.Now().Add(timeout)
+	for {
+		resp, err := h.Tasks.GetTask(context.Background(), &pb.GetTaskRequest{TaskId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range states {
+			if resp.Task.State == s {
+				return resp.Task
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("task %s is %v after %v, want %v (%s)", id, resp.Task.State, timeout, states, resp.Task.StateReason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Rounds lists all of a task's rounds.
+func (h *Harness) Rounds(t testing.TB, id string) []*pb.RoundSummary {
+	t.Helper()
+	resp, err := h.Tasks.ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Rounds
+}

@@ -1,0 +1,347 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/backend"
+	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// service implements the API's backend on the server's parts.
+type service struct {
+	s     *Server
+	blobs *blobs.Store
+}
+
+var _ backend.Backend = (*service)(nil)
+
+const (
+	defaultPage = 100
+	maxPage     = 1000
+)
+
+func pageSize(p backend.Page) int {
+	switch {
+	case p.Size <= 0:
+		return defaultPage
+	case p.Size > maxPage:
+		return maxPage
+	}
+	return p.Size
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), backend.ErrInvalid)
+}
+
+func (v *service) newTaskID() string {
+	v.s.idMu.Lock()
+	defer v.s.idMu.Unlock()
+	var b [6]byte
+	for i := range b {
+		b[i] = byte(v.s.ids.Uint32())
+	}
+	return "t-" + hex.EncodeToString(b[:])
+}
+
+// checkTask validates a task as created through the API.
+func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
+	if t.GetName() == "" || len(t.GetName()) > 200 {
+		return invalid("task name must be 1-200 bytes")
+	}
+	if t.GetCohortTarget() < 1 || t.GetCohortTarget() > 100000 {
+		return invalid("cohort_target %d not in [1,100000]", t.GetCohortTarget())
+	}
+	if t.GetReportGoal() < 1 || t.GetReportGoal() > t.GetCohortTarget() {
+		return invalid("report_goal %d must be in [1, cohort_target %d]", t.GetReportGoal(), t.GetCohortTarget())
+	}
+	if o := t.GetOverSelection(); o != 0 && (o < 1 || o > 10) {
+		return invalid("over_selection %v not in [1,10]", o)
+	}
+	if t.GetRoundsTotal() < 1 {
+		return invalid("rounds_total must be at least 1")
+	}
+	if h := t.GetHyperparameters(); len(h) > 0 && !json.Valid(h) {
+		return invalid("hyperparameters are not valid JSON")
+	}
+	if t.GetSelectionTimeout().AsDuration() < 0 || t.GetReportTimeout().AsDuration() < 0 {
+		return invalid("timeouts must not be negative")
+	}
+	if n := t.GetAggregation().GetMaxUpdateNorm(); n < 0 {
+		return invalid("max_update_norm must not be negative")
+	}
+	if t.GetAggregation() == nil {
+		t.Aggregation = &pb.AggregationConfig{}
+	}
+	if t.Aggregation.Rule == pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED {
+		t.Aggregation.Rule = pb.AggregationRule_AGGREGATION_RULE_FEDAVG
+	}
+	mrow, err := v.s.store.Model(ctx, t.GetModel().GetVersion())
+	if err != nil {
+		return invalid("model %q: %v", t.GetModel().GetVersion(), err)
+	}
+	if _, err := v.s.store.Module(ctx, t.GetModule().GetSha256()); err != nil {
+		return invalid("module %q: %v", t.GetModule().GetSha256(), err)
+	}
+	a := t.Aggregation
+	var opts []aggregator.Option
+	for _, o := range []struct {
+		v float64
+		f func(float64) aggregator.Option
+	}{{a.ServerLearningRate, aggregator.WithServerLR}, {a.Momentum, aggregator.WithMomentum}, {a.Beta1, aggregator.WithBeta1},
+		{a.Beta2, aggregator.WithBeta2}, {a.Tau, aggregator.WithTau}, {a.TrimFraction, aggregator.WithTrimFraction}} {
+		if o.v != 0 {
+			opts = append(opts, o.f(o.v))
+		}
+	}
+	if _, err := aggregator.NewRule(aggregator.Kind(a.Rule), max(mrow.Params, 1), opts...); err != nil {
+		return invalid("aggregation: %v", err)
+	}
+	return nil
+}
+
+func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, error) {
+	t := proto.Clone(in).(*pb.Task)
+	if err := v.checkTask(ctx, t); err != nil {
+		return nil, err
+	}
+	mod, _ := v.s.store.Module(ctx, t.GetModule().GetSha256())
+	t.Module = mod.Ref
+	t.Id = v.newTaskID()
+	t.State = pb.TaskState_TASK_STATE_RUNNING
+	t.CurrentRound, t.CurrentModel, t.StateReason, t.CreateTime, t.UpdateTime = 0, nil, "", nil, nil
+	if err := v.s.store.InsertTask(ctx, t, v.s.o.now()); err != nil {
+		return nil, err
+	}
+	v.s.coord.StartTask(t.Id)
+	return v.GetTask(ctx, t.Id)
+}
+
+func (v *service) GetTask(ctx context.Context, id string) (*pb.Task, error) {
+	r, err := v.s.store.Task(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return r.Proto(), nil
+}
+
+func (v *service) ListTasks(ctx context.Context, state pb.TaskState, p backend.Page) ([]*pb.Task, string, error) {
+	n := pageSize(p)
+	rows, err := v.s.store.Tasks(ctx, state, p.Token, n+1)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(rows) > n {
+		rows = rows[:n]
+		next = rows[n-1].Spec.Id
+	}
+	out := make([]*pb.Task, len(rows))
+	for i, r := range rows {
+		out[i] = r.Proto()
+	}
+	return out, next, nil
+}
+
+func (v *service) StopTask(ctx context.Context, id, reason string) (*pb.Task, error) {
+	r, err := v.s.store.Task(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if r.State != pb.TaskState_TASK_STATE_RUNNING {
+		return nil, fmt.Errorf("task %s is %v: %w", id, r.State, backend.ErrPrecondition)
+	}
+	if reason == "" {
+		reason = "stopped by operator"
+	}
+	if err := v.s.store.SetTaskState(ctx, id, pb.TaskState_TASK_STATE_STOPPED, reason, v.s.o.now()); err != nil {
+		return nil, err
+	}
+	v.s.coord.StopTask(id)
+	if r.CurrentRound > 0 {
+		if rr, err := v.s.store.Round(ctx, id, r.CurrentRound); err == nil && rr.State == pb.RoundState_ROUND_STATE_OPEN {
+			rr.State, rr.Close, rr.Reason = pb.RoundState_ROUND_STATE_ABANDONED, v.s.o.now(), "task stopped: "+reason
+			if err := v.s.store.CloseRound(ctx, rr, nil, nil, v.s.o.now()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return v.GetTask(ctx, id)
+}
+
+func (v *service) WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEvent, error) {
+	if _, err := v.s.store.Task(ctx, id); err != nil {
+		return nil, err
+	}
+	ch, cancel := v.s.coord.Watch(id)
+	if !v.s.coord.Running(id) {
+		cancel() // finished: the stream ends at once
+	}
+	go func() {
+		<-ctx.Done()
+		cancel()
+	}()
+	return ch, nil
+}
+
+func (v *service) ListRounds(ctx context.Context, taskID string, p backend.Page) ([]*pb.RoundSummary, string, error) {
+	if _, err := v.s.store.Task(ctx, taskID); err != nil {
+		return nil, "", err
+	}
+	var after uint64
+	if p.Token != "" {
+		n, err := strconv.ParseUint(p.Token, 10, 64)
+		if err != nil {
+			return nil, "", invalid("page token %q", p.Token)
+		}
+		after = n
+	}
+	n := pageSize(p)
+	rows, err := v.s.store.Rounds(ctx, taskID, after, n+1)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(rows) > n {
+		rows = rows[:n]
+		next = strconv.FormatUint(rows[n-1].Round, 10)
+	}
+	out := make([]*pb.RoundSummary, len(rows))
+	for i, r := range rows {
+		out[i] = r.Proto()
+	}
+	return out, next, nil
+}
+
+func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, b []byte) (*pb.Model, error) {
+	if h.GetName() == "" || len(h.GetName()) > 200 {
+		return nil, invalid("model name must be 1-200 bytes")
+	}
+	m, err := model.DecodeSafetensors(b)
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	if len(m.Tensors) == 0 {
+		return nil, invalid("model has no tensors")
+	}
+	// Re-encode canonically so a version names one exact byte string.
+	m.Lineage = model.Lineage{Parent: h.GetParentVersion(), Source: "imported"}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, m); err != nil {
+		return nil, invalid("%v", err)
+	}
+	version, err := v.blobs.Put(ctx, buf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	row := &store.ModelRow{Version: version, Name: h.GetName(), Description: h.GetDescription(), Parent: h.GetParentVersion(),
+		Source: pb.ModelSource_MODEL_SOURCE_IMPORTED, Tensors: len(m.Tensors), Params: len(m.Flatten()),
+		Size: int64(buf.Len()), Created: v.s.o.now()}
+	if err := v.s.store.InsertModel(ctx, row); err != nil {
+		return nil, err
+	}
+	return row.Proto(), nil
+}
+
+func (v *service) ExportModel(ctx context.Context, version string) (*pb.Model, []byte, error) {
+	row, err := v.s.store.Model(ctx, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := v.blobs.Get(ctx, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	return row.Proto(), b, nil
+}
+
+func (v *service) GetModel(ctx context.Context, version string) (*pb.Model, error) {
+	row, err := v.s.store.Model(ctx, version)
+	if err != nil {
+		return nil, err
+	}
+	return row.Proto(), nil
+}
+
+func (v *service) ListModels(ctx context.Context, name string, p backend.Page) ([]*pb.Model, string, error) {
+	var after int64
+	if p.Token != "" {
+		n, err := strconv.ParseInt(p.Token, 10, 64)
+		if err != nil {
+			return nil, "", invalid("page token %q", p.Token)
+		}
+		after = n
+	}
+	n := pageSize(p)
+	rows, last, err := v.s.store.Models(ctx, name, after, n)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(rows) == n {
+		next = strconv.FormatInt(last, 10)
+	}
+	out := make([]*pb.Model, len(rows))
+	for i, r := range rows {
+		out[i] = r.Proto()
+	}
+	return out, next, nil
+}
+
+func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader, code []byte) (*pb.Module, error) {
+	if h.GetName() == "" || len(h.GetName()) > 200 {
+		return nil, invalid("module name must be 1-200 bytes")
+	}
+	sha := wire.SHA256(code)
+	if h.GetSha256() != "" && h.GetSha256() != sha {
+		return nil, invalid("module bytes hash to %s, header says %s", sha, h.GetSha256())
+	}
+	if abi := h.GetAbiVersion(); abi != 0 && abi != wasm.ABIVersion {
+		return nil, invalid("module declares ABI v%d, this server supports v%d", abi, wasm.ABIVersion)
+	}
+	mod, err := v.s.sandbox.Load(ctx, code, sha)
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	mod.Close(ctx)
+	if _, err := v.blobs.Put(ctx, code); err != nil {
+		return nil, err
+	}
+	m := &pb.Module{Ref: &pb.ModuleRef{Sha256: sha, AbiVersion: wasm.ABIVersion, SizeBytes: uint64(len(code)), Name: h.GetName()},
+		Signature: h.GetSignature()}
+	if err := v.s.store.InsertModule(ctx, m, v.s.o.now()); err != nil {
+		return nil, err
+	}
+	return v.s.store.Module(ctx, sha)
+}
+
+func (v *service) GetModule(ctx context.Context, sha string) (*pb.Module, error) {
+	return v.s.store.Module(ctx, sha)
+}
+
+func (v *service) ListModules(ctx context.Context, name string, p backend.Page) ([]*pb.Module, string, error) {
+	n := pageSize(p)
+	mods, err := v.s.store.Modules(ctx, name, p.Token, n+1)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(mods) > n {
+		mods = mods[:n]
+		next = mods[n-1].Ref.Sha256
+	}
+	return mods, next, nil
+}
