@@ -86,7 +86,7 @@ func (f *fleet) stop() { f.cancel(); f.wg.Wait() }
 func baseTask(name, modelVersion, module string, rounds uint32) *pb.Task {
 	hyper, _ := json.Marshal(sgd.Hyper{Epochs: 1, BatchSize: 16, LearningRate: 0.5, EvalBatchSize: 256})
 	return &pb.Task{Name: name, Model: &pb.ModelRef{Version: modelVersion}, Module: &pb.ModuleRef{Sha256: module},
-		Hyperparameters: hyper, CohortTarget: 3, OverSelection: 1.34, ReportGoal: 2, RoundsTotal: rounds,
+		Hyperparameters: hyper, CohortTarget: 3, OverSelection: 0.34, ReportGoal: 2, RoundsTotal: rounds,
 		SelectionTimeout: durationpb.New(5 * time.Second), ReportTimeout: durationpb.New(20 * time.Second)}
 }
 

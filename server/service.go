@@ -68,8 +68,8 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if t.GetReportGoal() < 1 || t.GetReportGoal() > t.GetCohortTarget() {
 		return invalid("report_goal %d must be in [1, cohort_target %d]", t.GetReportGoal(), t.GetCohortTarget())
 	}
-	if o := t.GetOverSelection(); o != 0 && (o < 1 || o > 10) {
-		return invalid("over_selection %v not in [1,10]", o)
+	if o := t.GetOverSelection(); o < 0 || o > 9 || o != o {
+		return invalid("over_selection %v not in [0,9] (an extra fraction: 0.3 selects 30%% more)", o)
 	}
 	if t.GetRoundsTotal() < 1 {
 		return invalid("rounds_total must be at least 1")
@@ -277,16 +277,12 @@ func (v *service) GetModel(ctx context.Context, version string) (*pb.Model, erro
 }
 
 func (v *service) ListModels(ctx context.Context, name string, p backend.Page) ([]*pb.Model, string, error) {
-	var after int64
-	if p.Token != "" {
-		n, err := strconv.ParseInt(p.Token, 10, 64)
-		if err != nil {
-			return nil, "", invalid("page token %q", p.Token)
-		}
-		after = n
+	before, err := rowCursor(p.Token)
+	if err != nil {
+		return nil, "", err
 	}
 	n := pageSize(p)
-	rows, last, err := v.s.store.Models(ctx, name, after, n)
+	rows, last, err := v.s.store.Models(ctx, name, before, n)
 	if err != nil {
 		return nil, "", err
 	}
@@ -333,15 +329,30 @@ func (v *service) GetModule(ctx context.Context, sha string) (*pb.Module, error)
 }
 
 func (v *service) ListModules(ctx context.Context, name string, p backend.Page) ([]*pb.Module, string, error) {
+	before, err := rowCursor(p.Token)
+	if err != nil {
+		return nil, "", err
+	}
 	n := pageSize(p)
-	mods, err := v.s.store.Modules(ctx, name, p.Token, n+1)
+	mods, last, err := v.s.store.Modules(ctx, name, before, n)
 	if err != nil {
 		return nil, "", err
 	}
 	next := ""
-	if len(mods) > n {
-		mods = mods[:n]
-		next = mods[n-1].Ref.Sha256
+	if len(mods) == n {
+		next = strconv.FormatInt(last, 10)
 	}
 	return mods, next, nil
+}
+
+// rowCursor parses a page token holding a row id.
+func rowCursor(token string) (int64, error) {
+	if token == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(token, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, invalid("page token %q", token)
+	}
+	return n, nil
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -25,13 +26,19 @@ type Module struct {
 	s        *Sandbox
 	hash     string
 	compiled wazero.CompiledModule
+	e        *entry
+	close    sync.Once
 }
 
 // SHA256 is the lowercase hex hash of the module's bytes.
 func (m *Module) SHA256() string { return m.hash }
 
 // Close releases the module's compiled code. It is safe to call twice.
-func (m *Module) Close(ctx context.Context) error { return m.compiled.Close(ctx) }
+func (m *Module) Close(ctx context.Context) error {
+	var err error
+	m.close.Do(func() { err = m.s.release(ctx, m.e) })
+	return err
+}
 
 // Call is one invocation of a module's train or evaluate entry point.
 type Call struct {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -98,8 +97,9 @@ type Sandbox struct {
 	rt    wazero.Runtime
 	wasi  map[string]api.FunctionDefinition // signatures of the WASI functions we serve
 
-	mu     sync.Mutex
-	closed bool
+	mu      sync.Mutex
+	closed  bool
+	modules map[string]*entry // by sha256
 }
 
 // New returns a sandbox. Close releases it.
@@ -112,7 +112,7 @@ func New(opts ...Option) (*Sandbox, error) {
 	if err := cfg.limits.validate(); err != nil {
 		return nil, fmt.Errorf("wasm: new: %w", err)
 	}
-	s := &Sandbox{cfg: cfg}
+	s := &Sandbox{cfg: cfg, modules: map[string]*entry{}}
 	if cfg.cacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
 		if err != nil {
@@ -169,24 +169,79 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 		return nil, fmt.Errorf("wasm: load: %w: %d bytes, limit %d", ErrInvalidModule, len(code), s.cfg.maxCode)
 	}
 	got := Hash(code)
-	if !strings.EqualFold(got, wantSHA256) {
+	if got != wantSHA256 {
 		return nil, fmt.Errorf("wasm: load: %w: bytes hash to %s, want %s", ErrHashMismatch, got, wantSHA256)
 	}
+	// Loads of the same bytes share one compilation: a fleet of agents in one
+	// process (the demo) must not compile the module once per agent.
 	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed {
+		s.mu.Unlock()
 		return nil, fmt.Errorf("wasm: load: %w", ErrClosed)
 	}
+	e, ok := s.modules[got]
+	if !ok {
+		e = &entry{ready: make(chan struct{})}
+		s.modules[got] = e
+	}
+	s.mu.Unlock()
+	if !ok {
+		e.cm, e.err = s.compile(ctx, code, got)
+		close(e.ready)
+		if e.err != nil {
+			s.mu.Lock()
+			delete(s.modules, got)
+			s.mu.Unlock()
+		}
+	}
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wasm: load %s: %w", got[:12], ctx.Err())
+	}
+	if e.err != nil {
+		return nil, e.err
+	}
+	s.mu.Lock()
+	e.refs++
+	s.mu.Unlock()
+	return &Module{s: s, hash: got, compiled: e.cm, e: e}, nil
+}
+
+// entry is one compiled module shared by every Module loaded from the same bytes.
+type entry struct {
+	ready chan struct{}
+	cm    wazero.CompiledModule
+	err   error
+	refs  int
+}
+
+func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero.CompiledModule, error) {
 	cm, err := s.rt.CompileModule(ctx, code)
 	if err != nil {
-		return nil, fmt.Errorf("wasm: load %s: %w: %v", got[:12], ErrInvalidModule, err)
+		return nil, fmt.Errorf("wasm: load %s: %w: %v", hash[:12], ErrInvalidModule, err)
 	}
 	if err := s.checkShape(cm); err != nil {
 		cm.Close(ctx)
-		return nil, fmt.Errorf("wasm: load %s: %w", got[:12], err)
+		return nil, fmt.Errorf("wasm: load %s: %w", hash[:12], err)
 	}
-	return &Module{s: s, hash: got, compiled: cm}, nil
+	return cm, nil
+}
+
+// release drops one reference to a shared compilation, closing it with the last.
+func (s *Sandbox) release(ctx context.Context, e *entry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.refs--
+	if e.refs > 0 {
+		return nil
+	}
+	for h, x := range s.modules {
+		if x == e {
+			delete(s.modules, h)
+		}
+	}
+	return e.cm.Close(ctx)
 }
 
 // checkShape refuses imports outside the ABI, imports with the wrong

@@ -4,18 +4,17 @@
 package wasmtest
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
+	"context"
 	"sync"
 	"testing"
+
+	"github.com/fleetlearn/fleetlearn/wasm/build"
 )
 
 // Example module packages shipped with Fleetlearn.
 const (
-	MLP     = "github.com/fleetlearn/fleetlearn/wasm/examples/mlp"
-	Softmax = "github.com/fleetlearn/fleetlearn/wasm/examples/softmax"
+	MLP     = build.MLP
+	Softmax = build.Softmax
 )
 
 var (
@@ -23,8 +22,8 @@ var (
 	built = map[string][]byte{}
 )
 
-// Build compiles the Go package pkg (an import path or a directory) with
-// GOOS=wasip1 GOARCH=wasm -buildmode=c-shared and returns the module bytes.
+// Build compiles the Go package pkg (an import path or a directory) into a
+// module and returns its bytes, failing the test on error.
 func Build(tb testing.TB, pkg string) []byte {
 	tb.Helper()
 	mu.Lock()
@@ -32,29 +31,10 @@ func Build(tb testing.TB, pkg string) []byte {
 	if b, ok := built[pkg]; ok {
 		return b
 	}
-	dir, err := os.MkdirTemp("", "fleetlearn-wasmtest-")
-	if err != nil {
-		tb.Fatalf("wasmtest: %v", err)
-	}
-	defer os.RemoveAll(dir)
-	out := filepath.Join(dir, "module.wasm")
-	cmd := exec.Command(goTool(), "build", "-trimpath", "-buildmode=c-shared", "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("wasmtest: building %s: %v\n%s", pkg, err, msg)
-	}
-	b, err := os.ReadFile(out)
+	b, err := build.Module(context.Background(), "", pkg)
 	if err != nil {
 		tb.Fatalf("wasmtest: %v", err)
 	}
 	built[pkg] = b
 	return b
-}
-
-func goTool() string {
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err == nil {
-		return p
-	}
-	return "go"
 }

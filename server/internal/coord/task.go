@@ -25,7 +25,7 @@ import (
 
 // Defaults for task fields left zero.
 const (
-	DefaultOverSelection    = 1.3
+	DefaultOverSelection    = 0.3 // select 30% more devices than the cohort target
 	DefaultSelectionTimeout = 30 * time.Second
 	DefaultReportTimeout    = 2 * time.Minute
 )
@@ -266,10 +266,10 @@ func (t *taskRun) reportTimeout() time.Duration {
 
 func (t *taskRun) wanted() int {
 	over := t.spec.GetOverSelection()
-	if over < 1 {
+	if over <= 0 {
 		over = DefaultOverSelection
 	}
-	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * over))
+	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * (1 + over)))
 }
 
 func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*store.RoundRow, error) {

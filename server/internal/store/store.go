@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -517,10 +518,13 @@ func (s *Store) Model(ctx context.Context, version string) (*ModelRow, error) {
 	return m, nil
 }
 
-// Models lists model versions by creation order after the cursor (a version).
-func (s *Store) Models(ctx context.Context, name string, afterRowID int64, limit int) ([]*ModelRow, int64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT rowid, `+modelCols+` FROM models WHERE rowid > ? AND (? = '' OR name = ?)
-		ORDER BY rowid LIMIT ?`, afterRowID, name, name, limit)
+// Models lists model versions newest first, before the cursor (a row id; 0 starts at the newest).
+func (s *Store) Models(ctx context.Context, name string, beforeRowID int64, limit int) ([]*ModelRow, int64, error) {
+	if beforeRowID <= 0 {
+		beforeRowID = math.MaxInt64
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT rowid, `+modelCols+` FROM models WHERE rowid < ? AND (? = '' OR name = ?)
+		ORDER BY rowid DESC LIMIT ?`, beforeRowID, name, name, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: models: %w", err)
 	}
@@ -577,23 +581,29 @@ func (s *Store) Module(ctx context.Context, sha string) (*pb.Module, error) {
 	return m, nil
 }
 
-// Modules lists modules by sha256 after the cursor.
-func (s *Store) Modules(ctx context.Context, name, after string, limit int) ([]*pb.Module, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT sha256, name, abi, size, signature, key_id, created FROM modules
-		WHERE sha256 > ? AND (? = '' OR name = ?) ORDER BY sha256 LIMIT ?`, after, name, name, limit)
+// Modules lists modules newest first, before the cursor (a row id; 0 starts at the newest).
+func (s *Store) Modules(ctx context.Context, name string, beforeRowID int64, limit int) ([]*pb.Module, int64, error) {
+	if beforeRowID <= 0 {
+		beforeRowID = math.MaxInt64
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT rowid, sha256, name, abi, size, signature, key_id, created FROM modules
+		WHERE rowid < ? AND (? = '' OR name = ?) ORDER BY rowid DESC LIMIT ?`, beforeRowID, name, name, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: modules: %w", err)
+		return nil, 0, fmt.Errorf("store: modules: %w", err)
 	}
 	defer rows.Close()
 	var out []*pb.Module
+	var last int64
 	for rows.Next() {
-		m, err := scanModule(rows)
-		if err != nil {
-			return nil, err
+		m := &pb.Module{Ref: &pb.ModuleRef{}}
+		var abi, size, created int64
+		if err := rows.Scan(&last, &m.Ref.Sha256, &m.Ref.Name, &abi, &size, &m.Signature, &m.KeyId, &created); err != nil {
+			return nil, 0, err
 		}
+		m.Ref.AbiVersion, m.Ref.SizeBytes, m.CreateTime = uint32(abi), uint64(size), tsProto(fromTS(created))
 		out = append(out, m)
 	}
-	return out, rows.Err()
+	return out, last, rows.Err()
 }
 
 // ---- devices

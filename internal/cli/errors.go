@@ -1,0 +1,61 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinel errors for failures the CLI detects itself.
+var (
+	// ErrUsage reports flags or arguments that cannot be used together or
+	// are out of range.
+	ErrUsage = errors.New("invalid usage")
+	// ErrInput reports a local file that is not what the command needs.
+	ErrInput = errors.New("invalid input file")
+	// ErrProtocol reports a server response that breaks the API contract.
+	ErrProtocol = errors.New("protocol error")
+	// ErrTaskFailed reports that a watched task ended in the FAILED state.
+	ErrTaskFailed = errors.New("task failed")
+	// ErrWatchEnded reports a watch the server ended before the task did.
+	ErrWatchEnded = errors.New("watch ended before the task")
+)
+
+// rpcError rewrites a gRPC status error into a message for an operator,
+// keeping the status reachable with errors.As and status.Code. The server's
+// messages already name the operation and the object.
+func (a *app) rpcError(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	var msg string
+	switch st.Code() {
+	case codes.Unavailable:
+		msg = fmt.Sprintf("server %s unavailable: %s", a.server, st.Message())
+	case codes.DeadlineExceeded:
+		msg = fmt.Sprintf("%s (deadline exceeded; see --timeout)", st.Message())
+	case codes.Canceled:
+		msg = "canceled"
+	case codes.Unimplemented:
+		msg = fmt.Sprintf("server %s does not support this command: %s", a.server, st.Message())
+	case codes.Internal:
+		msg = st.Message() + " (details are in the server log)"
+	default:
+		msg = st.Message()
+	}
+	return &rpcErr{msg: msg, err: err}
+}
+
+type rpcErr struct {
+	msg string
+	err error
+}
+
+func (e *rpcErr) Error() string { return e.msg }
+func (e *rpcErr) Unwrap() error { return e.err }

@@ -1,0 +1,24 @@
+package cli_test
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/internal/cli"
+)
+
+// Command groups beyond the built-in ones join the root the same way they do.
+func ExampleNewRootCommand() {
+	root := cli.NewRootCommand()
+	root.AddCommand(&cobra.Command{Use: "audit", Short: "Query and verify the audit log"})
+	for _, c := range root.Commands() {
+		fmt.Println(c.Name())
+	}
+	// Output:
+	// audit
+	// demo
+	// model
+	// module
+	// task
+}

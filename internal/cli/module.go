@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+// maxSignatureBytes matches the API's limit on a module signature.
+const maxSignatureBytes = 64 << 10
+
+func newModuleCommand(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "module",
+		Short: "Register and inspect WASM update modules",
+	}
+	cmd.AddCommand(
+		newModuleRegisterCommand(a),
+		newModuleListCommand(a),
+		newModuleGetCommand(a),
+	)
+	return cmd
+}
+
+func newModuleRegisterCommand(a *app) *cobra.Command {
+	var name, sigFile string
+	var abi uint32
+	cmd := &cobra.Command{
+		Use:   "register FILE.wasm --name NAME",
+		Short: "Upload a WASM update module and print its SHA-256",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sig, err := readSignature(sigFile)
+			if err != nil {
+				return fmt.Errorf("module register: %w", err)
+			}
+			file, err := openUpload(args[0])
+			if err != nil {
+				return fmt.Errorf("module register: %w", err)
+			}
+			defer file.f.Close()
+			if err := checkWASMPrefix(file); err != nil {
+				return fmt.Errorf("module register: %s: %w", args[0], err)
+			}
+			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
+				mod, err := client.RegisterModule(ctx, pb.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{
+					Name: name, AbiVersion: abi, SizeBytes: uint64(file.size), Sha256: file.sha256, Signature: sig,
+				}, file.f)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), mod.GetRef().GetSha256())
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "module name, for display and audit (required)")
+	cmd.Flags().Uint32Var(&abi, "abi", 1, "host ABI version the module was built against")
+	cmd.Flags().StringVar(&sigFile, "signature", "", "file holding the publisher's detached JWS over the module")
+	cmd.MarkFlagRequired("name")
+	return cmd
+}
+
+// readSignature reads a compact JWS, which is text; surrounding whitespace
+// from editors is dropped.
+func readSignature(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSignatureBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSignatureBytes {
+		return nil, fmt.Errorf("%w: signature %s is larger than %d bytes", ErrInput, path, maxSignatureBytes)
+	}
+	return bytes.TrimSpace(b), nil
+}
+
+// checkWASMPrefix catches the wrong file early by the WebAssembly magic
+// number; the server compiles the module in full.
+func checkWASMPrefix(l *localFile) error {
+	var head [4]byte
+	_, err := io.ReadFull(l.f, head[:])
+	if _, serr := l.f.Seek(0, io.SeekStart); err == nil {
+		err = serr
+	}
+	if err != nil || string(head[:]) != "\x00asm" {
+		return fmt.Errorf("%w: not a WebAssembly binary", ErrInput)
+	}
+	return nil
+}
+
+func newModuleListCommand(a *app) *cobra.Command {
+	var format, name string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List registered modules, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := pb.NewModuleServiceClient(conn)
+				modules, err := listAll(ctx, func(ctx context.Context, token string) ([]*pb.Module, string, error) {
+					res, err := c.ListModules(ctx, &pb.ListModulesRequest{Name: name, PageToken: token})
+					return res.GetModules(), res.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				if format == formatJSON {
+					return writeJSON(w, &pb.ListModulesResponse{Modules: modules})
+				}
+				t := newTable(w, "SHA256", "NAME", "ABI", "SIZE", "KEY", "CREATED")
+				for _, m := range modules {
+					r := m.GetRef()
+					t.row(r.GetSha256(), r.GetName(), fmt.Sprint(r.GetAbiVersion()), byteSize(r.GetSizeBytes()),
+						orDash(m.GetKeyId()), timeString(m.GetCreateTime()))
+				}
+				return t.flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "only modules with this name")
+	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newModuleGetCommand(a *app) *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "get SHA256",
+		Short: "Show one registered module",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				res, err := pb.NewModuleServiceClient(conn).GetModule(ctx, &pb.GetModuleRequest{Sha256: strings.ToLower(args[0])})
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				m := res.GetModule()
+				if format == formatJSON {
+					return writeJSON(w, m)
+				}
+				r := m.GetRef()
+				t := newTable(w)
+				t.row("SHA256", r.GetSha256())
+				t.row("NAME", r.GetName())
+				t.row("ABI", fmt.Sprint(r.GetAbiVersion()))
+				t.row("SIZE", fmt.Sprintf("%s (%d bytes)", byteSize(r.GetSizeBytes()), r.GetSizeBytes()))
+				t.row("KEY", orDash(m.GetKeyId()))
+				t.row("SIGNED", fmt.Sprint(len(m.GetSignature()) > 0))
+				t.row("CREATED", timeString(m.GetCreateTime()))
+				return t.flush()
+			})
+		},
+	}
+	addFormatFlag(cmd, &format)
+	return cmd
+}

@@ -1,0 +1,294 @@
+// Package demo runs Fleetlearn end to end in one process: the aggregator
+// (embedded NATS, SQLite), a fleet of real edge agents talking to it over NATS,
+// MNIST split non-IID across them, a base model pretrained in the cloud on a
+// small public slice, and federated fine-tuning rounds watched through the API.
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/sgd"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/wasm"
+	"github.com/fleetlearn/fleetlearn/wasm/build"
+)
+
+// Config sizes the demo.
+type Config struct {
+	Edges        int     // simulated devices
+	Rounds       int     // federated training rounds
+	Cohort       int     // reports per round
+	Alpha        float64 // Dirichlet label-skew concentration
+	BaseExamples int     // public slice the cloud pretrains on
+	Seed         uint64
+	DataDir      string // server state; "" uses a temporary directory
+	OutDir       string // where results.csv and accuracy.png go
+	Out          io.Writer
+	Log          *slog.Logger
+	Terminal     bool // draw the progress bar in place
+}
+
+// Defaults are the demo's standard scale.
+var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 20, Alpha: 0.5, BaseExamples: 5000, Seed: 1, OutDir: "."}
+
+// Result is what the demo measured.
+type Result struct {
+	BaseAccuracy  float64
+	FinalAccuracy float64
+	Rounds        []RoundResult
+	Elapsed       time.Duration
+}
+
+// RoundResult is one committed round.
+type RoundResult struct {
+	Round    uint64
+	Reports  uint32
+	Dropped  uint32
+	Accuracy float64
+	Loss     float64
+	Elapsed  time.Duration
+}
+
+// Hyper are the devices' local training hyper-parameters.
+var Hyper = sgd.Hyper{Epochs: 2, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000}
+
+// Run executes the demo.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Edges < 1 || cfg.Rounds < 1 || cfg.Cohort < 1 || cfg.Cohort > cfg.Edges {
+		return nil, fmt.Errorf("demo: need edges ≥ 1, rounds ≥ 1 and 1 ≤ cohort ≤ edges (got %d, %d, %d)", cfg.Edges, cfg.Rounds, cfg.Cohort)
+	}
+	out := cfg.Out
+	dataDir := cfg.DataDir
+	if dataDir == "" {
+		d, err := os.MkdirTemp("", "fleetlearn-demo-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dataDir = d
+	}
+
+	fmt.Fprintf(out, "Fleetlearn demo: %d edge agents, %d rounds of %d reports, MNIST split Dirichlet(α=%g)\n",
+		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.Alpha)
+	dir, err := data.MNISTDir()
+	if err != nil {
+		return nil, err
+	}
+	trainSet, testSet, err := data.LoadMNIST(dir)
+	if err != nil {
+		return nil, err
+	}
+
+	// The cloud holds a small public slice; the rest lives on devices only.
+	public := make([]int, cfg.BaseExamples)
+	for i := range public {
+		public[i] = i
+	}
+	base := trainSet.Subset(public)
+	rest := make([]int, trainSet.Len()-cfg.BaseExamples)
+	for i := range rest {
+		rest[i] = cfg.BaseExamples + i
+	}
+	private := trainSet.Subset(rest)
+	parts, err := data.Dirichlet(private.Labels, private.NumClasses, cfg.Edges, cfg.Alpha, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(out, "pretraining the base model in the cloud on %d public examples ...\n", base.Len())
+	init, err := train.InitMLP([]int{784, 128, 10}, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	baseModel, _, err := train.Train(init, base, sgd.Hyper{Epochs: 10, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000}, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	baseEval, err := train.Evaluate(baseModel, testSet, 1000)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "base model: %.2f%% test accuracy\n", 100*baseEval.Accuracy)
+
+	evalDir := filepath.Join(dataDir, "heldout")
+	if err := data.WriteDir(evalDir, testSet, "mnist-test"); err != nil {
+		return nil, err
+	}
+	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", PaceWindow: 300 * time.Millisecond}, server.WithLogger(cfg.Log))
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer srv.Shutdown(context.WithoutCancel(ctx))
+	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+
+	fmt.Fprintf(out, "building the MLP update module from source ...\n")
+	code, err := build.Module(ctx, "", build.MLP)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, baseModel); err != nil {
+		return nil, err
+	}
+	imported, err := client.ImportModel(ctx, pb.NewModelServiceClient(conn), &pb.ImportModelHeader{Name: "mnist-mlp",
+		Description: "784-128-10 MLP pretrained on a public MNIST slice"}, &buf)
+	if err != nil {
+		return nil, fmt.Errorf("demo: import model: %w", err)
+	}
+	mod, err := client.RegisterModule(ctx, pb.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
+		AbiVersion: wasm.ABIVersion}, bytes.NewReader(code))
+	if err != nil {
+		return nil, fmt.Errorf("demo: register module: %w", err)
+	}
+
+	// The fleet: real agents over NATS, sharing one sandbox's compiled code.
+	sb, err := wasm.New(wasm.WithCacheDir(filepath.Join(dataDir, "edge-wasm-cache")))
+	if err != nil {
+		return nil, err
+	}
+	defer sb.Close(context.WithoutCancel(ctx))
+	fleetCtx, stopFleet := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopFleet(); wg.Wait() }()
+	for i, idx := range parts {
+		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: filepath.Join(dataDir, "edges", strconv.Itoa(i)),
+			DeviceID: fmt.Sprintf("edge-%03d", i), Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"},
+			edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log))
+		if err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(fleetCtx) }()
+	}
+
+	hyper, _ := json.Marshal(Hyper)
+	tasks := pb.NewTaskServiceClient(conn)
+	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
+		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
+		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: 0.3,
+		ReportGoal: uint32(max(1, cfg.Cohort*3/4)), RoundsTotal: uint32(cfg.Rounds),
+		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(60 * time.Second),
+		Eligibility:       &pb.Eligibility{MinExamples: 1, RequireCharging: true},
+		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.5},
+		ServerEvalDataset: evalDir,
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("demo: create task: %w", err)
+	}
+	fmt.Fprintf(out, "task %s created; rounds:\n", created.Task.Id)
+
+	res := &Result{BaseAccuracy: baseEval.Accuracy, FinalAccuracy: baseEval.Accuracy}
+	watch, err := tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: created.Task.Id})
+	if err != nil {
+		return nil, err
+	}
+	bar := &progress{w: out, total: cfg.Rounds, terminal: cfg.Terminal}
+	roundStart := time.Now()
+	for len(res.Rounds) < cfg.Rounds {
+		msg, err := watch.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("demo: watch: %w", err)
+		}
+		ev := msg.GetEvent()
+		switch ev.GetType() {
+		case pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED:
+			m := ev.GetMetrics().GetValues()
+			r := RoundResult{Round: ev.Round, Reports: ev.Reported, Dropped: ev.Dropped,
+				Accuracy: m["server_accuracy"], Loss: m["server_loss"], Elapsed: time.Since(roundStart)}
+			res.Rounds = append(res.Rounds, r)
+			res.FinalAccuracy = r.Accuracy
+			bar.round(r)
+			roundStart = time.Now()
+		case pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED:
+			bar.note(fmt.Sprintf("round %d abandoned: %s; retrying", ev.Round, ev.Reason))
+		}
+	}
+	res.Elapsed = time.Since(start)
+	if err := writeResults(cfg.OutDir, res); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(cfg.OutDir, "results.csv"), filepath.Join(cfg.OutDir, "accuracy.png"))
+	fmt.Fprintf(out, "done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)\n",
+		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
+	return res, nil
+}
+
+// progress draws one line per committed round with a bar for the task's progress.
+type progress struct {
+	w        io.Writer
+	total    int
+	done     int
+	terminal bool
+}
+
+func (p *progress) round(r RoundResult) {
+	p.done++
+	const width = 20
+	filled := p.done * width / p.total
+	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
+	fmt.Fprintf(p.w, "[%s] round %2d/%d  accuracy %6.2f%%  loss %.4f  reports %d  dropped %d  %v\n",
+		bar, p.done, p.total, 100*r.Accuracy, r.Loss, r.Reports, r.Dropped, r.Elapsed.Round(10*time.Millisecond))
+}
+
+func (p *progress) note(s string) { fmt.Fprintf(p.w, "  %s\n", s) }
+
+func writeResults(dir string, res *Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "results.csv"))
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	w.Write([]string{"round", "accuracy", "loss", "reports", "dropped", "seconds"})
+	w.Write([]string{"0", strconv.FormatFloat(res.BaseAccuracy, 'f', 6, 64), "", "", "", ""})
+	for _, r := range res.Rounds {
+		w.Write([]string{strconv.FormatUint(r.Round, 10), strconv.FormatFloat(r.Accuracy, 'f', 6, 64),
+			strconv.FormatFloat(r.Loss, 'f', 6, 64), strconv.Itoa(int(r.Reports)), strconv.Itoa(int(r.Dropped)),
+			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64)})
+	}
+	w.Flush()
+	if err := errors.Join(w.Error(), f.Close()); err != nil {
+		return err
+	}
+	return plotAccuracy(filepath.Join(dir, "accuracy.png"), res)
+}
