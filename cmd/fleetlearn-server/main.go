@@ -1,0 +1,55 @@
+// Command fleetlearn-server is the Fleetlearn cloud aggregator service. By
+// default it embeds a NATS server with JetStream and keeps all state under
+// --data-dir; --nats-url points it at an external NATS cluster instead.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fleetlearn/fleetlearn/server"
+)
+
+func main() {
+	var cfg server.Config
+	var level string
+	flag.StringVar(&cfg.DataDir, "data-dir", "fleetlearn-data", "directory for SQLite, JetStream and caches")
+	flag.StringVar(&cfg.NATSURL, "nats-url", "", "external NATS cluster URL (default: embedded server)")
+	flag.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address")
+	flag.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "gRPC API address")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", `Prometheus /metrics address, or "off"`)
+	flag.DurationVar(&cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
+	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	flag.Parse()
+
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetlearn-server: -log-level:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := server.New(cfg, server.WithLogger(log))
+	if err == nil {
+		err = s.Start(ctx)
+	}
+	if err != nil {
+		log.Error("start failed", "err", err)
+		os.Exit(1)
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Shutdown(sctx); err != nil {
+		log.Error("shutdown", "err", err)
+		os.Exit(1)
+	}
+}

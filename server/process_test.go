@@ -1,0 +1,343 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/sgd"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+// binaries builds the three commands once per test binary.
+func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
+		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server",
+		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge",
+		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
+}
+
+func goroot() string {
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		return "/usr/local/go"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// proc is a child process whose output goes to a log file shown on failure.
+type proc struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func start(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, log: logPath}
+	t.Cleanup(func() {
+		p.stop()
+		f.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("--- %s log (tail):\n%s", name, tail(string(b), 3000))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// stop sends SIGTERM and waits; kill -9 after 10 s.
+func (p *proc) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (p *proc) kill9() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+func runCLI(t *testing.T, cli, server string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(cli, append([]string{"--server", server}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("fleetlearn %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+type cluster struct {
+	t                       *testing.T
+	serverBin, edgeBin, cli string
+	dataDir, grpcAddr, nats string
+	server                  *proc
+	conn                    *grpc.ClientConn
+}
+
+func (c *cluster) startServer() {
+	c.server = start(c.t, "server", c.serverBin, "-data-dir", c.dataDir, "-nats-listen", c.nats,
+		"-grpc-addr", c.grpcAddr, "-metrics-addr", "off", "-pace-window", "200ms", "-log-level", "debug")
+	c.waitGRPC()
+}
+
+func (c *cluster) waitGRPC() {
+	end := time.Now().Add(30 * time.Second)
+	for time.Now().Before(end) {
+		_, err := pb.NewTaskServiceClient(c.conn).ListTasks(context.Background(), &pb.ListTasksRequest{})
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatal("server did not come up")
+}
+
+func newCluster(t *testing.T) *cluster {
+	if testing.Short() {
+		t.Skip("builds and runs separate processes")
+	}
+	s, e, cli := binaries(t)
+	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: freePort(t), nats: freePort(t)}
+	conn, err := grpc.NewClient(c.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c.conn = conn
+	c.startServer()
+	return c
+}
+
+// setup registers a module and imports a model through the CLI and returns them.
+func (c *cluster) setup(m *model.Model, pkg string) (version, module string) {
+	dir := c.t.TempDir()
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, m); err != nil {
+		c.t.Fatal(err)
+	}
+	modelPath, modPath := filepath.Join(dir, "base.safetensors"), filepath.Join(dir, "module.wasm")
+	os.WriteFile(modelPath, buf.Bytes(), 0o600)
+	os.WriteFile(modPath, wasmtest.Build(c.t, pkg), 0o600)
+	module = runCLI(c.t, c.cli, c.grpcAddr, "module", "register", modPath, "--name", "module")
+	version = runCLI(c.t, c.cli, c.grpcAddr, "model", "import", modelPath, "--name", "base")
+	return version, module
+}
+
+func (c *cluster) startEdges(sets []*data.Dataset) {
+	for i, d := range sets {
+		dir := c.t.TempDir()
+		if err := data.WriteDir(filepath.Join(dir, "dataset"), d, fmt.Sprintf("dev%d", i)); err != nil {
+			c.t.Fatal(err)
+		}
+		start(c.t, fmt.Sprintf("edge%d", i), c.edgeBin, "-nats-url", "nats://"+c.nats, "-data-dir", filepath.Join(dir, "state"),
+			"-dataset", filepath.Join(dir, "dataset"), "-device-id", fmt.Sprintf("edge-%d", i))
+	}
+}
+
+func (c *cluster) createTask(version, module string, hyper sgd.Hyper, rounds, cohort, goal int) string {
+	h, _ := json.Marshal(hyper)
+	out := runCLI(c.t, c.cli, c.grpcAddr, "task", "create", "--name", "proc", "--model", version, "--module", module,
+		"--hyper", string(h), "--cohort", fmt.Sprint(cohort), "--report-goal", fmt.Sprint(goal), "--over-selection", "1",
+		"--rounds", fmt.Sprint(rounds), "--selection-timeout", "10s", "--report-timeout", "30s", "-o", "json")
+	var task struct{ ID string }
+	if err := json.Unmarshal([]byte(out), &task); err != nil || task.ID == "" {
+		c.t.Fatalf("task create output %q: %v", out, err)
+	}
+	return task.ID
+}
+
+func (c *cluster) waitDone(id string, timeout time.Duration) *pb.Task {
+	end := time.Now().Add(timeout)
+	for {
+		resp, err := pb.NewTaskServiceClient(c.conn).GetTask(context.Background(), &pb.GetTaskRequest{TaskId: id})
+		if err == nil && resp.Task.State != pb.TaskState_TASK_STATE_RUNNING {
+			return resp.Task
+		}
+		if time.Now().After(end) {
+			c.t.Fatalf("task %s not done after %v (last: %v, %v)", id, timeout, resp.GetTask().GetState(), err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *cluster) committed(id string) []*pb.RoundSummary {
+	resp, err := pb.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var out []*pb.RoundSummary
+	for _, r := range resp.Rounds {
+		if r.State == pb.RoundState_ROUND_STATE_COMMITTED {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// loadable exports a version through the API and decodes it.
+func (c *cluster) loadable(version string) {
+	_, b, err := client.ExportModelBytes(context.Background(), pb.NewModelServiceClient(c.conn), version, 0)
+	if err != nil {
+		c.t.Fatalf("export %s: %v", version, err)
+	}
+	if _, err := model.DecodeSafetensors(b); err != nil {
+		c.t.Fatalf("model %s does not load: %v", version, err)
+	}
+}
+
+// TestProcesses: the server binary, three edge binaries with their own data
+// directories, a task created through the CLI; three rounds commit.
+func TestProcesses(t *testing.T) {
+	c := newCluster(t)
+	init, _ := train.InitMLP([]int{8, 3}, 1)
+	version, module := c.setup(init, wasmtest.Softmax)
+	c.startEdges([]*data.Dataset{synthetic(300, 8, 3, 1), synthetic(300, 8, 3, 2), synthetic(300, 8, 3, 3)})
+	id := c.createTask(version, module, sgd.Hyper{Epochs: 1, BatchSize: 16, LearningRate: 0.5, EvalBatchSize: 100}, 3, 3, 3)
+	task := c.waitDone(id, 90*time.Second)
+	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s", task.State, task.StateReason)
+	}
+	rounds := c.committed(id)
+	if len(rounds) != 3 {
+		t.Fatalf("%d rounds committed, want 3", len(rounds))
+	}
+	for _, r := range rounds {
+		if r.Reported != 3 {
+			t.Fatalf("round %d: %d reports, want 3", r.Round, r.Reported)
+		}
+		c.loadable(r.Model.GetVersion())
+	}
+	out := runCLI(t, c.cli, c.grpcAddr, "task", "rounds", id)
+	if strings.Count(out, "committed") < 3 {
+		t.Fatalf("task rounds output:\n%s", out)
+	}
+}
+
+// TestServerCrash: kill -9 the server while a round's reports are arriving,
+// restart it on the same state; the round completes (reports come back from
+// the JetStream stream and from agents retrying), and every committed model
+// version is still there and loadable.
+func TestServerCrash(t *testing.T) {
+	c := newCluster(t)
+	init, _ := train.InitMLP([]int{32, 128, 4}, 1)
+	version, module := c.setup(init, wasmtest.MLP)
+	// Different data sizes spread the reports of a round over a second or two.
+	c.startEdges([]*data.Dataset{synthetic(200, 32, 4, 1), synthetic(3000, 32, 4, 2), synthetic(20000, 32, 4, 3)})
+	id := c.createTask(version, module, sgd.Hyper{Epochs: 2, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500}, 5, 3, 2)
+
+	// Watch reports arrive for round 3, and kill the server at the first one.
+	nc, err := nats.Connect("nats://"+c.nats, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	seen := make(chan string, 16)
+	sub, err := nc.Subscribe("fl.report."+id+".3.*", func(m *nats.Msg) { seen <- m.Subject })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	select {
+	case subj := <-seen:
+		t.Logf("report arriving on %s: kill -9", subj)
+	case <-time.After(90 * time.Second):
+		t.Fatal("no report for round 3 arrived")
+	}
+	before := c.committed(id)
+	c.server.kill9()
+	if len(before) < 2 {
+		t.Fatalf("only %d rounds committed before the crash", len(before))
+	}
+	time.Sleep(500 * time.Millisecond)
+	c.startServer()
+
+	task := c.waitDone(id, 120*time.Second)
+	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v after restart: %s", task.State, task.StateReason)
+	}
+	after := c.committed(id)
+	if len(after) != 5 {
+		t.Fatalf("%d rounds committed, want 5", len(after))
+	}
+	versions := map[string]bool{}
+	for _, r := range after {
+		versions[r.Model.GetVersion()] = true
+		c.loadable(r.Model.GetVersion())
+	}
+	for _, r := range before {
+		if !versions[r.Model.GetVersion()] {
+			t.Fatalf("version %s committed before the crash is gone", r.Model.GetVersion())
+		}
+	}
+	var r3 *pb.RoundSummary
+	for _, r := range after {
+		if r.Round == 3 {
+			r3 = r
+		}
+	}
+	if r3 == nil {
+		t.Logf("round 3 was abandoned and re-run; rounds: %v", after)
+	} else if r3.Reported < 2 {
+		t.Fatalf("round 3 committed with %d reports", r3.Reported)
+	}
+}
