@@ -1,0 +1,133 @@
+package wire_test
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+func TestCheckToken(t *testing.T) {
+	for _, ok := range []string{"a", "dev-001", "t_1", strings.Repeat("x", 64)} {
+		if err := wire.CheckToken("id", ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "a.b", "a*", "a>", "a b", strings.Repeat("x", 65), "é", "a\x00"} {
+		if err := wire.CheckToken("id", bad); !errors.Is(err, wire.ErrToken) {
+			t.Errorf("%q: got %v, want ErrToken", bad, err)
+		}
+	}
+}
+
+func TestReportSubjects(t *testing.T) {
+	s := wire.ReportSubject("t-1", 42, "dev-9")
+	task, round, dev, err := wire.ParseReportSubject(s)
+	if err != nil || task != "t-1" || round != 42 || dev != "dev-9" || wire.IsEvalSubject(s) {
+		t.Fatalf("%s -> %s %d %s %v", s, task, round, dev, err)
+	}
+	e := wire.EvalSubject("t-1", 7, "d")
+	if _, r, _, err := wire.ParseReportSubject(e); err != nil || r != 7 || !wire.IsEvalSubject(e) {
+		t.Fatalf("%s: %d %v", e, r, err)
+	}
+	for _, bad := range []string{"fl.report.t.1", "fl.report.t.x.d", "fl.other.t.1.d", "x.report.t.1.d", "fl.report.t.1.d.e",
+		"fl.report..1.d", "fl.report.t.-1.d", "fl.report.t.99999999999999999999.d"} {
+		if _, _, _, err := wire.ParseReportSubject(bad); !errors.Is(err, wire.ErrToken) {
+			t.Errorf("%q: got %v", bad, err)
+		}
+	}
+	f := wire.RoundFilters("t", 3)
+	if len(f) != 2 || f[0] != "fl.report.t.3.*" || f[1] != "fl.eval.t.3.*" {
+		t.Fatalf("filters %v", f)
+	}
+}
+
+func TestDense(t *testing.T) {
+	v := []float32{0, -1.5, math.MaxFloat32, float32(math.Copysign(0, -1))}
+	got, err := wire.DecodeDense(wire.EncodeDense(v), len(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range v {
+		if math.Float32bits(got[i]) != math.Float32bits(v[i]) {
+			t.Fatalf("value %d: %v != %v", i, got[i], v[i])
+		}
+	}
+	for name, b := range map[string][]byte{
+		"short":  wire.EncodeDense(v)[:15],
+		"long":   append(wire.EncodeDense(v), 0, 0, 0, 0),
+		"nan":    wire.EncodeDense([]float32{0, float32(math.NaN()), 0, 0}),
+		"inf":    wire.EncodeDense([]float32{0, 0, float32(math.Inf(-1)), 0}),
+		"ragged": wire.EncodeDense(v)[:13],
+	} {
+		if _, err := wire.DecodeDense(b, len(v)); !errors.Is(err, wire.ErrPayload) {
+			t.Errorf("%s: got %v, want ErrPayload", name, err)
+		}
+	}
+}
+
+func TestSHA256AndSeeds(t *testing.T) {
+	if h := wire.SHA256(nil); h != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" {
+		t.Fatalf("sha256 of nothing: %s", h)
+	}
+	if err := wire.CheckSHA256("m", wire.SHA256([]byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "abc", strings.ToUpper(wire.SHA256(nil)), wire.SHA256(nil)[:63] + "g"} {
+		if err := wire.CheckSHA256("m", bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if wire.DeviceSeed(1, "a") == wire.DeviceSeed(1, "b") || wire.DeviceSeed(1, "a") != wire.DeviceSeed(1, "a") {
+		t.Fatal("device seeds must differ by device and be stable")
+	}
+}
+
+func FuzzParseReportSubject(f *testing.F) {
+	f.Add(wire.ReportSubject("t", 1, "d"))
+	f.Add(wire.EvalSubject("task-1", 1<<40, "dev_9"))
+	f.Add("fl.report.t.1.d.extra")
+	f.Fuzz(func(t *testing.T, s string) {
+		task, round, dev, err := wire.ParseReportSubject(s)
+		if err != nil {
+			if !errors.Is(err, wire.ErrToken) {
+				t.Fatalf("error %v does not wrap ErrToken", err)
+			}
+			return
+		}
+		again := wire.ReportSubject(task, round, dev)
+		if wire.IsEvalSubject(s) {
+			again = wire.EvalSubject(task, round, dev)
+		}
+		if _, r2, _, err := wire.ParseReportSubject(again); err != nil || r2 != round {
+			t.Fatalf("%q parsed to %s/%d/%s which does not round-trip: %v", s, task, round, dev, err)
+		}
+	})
+}
+
+func FuzzDecodeDense(f *testing.F) {
+	f.Add(wire.EncodeDense([]float32{1, 2, 3}), 3)
+	f.Add([]byte{0, 0, 0xc0, 0x7f}, 1)
+	f.Fuzz(func(t *testing.T, b []byte, n int) {
+		if n < 0 || n > 1<<16 {
+			return
+		}
+		v, err := wire.DecodeDense(b, n)
+		if err != nil {
+			if !errors.Is(err, wire.ErrPayload) {
+				t.Fatalf("error %v does not wrap ErrPayload", err)
+			}
+			return
+		}
+		if len(v) != n || string(wire.EncodeDense(v)) != string(b) {
+			t.Fatal("accepted payload does not round-trip")
+		}
+		for _, x := range v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				t.Fatal("accepted a non-finite value")
+			}
+		}
+	})
+}
