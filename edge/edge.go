@@ -95,6 +95,13 @@ type Agent struct {
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
+
+	// The round being worked on, so that the announcement of a later round of
+	// the same task can cancel work whose report would arrive too late to count.
+	curMu     sync.Mutex
+	curTask   string
+	curRound  uint64
+	curCancel context.CancelFunc
 }
 
 // New prepares an agent: reads its identity and dataset. Run connects.
@@ -197,7 +204,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("edge: jetstream: %w", err)
 	}
 	wake := make(chan struct{}, 1)
-	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(*nats.Msg) {
+	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
+		var ann pb.RoundAnnouncement
+		if proto.Unmarshal(m.Data, &ann) == nil {
+			a.supersede(ann.TaskId, ann.Round)
+		}
 		select {
 		case wake <- struct{}{}:
 		default:
@@ -305,6 +316,9 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	}
 	a.rounds.Add(1)
 	if err := a.participate(ctx, js, plan); err != nil {
+		if errors.Is(err, errSuperseded) {
+			return 0, nil // check in again: the next round wants devices
+		}
 		a.failures.Add(1)
 		a.o.log.Warn("round failed", "task", plan.TaskId, "round", plan.Round, "err", err)
 		return time.Second, nil
@@ -312,8 +326,23 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	return 0, nil
 }
 
+// supersede cancels work on a round of task older than round: the server
+// opens a round only after closing the previous one, so that work is moot.
+func (a *Agent) supersede(task string, round uint64) {
+	a.curMu.Lock()
+	defer a.curMu.Unlock()
+	if a.curCancel != nil && a.curTask == task && a.curRound < round {
+		a.o.log.Info("round closed before this device reported; stopping", "task", task, "round", a.curRound)
+		a.curCancel()
+		a.curCancel = nil
+	}
+}
+
+// errSuperseded marks work cancelled because its round closed.
+var errSuperseded = errors.New("round closed before the report")
+
 // participate runs the module for a plan and publishes the report.
-func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *pb.RoundPlan) error {
+func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *pb.RoundPlan) (err error) {
 	if err := errors.Join(wire.CheckToken("task", plan.TaskId), wire.CheckSHA256("model", plan.GetModel().GetSha256()),
 		wire.CheckSHA256("module", plan.GetModule().GetSha256())); err != nil {
 		return fmt.Errorf("plan: %w", err)
@@ -322,8 +351,24 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 	if !a.o.now().Before(deadline) {
 		return fmt.Errorf("plan: report deadline %v already passed", deadline)
 	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancel := context.WithDeadlineCause(ctx, deadline, errors.New("report deadline passed"))
 	defer cancel()
+	ctx, supersede := context.WithCancelCause(ctx)
+	defer func() {
+		if err != nil && errors.Is(context.Cause(ctx), errSuperseded) {
+			err = errSuperseded
+		}
+	}()
+	a.curMu.Lock()
+	a.curTask, a.curRound = plan.TaskId, plan.Round
+	a.curCancel = func() { supersede(errSuperseded) }
+	a.curMu.Unlock()
+	defer func() {
+		a.curMu.Lock()
+		a.curCancel = nil
+		a.curMu.Unlock()
+		supersede(nil)
+	}()
 	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
 	if err != nil {
 		return err

@@ -73,7 +73,7 @@ type RoundResult struct {
 }
 
 // Hyper are the devices' local training hyper-parameters.
-var Hyper = sgd.Hyper{Epochs: 2, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000}
+var Hyper = sgd.Hyper{Epochs: 3, BatchSize: 32, LearningRate: 0.2, EvalBatchSize: 1000}
 
 // Run executes the demo.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
@@ -203,7 +203,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	tasks := pb.NewTaskServiceClient(conn)
 	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
 		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
-		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: 0.3,
+		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: 0.1,
 		ReportGoal: uint32(max(1, cfg.Cohort*3/4)), RoundsTotal: uint32(cfg.Rounds),
 		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(60 * time.Second),
 		Eligibility:       &pb.Eligibility{MinExamples: 1, RequireCharging: true},
