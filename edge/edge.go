@@ -17,6 +17,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,6 +103,7 @@ type Agent struct {
 	curTask   string
 	curRound  uint64
 	curCancel context.CancelFunc
+	reported  map[string]uint64 // task → last round reported
 }
 
 // New prepares an agent: reads its identity and dataset. Run connects.
@@ -131,7 +133,8 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := wire.CheckToken("device", cfg.DeviceID); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
-	a := &Agent{cfg: cfg, o: o, data: o.dataset, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{}}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
+		reported: map[string]uint64{}}
 	if a.data == nil {
 		d, err := data.ReadDir(cfg.DatasetDir)
 		if err != nil {
@@ -206,9 +209,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
 		var ann pb.RoundAnnouncement
-		if proto.Unmarshal(m.Data, &ann) == nil {
-			a.supersede(ann.TaskId, ann.Round)
+		if proto.Unmarshal(m.Data, &ann) != nil || (len(a.cfg.TaskIDs) > 0 && !slices.Contains(a.cfg.TaskIDs, ann.TaskId)) {
+			return
 		}
+		a.supersede(ann.TaskId, ann.Round)
 		select {
 		case wake <- struct{}{}:
 		default:
@@ -313,6 +317,14 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	plan := resp.GetPlan()
 	if plan == nil {
 		return 0, errors.New("check-in response has neither plan nor retry")
+	}
+	// Reporting and the server counting the report are not atomic: a device
+	// that checks in right after publishing may get the same plan again.
+	a.curMu.Lock()
+	done := a.reported[plan.TaskId] >= plan.Round
+	a.curMu.Unlock()
+	if done {
+		return a.pace(), nil
 	}
 	a.rounds.Add(1)
 	if err := a.participate(ctx, js, plan); err != nil {
@@ -424,8 +436,18 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 	default:
 		return fmt.Errorf("plan: unknown round kind %v", plan.Kind)
 	}
-	return a.publish(ctx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID))
+	if err := a.publish(ctx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
+		return err
+	}
+	a.curMu.Lock()
+	a.reported[plan.TaskId] = plan.Round
+	a.curMu.Unlock()
+	return nil
 }
+
+// pace is how long to wait before checking in again after a plan this device
+// already served: long enough for the server to count the report.
+func (a *Agent) pace() time.Duration { return 250*time.Millisecond + a.jitter(250*time.Millisecond) }
 
 // publish stores the report in JetStream, retrying through reconnects until
 // the round's deadline; the message id makes retries idempotent.

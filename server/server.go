@@ -48,6 +48,9 @@ type Config struct {
 	MaxMessageBytes int32
 	// PaceWindow spreads check-ins of devices not selected (default 2s).
 	PaceWindow time.Duration
+	// Replicas of the reports stream and blob bucket on an external cluster
+	// (default 1; the embedded server always uses 1).
+	Replicas int
 }
 
 // Option injects a collaborator.
@@ -148,7 +151,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: jetstream: %w", err)
 	}
-	stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes)
+	replicas := s.cfg.Replicas
+	if s.embedded != nil {
+		replicas = 1
+	}
+	stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas)
 	if err != nil {
 		return err
 	}

@@ -80,6 +80,14 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if t.GetSelectionTimeout().AsDuration() < 0 || t.GetReportTimeout().AsDuration() < 0 {
 		return invalid("timeouts must not be negative")
 	}
+	// Refuse what this server cannot honour rather than run unprotected rounds.
+	if t.GetSecagg() != nil {
+		return invalid("secure aggregation is not supported by this server version")
+	}
+	if t.GetDp() != nil && t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED &&
+		t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_NONE {
+		return invalid("differential privacy is not supported by this server version")
+	}
 	if n := t.GetAggregation().GetMaxUpdateNorm(); n < 0 {
 		return invalid("max_update_norm must not be negative")
 	}
@@ -170,14 +178,8 @@ func (v *service) StopTask(ctx context.Context, id, reason string) (*pb.Task, er
 	if err := v.s.store.SetTaskState(ctx, id, pb.TaskState_TASK_STATE_STOPPED, reason, v.s.o.now()); err != nil {
 		return nil, err
 	}
-	v.s.coord.StopTask(id)
-	if r.CurrentRound > 0 {
-		if rr, err := v.s.store.Round(ctx, id, r.CurrentRound); err == nil && rr.State == pb.RoundState_ROUND_STATE_OPEN {
-			rr.State, rr.Close, rr.Reason = pb.RoundState_ROUND_STATE_ABANDONED, v.s.o.now(), "task stopped: "+reason
-			if err := v.s.store.CloseRound(ctx, rr, nil, nil, v.s.o.now()); err != nil {
-				return nil, err
-			}
-		}
+	if err := v.s.coord.StopTask(ctx, id, "task stopped: "+reason); err != nil {
+		return nil, err
 	}
 	return v.GetTask(ctx, id)
 }

@@ -25,6 +25,7 @@ func main() {
 	flag.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "gRPC API address")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", `Prometheus /metrics address, or "off"`)
 	flag.DurationVar(&cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
+	flag.IntVar(&cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 

@@ -29,8 +29,8 @@ type ModelRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// SHA-256 of the safetensors file, as 64 lowercase hexadecimal characters.
 	Sha256 string `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	// Server-assigned version name, unique within the model registry
-	// (for example "mnist-mlp@7" for the model committed by round 7).
+	// Server-assigned version: the SHA-256 of the model's canonical
+	// safetensors encoding (the same as sha256 for models the server wrote).
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// Size of the safetensors file in bytes.
 	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`

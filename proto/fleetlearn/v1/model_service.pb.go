@@ -199,11 +199,13 @@ type ImportModelHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Model family name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Version name to store the model under; must not exist yet.
+	// Reserved: the server assigns versions (the SHA-256 of the canonical
+	// encoding it stores); a value here is ignored.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// Version this model was derived from, if it is in the registry.
 	ParentVersion string `protobuf:"bytes,3,opt,name=parent_version,json=parentVersion,proto3" json:"parent_version,omitempty"`
-	// Expected SHA-256 of the file, as 64 lowercase hexadecimal characters.
+	// Expected SHA-256 of the uploaded file, as 64 lowercase hexadecimal
+	// characters; the upload is refused if the bytes differ.
 	Sha256 string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// Exact size of the file in bytes.
 	SizeBytes uint64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`

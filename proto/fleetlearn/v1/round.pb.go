@@ -540,8 +540,9 @@ type RoundPlan struct {
 	// Module-specific hyperparameters as a UTF-8 JSON object, passed to the
 	// module unchanged (for example learning rate, batch size, local epochs).
 	Hyperparameters []byte `protobuf:"bytes,6,opt,name=hyperparameters,proto3" json:"hyperparameters,omitempty"`
-	// Seed for the module's randomness (shuffling, dropout, DP noise), unique
-	// per device and round.
+	// Round seed. Each device derives its own seed for the module's randomness
+	// (shuffling, dropout, DP noise) from it and its device id, so seeds differ
+	// per device and round and a re-run is reproducible.
 	Seed uint64 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`
 	// Reports received after this instant are discarded.
 	ReportDeadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=report_deadline,json=reportDeadline,proto3" json:"report_deadline,omitempty"`

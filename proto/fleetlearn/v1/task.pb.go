@@ -444,15 +444,17 @@ type Task struct {
 	// have arrived.
 	CohortTarget uint32 `protobuf:"varint,7,opt,name=cohort_target,json=cohortTarget,proto3" json:"cohort_target,omitempty"`
 	// Extra fraction of devices to select beyond cohort_target to make up for
-	// dropouts; 0.3 selects 30% more.
+	// dropouts; 0.3 selects 30% more, 0 selects exactly cohort_target.
 	OverSelection float64 `protobuf:"fixed64,8,opt,name=over_selection,json=overSelection,proto3" json:"over_selection,omitempty"`
 	// Minimum number of valid reports for a round to commit; below it the
 	// round is abandoned at the report deadline. At most cohort_target.
 	ReportGoal uint32 `protobuf:"varint,9,opt,name=report_goal,json=reportGoal,proto3" json:"report_goal,omitempty"`
-	// How long a round waits to select its cohort before it is abandoned.
+	// How long a round selects devices after it opens. If fewer than
+	// report_goal devices were selected by then, the round is abandoned.
 	SelectionTimeout *durationpb.Duration `protobuf:"bytes,10,opt,name=selection_timeout,json=selectionTimeout,proto3" json:"selection_timeout,omitempty"`
-	// Time devices have, from selection, to report; sets
-	// RoundPlan.report_deadline.
+	// Time devices have to report after the selection window: the round's
+	// report deadline (RoundPlan.report_deadline) is its open time plus
+	// selection_timeout plus report_timeout.
 	ReportTimeout *durationpb.Duration `protobuf:"bytes,11,opt,name=report_timeout,json=reportTimeout,proto3" json:"report_timeout,omitempty"`
 	// Which devices may participate.
 	Eligibility *Eligibility `protobuf:"bytes,12,opt,name=eligibility,proto3" json:"eligibility,omitempty"`

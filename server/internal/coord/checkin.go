@@ -99,7 +99,14 @@ func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time
 }
 
 // eligible checks a device against the task's eligibility and ABI.
-func (t *taskRun) eligible(a *pb.DeviceAttributes) string {
+func (t *taskRun) eligible(a *pb.DeviceAttributes) (string, pb.RetryReason) {
+	if !slices.Contains(a.GetSupportedAbiVersions(), uint32(wasm.ABIVersion)) {
+		return fmt.Sprintf("device does not support module ABI v%d", wasm.ABIVersion), pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI
+	}
+	return t.meets(a), pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE
+}
+
+func (t *taskRun) meets(a *pb.DeviceAttributes) string {
 	e := t.spec.GetEligibility()
 	switch {
 	case a.GetExamplesAvailable() < max(e.GetMinExamples(), 1):
@@ -112,8 +119,6 @@ func (t *taskRun) eligible(a *pb.DeviceAttributes) string {
 		return "task requires unmetered networks"
 	case len(e.GetDeviceClasses()) > 0 && !slices.Contains(e.GetDeviceClasses(), a.GetDeviceClass()):
 		return fmt.Sprintf("device class %q not in %v", a.GetDeviceClass(), e.GetDeviceClasses())
-	case !slices.Contains(a.GetSupportedAbiVersions(), uint32(wasm.ABIVersion)):
-		return fmt.Sprintf("device does not support module ABI v%d", wasm.ABIVersion)
 	}
 	return ""
 }
@@ -123,8 +128,8 @@ func (t *taskRun) eligible(a *pb.DeviceAttributes) string {
 // restarted), unless it has reported.
 func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Duration, pb.RetryReason, string) {
 	pace := t.c.d.PaceWindow
-	if why := t.eligible(ci.Attributes); why != "" {
-		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+	if why, code := t.eligible(ci.Attributes); why != "" {
+		return nil, 10 * pace, code, why
 	}
 	t.mu.Lock()
 	r := t.round

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -114,27 +115,70 @@ func (c *Coordinator) StartTask(id string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	tr := &taskRun{c: c, id: id, cancel: cancel}
+	tr := &taskRun{c: c, id: id, cancel: cancel, exited: make(chan struct{})}
 	c.tasks[id] = tr
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer close(tr.exited)
 		tr.run(ctx)
 		c.mu.Lock()
 		delete(c.tasks, id)
+		stopping := tr.stopping
 		c.mu.Unlock()
-		c.closeWatchers(id)
+		if !stopping { // StopTask closes them after its own event
+			c.closeWatchers(id)
+		}
 	}()
 }
 
-// StopTask stops a task's runner; its open round is left to be abandoned by the caller.
-func (c *Coordinator) StopTask(id string) {
+// StopTask stops a task's runner and abandons its open round, if any: the
+// round is closed with its cohort size, its reports are dropped from the
+// stream, and watchers get an ABANDONED event before their stream ends. The
+// caller has already marked the task stopped in the store.
+func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 	c.mu.Lock()
 	tr := c.tasks[id]
+	if tr != nil {
+		tr.stopping = true
+	}
 	c.mu.Unlock()
 	if tr != nil {
 		tr.cancel()
-		<-tr.doneCh()
+		<-tr.exited
+	}
+	defer c.closeWatchers(id)
+	task, err := c.d.Store.Task(ctx, id)
+	if err != nil || task.CurrentRound == 0 {
+		return err
+	}
+	row, err := c.d.Store.Round(ctx, id, task.CurrentRound)
+	if err != nil || row.State != pb.RoundState_ROUND_STATE_OPEN {
+		return err
+	}
+	assigned, err := c.d.Store.Assignments(ctx, id, row.Round)
+	if err != nil {
+		return err
+	}
+	row.State, row.Close, row.Reason = pb.RoundState_ROUND_STATE_ABANDONED, c.d.Now(), reason
+	row.Assigned, row.Dropped = uint32(len(assigned)), uint32(len(assigned))
+	if err := c.d.Store.CloseRound(ctx, row, nil, nil, c.d.Now()); err != nil {
+		return err
+	}
+	c.purgeRound(id, row.Round)
+	c.emit(&pb.RoundEvent{TaskId: id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, Kind: row.Kind,
+		Time: timestamppb.New(row.Close), Assigned: row.Assigned, Dropped: row.Dropped, Reason: reason})
+	return nil
+}
+
+// purgeRound drops a settled round's reports from the stream.
+func (c *Coordinator) purgeRound(task string, round uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, f := range wire.RoundFilters(task, round) {
+		if err := c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(f)); err != nil {
+			c.d.Log.Warn("purging round reports", "task", task, "round", round, "err", err)
+		}
 	}
 }
 
@@ -226,6 +270,7 @@ func (c *Coordinator) handleStray(m *nats.Msg) {
 	task, round, device, err := wire.ParseReportSubject(m.Subject)
 	if err != nil {
 		c.d.Log.Warn("report on a malformed subject", "subject", m.Subject, "err", err)
+		c.purgeSubject(m.Subject)
 		return
 	}
 	c.mu.Lock()
@@ -245,10 +290,19 @@ func (c *Coordinator) handleStray(m *nats.Msg) {
 	c.d.Metrics.Reports.WithLabelValues(kind, "not_open").Inc()
 	c.d.Log.Info("report refused", "task", task, "round", round, "device", device, "reason", reason)
 	c.receipt(task, round, device, reason)
-	// Nothing will ever consume it; keep the stream lean.
-	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-	defer cancel()
-	c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(m.Subject))
+	c.purgeSubject(m.Subject)
+}
+
+// purgeSubject drops a report nothing will consume. The core subscription can
+// see a message before the stream has stored it, so purge again a little later.
+func (c *Coordinator) purgeSubject(subj string) {
+	purge := func() {
+		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		defer cancel()
+		c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(subj))
+	}
+	purge()
+	time.AfterFunc(2*time.Second, purge)
 }
 
 var errStopped = errors.New("coord: stopped")

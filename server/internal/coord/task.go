@@ -25,7 +25,6 @@ import (
 
 // Defaults for task fields left zero.
 const (
-	DefaultOverSelection    = 0.3 // select 30% more devices than the cohort target
 	DefaultSelectionTimeout = 30 * time.Second
 	DefaultReportTimeout    = 2 * time.Minute
 )
@@ -33,11 +32,11 @@ const (
 // taskRun drives one task's rounds in a single goroutine; check-ins read the
 // open round under mu.
 type taskRun struct {
-	c      *Coordinator
-	id     string
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	c        *Coordinator
+	id       string
+	cancel   context.CancelFunc
+	exited   chan struct{} // closed when the runner goroutine is gone
+	stopping bool          // set (under c.mu) by StopTask
 
 	mu      sync.Mutex
 	loading bool // true until the open round (if any) has been resumed
@@ -49,11 +48,6 @@ type taskRun struct {
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
-}
-
-func (t *taskRun) doneCh() chan struct{} {
-	t.once.Do(func() { t.done = make(chan struct{}) })
-	return t.done
 }
 
 func (t *taskRun) isOpen(round uint64) bool {
@@ -84,7 +78,6 @@ func (r *roundRun) poke() {
 func (t *taskRun) log() *slog.Logger { return t.c.d.Log.With("task", t.id) }
 
 func (t *taskRun) run(ctx context.Context) {
-	defer close(t.doneCh())
 	t.mu.Lock()
 	t.loading = true
 	t.mu.Unlock()
@@ -265,11 +258,7 @@ func (t *taskRun) reportTimeout() time.Duration {
 }
 
 func (t *taskRun) wanted() int {
-	over := t.spec.GetOverSelection()
-	if over <= 0 {
-		over = DefaultOverSelection
-	}
-	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * (1 + over)))
+	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * (1 + t.spec.GetOverSelection())))
 }
 
 func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*store.RoundRow, error) {
@@ -387,6 +376,15 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			}
 		case <-deadline.C:
 			reason = "report deadline passed"
+			// Reports already delivered arrived in time; count them.
+			for drained := false; !drained; {
+				select {
+				case m := <-msgs:
+					t.handleReport(r, col, metrics, m)
+				default:
+					drained = true
+				}
+			}
 		}
 		t.mu.Lock()
 		full := len(r.assigned) >= r.wanted
@@ -469,12 +467,23 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		examples uint64
 		metrics  *pb.Metrics
 	)
+	checkMetrics := func(m *pb.Metrics) error {
+		for k, v := range m.GetValues() {
+			if math.IsNaN(v) || math.IsInf(v, 0) || len(k) > 64 || len(m.GetValues()) > 64 {
+				return refuse("metric %q is %v (metrics must be finite, at most 64 with names up to 64 bytes)", k, v)
+			}
+		}
+		return nil
+	}
 	if kind == "evaluation" {
 		var rep pb.EvaluationReport
 		if err := proto.Unmarshal(m.Data(), &rep); err != nil {
 			return device, refuse("decode evaluation report: %v", err)
 		}
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+			return device, err
+		}
+		if err := checkMetrics(rep.Metrics); err != nil {
 			return device, err
 		}
 		examples, metrics = rep.NumExamples, rep.Metrics
@@ -493,6 +502,10 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if rep.NumExamples == 0 || rep.NumExamples > 1<<40 {
 			return device, refuse("num_examples %d out of range", rep.NumExamples)
 		}
+		if err := checkMetrics(rep.Metrics); err != nil {
+			return device, err
+		}
+		// Last: a refused report must not have touched the aggregate.
 		if err := col.Add(delta, float64(rep.NumExamples)); err != nil {
 			return device, refuse("%v", err)
 		}
@@ -500,11 +513,6 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	}
 	if examples == 0 {
 		return device, refuse("num_examples is 0")
-	}
-	for k, v := range metrics.GetValues() {
-		if math.IsNaN(v) || math.IsInf(v, 0) || len(k) > 64 {
-			return device, refuse("metric %q is %v", k, v)
-		}
 	}
 	mm.add(metrics.GetValues(), float64(examples))
 	t.mu.Lock()
@@ -593,14 +601,7 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 	t.c.d.Metrics.Rounds.WithLabelValues(kind, outcome).Inc()
 	t.c.d.Metrics.RoundDuration.WithLabelValues(kind).Observe(row.Close.Sub(row.Open).Seconds())
 	t.c.d.Metrics.Dropouts.Add(float64(row.Dropped))
-	// The round's reports are settled: drop them from the stream.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, f := range wire.RoundFilters(t.id, row.Round) {
-		if err := t.c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(f)); err != nil {
-			t.log().Warn("purging round reports", "round", row.Round, "err", err)
-		}
-	}
+	t.c.purgeRound(t.id, row.Round)
 }
 
 func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean, reason string) error {

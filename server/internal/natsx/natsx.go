@@ -80,8 +80,11 @@ func (s slogLogger) Errorf(format string, v ...any)  { s.l.Error(fmt.Sprintf(for
 func (s slogLogger) Debugf(format string, v ...any)  { s.l.Debug(fmt.Sprintf(format, v...)) }
 func (s slogLogger) Tracef(format string, v ...any)  {}
 
-// Setup creates (or updates) the reports stream and the blob bucket.
-func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32) (jetstream.Stream, jetstream.ObjectStore, error) {
+// Setup creates (or updates) the reports stream and the blob bucket with the
+// given number of replicas (1 for the embedded server; 3 on a 3-node cluster
+// keeps reports and blobs through the loss of a node).
+func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas int) (jetstream.Stream, jetstream.ObjectStore, error) {
+	replicas = max(replicas, 1)
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        wire.StreamReports,
 		Description: "Fleetlearn update and evaluation reports, kept until their round commits",
@@ -93,6 +96,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32) (jetstream
 		MaxMsgSize:  maxMsg,
 		Duplicates:  time.Hour, // a device re-sending a report after a reconnect is dropped here
 		Discard:     jetstream.DiscardOld,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats: reports stream: %w", err)
@@ -101,6 +105,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32) (jetstream
 		Bucket:      wire.BlobBucket,
 		Description: "Fleetlearn model and module blobs by sha256",
 		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats: blob bucket: %w", err)
