@@ -492,9 +492,26 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string) ([
 	if err != nil {
 		return nil, fmt.Errorf("blob store: %w", err)
 	}
-	b, err := obs.GetBytes(ctx, sha)
-	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", sha, err)
+	// The object store read can block past ctx (it waits on its own read
+	// deadline), so do not let it hold up a cancelled round.
+	type result struct {
+		b   []byte
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		b, err := obs.GetBytes(ctx, sha)
+		got <- result{b, err}
+	}()
+	var b []byte
+	select {
+	case r := <-got:
+		if r.err != nil {
+			return nil, fmt.Errorf("fetch %s: %w", sha, r.err)
+		}
+		b = r.b
+	case <-ctx.Done():
+		return nil, fmt.Errorf("fetch %s: %w", sha, context.Cause(ctx))
 	}
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)

@@ -48,6 +48,8 @@ type Config struct {
 	MaxMessageBytes int32
 	// PaceWindow spreads check-ins of devices not selected (default 2s).
 	PaceWindow time.Duration
+	// CacheDir keeps compiled WASM modules (default DataDir/wasm-cache).
+	CacheDir string
 	// Replicas of the reports stream and blob bucket on an external cluster
 	// (default 1; the embedded server always uses 1).
 	Replicas int
@@ -159,7 +161,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if s.sandbox, err = wasm.New(wasm.WithCacheDir(filepath.Join(s.cfg.DataDir, "wasm-cache")),
+	cacheDir := s.cfg.CacheDir
+	if cacheDir == "" {
+		cacheDir = filepath.Join(s.cfg.DataDir, "wasm-cache")
+	}
+	if s.sandbox, err = wasm.New(wasm.WithCacheDir(cacheDir),
 		wasm.WithLogger(s.o.log.With("component", "wasm"))); err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,11 +43,33 @@ func WithPace(d time.Duration) Option { return func(c *server.Config) { c.PaceWi
 // WithNATSListen fixes the embedded NATS address (to restart on the same one).
 func WithNATSListen(addr string) Option { return func(c *server.Config) { c.NATSListen = addr } }
 
+var (
+	cacheOnce sync.Once
+	cacheDir  string
+)
+
+// sharedCache is one WASM compilation cache for every server the tests start
+// (in the user cache directory, so it also outlives the process): each module
+// is compiled once, not once per test server.
+func sharedCache(t testing.TB) string {
+	cacheOnce.Do(func() {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		cacheDir = filepath.Join(base, "fleetlearn", "servertest-wasm")
+		if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return cacheDir
+}
+
 // New starts a server. Set FLEETLEARN_TEST_LOG=1 to see its logs.
 func New(t testing.TB, opts ...Option) *Harness {
 	t.Helper()
 	cfg := server.Config{DataDir: t.TempDir(), NATSListen: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond}
+		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond, CacheDir: sharedCache(t)}
 	for _, o := range opts {
 		o(&cfg)
 	}

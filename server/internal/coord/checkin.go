@@ -12,6 +12,7 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
 
@@ -138,9 +139,9 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
 	until := max(0, r.row.Deadline.Sub(now))
-	if p, ok := r.assigned[ci.DeviceId]; ok && !r.reported[ci.DeviceId] {
+	if seat, ok := r.assigned[ci.DeviceId]; ok && !r.reported[ci.DeviceId] {
 		t.mu.Unlock()
-		return withParticipant(r.plan, p), 0, 0, ""
+		return withParticipant(r.plan, seat.Participant), 0, 0, ""
 	}
 	if !r.selecting || len(r.assigned) >= r.wanted || r.reported[ci.DeviceId] {
 		t.mu.Unlock()
@@ -148,12 +149,13 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		return nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_ROUND_FULL, fmt.Sprintf("round %d is full", r.row.Round)
 	}
 	// Reserve the slot before the write so concurrent check-ins cannot overfill.
-	r.assigned[ci.DeviceId] = 0
+	r.assigned[ci.DeviceId] = store.Assignment{}
 	t.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(t.c.ctx, 5*time.Second)
 	defer cancel()
-	p, _, err := t.c.d.Store.Assign(ctx, t.id, r.row.Round, ci.DeviceId, now)
+	examples := ci.GetAttributes().GetExamplesAvailable()
+	p, _, err := t.c.d.Store.Assign(ctx, t.id, r.row.Round, ci.DeviceId, examples, now)
 	t.mu.Lock()
 	if err != nil || t.round != r {
 		delete(r.assigned, ci.DeviceId)
@@ -163,7 +165,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		}
 		return nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
 	}
-	r.assigned[ci.DeviceId] = p
+	r.assigned[ci.DeviceId] = store.Assignment{Participant: p, Examples: examples}
 	t.mu.Unlock()
 	r.poke()
 	return withParticipant(r.plan, p), 0, 0, ""

@@ -61,7 +61,7 @@ type roundRun struct {
 	row       *store.RoundRow
 	plan      *pb.RoundPlan // template; participant id filled per device
 	wanted    int           // devices to select (target × over-selection)
-	assigned  map[string]uint32
+	assigned  map[string]store.Assignment
 	reported  map[string]bool
 	selecting bool
 	selEnd    time.Time
@@ -450,7 +450,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		return device, refuse("subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
 	}
 	t.mu.Lock()
-	_, inCohort := r.assigned[device]
+	seat, inCohort := r.assigned[device]
 	dup := r.reported[device]
 	t.mu.Unlock()
 	if !inCohort {
@@ -461,7 +461,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	}
 	wantKind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "update", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluation"}[r.row.Kind]
 	if kind != wantKind {
-		return device, refuse("%s report for a %s round", kind, wantKind)
+		return device, refuse("%s report in a round that wants %s reports", kind, wantKind)
 	}
 	var (
 		examples uint64
@@ -499,11 +499,13 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if err != nil {
 			return device, err
 		}
-		if rep.NumExamples == 0 || rep.NumExamples > 1<<40 {
-			return device, refuse("num_examples %d out of range", rep.NumExamples)
-		}
 		if err := checkMetrics(rep.Metrics); err != nil {
 			return device, err
+		}
+		if rep.NumExamples == 0 || rep.NumExamples > seat.Examples {
+			// The example count weights the update: a device may not claim
+			// more than it said it had when it was selected.
+			return device, refuse("num_examples %d not in [1, %d] (examples available at check-in)", rep.NumExamples, seat.Examples)
 		}
 		// Last: a refused report must not have touched the aggregate.
 		if err := col.Add(delta, float64(rep.NumExamples)); err != nil {

@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS assignments (
 	round INTEGER NOT NULL,
 	device_id TEXT NOT NULL,
 	participant INTEGER NOT NULL,
+	examples INTEGER NOT NULL DEFAULT 0, -- examples_available at check-in: the most a report may claim
 	assigned_at INTEGER NOT NULL,
 	PRIMARY KEY (task_id, round, device_id)
 );
@@ -409,9 +410,15 @@ func (s *Store) UpdateRoundMetrics(ctx context.Context, task string, round uint6
 
 // ---- assignments
 
+// Assignment is a device's place in a round's cohort.
+type Assignment struct {
+	Participant uint32 // 1-based, stable for the round
+	Examples    uint64 // examples the device said it has; its report may not claim more
+}
+
 // Assign records a device in a round's cohort; it returns the device's
 // participant number (1-based) and whether it was newly assigned.
-func (s *Store) Assign(ctx context.Context, task string, round uint64, device string, now time.Time) (uint32, bool, error) {
+func (s *Store) Assign(ctx context.Context, task string, round uint64, device string, examples uint64, now time.Time) (uint32, bool, error) {
 	var participant int64
 	err := s.db.QueryRowContext(ctx, `SELECT participant FROM assignments WHERE task_id = ? AND round = ? AND device_id = ?`,
 		task, int64(round), device).Scan(&participant)
@@ -421,30 +428,31 @@ func (s *Store) Assign(ctx context.Context, task string, round uint64, device st
 	if !errors.Is(err, sql.ErrNoRows) {
 		return 0, false, fmt.Errorf("store: assignment: %w", err)
 	}
-	err = s.db.QueryRowContext(ctx, `INSERT INTO assignments (task_id, round, device_id, participant, assigned_at)
-		VALUES (?, ?, ?, (SELECT COUNT(*) + 1 FROM assignments WHERE task_id = ? AND round = ?), ?) RETURNING participant`,
-		task, int64(round), device, task, int64(round), ts(now)).Scan(&participant)
+	err = s.db.QueryRowContext(ctx, `INSERT INTO assignments (task_id, round, device_id, participant, examples, assigned_at)
+		VALUES (?, ?, ?, (SELECT COUNT(*) + 1 FROM assignments WHERE task_id = ? AND round = ?), ?, ?) RETURNING participant`,
+		task, int64(round), device, task, int64(round), int64(min(examples, 1<<62)), ts(now)).Scan(&participant)
 	if err != nil {
 		return 0, false, fmt.Errorf("store: assign: %w", err)
 	}
 	return uint32(participant), true, nil
 }
 
-// Assignments returns a round's cohort: device id → participant number.
-func (s *Store) Assignments(ctx context.Context, task string, round uint64) (map[string]uint32, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT device_id, participant FROM assignments WHERE task_id = ? AND round = ?`, task, int64(round))
+// Assignments returns a round's cohort by device id.
+func (s *Store) Assignments(ctx context.Context, task string, round uint64) (map[string]Assignment, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT device_id, participant, examples FROM assignments WHERE task_id = ? AND round = ?`,
+		task, int64(round))
 	if err != nil {
 		return nil, fmt.Errorf("store: assignments: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]uint32{}
+	out := map[string]Assignment{}
 	for rows.Next() {
 		var d string
-		var p int64
-		if err := rows.Scan(&d, &p); err != nil {
+		var p, n int64
+		if err := rows.Scan(&d, &p, &n); err != nil {
 			return nil, err
 		}
-		out[d] = uint32(p)
+		out[d] = Assignment{Participant: uint32(p), Examples: uint64(n)}
 	}
 	return out, rows.Err()
 }

@@ -50,12 +50,12 @@ func TestTasksAndRounds(t *testing.T) {
 	if err := s.OpenRound(ctx, r, now); err != nil {
 		t.Fatal(err)
 	}
-	p1, fresh, err := s.Assign(ctx, "t-a", 1, "d1", now)
+	p1, fresh, err := s.Assign(ctx, "t-a", 1, "d1", 10, now)
 	if err != nil || p1 != 1 || !fresh {
 		t.Fatalf("assign d1: %d %v %v", p1, fresh, err)
 	}
-	p2, _, _ := s.Assign(ctx, "t-a", 1, "d2", now)
-	again, fresh, _ := s.Assign(ctx, "t-a", 1, "d1", now)
+	p2, _, _ := s.Assign(ctx, "t-a", 1, "d2", 10, now)
+	again, fresh, _ := s.Assign(ctx, "t-a", 1, "d1", 10, now)
 	if p2 != 2 || again != 1 || fresh {
 		t.Fatalf("participants %d, re-assign %d (fresh %v)", p2, again, fresh)
 	}
