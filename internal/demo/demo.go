@@ -38,21 +38,26 @@ import (
 
 // Config sizes the demo.
 type Config struct {
-	Edges        int     // simulated devices
-	Rounds       int     // federated training rounds
-	Cohort       int     // reports per round
-	Alpha        float64 // Dirichlet label-skew concentration
-	BaseExamples int     // public slice the cloud pretrains on
-	Seed         uint64
-	DataDir      string // server state; "" uses a temporary directory
-	OutDir       string // where results.csv and accuracy.png go
-	Out          io.Writer
-	Log          *slog.Logger
-	Terminal     bool // draw the progress bar in place
+	Edges  int     // simulated devices
+	Rounds int     // federated training rounds
+	Cohort int     // reports per round
+	Alpha  float64 // Dirichlet label-skew concentration
+	// OverSelection is the extra fraction of devices selected per round.
+	// Selection is first come, first served and a round closes at its target,
+	// so over-selected rounds drop their slowest devices, which under label
+	// skew are the ones with the most data; the demo selects exactly the cohort.
+	OverSelection float64
+	BaseExamples  int // public slice the cloud pretrains on
+	Seed          uint64
+	DataDir       string // server state; "" uses a temporary directory
+	OutDir        string // where results.csv and accuracy.png go
+	Out           io.Writer
+	Log           *slog.Logger
+	Terminal      bool // draw the progress bar in place
 }
 
 // Defaults are the demo's standard scale.
-var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 20, Alpha: 0.5, BaseExamples: 5000, Seed: 1, OutDir: "."}
+var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Seed: 1, OutDir: "."}
 
 // Result is what the demo measured.
 type Result struct {
@@ -73,7 +78,7 @@ type RoundResult struct {
 }
 
 // Hyper are the devices' local training hyper-parameters.
-var Hyper = sgd.Hyper{Epochs: 3, BatchSize: 32, LearningRate: 0.2, EvalBatchSize: 1000}
+var Hyper = sgd.Hyper{Epochs: 4, BatchSize: 32, LearningRate: 0.2, EvalBatchSize: 1000}
 
 // Run executes the demo.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
@@ -203,11 +208,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	tasks := pb.NewTaskServiceClient(conn)
 	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
 		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
-		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: 0.1,
+		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: cfg.OverSelection,
 		ReportGoal: uint32(max(1, cfg.Cohort*3/4)), RoundsTotal: uint32(cfg.Rounds),
 		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(60 * time.Second),
 		Eligibility:       &pb.Eligibility{MinExamples: 1, RequireCharging: true},
-		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.5},
+		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.8},
 		ServerEvalDataset: evalDir,
 	}})
 	if err != nil {

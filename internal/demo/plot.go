@@ -28,6 +28,7 @@ func plotAccuracy(path string, res *Result) error {
 	p.Add(plotter.NewGrid(), line, points, base)
 	p.Legend.Add("federated model", line, points)
 	p.Legend.Add("base model", base)
-	p.Legend.Top = false
+	p.Legend.Top = true
+	p.Legend.Left = true
 	return p.Save(6*vg.Inch, 4*vg.Inch, path)
 }
