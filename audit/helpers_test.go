@@ -1,0 +1,163 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	mrand "math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// stepClock returns a clock that starts at t0 and moves one millisecond per
+// reading.
+type stepClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newStepClock() *stepClock { return &stepClock{now: t0} }
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(time.Millisecond)
+	return c.now
+}
+
+func (c *stepClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+func seeded(seed byte) *mrand.ChaCha8 {
+	var s [32]byte
+	s[0] = seed
+	return mrand.NewChaCha8(s)
+}
+
+func testKeys(t testing.TB, seed byte) Keys {
+	t.Helper()
+	k, err := GenerateKeys(seeded(seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// openTest opens a fresh log in a temporary folder with a step clock.
+func openTest(t testing.TB, opts ...Option) (*Log, string, *stepClock) {
+	t.Helper()
+	dir := t.TempDir()
+	clk := newStepClock()
+	lg, err := Open(context.Background(), dir, append([]Option{WithClock(clk.Now), WithRand(seeded(1)), WithOrigin("test.fleetlearn/audit")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lg.Close() })
+	return lg, dir, clk
+}
+
+const (
+	hexA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	hexB = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	hexC = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+)
+
+// sampleEvent makes a varied, valid event for position i.
+func sampleEvent(t testing.TB, i int) Event {
+	t.Helper()
+	task := fmt.Sprintf("t-%d", i%3)
+	round := uint64(i%5 + 1)
+	var p Payload
+	actor := Service("coordinator")
+	switch i % 6 {
+	case 0:
+		p = RoundOpened{Task: task, Round: round, Model: hexA, Module: hexB, CohortSize: 20, Eligibility: "charging, unmetered", SecAggSHA256: hexC}
+	case 1:
+		p = RoundClosed{Task: task, Round: round, Outcome: RoundCommitted, Reports: 18, Dropouts: 2, AggregationRule: "fedavg"}
+	case 2:
+		p = ModelCommitted{Task: task, Round: round, Model: hexB, SHA256: hexB, Parent: hexA}
+	case 3:
+		p = PrivacySpent{Task: task, Round: round, Mechanism: "gaussian", Accountant: "rdp", ClipNorm: 1, NoiseMultiplier: 1.1,
+			SamplingRate: 0.01, Delta: 1e-5, Epsilon: 0.12, CumulativeEpsilon: 0.12 * float64(round), EpsilonBudget: 8}
+	case 4:
+		actor = Operator(fmt.Sprintf("op-%d", (i/6)%2))
+		p = OperatorAction{Method: "fleetlearn.v1.TaskService/StopTask", Resource: "tasks/" + task, Result: ResultOK, Code: "OK", Task: task}
+	default:
+		actor = Device(PseudonymizeDevice([]byte("k"), fmt.Sprint(i)))
+		p = DeviceEnrolled{Device: actor.ID, Credential: "ed25519:abcd"}
+	}
+	ev, err := NewEvent(actor, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func appendN(t testing.TB, lg *Log, n int) []Entry {
+	t.Helper()
+	var out []Entry
+	for start := 0; start < n; start += 500 {
+		var evs []Event
+		for i := start; i < min(n, start+500); i++ {
+			evs = append(evs, sampleEvent(t, i))
+		}
+		es, err := lg.AppendBatch(context.Background(), evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, es...)
+	}
+	return out
+}
+
+// refRoots computes the root of every prefix of entries independently of
+// the store.
+func refRoots(entries []Entry) []merkle.Hash {
+	roots := make([]merkle.Hash, len(entries)+1)
+	f := &merkle.Frontier{}
+	roots[0] = f.Root()
+	for i, e := range entries {
+		f.Append(merkle.LeafHash(e.Data), func(merkle.NodeID, merkle.Hash) {})
+		roots[i+1] = f.Root()
+	}
+	return roots
+}
+
+// rawDB opens the log's database file directly, as an attacker with file
+// access would.
+func rawDB(t testing.TB, dir string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, DBFile)+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func mustExec(t testing.TB, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func exportBytes(t testing.TB, lg *Log, opts ...ExportOption) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := lg.Export(context.Background(), &buf, opts...); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
