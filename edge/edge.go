@@ -93,6 +93,8 @@ type Agent struct {
 	mu      sync.Mutex
 	modules map[string]*wasm.Module
 	models  map[string]*model.Model
+	obs     jetstream.ObjectStore
+	obsJS   jetstream.JetStream
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
@@ -488,9 +490,9 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string) ([
 		}
 		os.Remove(path) // corrupt cache entry: fetch again
 	}
-	obs, err := js.ObjectStore(ctx, wire.BlobBucket)
+	obs, err := a.objectStore(ctx, js)
 	if err != nil {
-		return nil, fmt.Errorf("blob store: %w", err)
+		return nil, err
 	}
 	// The object store read can block past ctx (it waits on its own read
 	// deadline), so do not let it hold up a cancelled round.
@@ -521,6 +523,21 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string) ([
 		os.Rename(tmp, path)
 	}
 	return b, nil
+}
+
+// objectStore resolves the blob bucket once per connection, not per fetch.
+func (a *Agent) objectStore(ctx context.Context, js jetstream.JetStream) (jetstream.ObjectStore, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.obs != nil && a.obsJS == js {
+		return a.obs, nil
+	}
+	obs, err := js.ObjectStore(ctx, wire.BlobBucket)
+	if err != nil {
+		return nil, fmt.Errorf("blob store: %w", err)
+	}
+	a.obs, a.obsJS = obs, js
+	return obs, nil
 }
 
 func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {

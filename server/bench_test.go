@@ -40,9 +40,12 @@ import (
 //	go test -run '^$' -bench 'BenchmarkRound$' -benchtime 5x ./server/
 //	FLEETLEARN_BENCH_PROCS=1 go test -run '^$' -bench BenchmarkRoundProcesses -benchtime 5x ./server/
 //
-// FLEETLEARN_BENCH_PACE sets the server's pace window (default 20ms); a
-// device that reported waits about ten windows (at most a second) before it
-// wakes for the next round, so the window bounds the round time from below.
+// FLEETLEARN_BENCH_PACE sets the server's pace window (default 20ms). A device
+// that has reported is told to retry after about ten windows (or, if the
+// server has not counted its report yet, waits 250-500 ms on its own); when the
+// next round is announced it wakes at a random point of that wait, capped at
+// a second. So the pace window and the agents' timing bound the round time
+// from below, whatever the work costs.
 
 const (
 	noopModule   = "github.com/fleetlearn/fleetlearn/wasm/examples/noop"
@@ -177,13 +180,14 @@ func nextBenchRound(tb testing.TB, rounds <-chan benchRoundTime, timeout time.Du
 	panic("unreachable")
 }
 
-// BenchmarkRound runs one long task with in-process simulated devices (package
-// loadgen, one NATS connection each, no WASM) against a real server. Metrics
-// per round, from the server's OPENED and COMMITTED events: s/round; of that,
-// until the last device got its plan (s-select/round) and until the last
-// report was stored (s-reports/round). MB-peak-rss is the process's peak
-// resident memory, server and devices together. ns/op is the time from one
-// commit to the next.
+// BenchmarkRound runs one long task with in-process simulated devices
+// (package loadgen: one NATS connection each, no WASM; a selected device
+// downloads the round's model and publishes a precomputed update) against a
+// real server. Metrics per round, from the server's OPENED and COMMITTED
+// events: s/round; of that, until the last device got its plan
+// (s-select/round) and until the last report was stored (s-reports/round).
+// MB-peak-rss is the process's peak resident memory, server and devices
+// together. ns/op is the time from one commit to the next.
 func BenchmarkRound(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("clients=%d", n), func(b *testing.B) { benchRound(b, n) })
@@ -280,6 +284,27 @@ func benchProcStatus(pid, file, key string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("/proc/%s/%s: no %s", pid, file, key)
+}
+
+// benchCPU is the CPU time a process has used, user and system, from
+// /proc/<pid>/stat (in clock ticks of 1/100 s, Linux's USER_HZ).
+func benchCPU(pid string) (time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces; the fields that follow it do not.
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%s/stat: unexpected format", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%s/stat: unexpected format", pid)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // benchProc is a child process whose output goes to a log file.
@@ -461,12 +486,14 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	// Lifetime peaks include each agent's one-time module compilation; the
 	// counters then restart so that the rounds' own peak shows too.
 	warmHWM := make([]int64, len(all))
+	warmCPU := make([]time.Duration, len(all))
 	for i, p := range all {
 		kb, err := benchHWM(p.pid())
 		if err != nil {
 			b.Fatalf("%s: %v (%s)", p.name, err, diag())
 		}
 		warmHWM[i] = kb
+		warmCPU[i], _ = benchCPU(p.pid())
 		os.WriteFile(filepath.Join("/proc", p.pid(), "clear_refs"), []byte("5"), 0)
 	}
 
@@ -488,7 +515,14 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		b.Fatal("no round measured")
 	}
 	var life, hwm, pss, edgeMax, srvHWM int64
+	var cpu, srvCPU time.Duration
 	for i, p := range all {
+		if c, err := benchCPU(p.pid()); err == nil {
+			cpu += c - warmCPU[i]
+			if p == srv {
+				srvCPU = c - warmCPU[i]
+			}
+		}
 		kb, err := benchHWM(p.pid())
 		if err != nil {
 			b.Fatalf("%s: %v (%s)", p.name, err, diag())
@@ -509,8 +543,9 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	b.ReportMetric(float64(life)/1024, "MB-peak-rss-sum")
 	b.ReportMetric(float64(hwm)/1024, "MB-rounds-rss-sum")
 	b.ReportMetric(float64(pss)/1024, "MB-pss-sum")
-	b.Logf("%d edge processes + server, %d params, %d rounds: %.3f s/round; peak RSS summed over all processes %.0f MB "+
+	b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/round")
+	b.Logf("%d edge processes + server, %d params, %d rounds: %.3f s/round, CPU %.2f s/round in all (server %.2f s); peak RSS summed over all processes %.0f MB "+
 		"(over the measured rounds %.0f MB: server %.0f MB, edge mean %.1f MB, max %.1f MB); PSS at the end %.0f MB",
-		devices, benchParams, measured, perRound, float64(life)/1024, float64(hwm)/1024, float64(srvHWM)/1024,
+		devices, benchParams, measured, perRound, cpu.Seconds()/float64(b.N), srvCPU.Seconds()/float64(b.N), float64(life)/1024, float64(hwm)/1024, float64(srvHWM)/1024,
 		float64(hwm-srvHWM)/1024/devices, float64(edgeMax)/1024, float64(pss)/1024)
 }

@@ -327,12 +327,14 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	if err != nil {
 		return fmt.Errorf("round %d: consumer: %w", row.Round, err)
 	}
+	// Bound what is in flight: reports are ~400 KB each, and the default
+	// (500 messages) overruns the connection's pending limit at large cohorts.
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case msgs <- m:
 		case <-ctx.Done():
 		}
-	})
+	}, jetstream.PullMaxBytes(8<<20))
 	if err != nil {
 		return fmt.Errorf("round %d: consume: %w", row.Round, err)
 	}

@@ -47,7 +47,7 @@ type Config struct {
 	Examples uint64
 	// FetchModel makes a selected device download the round's model blob by
 	// its sha256, once per model version, as an agent does. The bytes are not
-	// hashed or decoded: that is device work, not the system's.
+	// decoded: that is device work, not the system's.
 	FetchModel bool
 	// IDPrefix starts every device id (default "sim-"); ids are the prefix and
 	// a zero-padded index.
@@ -127,6 +127,12 @@ type device struct {
 	checkIn []byte // the device's CheckIn, constant
 	wake    chan struct{}
 	model   string // sha256 of the model fetched last
+
+	mu        sync.Mutex
+	reported  map[string]uint64 // task → last round reported
+	curTask   string            // the round being worked on, if any
+	curRound  uint64
+	curCancel func()
 }
 
 // Start connects the fleet and sets every device checking in until Stop.
@@ -158,7 +164,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	byConn := make([][]*device, cfg.Conns)
 	for i := range cfg.Conns {
 		nc, err := nats.Connect(cfg.NATSURL, nats.Name("fleetlearn-loadgen/"+strconv.Itoa(i)),
-			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond), nats.Timeout(10*time.Second),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
 					f.disconnects.Add(1)
@@ -180,7 +186,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	for i := range devs {
 		c := i % cfg.Conns
 		d := &device{f: f, id: fmt.Sprintf("%s%0*d", cfg.IDPrefix, width, i), nc: f.conns[c], js: jss[c],
-			wake: make(chan struct{}, 1)}
+			wake: make(chan struct{}, 1), reported: map[string]uint64{}}
 		d.checkIn, _ = proto.Marshal(&pb.CheckIn{DeviceId: d.id, Attributes: &pb.DeviceAttributes{
 			ExamplesAvailable: cfg.Examples, Charging: true, Idle: true, Unmetered: true,
 			AgentVersion: AgentVersion, SupportedAbiVersions: []uint32{wasm.ABIVersion}}})
@@ -194,8 +200,13 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	// One announcement subscription per connection, fanned out to its devices.
 	for c, nc := range f.conns {
 		ds := byConn[c]
-		if _, err := nc.Subscribe(wire.SubjectAnnounce, func(*nats.Msg) {
+		if _, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
+			var ann pb.RoundAnnouncement
+			if proto.Unmarshal(m.Data, &ann) != nil {
+				return
+			}
 			for _, d := range ds {
+				d.supersede(ann.TaskId, ann.Round)
 				select {
 				case d.wake <- struct{}{}:
 				default:
@@ -386,7 +397,18 @@ func (d *device) cycle(ctx context.Context) (time.Duration, error) {
 		return 0, errors.New("check-in response has neither plan nor retry")
 	}
 	d.f.plans.Add(1)
+	// Like an agent, take a plan for a round already reported (the server
+	// has not counted the report yet) as a reason to wait.
+	d.mu.Lock()
+	done := d.reported[plan.TaskId] >= plan.Round
+	d.mu.Unlock()
+	if done {
+		return 250*time.Millisecond + d.f.jitter(250*time.Millisecond), nil
+	}
 	if err := d.participate(ctx, plan); err != nil {
+		if errors.Is(err, errSuperseded) {
+			return 0, nil
+		}
 		if ctx.Err() == nil {
 			d.f.failures.Add(1)
 			d.f.lastErr.Store(fmt.Sprintf("device %s, round %s/%d: %v", d.id, plan.TaskId, plan.Round, err))
@@ -396,13 +418,41 @@ func (d *device) cycle(ctx context.Context) (time.Duration, error) {
 	return 0, nil
 }
 
-func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) error {
+// errSuperseded marks work cancelled because a later round was announced.
+var errSuperseded = errors.New("loadgen: round closed before the report")
+
+// supersede cancels work on an older round of the task, as an agent does: the
+// server opens a round only after closing the previous one.
+func (d *device) supersede(task string, round uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.curCancel != nil && d.curTask == task && d.curRound < round {
+		d.curCancel()
+		d.curCancel = nil
+	}
+}
+
+func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error) {
 	deadline := plan.GetReportDeadline().AsTime()
 	if !d.f.o.now().Before(deadline) {
 		return fmt.Errorf("report deadline %v already passed", deadline)
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	ctx, supersede := context.WithCancelCause(ctx)
+	d.mu.Lock()
+	d.curTask, d.curRound = plan.TaskId, plan.Round
+	d.curCancel = func() { supersede(errSuperseded) }
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.curCancel = nil
+		d.mu.Unlock()
+		if err != nil && errors.Is(context.Cause(ctx), errSuperseded) {
+			err = errSuperseded
+		}
+		supersede(nil)
+	}()
 	d.f.note(plan.TaskId, plan.Round, true)
 	if sha := plan.GetModel().GetSha256(); d.f.cfg.FetchModel && sha != d.model {
 		if err := d.fetch(ctx, sha, plan.GetModel().GetSizeBytes()); err != nil {
@@ -411,10 +461,8 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) error {
 		d.model = sha
 	}
 	var (
-		payload []byte
-		err     error
-		subj    string
-		kind    string
+		payload    []byte
+		subj, kind string
 	)
 	switch plan.Kind {
 	case pb.RoundKind_ROUND_KIND_TRAIN:
@@ -438,6 +486,9 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) error {
 	if err := d.publish(ctx, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, d.id)); err != nil {
 		return err
 	}
+	d.mu.Lock()
+	d.reported[plan.TaskId] = plan.Round
+	d.mu.Unlock()
 	d.f.reports.Add(1)
 	d.f.note(plan.TaskId, plan.Round, false)
 	return nil
