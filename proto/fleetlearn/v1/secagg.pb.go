@@ -25,12 +25,14 @@ const (
 type SecAggConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Number of neighbours of each participant in the SecAgg+ graph (k in Bell
-	// et al.). Zero or a value of at least n-1 means the complete graph, which
+	// et al.). Zero picks the recommended degree for the cohort size
+	// (docs/SECAGG.md); a value of at least n-1 means the complete graph, which
 	// is plain SecAgg.
 	K uint32 `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
 	// Shamir threshold t: the number of neighbour shares needed to reconstruct
-	// a secret. Must be greater than k/2 (or n/2 for the complete graph) so the
-	// server cannot obtain both secrets of any participant.
+	// a secret. Must be greater than k/2 (k = n-1 for the complete graph) so
+	// the server cannot obtain both secrets of any participant; zero picks
+	// floor(k/2)+1.
 	Threshold uint32 `protobuf:"varint,2,opt,name=threshold,proto3" json:"threshold,omitempty"`
 	// Updates are summed modulo 2^bits; each masked element is in
 	// [0, 2^bits). Between 1 and 32.
