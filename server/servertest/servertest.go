@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
@@ -102,45 +103,23 @@ func (h *Harness) ImportModel(t testing.TB, name string, m *model.Model) string 
 	if err := model.WriteSafetensors(&buf, m); err != nil {
 		t.Fatal(err)
 	}
-	st, err := h.Models.ImportModel(context.Background())
+	got, err := client.ImportModel(context.Background(), h.Models, &pb.ImportModelHeader{Name: name,
+		SizeBytes: uint64(buf.Len())}, &buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Send(&pb.ImportModelRequest{Part: &pb.ImportModelRequest_Header{Header: &pb.ImportModelHeader{
-		Name: name, SizeBytes: uint64(buf.Len())}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&pb.ImportModelRequest{Part: &pb.ImportModelRequest_Chunk{Chunk: buf.Bytes()}}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := st.CloseAndRecv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.GetModel().GetRef().GetVersion()
+	return got.GetRef().GetVersion()
 }
 
 // RegisterModule uploads WASM bytes and returns their sha256.
 func (h *Harness) RegisterModule(t testing.TB, name string, code []byte) string {
 	t.Helper()
-	st, err := h.Modules.RegisterModule(context.Background())
+	got, err := client.RegisterModule(context.Background(), h.Modules, &pb.RegisterModuleHeader{Name: name,
+		SizeBytes: uint64(len(code))}, bytes.NewReader(code))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Send(&pb.RegisterModuleRequest{Part: &pb.RegisterModuleRequest_Header{Header: &pb.RegisterModuleHeader{
-		Name: name, SizeBytes: uint64(len(code))}}}); err != nil {
-		t.Fatal(err)
-	}
-	for off := 0; off < len(code); off += 1 << 20 {
-		if err := st.Send(&pb.RegisterModuleRequest{Part: &pb.RegisterModuleRequest_Chunk{Chunk: code[off:min(off+1<<20, len(code))]}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	resp, err := st.CloseAndRecv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.GetModule().GetRef().GetSha256()
+	return got.GetRef().GetSha256()
 }
 
 // CreateTask creates a task and returns it.

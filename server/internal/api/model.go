@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"io"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -18,27 +17,11 @@ type modelServer struct {
 func (s *modelServer) ImportModel(stream grpc.ClientStreamingServer[pb.ImportModelRequest, pb.ImportModelResponse]) error {
 	const op = "import model"
 	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err == io.EOF {
-		return invalid(op, "missing header: the stream was empty")
-	}
-	if err != nil {
-		return err
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return invalid(op, "missing header: the first message must be the header")
-	}
-	if err := checkImportHeader(op, h); err != nil {
-		return err
-	}
-	a, err := newAssembler(op, s.cfg.maxModelBytes, h.GetSizeBytes(), h.GetSha256())
-	if err != nil {
-		return err
-	}
-	data, sum, err := receiveChunks(a, stream.Recv, func(m *pb.ImportModelRequest) ([]byte, bool) {
-		return m.GetChunk(), m.GetHeader() != nil
-	})
+	h, data, sum, err := receiveUpload(op, s.cfg.maxModelBytes, stream.Recv,
+		func(m *pb.ImportModelRequest) (*pb.ImportModelHeader, bool, []byte) {
+			return m.GetHeader(), m.GetHeader() != nil, m.GetChunk()
+		},
+		func(h *pb.ImportModelHeader) error { return checkImportHeader(op, h) })
 	if err != nil {
 		return err
 	}

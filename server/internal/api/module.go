@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"io"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -19,27 +18,11 @@ type moduleServer struct {
 func (s *moduleServer) RegisterModule(stream grpc.ClientStreamingServer[pb.RegisterModuleRequest, pb.RegisterModuleResponse]) error {
 	const op = "register module"
 	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err == io.EOF {
-		return invalid(op, "missing header: the stream was empty")
-	}
-	if err != nil {
-		return err
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return invalid(op, "missing header: the first message must be the header")
-	}
-	if err := checkModuleHeader(op, h); err != nil {
-		return err
-	}
-	a, err := newAssembler(op, s.cfg.maxModuleBytes, h.GetSizeBytes(), h.GetSha256())
-	if err != nil {
-		return err
-	}
-	code, sum, err := receiveChunks(a, stream.Recv, func(m *pb.RegisterModuleRequest) ([]byte, bool) {
-		return m.GetChunk(), m.GetHeader() != nil
-	})
+	h, code, sum, err := receiveUpload(op, s.cfg.maxModuleBytes, stream.Recv,
+		func(m *pb.RegisterModuleRequest) (*pb.RegisterModuleHeader, bool, []byte) {
+			return m.GetHeader(), m.GetHeader() != nil, m.GetChunk()
+		},
+		func(h *pb.RegisterModuleHeader) error { return checkModuleHeader(op, h) })
 	if err != nil {
 		return err
 	}

@@ -91,3 +91,41 @@ func receiveChunks[T any](a *assembler, recv func() (T, error), part func(T) (ch
 		}
 	}
 }
+
+// uploadHeader is what the model and module upload headers share.
+type uploadHeader interface {
+	GetSizeBytes() uint64
+	GetSha256() string
+}
+
+// receiveUpload reads a header-then-chunks upload: the first message must be
+// the header, which check validates; the rest are chunks, assembled within
+// limit and checked against the header's declared size and digest. part
+// returns a message's header (nil if it has none) and its chunk.
+func receiveUpload[T any, H uploadHeader](op string, limit int64, recv func() (T, error),
+	part func(T) (header H, isHeader bool, chunk []byte), check func(H) error) (H, []byte, string, error) {
+	var zero H
+	first, err := recv()
+	if err == io.EOF {
+		return zero, nil, "", invalid(op, "missing header: the stream was empty")
+	}
+	if err != nil {
+		return zero, nil, "", err
+	}
+	h, ok, _ := part(first)
+	if !ok {
+		return zero, nil, "", invalid(op, "missing header: the first message must be the header")
+	}
+	if err := check(h); err != nil {
+		return zero, nil, "", err
+	}
+	a, err := newAssembler(op, limit, h.GetSizeBytes(), h.GetSha256())
+	if err != nil {
+		return zero, nil, "", err
+	}
+	data, sum, err := receiveChunks(a, recv, func(m T) ([]byte, bool) {
+		_, isHeader, chunk := part(m)
+		return chunk, isHeader
+	})
+	return h, data, sum, err
+}
