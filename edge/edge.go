@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -90,11 +91,11 @@ type Agent struct {
 	data *data.Dataset
 	own  bool // the agent created its sandbox and must close it
 
-	mu      sync.Mutex
-	modules map[string]*wasm.Module
-	models  map[string]*model.Model
-	obs     jetstream.ObjectStore
-	obsJS   jetstream.JetStream
+	mu       sync.Mutex
+	modules  map[string]*wasm.Module
+	models   map[string]*model.Model
+	bucket   *objfetch.Bucket // resolved once per connection
+	bucketJS jetstream.JetStream
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
@@ -208,15 +209,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("edge: jetstream: %w", err)
 	}
-	wake := make(chan struct{}, 1)
+	// wake carries the check-in spread of a round announcement.
+	wake := make(chan time.Duration, 1)
 	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
 		var ann pb.RoundAnnouncement
 		if proto.Unmarshal(m.Data, &ann) != nil || (len(a.cfg.TaskIDs) > 0 && !slices.Contains(a.cfg.TaskIDs, ann.TaskId)) {
 			return
 		}
 		a.supersede(ann.TaskId, ann.Round)
+		spread := ann.GetCheckInSpread().AsDuration()
+		if spread <= 0 || spread > time.Minute {
+			spread = time.Second
+		}
 		select {
-		case wake <- struct{}{}:
+		case wake <- spread:
 		default:
 		}
 	})
@@ -248,12 +254,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
-		case <-wake:
+		case spread := <-wake:
 			// A round opened: check in soon, but not in lockstep with the fleet.
 			timer.Stop()
 			select {
 			case <-ctx.Done():
-			case <-time.After(a.jitter(min(wait, time.Second))):
+			case <-time.After(a.jitter(min(wait, spread))):
 			}
 		}
 		timer.Stop()
@@ -337,8 +343,22 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 		a.o.log.Warn("round failed", "task", plan.TaskId, "round", plan.Round, "err", err)
 		return time.Second, nil
 	}
-	return 0, nil
+	// Reported: this device has nothing to offer before the next round, whose
+	// announcement wakes it. Checking in sooner would only be told to wait.
+	return a.untilNextRound(plan), nil
 }
+
+// untilNextRound is how long a device that reported waits for the next
+// round's announcement before checking in anyway (an announcement can be
+// missed across a reconnect).
+func (a *Agent) untilNextRound(plan *pb.RoundPlan) time.Duration {
+	d := plan.GetReportDeadline().AsTime().Sub(a.o.now())
+	return min(max(d, time.Second), maxIdleWait) + a.jitter(time.Second)
+}
+
+// maxIdleWait bounds how long a device that reported sleeps waiting for an
+// announcement.
+const maxIdleWait = 30 * time.Second
 
 // supersede cancels work on a round of task older than round: the server
 // opens a round only after closing the previous one, so that work is moot.
@@ -367,6 +387,9 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 	}
 	ctx, cancel := context.WithDeadlineCause(ctx, deadline, errors.New("report deadline passed"))
 	defer cancel()
+	// A later round's announcement cancels the work, not a report in flight:
+	// the report may already be stored, and its acknowledgement is on its way.
+	reportCtx := ctx
 	ctx, supersede := context.WithCancelCause(ctx)
 	defer func() {
 		if err != nil && errors.Is(context.Cause(ctx), errSuperseded) {
@@ -438,7 +461,7 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 	default:
 		return fmt.Errorf("plan: unknown round kind %v", plan.Kind)
 	}
-	if err := a.publish(ctx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
+	if err := a.publish(reportCtx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
 		return err
 	}
 	a.curMu.Lock()
@@ -480,64 +503,55 @@ func limits(l *pb.Limits) wasm.Limits {
 		MaxWork: int64(min(l.GetMaxFlops(), 1<<62)), MaxTensorBytes: int64(min(l.GetMaxTensorBytes(), 1<<62))}
 }
 
-// blob returns the bytes named sha from the disk cache or the object store,
-// verifying the hash either way.
-func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string) ([]byte, error) {
+// blob returns the bytes named sha, verified against the hash, from the
+// disk cache when persist is set (modules: large and stable) or else from the
+// object store (models: a new one every round, needed once).
+func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string, persist bool) ([]byte, error) {
 	path := filepath.Join(a.cfg.DataDir, "blobs", sha)
-	if b, err := os.ReadFile(path); err == nil {
-		if wire.SHA256(b) == sha {
-			return b, nil
+	if persist {
+		if b, err := os.ReadFile(path); err == nil {
+			if wire.SHA256(b) == sha {
+				return b, nil
+			}
+			os.Remove(path) // corrupt cache entry: fetch again
 		}
-		os.Remove(path) // corrupt cache entry: fetch again
 	}
-	obs, err := a.objectStore(ctx, js)
+	b, err := a.fetch(ctx, js, sha)
 	if err != nil {
-		return nil, err
-	}
-	// The object store read can block past ctx (it waits on its own read
-	// deadline), so do not let it hold up a cancelled round.
-	type result struct {
-		b   []byte
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		b, err := obs.GetBytes(ctx, sha)
-		got <- result{b, err}
-	}()
-	var b []byte
-	select {
-	case r := <-got:
-		if r.err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", sha, r.err)
-		}
-		b = r.b
-	case <-ctx.Done():
-		return nil, fmt.Errorf("fetch %s: %w", sha, context.Cause(ctx))
+		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err == nil {
-		os.Rename(tmp, path)
+	if persist {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o600); err == nil {
+			os.Rename(tmp, path)
+		}
 	}
 	return b, nil
 }
 
-// objectStore resolves the blob bucket once per connection, not per fetch.
-func (a *Agent) objectStore(ctx context.Context, js jetstream.JetStream) (jetstream.ObjectStore, error) {
+// maxBlobBytes bounds what the agent downloads for one model or module.
+const maxBlobBytes = 4 << 30
+
+func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string) ([]byte, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.obs != nil && a.obsJS == js {
-		return a.obs, nil
+	bk := a.bucket
+	if bk == nil || a.bucketJS != js {
+		bk = nil
 	}
-	obs, err := js.ObjectStore(ctx, wire.BlobBucket)
-	if err != nil {
-		return nil, fmt.Errorf("blob store: %w", err)
+	a.mu.Unlock()
+	if bk == nil {
+		var err error
+		if bk, err = objfetch.Open(ctx, js, wire.BlobBucket); err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		a.bucket, a.bucketJS = bk, js
+		a.mu.Unlock()
 	}
-	a.obs, a.obsJS = obs, js
-	return obs, nil
+	return bk.Get(ctx, sha, maxBlobBytes)
 }
 
 func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {
@@ -547,7 +561,7 @@ func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (
 	if m != nil {
 		return m, nil
 	}
-	b, err := a.blob(ctx, js, sha)
+	b, err := a.blob(ctx, js, sha, false)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
@@ -568,7 +582,7 @@ func (a *Agent) module(ctx context.Context, js jetstream.JetStream, sha string) 
 	if mod != nil {
 		return mod, nil
 	}
-	b, err := a.blob(ctx, js, sha)
+	b, err := a.blob(ctx, js, sha, true)
 	if err != nil {
 		return nil, fmt.Errorf("module: %w", err)
 	}

@@ -79,6 +79,25 @@ func benchPace(tb testing.TB) time.Duration {
 	return d
 }
 
+// benchModuleCode is the module the agents run: by default the hand-assembled
+// wasmtest.Trivial, which has no language runtime to instantiate;
+// FLEETLEARN_BENCH_MODULE=noop selects the Go-built wasm/examples/noop.
+func benchModuleCode(tb testing.TB) []byte {
+	switch m := os.Getenv("FLEETLEARN_BENCH_MODULE"); m {
+	case "", "trivial":
+		return wasmtest.Trivial()
+	case "noop":
+		code, err := build.Module(context.Background(), "", noopModule)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return code
+	default:
+		tb.Fatalf("FLEETLEARN_BENCH_MODULE=%q: want trivial or noop", m)
+		return nil
+	}
+}
+
 func benchTask(version, module string, cohort int) *pb.Task {
 	return &pb.Task{Name: "bench", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
 		CohortTarget: uint32(cohort), ReportGoal: uint32(cohort), OverSelection: 0.01, RoundsTotal: 1 << 20,
@@ -199,7 +218,7 @@ func benchRound(b *testing.B, n int) {
 	h := servertest.New(b, servertest.WithPace(benchPace(b)))
 	m := benchModel()
 	version := h.ImportModel(b, "bench-100k", m)
-	module := h.RegisterModule(b, "noop", wasmtest.Build(b, noopModule))
+	module := h.RegisterModule(b, "noop", benchModuleCode(b))
 	task := h.CreateTask(b, benchTask(version, module, n))
 	rounds := watchBenchRounds(b, h.Tasks, task.Id)
 
@@ -416,10 +435,7 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("build: %v\n%s", err, out)
 	}
-	code, err := build.Module(ctx, "", noopModule)
-	if err != nil {
-		b.Fatal(err)
-	}
+	code := benchModuleCode(b)
 
 	natsAddr, grpcAddr := benchAddr(b), benchAddr(b)
 	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),

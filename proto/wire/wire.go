@@ -30,10 +30,21 @@ const (
 	BlobBucket = "fl_blobs"
 	// QueueServers is the queue group aggregator replicas share for check-ins.
 	QueueServers = "fl-servers"
+	// SubjectAuditCheckpoint carries each new signed audit checkpoint note, for witnesses.
+	SubjectAuditCheckpoint = "fl.audit.checkpoint"
 )
 
 // Report subjects: fl.report.<task>.<round>.<device> and fl.eval.<task>.<round>.<device>.
 var StreamSubjects = []string{"fl.report.>", "fl.eval.>"}
+
+// Stored notices: the reports stream republishes the headers (not the
+// payload) of every report it stores on SubjectStoredPrefix + the report's
+// subject, so the server learns of reports for rounds that are not open
+// without receiving each payload a second time.
+const (
+	SubjectStoredPrefix = "fl.stored."
+	SubjectStored       = SubjectStoredPrefix + ">"
+)
 
 // Limits.
 const (

@@ -1270,7 +1270,10 @@ type RoundAnnouncement struct {
 	// Kind of the round.
 	Kind RoundKind `protobuf:"varint,3,opt,name=kind,proto3,enum=fleetlearn.v1.RoundKind" json:"kind,omitempty"`
 	// Devices the round still wants.
-	Wanted        uint32 `protobuf:"varint,4,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	Wanted uint32 `protobuf:"varint,4,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	// Devices woken by this announcement check in at a uniformly random point
+	// of this window, so that they do not arrive as one burst.
+	CheckInSpread *durationpb.Duration `protobuf:"bytes,5,opt,name=check_in_spread,json=checkInSpread,proto3" json:"check_in_spread,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1331,6 +1334,13 @@ func (x *RoundAnnouncement) GetWanted() uint32 {
 		return x.Wanted
 	}
 	return 0
+}
+
+func (x *RoundAnnouncement) GetCheckInSpread() *durationpb.Duration {
+	if x != nil {
+		return x.CheckInSpread
+	}
+	return nil
 }
 
 var File_fleetlearn_v1_round_proto protoreflect.FileDescriptor
@@ -1424,12 +1434,13 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
 	"\tdevice_id\x18\x03 \x01(\tR\bdeviceId\x12\x1a\n" +
 	"\baccepted\x18\x04 \x01(\bR\baccepted\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x88\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xcb\x01\n" +
 	"\x11RoundAnnouncement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x18.fleetlearn.v1.RoundKindR\x04kind\x12\x16\n" +
-	"\x06wanted\x18\x04 \x01(\rR\x06wanted*\xc0\x01\n" +
+	"\x06wanted\x18\x04 \x01(\rR\x06wanted\x12A\n" +
+	"\x0fcheck_in_spread\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rcheckInSpread*\xc0\x01\n" +
 	"\vRetryReason\x12\x1c\n" +
 	"\x18RETRY_REASON_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRY_REASON_NO_TASK\x10\x01\x12\x1d\n" +
@@ -1512,11 +1523,12 @@ var file_fleetlearn_v1_round_proto_depIdxs = []int32{
 	22, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
 	15, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
 	1,  // 22: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	14, // 23: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_round_proto_init() }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,13 +78,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("coord: subscribe check-ins: %w", err)
 	}
 	c.subs = append(c.subs, sub)
-	for _, subj := range wire.StreamSubjects {
-		s, err := c.d.NC.Subscribe(subj, c.handleStray)
-		if err != nil {
-			return fmt.Errorf("coord: subscribe %s: %w", subj, err)
-		}
-		c.subs = append(c.subs, s)
+	stored, err := c.d.NC.Subscribe(wire.SubjectStored, c.handleStored)
+	if err != nil {
+		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectStored, err)
 	}
+	c.subs = append(c.subs, stored)
 	rows, err := c.d.Store.Tasks(ctx, pb.TaskState_TASK_STATE_RUNNING, "", 1<<20)
 	if err != nil {
 		return err
@@ -264,13 +263,18 @@ func (c *Coordinator) receipt(task string, round uint64, device string, reason s
 	}
 }
 
-// handleStray refuses reports for rounds that are not open: the current open
-// round's runner consumes its own reports from the stream and ignores this path.
-func (c *Coordinator) handleStray(m *nats.Msg) {
-	task, round, device, err := wire.ParseReportSubject(m.Subject)
+// handleStored sees a headers-only notice for every report the stream stores
+// and refuses those for rounds that are not open: the open round's runner
+// consumes its own reports from the stream and ignores this path.
+func (c *Coordinator) handleStored(m *nats.Msg) {
+	subj := m.Header.Get(jetstream.SubjectHeader)
+	if subj == "" {
+		subj = strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix)
+	}
+	task, round, device, err := wire.ParseReportSubject(subj)
 	if err != nil {
-		c.d.Log.Warn("report on a malformed subject", "subject", m.Subject, "err", err)
-		c.purgeSubject(m.Subject)
+		c.d.Log.Warn("report on a malformed subject", "subject", subj, "err", err)
+		c.purgeSubject(subj)
 		return
 	}
 	c.mu.Lock()
@@ -284,25 +288,23 @@ func (c *Coordinator) handleStray(m *nats.Msg) {
 		reason = fmt.Sprintf("task %q has no open round (round %d)", task, round)
 	}
 	kind := "update"
-	if wire.IsEvalSubject(m.Subject) {
+	if wire.IsEvalSubject(subj) {
 		kind = "evaluation"
 	}
 	c.d.Metrics.Reports.WithLabelValues(kind, "not_open").Inc()
 	c.d.Log.Info("report refused", "task", task, "round", round, "device", device, "reason", reason)
 	c.receipt(task, round, device, reason)
-	c.purgeSubject(m.Subject)
+	c.purgeSubject(subj)
 }
 
-// purgeSubject drops a report nothing will consume. The core subscription can
-// see a message before the stream has stored it, so purge again a little later.
+// purgeSubject drops a report nothing will consume. The notice follows the
+// store, so one purge suffices.
 func (c *Coordinator) purgeSubject(subj string) {
-	purge := func() {
-		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-		defer cancel()
-		c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(subj))
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	if err := c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		c.d.Log.Warn("purging refused report", "subject", subj, "err", err)
 	}
-	purge()
-	time.AfterFunc(2*time.Second, purge)
 }
 
 var errStopped = errors.New("coord: stopped")

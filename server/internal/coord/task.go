@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
@@ -414,7 +415,8 @@ func (t *taskRun) announce(r *roundRun) {
 	if !r.selecting {
 		return
 	}
-	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind, Wanted: uint32(r.wanted - len(r.assigned))})
+	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
+		Wanted: uint32(r.wanted - len(r.assigned)), CheckInSpread: durationpb.New(t.c.d.PaceWindow)})
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
 }
 

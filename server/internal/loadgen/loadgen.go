@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -124,9 +125,10 @@ type device struct {
 	id      string
 	nc      *nats.Conn
 	js      jetstream.JetStream
-	checkIn []byte // the device's CheckIn, constant
-	wake    chan struct{}
-	model   string // sha256 of the model fetched last
+	bucket  *objfetch.Bucket
+	checkIn []byte             // the device's CheckIn, constant
+	wake    chan time.Duration // check-in spread of an announcement
+	model   string             // sha256 of the model fetched last
 
 	mu        sync.Mutex
 	reported  map[string]uint64 // task → last round reported
@@ -186,7 +188,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	for i := range devs {
 		c := i % cfg.Conns
 		d := &device{f: f, id: fmt.Sprintf("%s%0*d", cfg.IDPrefix, width, i), nc: f.conns[c], js: jss[c],
-			wake: make(chan struct{}, 1), reported: map[string]uint64{}}
+			wake: make(chan time.Duration, 1), reported: map[string]uint64{}}
 		d.checkIn, _ = proto.Marshal(&pb.CheckIn{DeviceId: d.id, Attributes: &pb.DeviceAttributes{
 			ExamplesAvailable: cfg.Examples, Charging: true, Idle: true, Unmetered: true,
 			AgentVersion: AgentVersion, SupportedAbiVersions: []uint32{wasm.ABIVersion}}})
@@ -205,10 +207,14 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 			if proto.Unmarshal(m.Data, &ann) != nil {
 				return
 			}
+			spread := ann.GetCheckInSpread().AsDuration()
+			if spread <= 0 || spread > time.Minute {
+				spread = time.Second
+			}
 			for _, d := range ds {
 				d.supersede(ann.TaskId, ann.Round)
 				select {
-				case d.wake <- struct{}{}:
+				case d.wake <- spread:
 				default:
 				}
 			}
@@ -366,11 +372,11 @@ func (d *device) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
-		case <-d.wake:
+		case spread := <-d.wake:
 			timer.Stop()
 			select {
 			case <-ctx.Done():
-			case <-time.After(d.f.jitter(min(wait, time.Second))):
+			case <-time.After(d.f.jitter(min(wait, spread))):
 			}
 		}
 		timer.Stop()
@@ -415,7 +421,8 @@ func (d *device) cycle(ctx context.Context) (time.Duration, error) {
 		}
 		return time.Second, nil
 	}
-	return 0, nil
+	// Like an agent, sleep until the next round's announcement.
+	return min(max(time.Until(plan.GetReportDeadline().AsTime()), time.Second), 30*time.Second) + d.f.jitter(time.Second), nil
 }
 
 // errSuperseded marks work cancelled because a later round was announced.
@@ -439,6 +446,7 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	reportCtx := ctx // a report in flight is not cancelled by a later round
 	ctx, supersede := context.WithCancelCause(ctx)
 	d.mu.Lock()
 	d.curTask, d.curRound = plan.TaskId, plan.Round
@@ -483,7 +491,7 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 	if err != nil {
 		return err
 	}
-	if err := d.publish(ctx, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, d.id)); err != nil {
+	if err := d.publish(reportCtx, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, d.id)); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -495,11 +503,14 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 }
 
 func (d *device) fetch(ctx context.Context, sha string, size uint64) error {
-	obs, err := d.js.ObjectStore(ctx, wire.BlobBucket)
-	if err != nil {
-		return fmt.Errorf("blob store: %w", err)
+	if d.bucket == nil {
+		bk, err := objfetch.Open(ctx, d.js, wire.BlobBucket)
+		if err != nil {
+			return err
+		}
+		d.bucket = bk
 	}
-	b, err := obs.GetBytes(ctx, sha)
+	b, err := d.bucket.Get(ctx, sha, max(size, 1<<30))
 	if err != nil {
 		return fmt.Errorf("fetch model %s: %w", sha, err)
 	}

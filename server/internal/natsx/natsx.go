@@ -97,6 +97,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas i
 		Duplicates:  time.Hour, // a device re-sending a report after a reconnect is dropped here
 		Discard:     jetstream.DiscardOld,
 		Replicas:    replicas,
+		// Headers-only notices of stored reports let the server refuse
+		// reports for closed rounds without receiving every payload twice.
+		RePublish: &jetstream.RePublish{Source: ">", Destination: wire.SubjectStoredPrefix + ">", HeadersOnly: true},
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats: reports stream: %w", err)
