@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -53,15 +54,21 @@ type Config struct {
 	// Replicas of the reports stream and blob bucket on an external cluster
 	// (default 1; the embedded server always uses 1).
 	Replicas int
+	// AuditOrigin names the audit log in DataDir, the first line of its
+	// checkpoints (default audit.DefaultOrigin); a schema-less URL naming
+	// the deployment, such as "fleetlearn.example.com/audit". An existing
+	// log keeps the origin it was created with.
+	AuditOrigin string
 }
 
 // Option injects a collaborator.
 type Option func(*options)
 
 type options struct {
-	log  *slog.Logger
-	now  func() time.Time
-	rand *rand.Rand
+	log      *slog.Logger
+	now      func() time.Time
+	rand     *rand.Rand
+	identity func(context.Context) string
 }
 
 // WithLogger sets the logger (default: discard).
@@ -89,6 +96,11 @@ type Server struct {
 	httpLn   net.Listener
 	natsURL  string
 
+	audit     *audit.Log
+	auditStop chan struct{} // closed by Shutdown to stop the checkpoint ticker
+	auditDone chan struct{} // closed when the ticker has stopped
+	published []byte        // the last checkpoint note published
+
 	idMu     sync.Mutex // guards ids
 	ids      *rand.Rand // task ids; split from o.rand so the coordinator owns that one
 	shutdown sync.Once
@@ -112,6 +124,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = wire.MaxMessageBytes
 	}
+	if cfg.AuditOrigin == "" {
+		cfg.AuditOrigin = audit.DefaultOrigin
+	}
 	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
@@ -134,6 +149,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: data dir: %w", err)
 	}
+	if err := s.openAudit(ctx); err != nil {
+		return err
+	}
 	if s.store, err = store.Open(ctx, filepath.Join(s.cfg.DataDir, "fleetlearn.db")); err != nil {
 		return err
 	}
@@ -149,6 +167,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log); err != nil {
 		return err
 	}
+	s.startCheckpoints(ctx)
 	js, err := jetstream.New(s.nc)
 	if err != nil {
 		return fmt.Errorf("server: jetstream: %w", err)
@@ -172,7 +191,8 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	m := metrics.New()
 	bl := blobs.New(obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
-		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow})
+		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
+		Audit: s.record})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
@@ -181,8 +201,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: grpc listen: %w", err)
 	}
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(8 << 20))
-	api.Register(s.grpc, &service{s: s, blobs: bl}, api.WithLogger(s.o.log.With("component", "api")))
+	recorder := api.NewAuditInterceptor(s.audit, s.o.identity, s.o.log.With("component", "api"))
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(8<<20),
+		grpc.ChainUnaryInterceptor(recorder.Unary), grpc.ChainStreamInterceptor(recorder.Stream))
+	api.Register(s.grpc, &service{s: s, blobs: bl}, api.WithLogger(s.o.log.With("component", "api")),
+		api.WithAudit(s.audit))
 	go s.grpc.Serve(s.grpcLn)
 
 	if s.cfg.MetricsAddr != "off" {
@@ -219,8 +242,9 @@ func (s *Server) MetricsAddr() string {
 func (s *Server) NATSURL() string { return s.natsURL }
 
 // Shutdown stops serving and closes state: API first, then the round runners
-// (open rounds stay open, to be resumed), then NATS and the database. Safe to
-// call twice; later calls return the first result.
+// (open rounds stay open, to be resumed), then the audit log (after a final
+// checkpoint), then NATS and the database. Safe to call twice; later calls
+// return the first result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Do(func() {
 		var errs []error
@@ -239,6 +263,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.coord != nil {
 			s.coord.Shutdown()
 		}
+		errs = append(errs, s.closeAudit(ctx))
 		if s.nc != nil {
 			s.nc.Drain()
 			s.nc.Close()

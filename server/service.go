@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -47,6 +50,62 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), backend.ErrInvalid)
 }
 
+// checkName refuses names that are empty, longer than 200 bytes, not UTF-8
+// or hold control characters: they end up in listings, logs and the audit log.
+func checkName(kind, name string) error {
+	if name == "" || len(name) > 200 || !utf8.ValidString(name) {
+		return invalid("%s name must be 1-200 bytes of UTF-8", kind)
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return invalid("%s name contains control character %U", kind, r)
+		}
+	}
+	return nil
+}
+
+// serviceActor is who the API's domain events name; the operator behind
+// each call is recorded by the API's own OperatorAction event.
+var serviceActor = audit.Service("api")
+
+// recorded records an event for a change already made; a failure fails the
+// call, which the client sees as an internal error: an action the audit log
+// does not show must not look done.
+func (v *service) recorded(ctx context.Context, p audit.Payload) error {
+	if err := v.s.record(ctx, serviceActor, p); err != nil {
+		return fmt.Errorf("the change was made but could not be recorded in the audit log: %w", err)
+	}
+	return nil
+}
+
+// taskCreatedEvent describes a new task's design choices.
+func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
+	cfg, err := proto.MarshalOptions{Deterministic: true}.Marshal(t)
+	if err != nil {
+		return audit.TaskCreated{}, err
+	}
+	settings := map[string]string{
+		"over_selection":    strconv.FormatFloat(t.GetOverSelection(), 'g', -1, 64),
+		"selection_timeout": t.GetSelectionTimeout().AsDuration().String(),
+		"report_timeout":    t.GetReportTimeout().AsDuration().String(),
+		"eval_every":        strconv.FormatUint(uint64(t.GetEvalEvery()), 10),
+	}
+	if h := t.GetHyperparameters(); len(h) > 0 {
+		settings["hyperparameters"] = string(h)
+	}
+	if n := t.GetAggregation().GetMaxUpdateNorm(); n > 0 {
+		settings["max_update_norm"] = strconv.FormatFloat(n, 'g', -1, 64)
+	}
+	if d := t.GetServerEvalDataset(); d != "" {
+		settings["server_eval_dataset"] = d
+	}
+	return audit.TaskCreated{Task: t.GetId(), Name: t.GetName(), BaseModel: t.GetModel().GetVersion(),
+		Module: t.GetModule().GetSha256(), Rounds: uint64(t.GetRoundsTotal()), CohortTarget: uint64(t.GetCohortTarget()),
+		ReportGoal: uint64(t.GetReportGoal()), AggregationRule: t.GetAggregation().GetRule().String(),
+		SecAgg: t.GetSecagg() != nil, DP: t.GetDp().GetMechanism() > pb.DPMechanism_DP_MECHANISM_NONE,
+		ConfigSHA256: wire.SHA256(cfg), Settings: settings}, nil
+}
+
 func (v *service) newTaskID() string {
 	v.s.idMu.Lock()
 	defer v.s.idMu.Unlock()
@@ -59,8 +118,8 @@ func (v *service) newTaskID() string {
 
 // checkTask validates a task as created through the API.
 func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
-	if t.GetName() == "" || len(t.GetName()) > 200 {
-		return invalid("task name must be 1-200 bytes")
+	if err := checkName("task", t.GetName()); err != nil {
+		return err
 	}
 	if t.GetCohortTarget() < 1 || t.GetCohortTarget() > 100000 {
 		return invalid("cohort_target %d not in [1,100000]", t.GetCohortTarget())
@@ -131,10 +190,20 @@ func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, error)
 	t.Id = v.newTaskID()
 	t.State = pb.TaskState_TASK_STATE_RUNNING
 	t.CurrentRound, t.CurrentModel, t.StateReason, t.CreateTime, t.UpdateTime = 0, nil, "", nil, nil
+	ev, err := taskCreatedEvent(t)
+	if err != nil {
+		return nil, err
+	}
 	if err := v.s.store.InsertTask(ctx, t, v.s.o.now()); err != nil {
 		return nil, err
 	}
+	// Recorded before the first round can open, so the log shows the task
+	// before any of its rounds.
+	recErr := v.recorded(ctx, ev)
 	v.s.coord.StartTask(t.Id)
+	if recErr != nil {
+		return nil, recErr
+	}
 	return v.GetTask(ctx, t.Id)
 }
 
@@ -179,6 +248,10 @@ func (v *service) StopTask(ctx context.Context, id, reason string) (*pb.Task, er
 		return nil, err
 	}
 	if err := v.s.coord.StopTask(ctx, id, "task stopped: "+reason); err != nil {
+		return nil, err
+	}
+	if err := v.recorded(ctx, audit.TaskStopped{Task: id, State: audit.TaskStoppedBy, Reason: reason,
+		Rounds: uint64(r.TrainRounds)}); err != nil {
 		return nil, err
 	}
 	return v.GetTask(ctx, id)
@@ -229,8 +302,8 @@ func (v *service) ListRounds(ctx context.Context, taskID string, p backend.Page)
 }
 
 func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, b []byte) (*pb.Model, error) {
-	if h.GetName() == "" || len(h.GetName()) > 200 {
-		return nil, invalid("model name must be 1-200 bytes")
+	if err := checkName("model", h.GetName()); err != nil {
+		return nil, err
 	}
 	m, err := model.DecodeSafetensors(b)
 	if err != nil {
@@ -253,6 +326,10 @@ func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, b []
 		Source: pb.ModelSource_MODEL_SOURCE_IMPORTED, Tensors: len(m.Tensors), Params: len(m.Flatten()),
 		Size: int64(buf.Len()), Created: v.s.o.now()}
 	if err := v.s.store.InsertModel(ctx, row); err != nil {
+		return nil, err
+	}
+	if err := v.recorded(ctx, audit.ModelImported{Model: version, SHA256: version, Name: h.GetName(),
+		Size: uint64(buf.Len()), Parameters: uint64(row.Params)}); err != nil {
 		return nil, err
 	}
 	return row.Proto(), nil
@@ -300,8 +377,8 @@ func (v *service) ListModels(ctx context.Context, name string, p backend.Page) (
 }
 
 func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader, code []byte) (*pb.Module, error) {
-	if h.GetName() == "" || len(h.GetName()) > 200 {
-		return nil, invalid("module name must be 1-200 bytes")
+	if err := checkName("module", h.GetName()); err != nil {
+		return nil, err
 	}
 	sha := wire.SHA256(code)
 	if h.GetSha256() != "" && h.GetSha256() != sha {
@@ -321,6 +398,10 @@ func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader
 	m := &pb.Module{Ref: &pb.ModuleRef{Sha256: sha, AbiVersion: wasm.ABIVersion, SizeBytes: uint64(len(code)), Name: h.GetName()},
 		Signature: h.GetSignature()}
 	if err := v.s.store.InsertModule(ctx, m, v.s.o.now()); err != nil {
+		return nil, err
+	}
+	if err := v.recorded(ctx, audit.ModuleRegistered{Module: sha, Name: h.GetName(), ABI: wasm.ABIVersion,
+		Size: uint64(len(code))}); err != nil {
 		return nil, err
 	}
 	return v.s.store.Module(ctx, sha)

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/server"
 )
 
@@ -26,6 +27,7 @@ func main() {
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", `Prometheus /metrics address, or "off"`)
 	flag.DurationVar(&cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
 	flag.IntVar(&cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
+	flag.StringVar(&cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin, `name of the audit log, first line of its checkpoints (e.g. "fleetlearn.example.com/audit")`)
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 

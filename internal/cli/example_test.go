@@ -11,14 +11,16 @@ import (
 // Command groups beyond the built-in ones join the root the same way they do.
 func ExampleNewRootCommand() {
 	root := cli.NewRootCommand()
-	root.AddCommand(&cobra.Command{Use: "audit", Short: "Query and verify the audit log"})
+	root.AddCommand(&cobra.Command{Use: "pool", Short: "Run jobs on the compute pool"})
 	for _, c := range root.Commands() {
 		fmt.Println(c.Name())
 	}
 	// Output:
 	// audit
 	// demo
+	// dp
 	// model
 	// module
+	// pool
 	// task
 }

@@ -85,6 +85,8 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 		newModelCommand(a),
 		newModuleCommand(a),
 		newDemoCommand(a),
+		newDPCommand(a),
+		newAuditCommand(a),
 	)
 	return root
 }

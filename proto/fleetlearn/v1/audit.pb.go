@@ -278,9 +278,11 @@ type AuditFilter struct {
 	// Only entries about this round (rounds are numbered from 1, so zero
 	// matches any round).
 	Round uint64 `protobuf:"varint,4,opt,name=round,proto3" json:"round,omitempty"`
-	// Only entries of this event type, such as "round.committed".
+	// Only entries of this event type, such as "round.closed".
 	EventType string `protobuf:"bytes,5,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
-	// Only entries by this actor: a user, service or pseudonymous device id.
+	// Only entries by this actor: an operator, service or pseudonymous device
+	// id, optionally prefixed with its kind ("operator:alice",
+	// "service:coordinator", "device:pd-...") to match the kind too.
 	Actor         string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

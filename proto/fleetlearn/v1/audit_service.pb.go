@@ -179,7 +179,9 @@ func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
 	return file_fleetlearn_v1_audit_service_proto_rawDescGZIP(), []int{2}
 }
 
-// GetCheckpointResponse is the output of AuditService.GetCheckpoint.
+// GetCheckpointResponse is the output of AuditService.GetCheckpoint. The
+// call fails with FAILED_PRECONDITION while the log has signed no
+// checkpoint yet.
 type GetCheckpointResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The latest signed checkpoint.
@@ -433,10 +435,12 @@ func (x *GetConsistencyProofResponse) GetProof() *ConsistencyProof {
 // ExportEntriesRequest is the input of AuditService.ExportEntries.
 type ExportEntriesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Index of the first entry to send.
+	// Index of the first entry to send; at most end_index.
 	StartIndex uint64 `protobuf:"varint,1,opt,name=start_index,json=startIndex,proto3" json:"start_index,omitempty"`
-	// Index one past the last entry to send; zero means the current tree
-	// size when the call starts.
+	// Index one past the last entry to send, at most the current tree size
+	// (OUT_OF_RANGE otherwise); zero means the current tree size when the
+	// call starts. Use the size of a verified checkpoint to export exactly
+	// the entries it commits to.
 	EndIndex      uint64 `protobuf:"varint,2,opt,name=end_index,json=endIndex,proto3" json:"end_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -533,6 +537,119 @@ func (x *ExportEntriesResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+// GetPublicKeysRequest is the input of AuditService.GetPublicKeys.
+type GetPublicKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPublicKeysRequest) Reset() {
+	*x = GetPublicKeysRequest{}
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPublicKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPublicKeysRequest) ProtoMessage() {}
+
+func (x *GetPublicKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPublicKeysRequest.ProtoReflect.Descriptor instead.
+func (*GetPublicKeysRequest) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_audit_service_proto_rawDescGZIP(), []int{10}
+}
+
+// GetPublicKeysResponse is the output of AuditService.GetPublicKeys.
+type GetPublicKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The log's name, the first line of its checkpoints.
+	Origin string `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	// The entry key as a JSON Web Key Set holding one OKP key (crv Ed25519,
+	// alg EdDSA, use sig); every entry's JWS verifies with it.
+	EntryJwks []byte `protobuf:"bytes,2,opt,name=entry_jwks,json=entryJwks,proto3" json:"entry_jwks,omitempty"`
+	// RFC 7638 thumbprint (SHA-256, base64url) of the entry key, the kid in
+	// every entry's header.
+	EntryKeyId string `protobuf:"bytes,3,opt,name=entry_key_id,json=entryKeyId,proto3" json:"entry_key_id,omitempty"`
+	// The checkpoint key as a note verifier key,
+	// "<origin>+<hex key id>+<base64 of 0x01 and the Ed25519 public key>".
+	CheckpointVerifierKey string `protobuf:"bytes,4,opt,name=checkpoint_verifier_key,json=checkpointVerifierKey,proto3" json:"checkpoint_verifier_key,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *GetPublicKeysResponse) Reset() {
+	*x = GetPublicKeysResponse{}
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPublicKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPublicKeysResponse) ProtoMessage() {}
+
+func (x *GetPublicKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPublicKeysResponse.ProtoReflect.Descriptor instead.
+func (*GetPublicKeysResponse) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_audit_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GetPublicKeysResponse) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *GetPublicKeysResponse) GetEntryJwks() []byte {
+	if x != nil {
+		return x.EntryJwks
+	}
+	return nil
+}
+
+func (x *GetPublicKeysResponse) GetEntryKeyId() string {
+	if x != nil {
+		return x.EntryKeyId
+	}
+	return ""
+}
+
+func (x *GetPublicKeysResponse) GetCheckpointVerifierKey() string {
+	if x != nil {
+		return x.CheckpointVerifierKey
+	}
+	return ""
+}
+
 var File_fleetlearn_v1_audit_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_audit_service_proto_rawDesc = "" +
@@ -567,13 +684,22 @@ const file_fleetlearn_v1_audit_service_proto_rawDesc = "" +
 	"startIndex\x12\x1b\n" +
 	"\tend_index\x18\x02 \x01(\x04R\bendIndex\"L\n" +
 	"\x15ExportEntriesResponse\x123\n" +
-	"\aentries\x18\x01 \x03(\v2\x19.fleetlearn.v1.AuditEntryR\aentries2\xf7\x03\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.fleetlearn.v1.AuditEntryR\aentries\"\x16\n" +
+	"\x14GetPublicKeysRequest\"\xa8\x01\n" +
+	"\x15GetPublicKeysResponse\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x1d\n" +
+	"\n" +
+	"entry_jwks\x18\x02 \x01(\fR\tentryJwks\x12 \n" +
+	"\fentry_key_id\x18\x03 \x01(\tR\n" +
+	"entryKeyId\x126\n" +
+	"\x17checkpoint_verifier_key\x18\x04 \x01(\tR\x15checkpointVerifierKey2\xd3\x04\n" +
 	"\fAuditService\x12W\n" +
 	"\fQueryEntries\x12\".fleetlearn.v1.QueryEntriesRequest\x1a#.fleetlearn.v1.QueryEntriesResponse\x12Z\n" +
 	"\rGetCheckpoint\x12#.fleetlearn.v1.GetCheckpointRequest\x1a$.fleetlearn.v1.GetCheckpointResponse\x12f\n" +
 	"\x11GetInclusionProof\x12'.fleetlearn.v1.GetInclusionProofRequest\x1a(.fleetlearn.v1.GetInclusionProofResponse\x12l\n" +
 	"\x13GetConsistencyProof\x12).fleetlearn.v1.GetConsistencyProofRequest\x1a*.fleetlearn.v1.GetConsistencyProofResponse\x12\\\n" +
-	"\rExportEntries\x12#.fleetlearn.v1.ExportEntriesRequest\x1a$.fleetlearn.v1.ExportEntriesResponse0\x01BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\rExportEntries\x12#.fleetlearn.v1.ExportEntriesRequest\x1a$.fleetlearn.v1.ExportEntriesResponse0\x01\x12Z\n" +
+	"\rGetPublicKeys\x12#.fleetlearn.v1.GetPublicKeysRequest\x1a$.fleetlearn.v1.GetPublicKeysResponseBCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_audit_service_proto_rawDescOnce sync.Once
@@ -587,7 +713,7 @@ func file_fleetlearn_v1_audit_service_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_audit_service_proto_rawDescData
 }
 
-var file_fleetlearn_v1_audit_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_fleetlearn_v1_audit_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_fleetlearn_v1_audit_service_proto_goTypes = []any{
 	(*QueryEntriesRequest)(nil),         // 0: fleetlearn.v1.QueryEntriesRequest
 	(*QueryEntriesResponse)(nil),        // 1: fleetlearn.v1.QueryEntriesResponse
@@ -599,31 +725,35 @@ var file_fleetlearn_v1_audit_service_proto_goTypes = []any{
 	(*GetConsistencyProofResponse)(nil), // 7: fleetlearn.v1.GetConsistencyProofResponse
 	(*ExportEntriesRequest)(nil),        // 8: fleetlearn.v1.ExportEntriesRequest
 	(*ExportEntriesResponse)(nil),       // 9: fleetlearn.v1.ExportEntriesResponse
-	(*AuditFilter)(nil),                 // 10: fleetlearn.v1.AuditFilter
-	(*AuditEntry)(nil),                  // 11: fleetlearn.v1.AuditEntry
-	(*Checkpoint)(nil),                  // 12: fleetlearn.v1.Checkpoint
-	(*InclusionProof)(nil),              // 13: fleetlearn.v1.InclusionProof
-	(*ConsistencyProof)(nil),            // 14: fleetlearn.v1.ConsistencyProof
+	(*GetPublicKeysRequest)(nil),        // 10: fleetlearn.v1.GetPublicKeysRequest
+	(*GetPublicKeysResponse)(nil),       // 11: fleetlearn.v1.GetPublicKeysResponse
+	(*AuditFilter)(nil),                 // 12: fleetlearn.v1.AuditFilter
+	(*AuditEntry)(nil),                  // 13: fleetlearn.v1.AuditEntry
+	(*Checkpoint)(nil),                  // 14: fleetlearn.v1.Checkpoint
+	(*InclusionProof)(nil),              // 15: fleetlearn.v1.InclusionProof
+	(*ConsistencyProof)(nil),            // 16: fleetlearn.v1.ConsistencyProof
 }
 var file_fleetlearn_v1_audit_service_proto_depIdxs = []int32{
-	10, // 0: fleetlearn.v1.QueryEntriesRequest.filter:type_name -> fleetlearn.v1.AuditFilter
-	11, // 1: fleetlearn.v1.QueryEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
-	12, // 2: fleetlearn.v1.GetCheckpointResponse.checkpoint:type_name -> fleetlearn.v1.Checkpoint
-	13, // 3: fleetlearn.v1.GetInclusionProofResponse.proof:type_name -> fleetlearn.v1.InclusionProof
-	14, // 4: fleetlearn.v1.GetConsistencyProofResponse.proof:type_name -> fleetlearn.v1.ConsistencyProof
-	11, // 5: fleetlearn.v1.ExportEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
+	12, // 0: fleetlearn.v1.QueryEntriesRequest.filter:type_name -> fleetlearn.v1.AuditFilter
+	13, // 1: fleetlearn.v1.QueryEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
+	14, // 2: fleetlearn.v1.GetCheckpointResponse.checkpoint:type_name -> fleetlearn.v1.Checkpoint
+	15, // 3: fleetlearn.v1.GetInclusionProofResponse.proof:type_name -> fleetlearn.v1.InclusionProof
+	16, // 4: fleetlearn.v1.GetConsistencyProofResponse.proof:type_name -> fleetlearn.v1.ConsistencyProof
+	13, // 5: fleetlearn.v1.ExportEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
 	0,  // 6: fleetlearn.v1.AuditService.QueryEntries:input_type -> fleetlearn.v1.QueryEntriesRequest
 	2,  // 7: fleetlearn.v1.AuditService.GetCheckpoint:input_type -> fleetlearn.v1.GetCheckpointRequest
 	4,  // 8: fleetlearn.v1.AuditService.GetInclusionProof:input_type -> fleetlearn.v1.GetInclusionProofRequest
 	6,  // 9: fleetlearn.v1.AuditService.GetConsistencyProof:input_type -> fleetlearn.v1.GetConsistencyProofRequest
 	8,  // 10: fleetlearn.v1.AuditService.ExportEntries:input_type -> fleetlearn.v1.ExportEntriesRequest
-	1,  // 11: fleetlearn.v1.AuditService.QueryEntries:output_type -> fleetlearn.v1.QueryEntriesResponse
-	3,  // 12: fleetlearn.v1.AuditService.GetCheckpoint:output_type -> fleetlearn.v1.GetCheckpointResponse
-	5,  // 13: fleetlearn.v1.AuditService.GetInclusionProof:output_type -> fleetlearn.v1.GetInclusionProofResponse
-	7,  // 14: fleetlearn.v1.AuditService.GetConsistencyProof:output_type -> fleetlearn.v1.GetConsistencyProofResponse
-	9,  // 15: fleetlearn.v1.AuditService.ExportEntries:output_type -> fleetlearn.v1.ExportEntriesResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
+	10, // 11: fleetlearn.v1.AuditService.GetPublicKeys:input_type -> fleetlearn.v1.GetPublicKeysRequest
+	1,  // 12: fleetlearn.v1.AuditService.QueryEntries:output_type -> fleetlearn.v1.QueryEntriesResponse
+	3,  // 13: fleetlearn.v1.AuditService.GetCheckpoint:output_type -> fleetlearn.v1.GetCheckpointResponse
+	5,  // 14: fleetlearn.v1.AuditService.GetInclusionProof:output_type -> fleetlearn.v1.GetInclusionProofResponse
+	7,  // 15: fleetlearn.v1.AuditService.GetConsistencyProof:output_type -> fleetlearn.v1.GetConsistencyProofResponse
+	9,  // 16: fleetlearn.v1.AuditService.ExportEntries:output_type -> fleetlearn.v1.ExportEntriesResponse
+	11, // 17: fleetlearn.v1.AuditService.GetPublicKeys:output_type -> fleetlearn.v1.GetPublicKeysResponse
+	12, // [12:18] is the sub-list for method output_type
+	6,  // [6:12] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
 	6,  // [6:6] is the sub-list for extension extendee
 	0,  // [0:6] is the sub-list for field type_name
@@ -641,7 +771,7 @@ func file_fleetlearn_v1_audit_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_audit_service_proto_rawDesc), len(file_fleetlearn_v1_audit_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

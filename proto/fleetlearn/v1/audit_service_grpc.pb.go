@@ -24,6 +24,7 @@ const (
 	AuditService_GetInclusionProof_FullMethodName   = "/fleetlearn.v1.AuditService/GetInclusionProof"
 	AuditService_GetConsistencyProof_FullMethodName = "/fleetlearn.v1.AuditService/GetConsistencyProof"
 	AuditService_ExportEntries_FullMethodName       = "/fleetlearn.v1.AuditService/ExportEntries"
+	AuditService_GetPublicKeys_FullMethodName       = "/fleetlearn.v1.AuditService/GetPublicKeys"
 )
 
 // AuditServiceClient is the client API for AuditService service.
@@ -45,6 +46,9 @@ type AuditServiceClient interface {
 	// ExportEntries streams a contiguous range of entries, oldest first, for
 	// backup and independent verification.
 	ExportEntries(ctx context.Context, in *ExportEntriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportEntriesResponse], error)
+	// GetPublicKeys returns the keys that verify the log. Auditors should pin
+	// keys published out of band and use these only to compare against them.
+	GetPublicKeys(ctx context.Context, in *GetPublicKeysRequest, opts ...grpc.CallOption) (*GetPublicKeysResponse, error)
 }
 
 type auditServiceClient struct {
@@ -114,6 +118,16 @@ func (c *auditServiceClient) ExportEntries(ctx context.Context, in *ExportEntrie
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AuditService_ExportEntriesClient = grpc.ServerStreamingClient[ExportEntriesResponse]
 
+func (c *auditServiceClient) GetPublicKeys(ctx context.Context, in *GetPublicKeysRequest, opts ...grpc.CallOption) (*GetPublicKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPublicKeysResponse)
+	err := c.cc.Invoke(ctx, AuditService_GetPublicKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuditServiceServer is the server API for AuditService service.
 // All implementations must embed UnimplementedAuditServiceServer
 // for forward compatibility.
@@ -133,6 +147,9 @@ type AuditServiceServer interface {
 	// ExportEntries streams a contiguous range of entries, oldest first, for
 	// backup and independent verification.
 	ExportEntries(*ExportEntriesRequest, grpc.ServerStreamingServer[ExportEntriesResponse]) error
+	// GetPublicKeys returns the keys that verify the log. Auditors should pin
+	// keys published out of band and use these only to compare against them.
+	GetPublicKeys(context.Context, *GetPublicKeysRequest) (*GetPublicKeysResponse, error)
 	mustEmbedUnimplementedAuditServiceServer()
 }
 
@@ -157,6 +174,9 @@ func (UnimplementedAuditServiceServer) GetConsistencyProof(context.Context, *Get
 }
 func (UnimplementedAuditServiceServer) ExportEntries(*ExportEntriesRequest, grpc.ServerStreamingServer[ExportEntriesResponse]) error {
 	return status.Error(codes.Unimplemented, "method ExportEntries not implemented")
+}
+func (UnimplementedAuditServiceServer) GetPublicKeys(context.Context, *GetPublicKeysRequest) (*GetPublicKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPublicKeys not implemented")
 }
 func (UnimplementedAuditServiceServer) mustEmbedUnimplementedAuditServiceServer() {}
 func (UnimplementedAuditServiceServer) testEmbeddedByValue()                      {}
@@ -262,6 +282,24 @@ func _AuditService_ExportEntries_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AuditService_ExportEntriesServer = grpc.ServerStreamingServer[ExportEntriesResponse]
 
+func _AuditService_GetPublicKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPublicKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuditServiceServer).GetPublicKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuditService_GetPublicKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuditServiceServer).GetPublicKeys(ctx, req.(*GetPublicKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuditService_ServiceDesc is the grpc.ServiceDesc for AuditService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -284,6 +322,10 @@ var AuditService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetConsistencyProof",
 			Handler:    _AuditService_GetConsistencyProof_Handler,
+		},
+		{
+			MethodName: "GetPublicKeys",
+			Handler:    _AuditService_GetPublicKeys_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -281,6 +281,7 @@ func TestServices(t *testing.T) {
 			{name: "GetInclusionProof"},
 			{name: "GetConsistencyProof"},
 			{name: "ExportEntries", serverStream: true},
+			{name: "GetPublicKeys"},
 		}},
 	}
 	seen := map[protoreflect.FullName]bool{}

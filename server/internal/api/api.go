@@ -8,6 +8,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
@@ -31,6 +32,7 @@ type config struct {
 	maxModelBytes  int64
 	maxModuleBytes int64
 	health         *health.Server
+	audit          *audit.Log
 }
 
 func newConfig(opts []Option) config {
@@ -90,16 +92,22 @@ var serviceNames = []string{
 
 // Register adds TaskService, ModelService and ModuleService backed by b to s,
 // plus the gRPC health service (SERVING for "" and each of the three) and
-// server reflection. Call it before s.Serve.
+// server reflection; with WithAudit also AuditService. Call it before
+// s.Serve.
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
 	core := &service{b: b, cfg: c}
 	pb.RegisterTaskServiceServer(s, &taskServer{service: core})
 	pb.RegisterModelServiceServer(s, &modelServer{service: core})
 	pb.RegisterModuleServiceServer(s, &moduleServer{service: core})
+	names := serviceNames
+	if c.audit != nil {
+		pb.RegisterAuditServiceServer(s, &auditServer{service: core, lg: c.audit})
+		names = append(names[:len(names):len(names)], pb.AuditService_ServiceDesc.ServiceName)
+	}
 
 	c.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	for _, name := range serviceNames {
+	for _, name := range names {
 		c.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	healthpb.RegisterHealthServer(s, c.health)

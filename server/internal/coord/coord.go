@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -45,6 +46,24 @@ type Deps struct {
 	// each retries after the current round is expected to end plus a uniform
 	// delay in [0, PaceWindow).
 	PaceWindow time.Duration
+	// Audit records round and task events in the audit log; nil records
+	// nothing.
+	Audit func(ctx context.Context, actor audit.Actor, p audit.Payload) error
+}
+
+// auditActor is who the coordinator's audit events name.
+var auditActor = audit.Service("coordinator")
+
+// record appends an event to the audit log. The state change it describes
+// has already been made durable, so a failure cannot undo it; it is logged
+// (by the recorder) and counted, and the round goes on.
+func (c *Coordinator) record(p audit.Payload) {
+	if c.d.Audit == nil {
+		return
+	}
+	if err := c.d.Audit(c.ctx, auditActor, p); err != nil {
+		c.d.Metrics.AuditFailures.Inc()
+	}
 }
 
 // Coordinator runs every running task's rounds.
@@ -164,6 +183,8 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 	if err := c.d.Store.CloseRound(ctx, row, nil, nil, c.d.Now()); err != nil {
 		return err
 	}
+	c.record(audit.RoundClosed{Task: id, Round: row.Round, Outcome: audit.RoundAbandoned, Dropouts: uint64(row.Dropped),
+		AggregationRule: task.Spec.GetAggregation().GetRule().String(), Reason: reason})
 	c.purgeRound(id, row.Round)
 	c.emit(&pb.RoundEvent{TaskId: id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, Kind: row.Kind,
 		Time: timestamppb.New(row.Close), Assigned: row.Assigned, Dropped: row.Dropped, Reason: reason})

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -118,7 +121,20 @@ func (t *taskRun) fail(err error) {
 	t.log().Error("task failed", "err", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_FAILED, err.Error(), t.c.d.Now())
+	if err := t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_FAILED, err.Error(), t.c.d.Now()); err != nil {
+		t.log().Error("recording the task's failure", "err", err)
+		return
+	}
+	t.recordStopped(ctx, audit.TaskFailed, err.Error())
+}
+
+// recordStopped records the end of the task with the rounds it committed.
+func (t *taskRun) recordStopped(ctx context.Context, state, reason string) {
+	var rounds uint64
+	if row, err := t.c.d.Store.Task(ctx, t.id); err == nil {
+		rounds = uint64(row.TrainRounds)
+	}
+	t.c.record(audit.TaskStopped{Task: t.id, State: state, Reason: reason, Rounds: rounds})
 }
 
 // load reads the task, its current model, the aggregation rule and its state.
@@ -241,7 +257,12 @@ func (t *taskRun) evalPending(ctx context.Context, row *store.TaskRow) bool {
 
 func (t *taskRun) finish(ctx context.Context) error {
 	t.log().Info("task completed")
-	return t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_COMPLETED, "all rounds committed", t.c.d.Now())
+	const reason = "all rounds committed"
+	if err := t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_COMPLETED, reason, t.c.d.Now()); err != nil {
+		return err
+	}
+	t.recordStopped(ctx, audit.TaskCompleted, reason)
+	return nil
 }
 
 func (t *taskRun) selectionTimeout() time.Duration {
@@ -271,7 +292,27 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		return nil, err
 	}
 	t.log().Info("round opened", "round", round, "kind", kind)
+	t.c.record(audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
+		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())})
 	return rr, nil
+}
+
+// eligibilityText states the round's kind and who could join it, for the audit log.
+func eligibilityText(kind pb.RoundKind, e *pb.Eligibility) string {
+	parts := []string{"kind=" + strings.ToLower(strings.TrimPrefix(kind.String(), "ROUND_KIND_")),
+		fmt.Sprintf("min_examples=%d", max(e.GetMinExamples(), 1)), fmt.Sprintf("abi=%d", wasm.ABIVersion)}
+	for _, c := range []struct {
+		on   bool
+		name string
+	}{{e.GetRequireCharging(), "charging"}, {e.GetRequireIdle(), "idle"}, {e.GetRequireUnmetered(), "unmetered"}} {
+		if c.on {
+			parts = append(parts, c.name)
+		}
+	}
+	if cls := e.GetDeviceClasses(); len(cls) > 0 {
+		parts = append(parts, "device_classes="+strings.Join(cls, "|"))
+	}
+	return strings.Join(parts, " ")
 }
 
 func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
@@ -597,6 +638,8 @@ func (t *taskRun) abandon(ctx context.Context, r *roundRun, reason string) error
 		return err
 	}
 	t.log().Warn("round abandoned", "round", row.Round, "reason", reason)
+	t.c.record(audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundAbandoned, Reports: uint64(row.Reported),
+		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: reason})
 	t.finishRound(row, "abandoned")
 	t.c.emit(t.event(r, pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, nil, reason))
 	return nil
@@ -677,6 +720,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	t.global = next
 	t.log().Info("round committed", "round", row.Round, "kind", row.Kind, "reports", row.Reported, "dropped", row.Dropped,
 		"model", row.Model, "metrics", metrics, "reason", reason)
+	t.recordCommit(row, newRow, mm, metrics)
 	t.finishRound(row, "committed")
 	ev := t.event(r, pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED, metrics, reason)
 	if newRow != nil {
@@ -684,6 +728,42 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	}
 	t.c.emit(ev)
 	return nil
+}
+
+// recordCommit records a committed round: its close, the model version it
+// produced, and the metrics it measured (federated ones from the devices'
+// reports, server_ ones on the server's held-out set).
+func (t *taskRun) recordCommit(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, metrics map[string]float64) {
+	t.c.record(audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundCommitted, Reports: uint64(row.Reported),
+		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: row.Reason})
+	evaluated := row.BaseModel
+	if newRow != nil {
+		t.c.record(audit.ModelCommitted{Task: t.id, Round: row.Round, Model: newRow.Version, SHA256: newRow.Version,
+			Parent: newRow.Parent})
+		evaluated = newRow.Version
+	}
+	fed, srv := map[string]float64{}, map[string]float64{}
+	for k, v := range metrics {
+		if strings.HasPrefix(k, "server_") {
+			srv[strings.TrimPrefix(k, "server_")] = v
+		} else {
+			fed[k] = v
+		}
+	}
+	// Training metrics describe the base model as the devices trained it;
+	// evaluation rounds measure the base model itself.
+	if len(fed) > 0 {
+		dataset := "federated:train"
+		if row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
+			dataset = "federated:evaluate"
+		}
+		t.c.record(audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: row.BaseModel, Dataset: dataset,
+			Samples: uint64(mm.examples), Metrics: fed})
+	}
+	if len(srv) > 0 {
+		t.c.record(audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: evaluated, Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()),
+			Samples: uint64(t.evalSet.Len()), Metrics: srv})
+	}
 }
 
 func (t *taskRun) serverEval(ctx context.Context, m *model.Model) map[string]float64 {
@@ -707,8 +787,9 @@ func limitsOf(l *pb.Limits) wasm.Limits {
 
 // metricMean is the example-weighted mean of reported metrics.
 type metricMean struct {
-	sum    map[string]float64
-	weight map[string]float64
+	sum      map[string]float64
+	weight   map[string]float64
+	examples float64 // over all reports, with or without metrics
 }
 
 func newMetricMean() *metricMean {
@@ -716,6 +797,7 @@ func newMetricMean() *metricMean {
 }
 
 func (m *metricMean) add(vals map[string]float64, w float64) {
+	m.examples += w
 	for k, v := range vals {
 		m.sum[k] += v * w
 		m.weight[k] += w

@@ -14,6 +14,7 @@ type M struct {
 	ReportBytes   prometheus.Counter
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
+	AuditFailures prometheus.Counter
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
@@ -35,8 +36,10 @@ func New() *M {
 			Help: "Device check-ins, by outcome."}, []string{"outcome"}),
 		OpenRounds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds",
 			Help: "Rounds currently open."}),
+		AuditFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_audit_failures_total",
+			Help: "Events that could not be recorded in the audit log (each is also logged as an error)."}),
 	}
-	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds,
+	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,0 +1,106 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// CheckpointInterval is how often the server signs an audit checkpoint
+// while the log grows.
+const CheckpointInterval = time.Second
+
+// WithOperatorIdentity sets how the API names the operator of a call it
+// records in the audit log; the default is the caller's network address
+// (the API authenticates no one yet). An authentication layer supplies the
+// verified principal here.
+func WithOperatorIdentity(identity func(ctx context.Context) string) Option {
+	return func(o *options) { o.identity = identity }
+}
+
+// openAudit opens the audit log in the data directory, creating it and its
+// keys on first start.
+func (s *Server) openAudit(ctx context.Context) error {
+	lg, err := audit.Open(ctx, s.cfg.DataDir, audit.WithOrigin(s.cfg.AuditOrigin), audit.WithClock(s.o.now),
+		audit.WithLogger(s.o.log.With("component", "audit")))
+	if err != nil {
+		return fmt.Errorf("server: audit log: %w", err)
+	}
+	s.audit = lg
+	return nil
+}
+
+// startCheckpoints signs a checkpoint now and then every
+// CheckpointInterval, publishing each new one on
+// wire.SubjectAuditCheckpoint, until Shutdown. Like the coordinator's, its
+// lifetime is the server's, not Start's ctx: checkpoints that stopped while
+// the server kept recording would leave entries no signature covers.
+func (s *Server) startCheckpoints(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	s.auditStop, s.auditDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.auditDone)
+		t := time.NewTicker(CheckpointInterval)
+		defer t.Stop()
+		for {
+			s.checkpoint(ctx)
+			select {
+			case <-s.auditStop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// checkpoint signs a checkpoint if the log grew and publishes it if it was
+// not published yet; a failed publish is retried on the next tick. Only
+// the checkpoint goroutine calls it, and Shutdown once that has ended.
+func (s *Server) checkpoint(ctx context.Context) {
+	cp, err := s.audit.Checkpoint(ctx)
+	if err != nil {
+		s.o.log.ErrorContext(ctx, "audit checkpoint failed", "err", err)
+		return
+	}
+	if bytes.Equal(cp.Note, s.published) {
+		return
+	}
+	if err := s.nc.Publish(wire.SubjectAuditCheckpoint, cp.Note); err != nil {
+		s.o.log.WarnContext(ctx, "audit checkpoint not published", "size", cp.Size, "err", err)
+		return
+	}
+	s.published = cp.Note
+}
+
+// closeAudit stops the checkpoints, publishes the final one and closes the
+// log. It runs after everything that records events has stopped.
+func (s *Server) closeAudit(ctx context.Context) error {
+	if s.audit == nil {
+		return nil
+	}
+	if s.auditStop != nil {
+		close(s.auditStop)
+		<-s.auditDone
+		s.checkpoint(ctx)
+	}
+	return s.audit.Close()
+}
+
+// record appends an event to the audit log. Callers of operations that
+// change state should fail when it fails: an action the log does not show
+// must not look done. The failure is also logged here.
+func (s *Server) record(ctx context.Context, actor audit.Actor, p audit.Payload) error {
+	if s.audit == nil {
+		return fmt.Errorf("server: audit: %w", audit.ErrClosed)
+	}
+	// The action happened whether or not the caller is still waiting.
+	if _, err := s.audit.Record(context.WithoutCancel(ctx), actor, p); err != nil {
+		s.o.log.ErrorContext(ctx, "audit record failed", "type", p.EventType(), "actor", actor.String(), "err", err)
+		return fmt.Errorf("server: audit: %w", err)
+	}
+	return nil
+}
