@@ -9,6 +9,7 @@ package edge
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -61,6 +62,7 @@ type options struct {
 	dataset *data.Dataset
 	rand    *mrand.Rand
 	now     func() time.Time
+	dropout func(task string, round uint64, stage string) bool
 }
 
 // WithLogger sets the logger (default: discard).
@@ -86,10 +88,11 @@ type Stats struct {
 
 // Agent is one device.
 type Agent struct {
-	cfg  Config
-	o    options
-	data *data.Dataset
-	own  bool // the agent created its sandbox and must close it
+	cfg      Config
+	o        options
+	data     *data.Dataset
+	own      bool               // the agent created its sandbox and must close it
+	identity ed25519.PrivateKey // signs secure aggregation messages
 
 	mu       sync.Mutex
 	modules  map[string]*wasm.Module
@@ -136,7 +139,11 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := wire.CheckToken("device", cfg.DeviceID); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
-	a := &Agent{cfg: cfg, o: o, data: o.dataset, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
+	identity, err := loadOrCreateIdentity(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: identity, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
 		reported: map[string]uint64{}}
 	if a.data == nil {
 		d, err := data.ReadDir(cfg.DatasetDir)
@@ -335,9 +342,12 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 		return a.pace(), nil
 	}
 	a.rounds.Add(1)
-	if err := a.participate(ctx, js, plan); err != nil {
+	if err := a.participate(ctx, nc, js, plan); err != nil {
 		if errors.Is(err, errSuperseded) {
 			return 0, nil // check in again: the next round wants devices
+		}
+		if errors.Is(err, errDroppedOut) {
+			return a.untilNextRound(plan), nil
 		}
 		a.failures.Add(1)
 		a.o.log.Warn("round failed", "task", plan.TaskId, "round", plan.Round, "err", err)
@@ -376,7 +386,7 @@ func (a *Agent) supersede(task string, round uint64) {
 var errSuperseded = errors.New("round closed before the report")
 
 // participate runs the module for a plan and publishes the report.
-func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *pb.RoundPlan) (err error) {
+func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan) (err error) {
 	if err := errors.Join(wire.CheckToken("task", plan.TaskId), wire.CheckSHA256("model", plan.GetModel().GetSha256()),
 		wire.CheckSHA256("module", plan.GetModule().GetSha256())); err != nil {
 		return fmt.Errorf("plan: %w", err)
@@ -418,17 +428,21 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 		Limits: limits(plan.GetLimits())}
 	var subj, kind string
 	var payload []byte
-	switch plan.Kind {
-	case pb.RoundKind_ROUND_KIND_TRAIN:
+	switch {
+	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN && plan.GetSecagg() != nil:
+		if err := a.secureRound(ctx, reportCtx, nc, js, plan, mod, call); err != nil {
+			return err
+		}
+		a.curMu.Lock()
+		a.reported[plan.TaskId] = plan.Round
+		a.curMu.Unlock()
+		return nil
+	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN:
 		res, err := mod.Train(ctx, call)
 		if err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
-		before, after := m.Flatten(), res.Model.Flatten()
-		for i := range after {
-			after[i] -= before[i]
-		}
-		values := wire.EncodeDense(after)
+		values := wire.EncodeDense(updateOf(m, res.Model))
 		layout := make([]*pb.TensorSpec, len(m.Tensors))
 		for i, t := range m.Tensors {
 			shape := make([]uint64, len(t.Shape))
@@ -446,7 +460,7 @@ func (a *Agent) participate(ctx context.Context, js jetstream.JetStream, plan *p
 			return err
 		}
 		subj, kind = wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "update"
-	case pb.RoundKind_ROUND_KIND_EVALUATE:
+	case plan.Kind == pb.RoundKind_ROUND_KIND_EVALUATE:
 		res, err := mod.Evaluate(ctx, call)
 		if err != nil {
 			return fmt.Errorf("evaluate: %w", err)

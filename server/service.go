@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"unicode"
 	"unicode/utf8"
@@ -19,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -140,8 +142,15 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 		return invalid("timeouts must not be negative")
 	}
 	// Refuse what this server cannot honour rather than run unprotected rounds.
-	if t.GetSecagg() != nil {
-		return invalid("secure aggregation is not supported by this server version")
+	if sa := t.GetSecagg(); sa != nil {
+		rule := t.GetAggregation().GetRule()
+		if rule != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED && !aggregator.Kind(rule).Streaming() {
+			return invalid("aggregation rule %v needs individual updates, which secure aggregation hides; use FedAvg, FedAvgM or a FedOpt rule", rule)
+		}
+		n := int(math.Ceil(float64(t.GetCohortTarget()) * (1 + t.GetOverSelection())))
+		if _, _, err := coord.SecureConfig(sa, "check", 1, n, 0); err != nil {
+			return invalid("secure aggregation with %d cohort slots: %v", n, err)
+		}
 	}
 	if t.GetDp() != nil && t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED &&
 		t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_NONE {

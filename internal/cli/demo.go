@@ -40,6 +40,8 @@ func newDemoCommand(a *app) *cobra.Command {
 	f.Float64Var(&cfg.Alpha, "alpha", cfg.Alpha, "Dirichlet concentration of the label skew (smaller is more skewed)")
 	f.IntVar(&cfg.BaseExamples, "base-examples", cfg.BaseExamples, "public examples the cloud pretrains the base model on")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the data split, initialisation and training")
+	f.BoolVar(&cfg.SecureAggregation, "secure-aggregation", false, "run training rounds through SecAgg+ secure aggregation")
+	f.Float64Var(&cfg.Dropout, "secagg-dropout", cfg.Dropout, "with --secure-aggregation, chance that a selected device vanishes after uploading its keys")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "keep the server's state (SQLite, JetStream, blobs) here instead of a temporary directory")
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for results.csv and accuracy.png")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log the server's and agents' events to stderr")

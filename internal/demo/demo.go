@@ -7,6 +7,8 @@ package demo
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -48,16 +50,32 @@ type Config struct {
 	// skew are the ones with the most data; the demo selects exactly the cohort.
 	OverSelection float64
 	BaseExamples  int // public slice the cloud pretrains on
-	Seed          uint64
-	DataDir       string // server state; "" uses a temporary directory
-	OutDir        string // where results.csv and accuracy.png go
-	Out           io.Writer
-	Log           *slog.Logger
-	Terminal      bool // draw the progress bar in place
+	// SecureAggregation runs the training rounds through SecAgg+: the server
+	// learns only the sum of each round's updates.
+	SecureAggregation bool
+	// Dropout is the chance that a device selected for a secure round
+	// vanishes right after uploading its keys, to exercise dropout recovery.
+	Dropout  float64
+	Seed     uint64
+	DataDir  string // server state; "" uses a temporary directory
+	OutDir   string // where results.csv and accuracy.png go
+	Out      io.Writer
+	Log      *slog.Logger
+	Terminal bool // draw the progress bar in place
 }
 
 // Defaults are the demo's standard scale.
-var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Seed: 1, OutDir: "."}
+var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Dropout: 0.1, Seed: 1, OutDir: "."}
+
+// Secure aggregation settings of the demo's task: update elements are
+// clipped to ±SecAggClipRange and weights (example counts) capped at
+// SecAggMaxWeight inside the masked vector; a stage waits SecAggStageTimeout
+// for devices that dropped out.
+const (
+	SecAggClipRange    = 1.0
+	SecAggMaxWeight    = 4096
+	SecAggStageTimeout = 2 * time.Second
+)
 
 // Result is what the demo measured.
 type Result struct {
@@ -194,9 +212,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var wg sync.WaitGroup
 	defer func() { stopFleet(); wg.Wait() }()
 	for i, idx := range parts {
+		id := fmt.Sprintf("edge-%03d", i)
+		opts := []edge.Option{edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log)}
+		if cfg.SecureAggregation && cfg.Dropout > 0 {
+			opts = append(opts, edge.WithDropout(dropout(cfg.Seed, id, cfg.Dropout)))
+		}
 		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: filepath.Join(dataDir, "edges", strconv.Itoa(i)),
-			DeviceID: fmt.Sprintf("edge-%03d", i), Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"},
-			edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log))
+			DeviceID: id, Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"}, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -205,6 +227,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	hyper, _ := json.Marshal(Hyper)
+	var secure *pb.SecAggConfig
+	if cfg.SecureAggregation {
+		secure = &pb.SecAggConfig{ClipRange: SecAggClipRange, MaxWeight: SecAggMaxWeight,
+			StageTimeout: durationpb.New(SecAggStageTimeout)}
+	}
 	tasks := pb.NewTaskServiceClient(conn)
 	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
 		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
@@ -214,6 +241,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Eligibility:       &pb.Eligibility{MinExamples: 1, RequireCharging: true},
 		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.8},
 		ServerEvalDataset: evalDir,
+		Secagg:            secure,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("demo: create task: %w", err)
@@ -254,6 +282,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	fmt.Fprintf(out, "done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)\n",
 		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
 	return res, nil
+}
+
+// dropout decides, the same way for a device and round in every run, whether
+// the device vanishes from a secure round after uploading its keys.
+func dropout(seed uint64, device string, p float64) func(string, uint64, string) bool {
+	return func(task string, round uint64, stage string) bool {
+		if stage != edge.DropAfterAdvertise {
+			return false
+		}
+		h := sha256.Sum256(fmt.Appendf(nil, "%d/%s/%s/%d", seed, device, task, round))
+		return float64(binary.BigEndian.Uint64(h[:8])>>11)/(1<<53) < p
+	}
 }
 
 // progress draws one line per committed round with a bar for the task's progress.

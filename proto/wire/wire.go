@@ -13,6 +13,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // Subjects and names. Everything lives under "fl." so one account export or
@@ -92,6 +94,29 @@ func RoundFilters(task string, round uint64) []string {
 	return []string{"fl.report." + task + "." + r + ".*", "fl.eval." + task + "." + r + ".*"}
 }
 
+// SubjectSecAggUp is what the server subscribes to for devices' SecAggUp
+// requests: fl.secagg.up.<task>.<round>.<device>.
+const SubjectSecAggUp = "fl.secagg.up.>"
+
+// SecAggUpSubject is where a device sends its SecAgg stage messages.
+func SecAggUpSubject(task string, round uint64, device string) string {
+	return "fl.secagg.up." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// SecAggDownSubject is where the server sends a device its SecAgg replies.
+func SecAggDownSubject(task string, round uint64, device string) string {
+	return "fl.secagg.down." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// ParseSecAggUpSubject splits fl.secagg.up.<task>.<round>.<device>.
+func ParseSecAggUpSubject(subj string) (task string, round uint64, device string, err error) {
+	rest, ok := strings.CutPrefix(subj, "fl.secagg.up.")
+	if !ok {
+		return "", 0, "", fmt.Errorf("%w: %q is not a secagg subject", ErrToken, subj)
+	}
+	return parseTaskRoundDevice(rest, subj)
+}
+
 // ReceiptSubject is where the server tells a device the fate of its reports.
 func ReceiptSubject(device string) string { return "fl.receipt." + device }
 
@@ -136,6 +161,16 @@ func SHA256(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// MaskedSHA256 is the payload hash of a masked update: SHA-256 of its values
+// as little-endian uint32s.
+func MaskedSHA256(m *pb.MaskedUpdate) string {
+	b := make([]byte, 4*len(m.GetValues()))
+	for i, v := range m.GetValues() {
+		binary.LittleEndian.PutUint32(b[4*i:], v)
+	}
+	return SHA256(b)
+}
+
 // CheckSHA256 accepts a lowercase hex sha256.
 func CheckSHA256(kind, s string) error {
 	if len(s) != 64 {
@@ -158,21 +193,37 @@ func DeviceSeed(roundSeed uint64, device string) uint64 {
 
 // ParseReportSubject splits fl.report|eval.<task>.<round>.<device>.
 func ParseReportSubject(subj string) (task string, round uint64, device string, err error) {
-	parts := strings.Split(subj, ".")
-	if len(parts) != 5 || parts[0] != "fl" || (parts[1] != "report" && parts[1] != "eval") {
+	rest, ok := strings.CutPrefix(subj, "fl.report.")
+	if !ok {
+		rest, ok = strings.CutPrefix(subj, "fl.eval.")
+	}
+	if !ok {
 		return "", 0, "", fmt.Errorf("%w: report subject %q", ErrToken, subj)
 	}
-	round, err = strconv.ParseUint(parts[3], 10, 64)
+	return parseTaskRoundDevice(rest, subj)
+}
+
+// parseTaskRoundDevice splits the <task>.<round>.<device> tail of subj.
+func parseTaskRoundDevice(rest, subj string) (task string, round uint64, device string, err error) {
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 {
+		return "", 0, "", fmt.Errorf("%w: subject %q", ErrToken, subj)
+	}
+	round, err = strconv.ParseUint(parts[1], 10, 64)
 	if err != nil {
-		return "", 0, "", fmt.Errorf("%w: report subject %q: round: %v", ErrToken, subj, err)
+		return "", 0, "", fmt.Errorf("%w: subject %q: round: %v", ErrToken, subj, err)
 	}
-	if err := CheckToken("task", parts[2]); err != nil {
+	// One spelling per round: "01" would escape the round's stream filter.
+	if strconv.FormatUint(round, 10) != parts[1] {
+		return "", 0, "", fmt.Errorf("%w: subject %q: round %q is not in canonical decimal", ErrToken, subj, parts[1])
+	}
+	if err := CheckToken("task", parts[0]); err != nil {
 		return "", 0, "", err
 	}
-	if err := CheckToken("device", parts[4]); err != nil {
+	if err := CheckToken("device", parts[2]); err != nil {
 		return "", 0, "", err
 	}
-	return parts[2], round, parts[4], nil
+	return parts[0], round, parts[2], nil
 }
 
 // IsEvalSubject reports whether a report subject carries an evaluation report.

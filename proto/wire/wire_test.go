@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
@@ -128,6 +129,51 @@ func FuzzDecodeDense(f *testing.F) {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
 				t.Fatal("accepted a non-finite value")
 			}
+		}
+	})
+}
+
+func TestSecAggSubjects(t *testing.T) {
+	up := wire.SecAggUpSubject("t-1", 7, "dev-1")
+	task, round, dev, err := wire.ParseSecAggUpSubject(up)
+	if err != nil || task != "t-1" || round != 7 || dev != "dev-1" {
+		t.Fatalf("%q parsed to %s/%d/%s, %v", up, task, round, dev, err)
+	}
+	if down := wire.SecAggDownSubject("t-1", 7, "dev-1"); down != "fl.secagg.down.t-1.7.dev-1" {
+		t.Fatalf("down subject %q", down)
+	}
+	for _, bad := range []string{"fl.secagg.down.t.1.d", "fl.secagg.up.t.1", "fl.secagg.up.t.x.d", "fl.secagg.up.t.1.d.e",
+		"fl.report.t.1.d", "fl.secagg.up..1.d"} {
+		if _, _, _, err := wire.ParseSecAggUpSubject(bad); !errors.Is(err, wire.ErrToken) {
+			t.Errorf("%q: err %v, want ErrToken", bad, err)
+		}
+	}
+}
+
+func TestMaskedSHA256(t *testing.T) {
+	a := wire.MaskedSHA256(&pb.MaskedUpdate{Values: []uint32{1, 2, 3}})
+	if a != wire.SHA256([]byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}) {
+		t.Fatalf("hash %s is not over little-endian values", a)
+	}
+	if a == wire.MaskedSHA256(&pb.MaskedUpdate{Values: []uint32{1, 2, 4}}) {
+		t.Fatal("different values, same hash")
+	}
+}
+
+func FuzzParseSecAggUpSubject(f *testing.F) {
+	f.Add(wire.SecAggUpSubject("t", 1, "d"))
+	f.Add("fl.secagg.up.t.18446744073709551615.d")
+	f.Add("fl.secagg.up.t.1.d.extra")
+	f.Fuzz(func(t *testing.T, s string) {
+		task, round, dev, err := wire.ParseSecAggUpSubject(s)
+		if err != nil {
+			if !errors.Is(err, wire.ErrToken) {
+				t.Fatalf("error %v does not wrap ErrToken", err)
+			}
+			return
+		}
+		if again := wire.SecAggUpSubject(task, round, dev); again != s {
+			t.Fatalf("%q parsed to %s/%d/%s, which formats as %q", s, task, round, dev, again)
 		}
 	})
 }

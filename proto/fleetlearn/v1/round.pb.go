@@ -556,6 +556,10 @@ type RoundPlan struct {
 	// The device's SecAgg participant number, from 1; zero when secagg is
 	// unset.
 	ParticipantId uint32 `protobuf:"varint,12,opt,name=participant_id,json=participantId,proto3" json:"participant_id,omitempty"`
+	// Bound on the L2 norm of the update (AggregationConfig.max_update_norm);
+	// zero means none. In a secure round the device clips its update to it
+	// before masking, since the server cannot check a masked update.
+	MaxUpdateNorm float64 `protobuf:"fixed64,13,opt,name=max_update_norm,json=maxUpdateNorm,proto3" json:"max_update_norm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -670,6 +674,13 @@ func (x *RoundPlan) GetDp() *DPConfig {
 func (x *RoundPlan) GetParticipantId() uint32 {
 	if x != nil {
 		return x.ParticipantId
+	}
+	return 0
+}
+
+func (x *RoundPlan) GetMaxUpdateNorm() float64 {
+	if x != nil {
+		return x.MaxUpdateNorm
 	}
 	return 0
 }
@@ -1371,7 +1382,7 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x04plan\x18\x01 \x01(\v2\x18.fleetlearn.v1.RoundPlanH\x00R\x04plan\x12<\n" +
 	"\vretry_after\x18\x02 \x01(\v2\x19.fleetlearn.v1.RetryAfterH\x00R\n" +
 	"retryAfterB\b\n" +
-	"\x06result\"\x80\x04\n" +
+	"\x06result\"\xa8\x04\n" +
 	"\tRoundPlan\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1385,7 +1396,8 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x06secagg\x18\n" +
 	" \x01(\v2\x1b.fleetlearn.v1.SecAggConfigR\x06secagg\x12'\n" +
 	"\x02dp\x18\v \x01(\v2\x17.fleetlearn.v1.DPConfigR\x02dp\x12%\n" +
-	"\x0eparticipant_id\x18\f \x01(\rR\rparticipantId\"X\n" +
+	"\x0eparticipant_id\x18\f \x01(\rR\rparticipantId\x12&\n" +
+	"\x0fmax_update_norm\x18\r \x01(\x01R\rmaxUpdateNorm\"X\n" +
 	"\vDenseUpdate\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x121\n" +
 	"\x06layout\x18\x02 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"\xcb\x03\n" +

@@ -9,6 +9,7 @@ package fleetlearnv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -42,7 +43,16 @@ type SecAggConfig struct {
 	ClipRange float64 `protobuf:"fixed64,4,opt,name=clip_range,json=clipRange,proto3" json:"clip_range,omitempty"`
 	// Seed of the pseudorandom generator that builds the neighbour graph. The
 	// server picks it per round; every participant derives the same graph.
-	GraphSeed     uint64 `protobuf:"varint,5,opt,name=graph_seed,json=graphSeed,proto3" json:"graph_seed,omitempty"`
+	GraphSeed uint64 `protobuf:"varint,5,opt,name=graph_seed,json=graphSeed,proto3" json:"graph_seed,omitempty"`
+	// Number of participants n of the round: the cohort slots. Set by the
+	// server in each RoundPlan; ignored in a task.
+	NumParticipants uint32 `protobuf:"varint,6,opt,name=num_participants,json=numParticipants,proto3" json:"num_participants,omitempty"`
+	// Bound on a participant's weight (its example count) inside the masked
+	// vector; larger counts are capped. Zero picks 65536.
+	MaxWeight float64 `protobuf:"fixed64,7,opt,name=max_weight,json=maxWeight,proto3" json:"max_weight,omitempty"`
+	// Time the server waits for the messages of each key-exchange, consistency
+	// and unmask stage before it closes the stage. Zero picks 10 seconds.
+	StageTimeout  *durationpb.Duration `protobuf:"bytes,8,opt,name=stage_timeout,json=stageTimeout,proto3" json:"stage_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +122,27 @@ func (x *SecAggConfig) GetGraphSeed() uint64 {
 	return 0
 }
 
+func (x *SecAggConfig) GetNumParticipants() uint32 {
+	if x != nil {
+		return x.NumParticipants
+	}
+	return 0
+}
+
+func (x *SecAggConfig) GetMaxWeight() float64 {
+	if x != nil {
+		return x.MaxWeight
+	}
+	return 0
+}
+
+func (x *SecAggConfig) GetStageTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.StageTimeout
+	}
+	return nil
+}
+
 // AdvertiseKeys is stage 0: a participant publishes two fresh X25519 public
 // keys for this round.
 type AdvertiseKeys struct {
@@ -133,9 +164,12 @@ type AdvertiseKeys struct {
 	// cannot substitute keys.
 	Signature []byte `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Identifier of the device key that produced signature.
-	KeyId         string `protobuf:"bytes,7,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KeyId string `protobuf:"bytes,7,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The device's Ed25519 identity public key (32 bytes) that verifies
+	// signature and the device's ConsistencyCheck.
+	IdentityPublicKey []byte `protobuf:"bytes,8,opt,name=identity_public_key,json=identityPublicKey,proto3" json:"identity_public_key,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AdvertiseKeys) Reset() {
@@ -215,6 +249,13 @@ func (x *AdvertiseKeys) GetKeyId() string {
 		return x.KeyId
 	}
 	return ""
+}
+
+func (x *AdvertiseKeys) GetIdentityPublicKey() []byte {
+	if x != nil {
+		return x.IdentityPublicKey
+	}
+	return nil
 }
 
 // PeerKeys is the server's reply to stage 0: the advertised keys of the
@@ -972,11 +1013,420 @@ func (x *UnmaskResponse) GetPairwiseKeyShares() []*PeerShare {
 	return nil
 }
 
+// SecAggUp carries a device's message of a key-exchange, consistency or
+// unmask stage to the server, as a request on
+// fl.secagg.up.<task>.<round>.<device>; the reply is a SecAggAck. The masked
+// input travels in an UpdateReport instead.
+type SecAggUp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task the round belongs to.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round number within the task.
+	Round uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// Sending device; must match the subject.
+	DeviceId string `protobuf:"bytes,3,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// The stage message.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SecAggUp_Advertise
+	//	*SecAggUp_Shares
+	//	*SecAggUp_Consistency
+	//	*SecAggUp_Unmask
+	Msg           isSecAggUp_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecAggUp) Reset() {
+	*x = SecAggUp{}
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecAggUp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecAggUp) ProtoMessage() {}
+
+func (x *SecAggUp) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecAggUp.ProtoReflect.Descriptor instead.
+func (*SecAggUp) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_secagg_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SecAggUp) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SecAggUp) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *SecAggUp) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *SecAggUp) GetMsg() isSecAggUp_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SecAggUp) GetAdvertise() *AdvertiseKeys {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggUp_Advertise); ok {
+			return x.Advertise
+		}
+	}
+	return nil
+}
+
+func (x *SecAggUp) GetShares() *ShareKeys {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggUp_Shares); ok {
+			return x.Shares
+		}
+	}
+	return nil
+}
+
+func (x *SecAggUp) GetConsistency() *ConsistencyCheck {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggUp_Consistency); ok {
+			return x.Consistency
+		}
+	}
+	return nil
+}
+
+func (x *SecAggUp) GetUnmask() *UnmaskResponse {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggUp_Unmask); ok {
+			return x.Unmask
+		}
+	}
+	return nil
+}
+
+type isSecAggUp_Msg interface {
+	isSecAggUp_Msg()
+}
+
+type SecAggUp_Advertise struct {
+	// Stage 0.
+	Advertise *AdvertiseKeys `protobuf:"bytes,4,opt,name=advertise,proto3,oneof"`
+}
+
+type SecAggUp_Shares struct {
+	// Stage 1.
+	Shares *ShareKeys `protobuf:"bytes,5,opt,name=shares,proto3,oneof"`
+}
+
+type SecAggUp_Consistency struct {
+	// Stage 3.
+	Consistency *ConsistencyCheck `protobuf:"bytes,6,opt,name=consistency,proto3,oneof"`
+}
+
+type SecAggUp_Unmask struct {
+	// Stage 4.
+	Unmask *UnmaskResponse `protobuf:"bytes,7,opt,name=unmask,proto3,oneof"`
+}
+
+func (*SecAggUp_Advertise) isSecAggUp_Msg() {}
+
+func (*SecAggUp_Shares) isSecAggUp_Msg() {}
+
+func (*SecAggUp_Consistency) isSecAggUp_Msg() {}
+
+func (*SecAggUp_Unmask) isSecAggUp_Msg() {}
+
+// SecAggAck answers a SecAggUp.
+type SecAggAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the server recorded the message for its stage.
+	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Why it was refused.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecAggAck) Reset() {
+	*x = SecAggAck{}
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecAggAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecAggAck) ProtoMessage() {}
+
+func (x *SecAggAck) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecAggAck.ProtoReflect.Descriptor instead.
+func (*SecAggAck) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_secagg_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SecAggAck) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *SecAggAck) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// SecAggAbort tells participants that the round's secure aggregation failed.
+type SecAggAbort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why.
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecAggAbort) Reset() {
+	*x = SecAggAbort{}
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecAggAbort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecAggAbort) ProtoMessage() {}
+
+func (x *SecAggAbort) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecAggAbort.ProtoReflect.Descriptor instead.
+func (*SecAggAbort) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_secagg_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SecAggAbort) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// SecAggDown carries the server's reply after a stage closes to one device,
+// on fl.secagg.down.<task>.<round>.<device>.
+type SecAggDown struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task the round belongs to.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round number within the task.
+	Round uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// The reply.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SecAggDown_PeerKeys
+	//	*SecAggDown_ForwardedShares
+	//	*SecAggDown_Survivors
+	//	*SecAggDown_Unmask
+	//	*SecAggDown_Abort
+	Msg           isSecAggDown_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecAggDown) Reset() {
+	*x = SecAggDown{}
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecAggDown) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecAggDown) ProtoMessage() {}
+
+func (x *SecAggDown) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_secagg_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecAggDown.ProtoReflect.Descriptor instead.
+func (*SecAggDown) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_secagg_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SecAggDown) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SecAggDown) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *SecAggDown) GetMsg() isSecAggDown_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SecAggDown) GetPeerKeys() *PeerKeys {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggDown_PeerKeys); ok {
+			return x.PeerKeys
+		}
+	}
+	return nil
+}
+
+func (x *SecAggDown) GetForwardedShares() *ForwardedShares {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggDown_ForwardedShares); ok {
+			return x.ForwardedShares
+		}
+	}
+	return nil
+}
+
+func (x *SecAggDown) GetSurvivors() *SurvivorSet {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggDown_Survivors); ok {
+			return x.Survivors
+		}
+	}
+	return nil
+}
+
+func (x *SecAggDown) GetUnmask() *UnmaskRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggDown_Unmask); ok {
+			return x.Unmask
+		}
+	}
+	return nil
+}
+
+func (x *SecAggDown) GetAbort() *SecAggAbort {
+	if x != nil {
+		if x, ok := x.Msg.(*SecAggDown_Abort); ok {
+			return x.Abort
+		}
+	}
+	return nil
+}
+
+type isSecAggDown_Msg interface {
+	isSecAggDown_Msg()
+}
+
+type SecAggDown_PeerKeys struct {
+	// After stage 0.
+	PeerKeys *PeerKeys `protobuf:"bytes,3,opt,name=peer_keys,json=peerKeys,proto3,oneof"`
+}
+
+type SecAggDown_ForwardedShares struct {
+	// After stage 1.
+	ForwardedShares *ForwardedShares `protobuf:"bytes,4,opt,name=forwarded_shares,json=forwardedShares,proto3,oneof"`
+}
+
+type SecAggDown_Survivors struct {
+	// After stage 2.
+	Survivors *SurvivorSet `protobuf:"bytes,5,opt,name=survivors,proto3,oneof"`
+}
+
+type SecAggDown_Unmask struct {
+	// After stage 3.
+	Unmask *UnmaskRequest `protobuf:"bytes,6,opt,name=unmask,proto3,oneof"`
+}
+
+type SecAggDown_Abort struct {
+	// The round's secure aggregation failed; stop.
+	Abort *SecAggAbort `protobuf:"bytes,7,opt,name=abort,proto3,oneof"`
+}
+
+func (*SecAggDown_PeerKeys) isSecAggDown_Msg() {}
+
+func (*SecAggDown_ForwardedShares) isSecAggDown_Msg() {}
+
+func (*SecAggDown_Survivors) isSecAggDown_Msg() {}
+
+func (*SecAggDown_Unmask) isSecAggDown_Msg() {}
+
+func (*SecAggDown_Abort) isSecAggDown_Msg() {}
+
 var File_fleetlearn_v1_secagg_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\n" +
-	"\x1afleetlearn/v1/secagg.proto\x12\rfleetlearn.v1\"\x8c\x01\n" +
+	"\x1afleetlearn/v1/secagg.proto\x12\rfleetlearn.v1\x1a\x1egoogle/protobuf/duration.proto\"\x96\x02\n" +
 	"\fSecAggConfig\x12\f\n" +
 	"\x01k\x18\x01 \x01(\rR\x01k\x12\x1c\n" +
 	"\tthreshold\x18\x02 \x01(\rR\tthreshold\x12\x12\n" +
@@ -984,7 +1434,11 @@ const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\n" +
 	"clip_range\x18\x04 \x01(\x01R\tclipRange\x12\x1d\n" +
 	"\n" +
-	"graph_seed\x18\x05 \x01(\x04R\tgraphSeed\"\xee\x01\n" +
+	"graph_seed\x18\x05 \x01(\x04R\tgraphSeed\x12)\n" +
+	"\x10num_participants\x18\x06 \x01(\rR\x0fnumParticipants\x12\x1d\n" +
+	"\n" +
+	"max_weight\x18\a \x01(\x01R\tmaxWeight\x12>\n" +
+	"\rstage_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fstageTimeout\"\x9e\x02\n" +
 	"\rAdvertiseKeys\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12%\n" +
@@ -992,7 +1446,8 @@ const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\x11cipher_public_key\x18\x04 \x01(\fR\x0fcipherPublicKey\x12&\n" +
 	"\x0fmask_public_key\x18\x05 \x01(\fR\rmaskPublicKey\x12\x1c\n" +
 	"\tsignature\x18\x06 \x01(\fR\tsignature\x12\x15\n" +
-	"\x06key_id\x18\a \x01(\tR\x05keyId\"\x94\x01\n" +
+	"\x06key_id\x18\a \x01(\tR\x05keyId\x12.\n" +
+	"\x13identity_public_key\x18\b \x01(\fR\x11identityPublicKey\"\x94\x01\n" +
 	"\bPeerKeys\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12%\n" +
@@ -1046,7 +1501,31 @@ const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12%\n" +
 	"\x0eparticipant_id\x18\x03 \x01(\rR\rparticipantId\x12B\n" +
 	"\x10self_mask_shares\x18\x04 \x03(\v2\x18.fleetlearn.v1.PeerShareR\x0eselfMaskShares\x12H\n" +
-	"\x13pairwise_key_shares\x18\x05 \x03(\v2\x18.fleetlearn.v1.PeerShareR\x11pairwiseKeySharesBCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\x13pairwise_key_shares\x18\x05 \x03(\v2\x18.fleetlearn.v1.PeerShareR\x11pairwiseKeyShares\"\xcd\x02\n" +
+	"\bSecAggUp\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
+	"\tdevice_id\x18\x03 \x01(\tR\bdeviceId\x12<\n" +
+	"\tadvertise\x18\x04 \x01(\v2\x1c.fleetlearn.v1.AdvertiseKeysH\x00R\tadvertise\x122\n" +
+	"\x06shares\x18\x05 \x01(\v2\x18.fleetlearn.v1.ShareKeysH\x00R\x06shares\x12C\n" +
+	"\vconsistency\x18\x06 \x01(\v2\x1f.fleetlearn.v1.ConsistencyCheckH\x00R\vconsistency\x127\n" +
+	"\x06unmask\x18\a \x01(\v2\x1d.fleetlearn.v1.UnmaskResponseH\x00R\x06unmaskB\x05\n" +
+	"\x03msg\"?\n" +
+	"\tSecAggAck\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"%\n" +
+	"\vSecAggAbort\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xef\x02\n" +
+	"\n" +
+	"SecAggDown\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\x126\n" +
+	"\tpeer_keys\x18\x03 \x01(\v2\x17.fleetlearn.v1.PeerKeysH\x00R\bpeerKeys\x12K\n" +
+	"\x10forwarded_shares\x18\x04 \x01(\v2\x1e.fleetlearn.v1.ForwardedSharesH\x00R\x0fforwardedShares\x12:\n" +
+	"\tsurvivors\x18\x05 \x01(\v2\x1a.fleetlearn.v1.SurvivorSetH\x00R\tsurvivors\x126\n" +
+	"\x06unmask\x18\x06 \x01(\v2\x1c.fleetlearn.v1.UnmaskRequestH\x00R\x06unmask\x122\n" +
+	"\x05abort\x18\a \x01(\v2\x1a.fleetlearn.v1.SecAggAbortH\x00R\x05abortB\x05\n" +
+	"\x03msgBCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_secagg_proto_rawDescOnce sync.Once
@@ -1060,33 +1539,48 @@ func file_fleetlearn_v1_secagg_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_secagg_proto_rawDescData
 }
 
-var file_fleetlearn_v1_secagg_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_fleetlearn_v1_secagg_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fleetlearn_v1_secagg_proto_goTypes = []any{
-	(*SecAggConfig)(nil),     // 0: fleetlearn.v1.SecAggConfig
-	(*AdvertiseKeys)(nil),    // 1: fleetlearn.v1.AdvertiseKeys
-	(*PeerKeys)(nil),         // 2: fleetlearn.v1.PeerKeys
-	(*EncryptedShare)(nil),   // 3: fleetlearn.v1.EncryptedShare
-	(*ShareKeys)(nil),        // 4: fleetlearn.v1.ShareKeys
-	(*ForwardedShares)(nil),  // 5: fleetlearn.v1.ForwardedShares
-	(*MaskedUpdate)(nil),     // 6: fleetlearn.v1.MaskedUpdate
-	(*SurvivorSet)(nil),      // 7: fleetlearn.v1.SurvivorSet
-	(*ConsistencyCheck)(nil), // 8: fleetlearn.v1.ConsistencyCheck
-	(*UnmaskRequest)(nil),    // 9: fleetlearn.v1.UnmaskRequest
-	(*PeerShare)(nil),        // 10: fleetlearn.v1.PeerShare
-	(*UnmaskResponse)(nil),   // 11: fleetlearn.v1.UnmaskResponse
+	(*SecAggConfig)(nil),        // 0: fleetlearn.v1.SecAggConfig
+	(*AdvertiseKeys)(nil),       // 1: fleetlearn.v1.AdvertiseKeys
+	(*PeerKeys)(nil),            // 2: fleetlearn.v1.PeerKeys
+	(*EncryptedShare)(nil),      // 3: fleetlearn.v1.EncryptedShare
+	(*ShareKeys)(nil),           // 4: fleetlearn.v1.ShareKeys
+	(*ForwardedShares)(nil),     // 5: fleetlearn.v1.ForwardedShares
+	(*MaskedUpdate)(nil),        // 6: fleetlearn.v1.MaskedUpdate
+	(*SurvivorSet)(nil),         // 7: fleetlearn.v1.SurvivorSet
+	(*ConsistencyCheck)(nil),    // 8: fleetlearn.v1.ConsistencyCheck
+	(*UnmaskRequest)(nil),       // 9: fleetlearn.v1.UnmaskRequest
+	(*PeerShare)(nil),           // 10: fleetlearn.v1.PeerShare
+	(*UnmaskResponse)(nil),      // 11: fleetlearn.v1.UnmaskResponse
+	(*SecAggUp)(nil),            // 12: fleetlearn.v1.SecAggUp
+	(*SecAggAck)(nil),           // 13: fleetlearn.v1.SecAggAck
+	(*SecAggAbort)(nil),         // 14: fleetlearn.v1.SecAggAbort
+	(*SecAggDown)(nil),          // 15: fleetlearn.v1.SecAggDown
+	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
 }
 var file_fleetlearn_v1_secagg_proto_depIdxs = []int32{
-	1,  // 0: fleetlearn.v1.PeerKeys.peers:type_name -> fleetlearn.v1.AdvertiseKeys
-	3,  // 1: fleetlearn.v1.ShareKeys.shares:type_name -> fleetlearn.v1.EncryptedShare
-	3,  // 2: fleetlearn.v1.ForwardedShares.shares:type_name -> fleetlearn.v1.EncryptedShare
-	8,  // 3: fleetlearn.v1.UnmaskRequest.consistency_checks:type_name -> fleetlearn.v1.ConsistencyCheck
-	10, // 4: fleetlearn.v1.UnmaskResponse.self_mask_shares:type_name -> fleetlearn.v1.PeerShare
-	10, // 5: fleetlearn.v1.UnmaskResponse.pairwise_key_shares:type_name -> fleetlearn.v1.PeerShare
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	16, // 0: fleetlearn.v1.SecAggConfig.stage_timeout:type_name -> google.protobuf.Duration
+	1,  // 1: fleetlearn.v1.PeerKeys.peers:type_name -> fleetlearn.v1.AdvertiseKeys
+	3,  // 2: fleetlearn.v1.ShareKeys.shares:type_name -> fleetlearn.v1.EncryptedShare
+	3,  // 3: fleetlearn.v1.ForwardedShares.shares:type_name -> fleetlearn.v1.EncryptedShare
+	8,  // 4: fleetlearn.v1.UnmaskRequest.consistency_checks:type_name -> fleetlearn.v1.ConsistencyCheck
+	10, // 5: fleetlearn.v1.UnmaskResponse.self_mask_shares:type_name -> fleetlearn.v1.PeerShare
+	10, // 6: fleetlearn.v1.UnmaskResponse.pairwise_key_shares:type_name -> fleetlearn.v1.PeerShare
+	1,  // 7: fleetlearn.v1.SecAggUp.advertise:type_name -> fleetlearn.v1.AdvertiseKeys
+	4,  // 8: fleetlearn.v1.SecAggUp.shares:type_name -> fleetlearn.v1.ShareKeys
+	8,  // 9: fleetlearn.v1.SecAggUp.consistency:type_name -> fleetlearn.v1.ConsistencyCheck
+	11, // 10: fleetlearn.v1.SecAggUp.unmask:type_name -> fleetlearn.v1.UnmaskResponse
+	2,  // 11: fleetlearn.v1.SecAggDown.peer_keys:type_name -> fleetlearn.v1.PeerKeys
+	5,  // 12: fleetlearn.v1.SecAggDown.forwarded_shares:type_name -> fleetlearn.v1.ForwardedShares
+	7,  // 13: fleetlearn.v1.SecAggDown.survivors:type_name -> fleetlearn.v1.SurvivorSet
+	9,  // 14: fleetlearn.v1.SecAggDown.unmask:type_name -> fleetlearn.v1.UnmaskRequest
+	14, // 15: fleetlearn.v1.SecAggDown.abort:type_name -> fleetlearn.v1.SecAggAbort
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_secagg_proto_init() }
@@ -1094,13 +1588,26 @@ func file_fleetlearn_v1_secagg_proto_init() {
 	if File_fleetlearn_v1_secagg_proto != nil {
 		return
 	}
+	file_fleetlearn_v1_secagg_proto_msgTypes[12].OneofWrappers = []any{
+		(*SecAggUp_Advertise)(nil),
+		(*SecAggUp_Shares)(nil),
+		(*SecAggUp_Consistency)(nil),
+		(*SecAggUp_Unmask)(nil),
+	}
+	file_fleetlearn_v1_secagg_proto_msgTypes[15].OneofWrappers = []any{
+		(*SecAggDown_PeerKeys)(nil),
+		(*SecAggDown_ForwardedShares)(nil),
+		(*SecAggDown_Survivors)(nil),
+		(*SecAggDown_Unmask)(nil),
+		(*SecAggDown_Abort)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_secagg_proto_rawDesc), len(file_fleetlearn_v1_secagg_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

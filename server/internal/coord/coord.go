@@ -97,6 +97,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("coord: subscribe check-ins: %w", err)
 	}
 	c.subs = append(c.subs, sub)
+	up, err := c.d.NC.QueueSubscribe(wire.SubjectSecAggUp, wire.QueueServers, c.handleSecAggUp)
+	if err != nil {
+		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectSecAggUp, err)
+	}
+	c.subs = append(c.subs, up)
 	stored, err := c.d.NC.Subscribe(wire.SubjectStored, c.handleStored)
 	if err != nil {
 		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectStored, err)

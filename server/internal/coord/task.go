@@ -70,6 +70,7 @@ type roundRun struct {
 	selecting bool
 	selEnd    time.Time
 	kick      chan struct{} // wakes the round loop after a check-in changed the cohort
+	secure    *secureRun    // secure aggregation state; nil for plaintext rounds
 }
 
 func (r *roundRun) poke() {
@@ -288,6 +289,11 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 	rr := &store.RoundRow{TaskID: t.id, Round: round, Kind: kind, State: pb.RoundState_ROUND_STATE_OPEN,
 		Seed: t.c.seed(), BaseModel: t.global.Lineage.Version, Open: now,
 		Deadline: now.Add(t.selectionTimeout() + t.reportTimeout())}
+	if t.secure(kind) {
+		// Key advertisement and sharing before the masked input, consistency
+		// and unmasking after it.
+		rr.Deadline = rr.Deadline.Add(4 * secureStageTimeout(t.spec.GetSecagg()))
+	}
 	if err := t.c.d.Store.OpenRound(ctx, rr, now); err != nil {
 		return nil, err
 	}
@@ -315,6 +321,13 @@ func eligibilityText(kind pb.RoundKind, e *pb.Eligibility) string {
 	return strings.Join(parts, " ")
 }
 
+// secure reports whether rounds of kind run through secure aggregation:
+// training rounds of a task with SecAgg settings. Evaluation rounds report
+// plaintext metrics only.
+func (t *taskRun) secure(kind pb.RoundKind) bool {
+	return kind == pb.RoundKind_ROUND_KIND_TRAIN && t.spec.GetSecagg() != nil
+}
+
 func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 	m, err := t.c.d.Store.Model(context.Background(), rr.BaseModel)
 	size := uint64(0)
@@ -331,6 +344,7 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 		Limits:          t.spec.GetLimits(),
 		Secagg:          t.spec.GetSecagg(),
 		Dp:              t.spec.GetDp(),
+		MaxUpdateNorm:   t.spec.GetAggregation().GetMaxUpdateNorm(),
 	}
 }
 
@@ -358,6 +372,20 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		if col, err = t.rule.NewCollector(t.spec.GetAggregation().GetMaxUpdateNorm()); err != nil {
 			return fmt.Errorf("round %d: %w", row.Round, err)
 		}
+	}
+	if t.secure(row.Kind) {
+		// Devices clip to the norm bound before masking; the server sees only
+		// the sum, whose bound the quantization error could nudge past.
+		if col, err = t.rule.NewCollector(0); err != nil {
+			return fmt.Errorf("round %d: %w", row.Round, err)
+		}
+		if len(assigned) > 0 {
+			return t.abandon(ctx, r, errSecureResume.Error())
+		}
+		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.wanted, t.global.Layout().Size()); err != nil {
+			return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+		}
+		r.plan.Secagg = r.secure.cfg
 	}
 	metrics := newMetricMean()
 
@@ -395,6 +423,9 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
 		Time: timestamppb.New(now), Assigned: uint32(len(assigned))})
 	t.announce(r)
+	if r.secure != nil {
+		return t.runSecure(ctx, r, col, msgs)
+	}
 
 	target := int(t.spec.GetCohortTarget())
 	selTimer := time.NewTimer(max(0, r.selEnd.Sub(now)))

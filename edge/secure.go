@@ -1,0 +1,280 @@
+package edge
+
+import (
+	"context"
+	"crypto/ed25519"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/privacy/secagg"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// Stages at which WithDropout may make a device vanish from a secure round.
+const (
+	DropAfterAdvertise = "advertise" // after uploading its keys
+	DropAfterShares    = "shares"    // after uploading its key shares
+	DropAfterMasked    = "masked"    // after uploading its masked update
+)
+
+// WithDropout makes the agent vanish from a secure round at a stage when
+// drop(task, round, stage) says so: it stops answering, as a device that lost
+// power would. It exists to rehearse dropout recovery in simulations and
+// tests; real agents leave it unset.
+func WithDropout(drop func(task string, round uint64, stage string) bool) Option {
+	return func(o *options) { o.dropout = drop }
+}
+
+// errDroppedOut marks a round this agent left on purpose (WithDropout).
+var errDroppedOut = errors.New("left the round (simulated dropout)")
+
+// identityFile holds the device's Ed25519 identity key: it signs the
+// device's secure aggregation messages.
+const identityFile = "identity.key"
+
+// loadOrCreateIdentity returns the device's identity key, creating it once.
+func loadOrCreateIdentity(dir string) (ed25519.PrivateKey, error) {
+	path := filepath.Join(dir, identityFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		seed, err := hex.DecodeString(string(trimSpace(b)))
+		if err != nil || len(seed) != ed25519.SeedSize {
+			return nil, fmt.Errorf("edge: identity key %s is malformed", path)
+		}
+		return ed25519.NewKeyFromSeed(seed), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("edge: identity key: %w", err)
+	}
+	seed := make([]byte, ed25519.SeedSize)
+	if _, err := crand.Read(seed); err != nil {
+		return nil, fmt.Errorf("edge: identity key: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(seed)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("edge: identity key: %w", err)
+	}
+	return ed25519.NewKeyFromSeed(seed), nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// keyID names an identity key in SecAgg messages: the hex SHA-256 of the public key.
+func keyID(pub ed25519.PublicKey) string { return wire.SHA256(pub)[:32] }
+
+// secureRound takes part in a secure aggregation round: it advertises keys,
+// shares them with its graph neighbours, then trains and uploads its
+// quantized update masked, and helps unmask the sum. reportCtx outlives a
+// later round's announcement, for the upload only.
+func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan,
+	mod *wasm.Module, call wasm.Call) error {
+	cfg := plan.GetSecagg()
+	n := int(cfg.GetNumParticipants())
+	round, err := secagg.NewRound(cfg, plan.TaskId, plan.Round, n)
+	if err != nil {
+		return fmt.Errorf("secure round: %w", err)
+	}
+	quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+	if err != nil {
+		return fmt.Errorf("secure round: %w", err)
+	}
+	// Peers' identity keys as the server relays them with their
+	// advertisements (docs/SECAGG.md: until enrollment certifies them, they
+	// rest on the server being honest about who is who).
+	peerKeys := map[uint32]ed25519.PublicKey{}
+	verify := func(p uint32, _ string, msg, sig []byte) error {
+		k, ok := peerKeys[p]
+		if !ok || !ed25519.Verify(k, msg, sig) {
+			return fmt.Errorf("participant %d: signature does not verify", p)
+		}
+		return nil
+	}
+	client, err := secagg.NewClient(round, secagg.ClientOptions{ParticipantID: plan.ParticipantId, Rand: crand.Reader,
+		Identity: a.identity, KeyID: keyID(a.identity.Public().(ed25519.PublicKey)), VerifyPeer: verify})
+	if err != nil {
+		return fmt.Errorf("secure round: %w", err)
+	}
+	down := make(chan *nats.Msg, 8)
+	sub, err := nc.ChanSubscribe(wire.SecAggDownSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), down)
+	if err != nil {
+		return fmt.Errorf("secure round: subscribe: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("secure round: %w", err)
+	}
+	send := func(up *pb.SecAggUp) error {
+		up.TaskId, up.Round, up.DeviceId = plan.TaskId, plan.Round, a.cfg.DeviceID
+		b, err := proto.Marshal(up)
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		msg, err := nc.RequestWithContext(rctx, wire.SecAggUpSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), b)
+		if err != nil {
+			return fmt.Errorf("secure round: send: %w", err)
+		}
+		var ack pb.SecAggAck
+		if err := proto.Unmarshal(msg.Data, &ack); err != nil {
+			return fmt.Errorf("secure round: ack: %w", err)
+		}
+		if !ack.Accepted {
+			return fmt.Errorf("secure round: server refused: %s", ack.Reason)
+		}
+		return nil
+	}
+	drop := func(stage string) bool {
+		return a.o.dropout != nil && a.o.dropout(plan.TaskId, plan.Round, stage)
+	}
+
+	ak, err := client.Advertise()
+	if err != nil {
+		return fmt.Errorf("secure round: %w", err)
+	}
+	ak.IdentityPublicKey = a.identity.Public().(ed25519.PublicKey)
+	if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Advertise{Advertise: ak}}); err != nil {
+		return err
+	}
+	if drop(DropAfterAdvertise) {
+		return errDroppedOut
+	}
+
+	// Training waits for the key exchange: the key stages have short
+	// deadlines, a device that misses one is out of the round, and its
+	// training would be wasted.
+	for {
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case m = <-down:
+		}
+		var d pb.SecAggDown
+		if err := proto.Unmarshal(m.Data, &d); err != nil || d.TaskId != plan.TaskId || d.Round != plan.Round {
+			a.o.log.Warn("ignoring a malformed secure aggregation message", "subject", m.Subject)
+			continue
+		}
+		switch msg := d.Msg.(type) {
+		case *pb.SecAggDown_PeerKeys:
+			for _, p := range msg.PeerKeys.GetPeers() {
+				if len(p.GetIdentityPublicKey()) == ed25519.PublicKeySize {
+					peerKeys[p.GetParticipantId()] = ed25519.PublicKey(p.GetIdentityPublicKey())
+				}
+			}
+			sk, err := client.ShareKeys(msg.PeerKeys)
+			if err != nil {
+				return fmt.Errorf("secure round: %w", err)
+			}
+			if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Shares{Shares: sk}}); err != nil {
+				return err
+			}
+			if drop(DropAfterShares) {
+				return errDroppedOut
+			}
+		case *pb.SecAggDown_ForwardedShares:
+			values, err := a.secureInput(ctx, mod, call, quant, plan)
+			if err != nil {
+				return err
+			}
+			mu, err := client.MaskedInput(msg.ForwardedShares, values)
+			if err != nil {
+				return fmt.Errorf("secure round: %w", err)
+			}
+			rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
+				ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
+				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu)}
+			payload, err := proto.Marshal(rep)
+			if err != nil {
+				return err
+			}
+			if err := a.publish(reportCtx, js, wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), payload,
+				wire.MsgID("update", plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
+				return err
+			}
+			if drop(DropAfterMasked) {
+				return errDroppedOut
+			}
+		case *pb.SecAggDown_Survivors:
+			cc, err := client.Consistency(msg.Survivors)
+			if err != nil {
+				return fmt.Errorf("secure round: %w", err)
+			}
+			if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Consistency{Consistency: cc}}); err != nil {
+				return err
+			}
+		case *pb.SecAggDown_Unmask:
+			ur, err := client.Unmask(msg.Unmask)
+			if err != nil {
+				return fmt.Errorf("secure round: %w", err)
+			}
+			return send(&pb.SecAggUp{Msg: &pb.SecAggUp_Unmask{Unmask: ur}})
+		case *pb.SecAggDown_Abort:
+			return fmt.Errorf("secure round aborted by the server: %s", msg.Abort.GetReason())
+		}
+	}
+}
+
+// secureInput trains and returns the update as the quantized vector the
+// round masks: clipped to the norm bound, weighted by the example count
+// (capped at the round's weight bound), with the weight appended.
+func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, quant *secagg.Quantizer, plan *pb.RoundPlan) ([]uint32, error) {
+	res, err := mod.Train(ctx, call)
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	delta := updateOf(call.Model, res.Model)
+	if bound := plan.GetMaxUpdateNorm(); bound > 0 {
+		clipNorm(delta, bound)
+	}
+	weight := min(float64(res.NumExamples), plan.GetSecagg().GetMaxWeight())
+	if weight <= 0 {
+		return nil, fmt.Errorf("train: module reported %d examples", res.NumExamples)
+	}
+	var seed [32]byte
+	if _, err := crand.Read(seed[:]); err != nil {
+		return nil, err
+	}
+	return quant.Quantize(delta, weight, mrand.New(mrand.NewChaCha8(seed)))
+}
+
+// updateOf is the trained model minus the round's model, flattened.
+func updateOf(before, after *model.Model) []float32 {
+	b, d := before.Flatten(), after.Flatten()
+	for i := range d {
+		d[i] -= b[i]
+	}
+	return d
+}
+
+// clipNorm scales v down to L2 norm bound if it is longer.
+func clipNorm(v []float32, bound float64) {
+	var ss float64
+	for _, x := range v {
+		ss += float64(x) * float64(x)
+	}
+	if norm := math.Sqrt(ss); norm > bound {
+		f := float32(bound / norm)
+		for i := range v {
+			v[i] *= f
+		}
+	}
+}

@@ -1,0 +1,496 @@
+package coord
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/privacy/secagg"
+)
+
+// Secure aggregation defaults for SecAggConfig fields left zero.
+const (
+	DefaultSecAggStageTimeout = 10 * time.Second
+	DefaultSecAggMaxWeight    = 65536
+	DefaultSecAggClipRange    = 1.0
+	// maxSecAggUpBytes bounds one SecAggUp message: a ShareKeys message holds
+	// two 32-byte shares plus AES-GCM overhead per neighbour.
+	maxSecAggUpBytes = 4 << 20
+)
+
+// SecureConfig returns the secure aggregation parameters of a round with n
+// participants: the task's settings with every default filled in, the round's
+// graph seed and n. It fails for settings no round could use.
+func SecureConfig(task *pb.SecAggConfig, taskID string, round uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
+	cfg := proto.Clone(task).(*pb.SecAggConfig)
+	if cfg.ClipRange == 0 {
+		cfg.ClipRange = DefaultSecAggClipRange
+	}
+	cfg.GraphSeed = seed
+	r, err := secagg.NewRound(cfg, taskID, round, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := r.Config()
+	out.NumParticipants = uint32(n)
+	out.MaxWeight = cfg.GetMaxWeight()
+	if out.MaxWeight == 0 {
+		out.MaxWeight = DefaultSecAggMaxWeight
+	}
+	if !(out.MaxWeight > 0) || math.IsInf(out.MaxWeight, 0) {
+		return nil, nil, fmt.Errorf("secagg: max_weight %v must be positive and finite", out.MaxWeight)
+	}
+	d := cfg.GetStageTimeout().AsDuration()
+	if d < 0 {
+		return nil, nil, fmt.Errorf("secagg: stage_timeout %v is negative", d)
+	}
+	if d == 0 {
+		d = DefaultSecAggStageTimeout
+	}
+	out.StageTimeout = durationpb.New(d)
+	if _, err := secagg.NewQuantizer(r.Bits(), out.ClipRange, n, out.MaxWeight); err != nil {
+		return nil, nil, err
+	}
+	return r, out, nil
+}
+
+// secUp is one device's stage message, handed from the NATS subscription to
+// the round's goroutine, which owns the secagg.Server.
+type secUp struct {
+	device string
+	msg    *pb.SecAggUp
+	reply  func(reason string)
+}
+
+// secureRun is the secure aggregation state of an open round.
+type secureRun struct {
+	round *secagg.Round
+	srv   *secagg.Server
+	quant *secagg.Quantizer
+	cfg   *pb.SecAggConfig
+	ups   chan secUp
+	// keys are the identity keys devices advertised, by participant: the
+	// server checks signatures with them before relaying (clients check
+	// again).
+	keys     map[uint32]ed25519.PublicKey
+	devices  map[uint32]string // participant → device
+	expected map[uint32]bool   // who the current stage waits for
+	got      map[uint32]bool   // who sent this stage's message
+}
+
+func (s *secureRun) verify(participant uint32, _ string, msg, sig []byte) error {
+	k, ok := s.keys[participant]
+	if !ok || !ed25519.Verify(k, msg, sig) {
+		return fmt.Errorf("participant %d: signature does not verify", participant)
+	}
+	return nil
+}
+
+// handleSecAggUp routes a device's stage message to its task's open round.
+func (c *Coordinator) handleSecAggUp(m *nats.Msg) {
+	reply := func(reason string) {
+		b, _ := proto.Marshal(&pb.SecAggAck{Accepted: reason == "", Reason: reason})
+		m.Respond(b)
+	}
+	task, round, device, err := wire.ParseSecAggUpSubject(m.Subject)
+	if err != nil {
+		reply(err.Error())
+		return
+	}
+	if len(m.Data) > maxSecAggUpBytes {
+		reply(fmt.Sprintf("message of %d bytes exceeds %d", len(m.Data), maxSecAggUpBytes))
+		return
+	}
+	var up pb.SecAggUp
+	if err := proto.Unmarshal(m.Data, &up); err != nil {
+		reply("malformed message: " + err.Error())
+		return
+	}
+	if up.TaskId != task || up.Round != round || up.DeviceId != device {
+		reply(fmt.Sprintf("message names %s/%d/%s, subject %s/%d/%s", up.TaskId, up.Round, up.DeviceId, task, round, device))
+		return
+	}
+	c.mu.Lock()
+	tr := c.tasks[task]
+	c.mu.Unlock()
+	var sec *secureRun
+	if tr != nil {
+		tr.mu.Lock()
+		if r := tr.round; r != nil && r.row.Round == round {
+			sec = r.secure
+		}
+		tr.mu.Unlock()
+	}
+	if sec == nil {
+		reply(fmt.Sprintf("round %d of task %q is not an open secure round", round, task))
+		return
+	}
+	select {
+	case sec.ups <- secUp{device: device, msg: &up, reply: reply}:
+	default:
+		reply("server busy; the stage will close without this message")
+	}
+}
+
+// runSecure runs the stages of a secure aggregation round after its setup
+// (runRound): selection and key advertisement, share keys, masked input,
+// consistency, unmasking. It returns nil once the round is closed in the store.
+func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Collector, msgs <-chan jetstream.Msg) error {
+	sec := r.secure
+	stageTimeout := sec.cfg.GetStageTimeout().AsDuration()
+	row := r.row
+	// Masked input closes at the report deadline the plan states minus the
+	// two stages that follow it.
+	maskedEnd := row.Deadline.Add(-2 * stageTimeout)
+	now := t.c.d.Now()
+	selTimer := time.NewTimer(max(0, r.selEnd.Sub(now)))
+	defer selTimer.Stop()
+	stageTimer := time.NewTimer(time.Hour)
+	stageTimer.Stop()
+	defer stageTimer.Stop()
+	stageArmed := false
+	arm := func(d time.Duration) {
+		stageTimer.Reset(max(0, d))
+		stageArmed = true
+	}
+	abort := func(reason string) error {
+		t.secureDown(sec, func(uint32) (*pb.SecAggDown, error) {
+			return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
+		}, r, allParticipants(sec))
+		return t.abandon(ctx, r, reason)
+	}
+
+	for {
+		stage := sec.srv.Stage()
+		select {
+		case <-ctx.Done():
+			// Shares and masks live in memory only: a resumed round is abandoned.
+			return ctx.Err()
+		case up := <-sec.ups:
+			up.reply(t.secureUp(r, up))
+		case m := <-msgs:
+			t.handleMasked(r, m)
+		case <-r.kick:
+		case <-selTimer.C:
+			t.mu.Lock()
+			r.selecting = false
+			t.mu.Unlock()
+		case <-stageTimer.C:
+			stageArmed = false
+			if err := t.closeStage(r, stage); err != nil {
+				return abort(err.Error())
+			}
+			continue
+		}
+		// Decide whether the stage can close early (everyone expected has
+		// answered) and when it must close at the latest.
+		switch stage {
+		case secagg.StageAdvertise:
+			t.mu.Lock()
+			if len(r.assigned) >= r.wanted {
+				r.selecting = false
+			}
+			selecting := r.selecting
+			for _, seat := range r.assigned {
+				sec.expected[seat.Participant] = true
+			}
+			t.mu.Unlock()
+			if selecting {
+				continue
+			}
+			if len(sec.expected) < int(t.spec.GetReportGoal()) || len(sec.expected) < sec.round.Threshold()+1 {
+				return t.abandon(ctx, r, fmt.Sprintf("selection closed with %d devices, below the report goal %d or the threshold %d + 1",
+					len(sec.expected), t.spec.GetReportGoal(), sec.round.Threshold()))
+			}
+			if !stageArmed {
+				arm(stageTimeout)
+			}
+		case secagg.StageMaskedInput:
+			if !stageArmed {
+				arm(maskedEnd.Sub(t.c.d.Now()))
+			}
+		default:
+			if !stageArmed {
+				arm(stageTimeout)
+			}
+		}
+		if len(sec.got) < len(sec.expected) {
+			continue
+		}
+		stageTimer.Stop()
+		stageArmed = false
+		if err := t.closeStage(r, stage); err != nil {
+			return abort(err.Error())
+		}
+		if sec.srv.Stage() == secagg.StageDone {
+			return t.finishSecure(ctx, r, col)
+		}
+	}
+}
+
+func allParticipants(sec *secureRun) []uint32 {
+	out := make([]uint32, 0, len(sec.devices))
+	for p := range sec.devices {
+		out = append(out, p)
+	}
+	return out
+}
+
+// closeStage closes the server's current stage and sends each survivor its
+// reply; the next stage then waits for exactly those devices.
+func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
+	sec := r.secure
+	if err := sec.srv.CloseStage(); err != nil {
+		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+	}
+	next := map[uint32]bool{}
+	var reply func(id uint32) (*pb.SecAggDown, error)
+	switch stage {
+	case secagg.StageAdvertise:
+		reply = func(id uint32) (*pb.SecAggDown, error) {
+			pk, err := sec.srv.PeerKeys(id)
+			return &pb.SecAggDown{Msg: &pb.SecAggDown_PeerKeys{PeerKeys: pk}}, err
+		}
+	case secagg.StageShareKeys:
+		reply = func(id uint32) (*pb.SecAggDown, error) {
+			fs, err := sec.srv.ForwardedShares(id)
+			return &pb.SecAggDown{Msg: &pb.SecAggDown_ForwardedShares{ForwardedShares: fs}}, err
+		}
+	case secagg.StageMaskedInput:
+		reply = func(id uint32) (*pb.SecAggDown, error) {
+			ss, err := sec.srv.SurvivorSet(id)
+			return &pb.SecAggDown{Msg: &pb.SecAggDown_Survivors{Survivors: ss}}, err
+		}
+	case secagg.StageConsistency:
+		reply = func(id uint32) (*pb.SecAggDown, error) {
+			ur, err := sec.srv.UnmaskRequest(id)
+			return &pb.SecAggDown{Msg: &pb.SecAggDown_Unmask{Unmask: ur}}, err
+		}
+	}
+	if reply != nil {
+		for _, id := range t.secureDown(sec, reply, r, allParticipants(sec)) {
+			next[id] = true
+		}
+	}
+	t.log().Debug("secure aggregation stage closed", "round", r.row.Round, "stage", stage,
+		"answered", len(sec.got), "expected", len(sec.expected), "next", len(next))
+	sec.expected, sec.got = next, map[uint32]bool{}
+	return nil
+}
+
+// secureDown sends reply(id) to every participant that has one (the server
+// refuses replies to those it dropped) and returns who was sent one.
+func (t *taskRun) secureDown(sec *secureRun, reply func(uint32) (*pb.SecAggDown, error), r *roundRun, ids []uint32) []uint32 {
+	var sent []uint32
+	for _, id := range ids {
+		down, err := reply(id)
+		if err != nil {
+			continue // dropped at this stage
+		}
+		down.TaskId, down.Round = t.id, r.row.Round
+		b, err := proto.Marshal(down)
+		if err != nil {
+			t.log().Error("marshal secagg reply", "err", err)
+			continue
+		}
+		if err := t.c.d.NC.Publish(wire.SecAggDownSubject(t.id, r.row.Round, sec.devices[id]), b); err != nil {
+			t.log().Warn("secagg reply not sent", "device", sec.devices[id], "err", err)
+			continue
+		}
+		sent = append(sent, id)
+	}
+	return sent
+}
+
+// secureUp records one device's stage message; it returns the refusal
+// reason, or "" when the message counts.
+func (t *taskRun) secureUp(r *roundRun, up secUp) string {
+	sec := r.secure
+	t.mu.Lock()
+	seat, ok := r.assigned[up.device]
+	t.mu.Unlock()
+	if !ok || seat.Participant == 0 {
+		return fmt.Sprintf("device %q is not in the cohort of round %d", up.device, r.row.Round)
+	}
+	id := seat.Participant
+	var err error
+	switch m := up.msg.Msg.(type) {
+	case *pb.SecAggUp_Advertise:
+		ak := m.Advertise
+		if ak.GetParticipantId() != id {
+			return fmt.Sprintf("advertisement for participant %d from participant %d", ak.GetParticipantId(), id)
+		}
+		if len(ak.GetIdentityPublicKey()) != ed25519.PublicKeySize {
+			return fmt.Sprintf("identity public key of %d bytes, want %d", len(ak.GetIdentityPublicKey()), ed25519.PublicKeySize)
+		}
+		_, had := sec.keys[id]
+		if !had {
+			sec.keys[id] = ed25519.PublicKey(ak.GetIdentityPublicKey())
+		}
+		if err = sec.srv.AddAdvertise(ak); err != nil && !had {
+			delete(sec.keys, id) // a refused first advertisement leaves no key behind
+		}
+		if err == nil {
+			sec.devices[id] = up.device
+		}
+	case *pb.SecAggUp_Shares:
+		err = checkSender(m.Shares.GetParticipantId(), id)
+		if err == nil {
+			err = sec.srv.AddShares(m.Shares)
+		}
+	case *pb.SecAggUp_Consistency:
+		err = checkSender(m.Consistency.GetParticipantId(), id)
+		if err == nil {
+			err = sec.srv.AddConsistency(m.Consistency)
+		}
+	case *pb.SecAggUp_Unmask:
+		err = checkSender(m.Unmask.GetParticipantId(), id)
+		if err == nil {
+			err = sec.srv.AddUnmask(m.Unmask)
+		}
+	default:
+		return "message has no stage payload"
+	}
+	if err != nil {
+		t.log().Info("secagg message refused", "round", r.row.Round, "device", up.device, "err", err)
+		return err.Error()
+	}
+	sec.got[id] = true
+	return ""
+}
+
+func checkSender(claimed, actual uint32) error {
+	if claimed != actual {
+		return fmt.Errorf("message for participant %d from participant %d", claimed, actual)
+	}
+	return nil
+}
+
+// handleMasked takes a masked update report into the secure sum, or refuses
+// it with a receipt.
+func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
+	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
+	device, err := t.acceptMasked(r, m)
+	if err != nil {
+		t.c.d.Metrics.Reports.WithLabelValues("update", "refused").Inc()
+		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
+		t.c.receipt(t.id, r.row.Round, device, err.Error())
+		return
+	}
+	t.c.d.Metrics.Reports.WithLabelValues("update", "accepted").Inc()
+	t.c.receipt(t.id, r.row.Round, device, "")
+}
+
+func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
+	sec := r.secure
+	task, round, device, err := wire.ParseReportSubject(m.Subject())
+	if err != nil {
+		return "", refuse("%v", err)
+	}
+	if task != t.id || round != r.row.Round || wire.IsEvalSubject(m.Subject()) {
+		return device, refuse("subject %s is not an update report of round %s/%d", m.Subject(), t.id, r.row.Round)
+	}
+	t.mu.Lock()
+	seat, ok := r.assigned[device]
+	t.mu.Unlock()
+	if !ok {
+		return device, refuse("device %q is not in the cohort of round %d", device, round)
+	}
+	if sec.srv.Stage() != secagg.StageMaskedInput {
+		return device, refuse("masked input arrived in the %v stage", sec.srv.Stage())
+	}
+	var rep pb.UpdateReport
+	if err := proto.Unmarshal(m.Data(), &rep); err != nil {
+		return device, refuse("decode update report: %v", err)
+	}
+	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+		return device, err
+	}
+	mu := rep.GetMasked()
+	switch {
+	case mu == nil:
+		return device, refuse("a secure round takes masked updates only")
+	case rep.NumExamples != 0:
+		// The weight travels inside the masked vector; a plaintext count would reveal it.
+		return device, refuse("num_examples must be 0 in a masked report (the weight is masked)")
+	case len(rep.GetMetrics().GetValues()) > 0:
+		return device, refuse("a masked report carries no plaintext metrics")
+	case mu.ParticipantId != seat.Participant:
+		return device, refuse("masked update for participant %d from participant %d", mu.ParticipantId, seat.Participant)
+	}
+	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
+		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
+	}
+	if err := sec.srv.AddMasked(mu); err != nil {
+		return device, refuse("%v", err)
+	}
+	sec.got[seat.Participant] = true
+	return device, nil
+}
+
+// finishSecure unmasks the sum, decodes it and commits the round.
+func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.Collector) error {
+	sec := r.secure
+	sum, err := sec.srv.Result()
+	if err != nil {
+		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	survivors, err := sec.srv.Survivors()
+	if err != nil {
+		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	weighted, total, err := sec.quant.Dequantize(sum)
+	if err != nil {
+		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	if err := col.AddSum(weighted, total, len(survivors)); err != nil {
+		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	t.mu.Lock()
+	for _, id := range survivors {
+		r.reported[sec.devices[id]] = true
+	}
+	t.mu.Unlock()
+	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)))
+}
+
+// errSecureResume explains why a secure round found open after a restart is abandoned.
+var errSecureResume = errors.New("secure aggregation state (shares, masks) is held in memory only and was lost in a restart")
+
+// newSecureRun prepares the server side of a secure round of n participants
+// and dim model parameters.
+func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, error) {
+	round, cfg, err := SecureConfig(t.spec.GetSecagg(), t.id, roundNum, n, seed)
+	if err != nil {
+		return nil, err
+	}
+	quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+	if err != nil {
+		return nil, err
+	}
+	sec := &secureRun{round: round, quant: quant, cfg: cfg, ups: make(chan secUp, 4*n+16),
+		keys: map[uint32]ed25519.PublicKey{}, devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{}}
+	if sec.srv, err = secagg.NewServer(round, dim+1, secagg.ServerOptions{VerifyPeer: sec.verify, Workers: 2}); err != nil {
+		return nil, err
+	}
+	return sec, nil
+}
+
+// secureStageTimeout is the task's SecAgg stage timeout with its default.
+func secureStageTimeout(cfg *pb.SecAggConfig) time.Duration {
+	if d := cfg.GetStageTimeout().AsDuration(); d > 0 {
+		return d
+	}
+	return DefaultSecAggStageTimeout
+}

@@ -1,0 +1,145 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+// TestSecureRounds: rounds of a task with secure aggregation run over NATS
+// through the SecAgg+ stages while one device vanishes after uploading its
+// keys and another after uploading its masked update; each round commits
+// the sum of the survivors only, which the server learns unmasked: with the
+// trivial module every update is +0.001 with weight 1, so the model moves by
+// exactly that (up to quantization) per round.
+func TestSecureRounds(t *testing.T) {
+	h := servertest.New(t, servertest.WithPace(50*time.Millisecond))
+	base, err := model.New(model.Tensor{Name: "w", Shape: []int{4, 5}, Data: make([]float32, 20)},
+		model.Tensor{Name: "b", Shape: []int{5}, Data: []float32{1, 2, 3, 4, 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "secure", base)
+	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
+	var drops atomic.Int64
+	dropAt := func(at string) func(string, uint64, string) bool {
+		return func(_ string, _ uint64, stage string) bool {
+			if stage == at {
+				drops.Add(1)
+				return true
+			}
+			return false
+		}
+	}
+	// dev-000 leaves every round after uploading its keys, dev-001 after its
+	// masked update; the other six behave.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for i := range 8 {
+		opts := []edge.Option{edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t))}
+		switch i {
+		case 0:
+			opts = append(opts, edge.WithDropout(dropAt(edge.DropAfterAdvertise)))
+		case 1:
+			opts = append(opts, edge.WithDropout(dropAt(edge.DropAfterMasked)))
+		}
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: t.TempDir(), DeviceID: fmt.Sprintf("dev-%03d", i)}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(ctx) }()
+	}
+	task := h.CreateTask(t, &pb.Task{Name: "secure", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: 8, ReportGoal: 5, RoundsTotal: 2, SelectionTimeout: durationpb.New(10 * time.Second),
+		ReportTimeout: durationpb.New(20 * time.Second),
+		Secagg:        &pb.SecAggConfig{ClipRange: 0.01, MaxWeight: 1, StageTimeout: durationpb.New(1500 * time.Millisecond)}})
+	done := h.WaitTask(t, task.Id, 90*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s", done.State, done.StateReason)
+	}
+	committed := 0
+	for _, r := range h.Rounds(t, task.Id) {
+		t.Logf("round %d %v assigned %d reported %d dropped %d: %s", r.Round, r.State, r.Assigned, r.Reported, r.Dropped, r.Reason)
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED {
+			continue
+		}
+		committed++
+		// The one that left after its keys is not in the sum; the one that
+		// left after its masked update is (its self mask is removed with
+		// its neighbours' shares).
+		if r.Assigned != 8 || r.Reported != 7 || !strings.Contains(r.Reason, "secure sum of 7") {
+			t.Errorf("round %d: assigned %d, reported %d (%s), want 8 and 7", r.Round, r.Assigned, r.Reported, r.Reason)
+		}
+	}
+	if committed != 2 || drops.Load() < 4 {
+		t.Fatalf("%d rounds committed, %d dropouts", committed, drops.Load())
+	}
+	_, b, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.DecodeSafetensors(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := base.Flatten()
+	for i, v := range got.Flatten() {
+		if d := float64(v - want[i]); math.Abs(d-2*wasmtest.TrivialStep) > 1e-6 {
+			t.Fatalf("parameter %d moved by %v, want %v", i, d, 2*wasmtest.TrivialStep)
+		}
+	}
+}
+
+// TestSecureTaskRefused: settings secure aggregation cannot honour are refused
+// when the task is created.
+func TestSecureTaskRefused(t *testing.T) {
+	h := servertest.New(t)
+	base, _ := model.New(model.Tensor{Name: "w", Shape: []int{2, 2}, Data: make([]float32, 4)})
+	version := h.ImportModel(t, "secure", base)
+	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
+	for _, tc := range []struct {
+		name string
+		edit func(*pb.Task)
+		want string
+	}{
+		{"median", func(t *pb.Task) {
+			t.Aggregation = &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_MEDIAN}
+		}, "individual updates"},
+		{"trimmed mean", func(t *pb.Task) {
+			t.Aggregation = &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_TRIMMED_MEAN, TrimFraction: 0.1}
+		}, "individual updates"},
+		{"threshold at most k/2", func(t *pb.Task) { t.Secagg.K, t.Secagg.Threshold = 4, 2 }, "threshold"},
+		{"too many bits", func(t *pb.Task) { t.Secagg.Bits = 33 }, "bits"},
+		{"negative clip range", func(t *pb.Task) { t.Secagg.ClipRange = -1 }, "clip range"},
+		{"NaN weight bound", func(t *pb.Task) { t.Secagg.MaxWeight = math.NaN() }, "max_weight"},
+		{"one device", func(t *pb.Task) { t.CohortTarget, t.ReportGoal = 1, 1 }, "participants"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			task := &pb.Task{Name: "secure", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+				CohortTarget: 10, ReportGoal: 5, RoundsTotal: 1, Secagg: &pb.SecAggConfig{}}
+			tc.edit(task)
+			_, err := h.Tasks.CreateTask(t.Context(), &pb.CreateTaskRequest{Task: task})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want InvalidArgument mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
