@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"math"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -70,7 +73,7 @@ func TestSecureRounds(t *testing.T) {
 	task := h.CreateTask(t, &pb.Task{Name: "secure", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
 		CohortTarget: 8, ReportGoal: 5, RoundsTotal: 2, SelectionTimeout: durationpb.New(10 * time.Second),
 		ReportTimeout: durationpb.New(20 * time.Second),
-		Secagg:        &pb.SecAggConfig{ClipRange: 0.01, MaxWeight: 1, StageTimeout: durationpb.New(1500 * time.Millisecond)}})
+		Secagg:        &pb.SecAggConfig{ClipRange: 0.01, MaxWeight: 1, StageTimeout: durationpb.New(2500 * time.Millisecond)}})
 	done := h.WaitTask(t, task.Id, 90*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
 		t.Fatalf("task %v: %s", done.State, done.StateReason)
@@ -91,6 +94,28 @@ func TestSecureRounds(t *testing.T) {
 	}
 	if committed != 2 || drops.Load() < 4 {
 		t.Fatalf("%d rounds committed, %d dropouts", committed, drops.Load())
+	}
+	// The audit log names each secure round's parameters by digest.
+	res, err := pb.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
+		Filter: &pb.AuditFilter{TaskId: task.Id, EventType: string(audit.TypeRoundOpened)}})
+	if err != nil || len(res.GetEntries()) < 2 {
+		t.Fatalf("round.opened entries: %d, %v", len(res.GetEntries()), err)
+	}
+	for _, e := range res.GetEntries() {
+		if !bytes.Contains(e.GetJws(), []byte(".")) {
+			t.Fatal("entry is not a JWS")
+		}
+		ev, err := audit.ParseEvent(jwsPayload(t, e.GetJws()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ev.DecodePayload()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.(audit.RoundOpened).SecAggSHA256 == "" {
+			t.Fatalf("round %d opened without a SecAgg parameters digest", p.(audit.RoundOpened).Round)
+		}
 	}
 	_, b, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
 	if err != nil {
@@ -142,4 +167,18 @@ func TestSecureTaskRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jwsPayload returns the payload of a compact JWS without verifying it.
+func jwsPayload(t *testing.T, jws []byte) []byte {
+	t.Helper()
+	parts := bytes.Split(jws, []byte("."))
+	if len(parts) != 3 {
+		t.Fatalf("JWS has %d parts", len(parts))
+	}
+	b, err := base64.RawURLEncoding.DecodeString(string(parts[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -298,8 +298,16 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		return nil, err
 	}
 	t.log().Info("round opened", "round", round, "kind", kind)
-	t.c.record(audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
-		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())})
+	ev := audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
+		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())}
+	if t.secure(kind) {
+		// The parameters every participant derives, as the plans carry them.
+		if _, cfg, err := SecureConfig(t.spec.GetSecagg(), t.id, round, t.wanted(), rr.Seed); err == nil {
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cfg)
+			ev.SecAggSHA256 = wire.SHA256(b)
+		}
+	}
+	t.c.record(ev)
 	return rr, nil
 }
 
