@@ -1,0 +1,114 @@
+// Package keyfile reads and writes secret key files: created with mode 0600
+// through a temporary file and rename, so a crash never leaves half a key,
+// and refused on load when group or others may read them.
+package keyfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// ErrMode reports a secret file whose permissions let group or others in.
+var ErrMode = errors.New("keyfile: permissions too open")
+
+// MaxSize bounds what Read accepts; every key file here is far smaller.
+const MaxSize = 64 << 10
+
+// Read returns the contents of a secret file, or an error wrapping
+// fs.ErrNotExist when there is none.
+func Read(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %04o, want 0600", ErrMode, path, st.Mode().Perm())
+	}
+	if st.Size() > MaxSize {
+		return nil, fmt.Errorf("%s: %d bytes is too large for a key file", path, st.Size())
+	}
+	b := make([]byte, st.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Create writes b to path with the given mode unless path already exists,
+// in which case it returns an error wrapping fs.ErrExist. The parent
+// directory is created with mode 0700.
+func Create(path string, b []byte, mode fs.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	// A hard link fails when path exists, so two processes creating the
+	// same key at once cannot overwrite each other's: one wins, the other
+	// loads the winner's key.
+	if err := os.Link(tmp.Name(), path); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Replace writes b to path with the given mode, replacing any file there
+// atomically (temporary file, then rename).
+func Replace(path string, b []byte, mode fs.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
