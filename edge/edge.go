@@ -442,7 +442,11 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		if err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
-		values := wire.EncodeDense(updateOf(m, res.Model))
+		delta, err := a.privatize(updateOf(m, res.Model), plan)
+		if err != nil {
+			return err
+		}
+		values := wire.EncodeDense(delta)
 		layout := make([]*pb.TensorSpec, len(m.Tensors))
 		for i, t := range m.Tensors {
 			shape := make([]uint64, len(t.Shape))

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -92,7 +93,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
-	quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+	encode, err := a.secureEncoder(plan, call.Model.Layout().Size(), round.Bits(), n)
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
@@ -191,7 +192,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 				return errDroppedOut
 			}
 		case *pb.SecAggDown_ForwardedShares:
-			values, err := a.secureInput(ctx, mod, call, quant, plan)
+			values, err := a.secureInput(ctx, mod, call, encode)
 			if err != nil {
 				return err
 			}
@@ -233,27 +234,81 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 	}
 }
 
-// secureInput trains and returns the update as the quantized vector the
-// round masks: clipped to the norm bound, weighted by the example count
-// (capped at the round's weight bound), with the weight appended.
-func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, quant *secagg.Quantizer, plan *pb.RoundPlan) ([]uint32, error) {
+// encoder turns a trained update and its example count into the vector a
+// secure round masks.
+type encoder func(delta []float32, examples int) ([]uint32, error)
+
+// secureEncoder returns the round's encoding. With distributed DP the update
+// is rotated, clipped, scaled, rounded and noised on the device
+// (privacy/dp); otherwise it is clipped to the norm bound, weighted by the
+// example count (1 under DP; capped at the round's weight bound), quantized,
+// and the weight appended.
+func (a *Agent) secureEncoder(plan *pb.RoundPlan, dim, bits, n int) (encoder, error) {
+	if _, ok := dp.MechanismOf(plan.GetDp().GetMechanism()); ok {
+		dist, err := dp.DistributedFor(plan.GetDp(), dim, bits)
+		if err != nil {
+			return nil, err
+		}
+		src, err := dp.NewSource(crand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		enc, err := dist.NewEncoder(wire.RotationSeed(plan.TaskId, plan.Round, plan.Seed), src)
+		if err != nil {
+			return nil, err
+		}
+		return func(delta []float32, _ int) ([]uint32, error) { return enc.Encode(delta) }, nil
+	}
+	cfg := plan.GetSecagg()
+	quant, err := secagg.NewQuantizer(bits, cfg.GetClipRange(), n, cfg.GetMaxWeight())
+	if err != nil {
+		return nil, err
+	}
+	return func(delta []float32, examples int) ([]uint32, error) {
+		delta, err := a.privatize(delta, plan)
+		if err != nil {
+			return nil, err
+		}
+		weight := min(float64(examples), cfg.GetMaxWeight())
+		if plan.GetDp() != nil {
+			weight = 1
+		}
+		if weight <= 0 {
+			return nil, fmt.Errorf("module reported %d examples", examples)
+		}
+		var seed [32]byte
+		if _, err := crand.Read(seed[:]); err != nil {
+			return nil, err
+		}
+		return quant.Quantize(delta, weight, mrand.New(mrand.NewChaCha8(seed)))
+	}, nil
+}
+
+// secureInput trains and encodes the update for masking.
+func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, encode encoder) ([]uint32, error) {
 	res, err := mod.Train(ctx, call)
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}
-	delta := updateOf(call.Model, res.Model)
+	return encode(updateOf(call.Model, res.Model), res.NumExamples)
+}
+
+// privatize clips an update to the plan's norm bound and, under local DP,
+// adds the device's Gaussian noise.
+func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) ([]float32, error) {
 	if bound := plan.GetMaxUpdateNorm(); bound > 0 {
 		clipNorm(delta, bound)
 	}
-	weight := min(float64(res.NumExamples), plan.GetSecagg().GetMaxWeight())
-	if weight <= 0 {
-		return nil, fmt.Errorf("train: module reported %d examples", res.NumExamples)
+	if d := plan.GetDp(); d.GetMechanism() == pb.DPMechanism_DP_MECHANISM_LOCAL {
+		src, err := dp.NewSource(crand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		if err := dp.AddLocalNoise(delta, d.GetClipNorm(), d.GetNoiseMultiplier(), src); err != nil {
+			return nil, err
+		}
 	}
-	var seed [32]byte
-	if _, err := crand.Read(seed[:]); err != nil {
-		return nil, err
-	}
-	return quant.Quantize(delta, weight, mrand.New(mrand.NewChaCha8(seed)))
+	return delta, nil
 }
 
 // updateOf is the trained model minus the round's model, flattened.

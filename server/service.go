@@ -101,6 +101,20 @@ func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
 	if d := t.GetServerEvalDataset(); d != "" {
 		settings["server_eval_dataset"] = d
 	}
+	if d := t.GetDp(); d.GetMechanism() > pb.DPMechanism_DP_MECHANISM_NONE {
+		f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+		settings["dp_mechanism"] = d.GetMechanism().String()
+		settings["dp_clip_norm"], settings["dp_noise_multiplier"] = f(d.GetClipNorm()), f(d.GetNoiseMultiplier())
+		settings["dp_target_epsilon"], settings["dp_delta"] = f(d.GetTargetEpsilon()), f(d.GetDelta())
+		settings["dp_sampling_rate"] = f(d.GetSamplingRate())
+		settings["dp_accountant"] = d.GetAccountant().String()
+		settings["dp_max_rounds_per_device"] = strconv.FormatUint(uint64(d.GetMaxRoundsPerDevice()), 10)
+	}
+	if sa := t.GetSecagg(); sa != nil {
+		settings["secagg_k"], settings["secagg_threshold"] = strconv.FormatUint(uint64(sa.GetK()), 10), strconv.FormatUint(uint64(sa.GetThreshold()), 10)
+		settings["secagg_bits"] = strconv.FormatUint(uint64(sa.GetBits()), 10)
+		settings["secagg_clip_range"] = strconv.FormatFloat(sa.GetClipRange(), 'g', -1, 64)
+	}
 	return audit.TaskCreated{Task: t.GetId(), Name: t.GetName(), BaseModel: t.GetModel().GetVersion(),
 		Module: t.GetModule().GetSha256(), Rounds: uint64(t.GetRoundsTotal()), CohortTarget: uint64(t.GetCohortTarget()),
 		ReportGoal: uint64(t.GetReportGoal()), AggregationRule: t.GetAggregation().GetRule().String(),
@@ -152,10 +166,6 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 			return invalid("secure aggregation with %d cohort slots: %v", n, err)
 		}
 	}
-	if t.GetDp() != nil && t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED &&
-		t.GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_NONE {
-		return invalid("differential privacy is not supported by this server version")
-	}
 	if n := t.GetAggregation().GetMaxUpdateNorm(); n < 0 {
 		return invalid("max_update_norm must not be negative")
 	}
@@ -185,6 +195,9 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	}
 	if _, err := aggregator.NewRule(aggregator.Kind(a.Rule), max(mrow.Params, 1), opts...); err != nil {
 		return invalid("aggregation: %v", err)
+	}
+	if err := coord.CheckDP(t, mrow.Params); err != nil {
+		return invalid("%v", err)
 	}
 	return nil
 }

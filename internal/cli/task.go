@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"io"
 	"math"
 	"os"
@@ -396,14 +397,18 @@ func newTaskRoundsCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, &pb.ListRoundsResponse{Rounds: rounds})
 				}
-				t := newTable(w, "ROUND", "KIND", "STATE", "ASSIGNED", "REPORTED", "DROPPED", "METRICS")
+				t := newTable(w, "ROUND", "KIND", "STATE", "ASSIGNED", "REPORTED", "DROPPED", "EPSILON", "METRICS")
 				for _, r := range rounds {
 					metrics := metricsString(r.GetMetrics())
 					if r.GetReason() != "" {
 						metrics = "(" + r.GetReason() + ")"
 					}
+					eps := "-"
+					if r.GetEpsilonSpent() > 0 {
+						eps = strconv.FormatFloat(r.GetEpsilonSpent(), 'g', 4, 64)
+					}
 					t.row(fmt.Sprint(r.GetRound()), roundKind(r.GetKind()), roundState(r.GetState()),
-						fmt.Sprint(r.GetAssigned()), fmt.Sprint(r.GetReported()), fmt.Sprint(r.GetDropped()), metrics)
+						fmt.Sprint(r.GetAssigned()), fmt.Sprint(r.GetReported()), fmt.Sprint(r.GetDropped()), eps, metrics)
 				}
 				return t.flush()
 			})

@@ -199,7 +199,7 @@ func TestTaskListGetStopRounds(t *testing.T) {
 	}
 
 	f.rounds["task-1"] = []*pb.RoundSummary{
-		{TaskId: "task-1", Round: 1, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_COMMITTED,
+		{TaskId: "task-1", Round: 1, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_COMMITTED, EpsilonSpent: 1.25,
 			Assigned: 13, Reported: 10, Dropped: 3, Metrics: &pb.Metrics{Values: map[string]float64{"loss": 0.5, "accuracy": 0.875}}},
 		{TaskId: "task-1", Round: 2, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_ABANDONED,
 			Assigned: 13, Reported: 2, Dropped: 11, Reason: "too few reports"},
@@ -210,10 +210,10 @@ func TestTaskListGetStopRounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"ROUND  KIND      STATE      ASSIGNED  REPORTED  DROPPED  METRICS",
-		"3      evaluate  open       5         0         0        -",
-		"2      train     abandoned  13        2         11       (too few reports)",
-		"1      train     committed  13        10        3        accuracy=0.875 loss=0.5",
+		"ROUND  KIND      STATE      ASSIGNED  REPORTED  DROPPED  EPSILON  METRICS",
+		"3      evaluate  open       5         0         0        -        -",
+		"2      train     abandoned  13        2         11       -        (too few reports)",
+		"1      train     committed  13        10        3        1.25     accuracy=0.875 loss=0.5",
 	}
 	if got := strings.Split(strings.TrimSpace(out), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("task rounds:\n%s\nwant:\n%s", out, strings.Join(want, "\n"))

@@ -32,6 +32,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -55,17 +56,28 @@ type Config struct {
 	SecureAggregation bool
 	// Dropout is the chance that a device selected for a secure round
 	// vanishes right after uploading its keys, to exercise dropout recovery.
-	Dropout  float64
-	Seed     uint64
-	DataDir  string // server state; "" uses a temporary directory
-	OutDir   string // where results.csv and accuracy.png go
-	Out      io.Writer
-	Log      *slog.Logger
-	Terminal bool // draw the progress bar in place
+	Dropout float64
+	// DP adds differential privacy: "central" (the server noises the sum,
+	// DP-FedAvg) or "distributed" (each device adds discrete Gaussian noise
+	// under secure aggregation); "" runs without.
+	DP string
+	// NoiseMultiplier and ClipNorm are the DP noise multiplier z and the L2
+	// bound C of each device's update; DPDelta is δ. The task's ε target is
+	// the ε its Rounds rounds spend, so the budget ends the task exactly.
+	NoiseMultiplier float64
+	ClipNorm        float64
+	DPDelta         float64
+	Seed            uint64
+	DataDir         string // server state; "" uses a temporary directory
+	OutDir          string // where results.csv and accuracy.png go
+	Out             io.Writer
+	Log             *slog.Logger
+	Terminal        bool // draw the progress bar in place
 }
 
 // Defaults are the demo's standard scale.
-var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Dropout: 0.1, Seed: 1, OutDir: "."}
+var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Dropout: 0.1,
+	NoiseMultiplier: 0.1, ClipNorm: 1, DPDelta: 1e-5, Seed: 1, OutDir: "."}
 
 // Secure aggregation settings of the demo's task: update elements are
 // clipped to ±SecAggClipRange and weights (example counts) capped at
@@ -81,6 +93,7 @@ const (
 type Result struct {
 	BaseAccuracy  float64
 	FinalAccuracy float64
+	Epsilon       float64 // DP ε spent at Config.DPDelta; 0 without DP
 	Rounds        []RoundResult
 	Elapsed       time.Duration
 }
@@ -227,8 +240,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	hyper, _ := json.Marshal(Hyper)
+	privacy, err := dpConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	var secure *pb.SecAggConfig
-	if cfg.SecureAggregation {
+	if cfg.SecureAggregation || cfg.DP == "distributed" {
 		secure = &pb.SecAggConfig{ClipRange: SecAggClipRange, MaxWeight: SecAggMaxWeight,
 			StageTimeout: durationpb.New(SecAggStageTimeout)}
 	}
@@ -242,6 +259,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.8},
 		ServerEvalDataset: evalDir,
 		Secagg:            secure,
+		Dp:                privacy,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("demo: create task: %w", err)
@@ -267,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			r := RoundResult{Round: ev.Round, Reports: ev.Reported, Dropped: ev.Dropped,
 				Accuracy: m["server_accuracy"], Loss: m["server_loss"], Elapsed: time.Since(roundStart)}
 			res.Rounds = append(res.Rounds, r)
-			res.FinalAccuracy = r.Accuracy
+			res.FinalAccuracy, res.Epsilon = r.Accuracy, ev.GetEpsilonSpent()
 			bar.round(r)
 			roundStart = time.Now()
 		case pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED:
@@ -279,9 +297,109 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(cfg.OutDir, "results.csv"), filepath.Join(cfg.OutDir, "accuracy.png"))
+	if privacy != nil {
+		fmt.Fprintf(out, "differential privacy (%s, noise multiplier %g, clip norm %g): epsilon %.4g at delta %g, no amplification by sampling claimed\n",
+			cfg.DP, cfg.NoiseMultiplier, cfg.ClipNorm, res.Epsilon, cfg.DPDelta)
+	}
 	fmt.Fprintf(out, "done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)\n",
 		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
 	return res, nil
+}
+
+// Sweep runs the demo once without DP and once per noise multiplier with
+// cfg.DP, each in its own subdirectory of cfg.OutDir, and writes
+// privacy.csv and privacy.png there: final accuracy against ε.
+func Sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, error) {
+	if cfg.DP == "" || cfg.DP == "none" {
+		return nil, fmt.Errorf("demo: a privacy sweep needs --dp central or distributed")
+	}
+	if len(noise) == 0 {
+		return nil, fmt.Errorf("demo: a privacy sweep needs noise multipliers")
+	}
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	plainCfg := cfg
+	plainCfg.DP, plainCfg.OutDir = "", filepath.Join(cfg.OutDir, "no-dp")
+	fmt.Fprintf(out, "== without differential privacy\n")
+	plain, err := Run(ctx, plainCfg)
+	if err != nil {
+		return nil, err
+	}
+	var pts []PrivacyPoint
+	for _, z := range noise {
+		c := cfg
+		c.NoiseMultiplier, c.OutDir = z, filepath.Join(cfg.OutDir, fmt.Sprintf("%s-z%g", cfg.DP, z))
+		fmt.Fprintf(out, "== %s DP, noise multiplier %g\n", cfg.DP, z)
+		res, err := Run(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		pts = append(pts, PrivacyPoint{NoiseMultiplier: z, Epsilon: res.Epsilon, Accuracy: res.FinalAccuracy})
+	}
+	f, err := os.Create(filepath.Join(cfg.OutDir, "privacy.csv"))
+	if err != nil {
+		return nil, err
+	}
+	w := csv.NewWriter(f)
+	w.Write([]string{"mechanism", "noise_multiplier", "clip_norm", "delta", "epsilon", "accuracy"})
+	w.Write([]string{"none", "", "", "", "", strconv.FormatFloat(plain.FinalAccuracy, 'f', 6, 64)})
+	for _, pt := range pts {
+		w.Write([]string{cfg.DP, strconv.FormatFloat(pt.NoiseMultiplier, 'g', -1, 64), strconv.FormatFloat(cfg.ClipNorm, 'g', -1, 64),
+			strconv.FormatFloat(cfg.DPDelta, 'g', -1, 64), strconv.FormatFloat(pt.Epsilon, 'g', 6, 64),
+			strconv.FormatFloat(pt.Accuracy, 'f', 6, 64)})
+	}
+	w.Flush()
+	if err := errors.Join(w.Error(), f.Close()); err != nil {
+		return nil, err
+	}
+	if err := plotPrivacy(filepath.Join(cfg.OutDir, "privacy.png"), cfg.DP, pts, plain.FinalAccuracy, plain.BaseAccuracy); err != nil {
+		return nil, err
+	}
+	for _, pt := range pts {
+		fmt.Fprintf(out, "%s DP z=%g: epsilon %.4g at delta %g -> accuracy %.2f%% (without DP %.2f%%)\n",
+			cfg.DP, pt.NoiseMultiplier, pt.Epsilon, cfg.DPDelta, 100*pt.Accuracy, 100*plain.FinalAccuracy)
+	}
+	return pts, nil
+}
+
+// dpConfig is the task's DP settings for cfg.DP, with an ε target that the
+// task's rounds spend exactly.
+func dpConfig(cfg Config) (*pb.DPConfig, error) {
+	var c *pb.DPConfig
+	switch cfg.DP {
+	case "", "none":
+		return nil, nil
+	case "central":
+		c = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN}
+	case "distributed":
+		c = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN}
+	default:
+		return nil, fmt.Errorf("demo: --dp %q: want none, central or distributed", cfg.DP)
+	}
+	c.ClipNorm, c.NoiseMultiplier, c.Delta = cfg.ClipNorm, cfg.NoiseMultiplier, cfg.DPDelta
+	eps, err := demoEpsilon(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	c.TargetEpsilon = eps * (1 + 1e-9)
+	return c, nil
+}
+
+// mlpParams is the size of the demo's 784-128-10 MLP.
+const mlpParams = 784*128 + 128 + 128*10 + 10
+
+// demoEpsilon is the ε the demo's rounds spend under cfg's DP settings.
+func demoEpsilon(cfg Config) (float64, error) {
+	if cfg.DP == "distributed" {
+		dist, err := dp.NewDistributed(dp.DiscreteGaussian, mlpParams, 32, max(1, cfg.Cohort*3/4), cfg.ClipNorm, cfg.NoiseMultiplier)
+		if err != nil {
+			return 0, err
+		}
+		return dist.Epsilon(cfg.Rounds, cfg.DPDelta)
+	}
+	return dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: cfg.NoiseMultiplier, Steps: cfg.Rounds}}, cfg.DPDelta)
 }
 
 // dropout decides, the same way for a device and round in every run, whether

@@ -161,6 +161,23 @@ func SHA256(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// RotationSeed is the seed of a round's randomized Hadamard rotation for
+// distributed DP: the same for the server and every device of the round, and
+// different across tasks and rounds.
+func RotationSeed(task string, round, roundSeed uint64) [32]byte {
+	h := sha256.New()
+	h.Write([]byte("fleetlearn/dp rotation\x00"))
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], round)
+	binary.BigEndian.PutUint64(b[8:], roundSeed)
+	h.Write([]byte(task))
+	h.Write([]byte{0})
+	h.Write(b[:])
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
+}
+
 // MaskedSHA256 is the payload hash of a masked update: SHA-256 of its values
 // as little-endian uint32s.
 func MaskedSHA256(m *pb.MaskedUpdate) string {

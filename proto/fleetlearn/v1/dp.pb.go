@@ -178,8 +178,17 @@ type DPConfig struct {
 	// noise is calibrated for: each device adds a 1/min_noise_contributors
 	// share of the noise variance. A round with fewer reports is abandoned.
 	MinNoiseContributors uint32 `protobuf:"varint,9,opt,name=min_noise_contributors,json=minNoiseContributors,proto3" json:"min_noise_contributors,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Sampling rate q the accountant may assume for amplification by
+	// subsampling: claim it only when each device joins a round independently
+	// with probability q (Poisson sampling). Zero, the default, claims no
+	// amplification (q = 1), the honest choice when cohorts are filled by
+	// whichever devices are available. Distributed mechanisms never claim it.
+	SamplingRate float64 `protobuf:"fixed64,10,opt,name=sampling_rate,json=samplingRate,proto3" json:"sampling_rate,omitempty"`
+	// Maximum number of rounds one device may take part in over the task; zero
+	// means no cap. Devices at the cap are not selected again.
+	MaxRoundsPerDevice uint32 `protobuf:"varint,11,opt,name=max_rounds_per_device,json=maxRoundsPerDevice,proto3" json:"max_rounds_per_device,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DPConfig) Reset() {
@@ -275,11 +284,25 @@ func (x *DPConfig) GetMinNoiseContributors() uint32 {
 	return 0
 }
 
+func (x *DPConfig) GetSamplingRate() float64 {
+	if x != nil {
+		return x.SamplingRate
+	}
+	return 0
+}
+
+func (x *DPConfig) GetMaxRoundsPerDevice() uint32 {
+	if x != nil {
+		return x.MaxRoundsPerDevice
+	}
+	return 0
+}
+
 var File_fleetlearn_v1_dp_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\n" +
-	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xa4\x03\n" +
+	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xfc\x03\n" +
 	"\bDPConfig\x128\n" +
 	"\tmechanism\x18\x01 \x01(\x0e2\x1a.fleetlearn.v1.DPMechanismR\tmechanism\x12\x1b\n" +
 	"\tclip_norm\x18\x02 \x01(\x01R\bclipNorm\x12:\n" +
@@ -291,7 +314,10 @@ const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\n" +
 	"accountant\x18\b \x01(\x0e2\x19.fleetlearn.v1.AccountantR\n" +
 	"accountant\x124\n" +
-	"\x16min_noise_contributors\x18\t \x01(\rR\x14minNoiseContributors*\xc7\x01\n" +
+	"\x16min_noise_contributors\x18\t \x01(\rR\x14minNoiseContributors\x12#\n" +
+	"\rsampling_rate\x18\n" +
+	" \x01(\x01R\fsamplingRate\x121\n" +
+	"\x15max_rounds_per_device\x18\v \x01(\rR\x12maxRoundsPerDevice*\xc7\x01\n" +
 	"\vDPMechanism\x12\x1c\n" +
 	"\x18DP_MECHANISM_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DP_MECHANISM_NONE\x10\x01\x12!\n" +

@@ -133,6 +133,11 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		return nil, 10 * pace, code, why
 	}
 	t.mu.Lock()
+	if max := t.dp.maxRounds(); max > 0 && t.parts[ci.DeviceId] >= max {
+		t.mu.Unlock()
+		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
+			fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", max)
+	}
 	r := t.round
 	if r == nil {
 		t.mu.Unlock()

@@ -77,9 +77,11 @@ type secUp struct {
 type secureRun struct {
 	round *secagg.Round
 	srv   *secagg.Server
-	quant *secagg.Quantizer
 	cfg   *pb.SecAggConfig
-	ups   chan secUp
+	// decode turns the unmasked sum into Σ wₖ·Δₖ and Σ wₖ, given the number
+	// of updates in it.
+	decode func(sum []uint32, count int) ([]float64, float64, error)
+	ups    chan secUp
 	// keys are the identity keys devices advertised, by participant: the
 	// server checks signatures with them before relaying (clients check
 	// again).
@@ -450,9 +452,17 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 	if err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 	}
-	weighted, total, err := sec.quant.Dequantize(sum)
+	if t.dp != nil && t.dp.dist != nil && len(survivors) < int(t.dp.cfg.GetMinNoiseContributors()) {
+		// Fewer devices than the noise was split across: too little noise.
+		return t.abandon(ctx, r, fmt.Sprintf("distributed DP: %d updates in the sum, fewer than the %d noise contributors",
+			len(survivors), t.dp.cfg.GetMinNoiseContributors()))
+	}
+	weighted, total, err := sec.decode(sum, len(survivors))
 	if err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	if err := t.addCentralNoise(weighted); err != nil {
+		return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
 	}
 	if err := col.AddSum(weighted, total, len(survivors)); err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
@@ -471,20 +481,44 @@ var errSecureResume = errors.New("secure aggregation state (shares, masks) is he
 // newSecureRun prepares the server side of a secure round of n participants
 // and dim model parameters.
 func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, error) {
-	round, cfg, err := SecureConfig(t.spec.GetSecagg(), t.id, roundNum, n, seed)
+	round, cfg, err := t.secureConfig(roundNum, n, seed)
 	if err != nil {
 		return nil, err
 	}
-	quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
-	if err != nil {
-		return nil, err
-	}
-	sec := &secureRun{round: round, quant: quant, cfg: cfg, ups: make(chan secUp, 4*n+16),
+	sec := &secureRun{round: round, cfg: cfg, ups: make(chan secUp, 4*n+16),
 		keys: map[uint32]ed25519.PublicKey{}, devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{}}
-	if sec.srv, err = secagg.NewServer(round, dim+1, secagg.ServerOptions{VerifyPeer: sec.verify, Workers: 2}); err != nil {
+	inputDim := dim + 1 // the update and its weight
+	if t.dp != nil && t.dp.dist != nil {
+		// Distributed DP: devices send their encoded, noised updates; every
+		// update has weight 1.
+		inputDim = t.dp.dist.PaddedDim()
+		dec := t.dp.dist.NewDecoder(wire.RotationSeed(t.id, roundNum, seed))
+		sec.decode = func(sum []uint32, count int) ([]float64, float64, error) {
+			v, err := dec.Decode(sum)
+			return v, float64(count), err
+		}
+	} else {
+		quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+		if err != nil {
+			return nil, err
+		}
+		sec.decode = func(sum []uint32, _ int) ([]float64, float64, error) { return quant.Dequantize(sum) }
+	}
+	if sec.srv, err = secagg.NewServer(round, inputDim, secagg.ServerOptions{VerifyPeer: sec.verify, Workers: 2}); err != nil {
 		return nil, err
 	}
 	return sec, nil
+}
+
+// secureConfig is SecureConfig for this task's rounds: with DP every update
+// has weight 1, so the weight bound is 1 too.
+func (t *taskRun) secureConfig(roundNum uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
+	spec := t.spec.GetSecagg()
+	if t.dp != nil {
+		spec = proto.Clone(spec).(*pb.SecAggConfig)
+		spec.MaxWeight = 1
+	}
+	return SecureConfig(spec, t.id, roundNum, n, seed)
 }
 
 // secureStageTimeout is the task's SecAgg stage timeout with its default.

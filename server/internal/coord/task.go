@@ -52,6 +52,8 @@ type taskRun struct {
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
+	dp      *dpRun         // nil without differential privacy
+	parts   map[string]int // committed rounds per device, when DP caps participation
 }
 
 func (t *taskRun) isOpen(round uint64) bool {
@@ -171,6 +173,11 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.rule, err = aggregator.NewRule(aggregator.Kind(agg.GetRule()), len(t.global.Flatten()), opts...); err != nil {
 		return fmt.Errorf("task %s: aggregation: %w", t.id, err)
 	}
+	if cfg := ResolveDP(t.spec); cfg != nil {
+		if t.dp, err = newDPRun(t.spec, cfg, t.global.Layout().Size()); err != nil {
+			return fmt.Errorf("task %s: %w", t.id, err)
+		}
+	}
 	if len(row.OptState) > 0 {
 		if err := t.rule.UnmarshalBinary(row.OptState); err != nil {
 			return fmt.Errorf("task %s: optimizer state: %w", t.id, err)
@@ -233,6 +240,11 @@ func (t *taskRun) step(ctx context.Context) (done bool, err error) {
 		kind := pb.RoundKind_ROUND_KIND_TRAIN
 		if t.evalPending(ctx, row) {
 			kind = pb.RoundKind_ROUND_KIND_EVALUATE
+		}
+		if kind == pb.RoundKind_ROUND_KIND_TRAIN {
+			if done, err := t.checkBudget(ctx, row.TrainRounds, row.CurrentRound+1); done || err != nil {
+				return done, err
+			}
 		}
 		if rr, err = t.open(ctx, row.CurrentRound+1, kind); err != nil {
 			return false, err
@@ -302,7 +314,7 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())}
 	if t.secure(kind) {
 		// The parameters every participant derives, as the plans carry them.
-		if _, cfg, err := SecureConfig(t.spec.GetSecagg(), t.id, round, t.wanted(), rr.Seed); err == nil {
+		if _, cfg, err := t.secureConfig(round, t.wanted(), rr.Seed); err == nil {
 			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cfg)
 			ev.SecAggSHA256 = wire.SHA256(b)
 		}
@@ -329,6 +341,30 @@ func eligibilityText(kind pb.RoundKind, e *pb.Eligibility) string {
 	return strings.Join(parts, " ")
 }
 
+// normBound is the L2 norm bound the server holds plaintext updates to.
+func (t *taskRun) normBound() float64 {
+	if t.dp == nil {
+		return t.spec.GetAggregation().GetMaxUpdateNorm()
+	}
+	switch t.dp.cfg.GetMechanism() {
+	case pb.DPMechanism_DP_MECHANISM_LOCAL:
+		return 0 // the devices' own noise makes updates longer than the clip norm
+	default:
+		// Devices clip to C; the slack covers their float32 rounding.
+		return t.dp.cfg.GetClipNorm() * (1 + 1e-5)
+	}
+}
+
+// weight is how much a report counts in the average: its example count, or
+// 1 under DP, where the clip norm bounds every device's influence only if
+// weights do not scale it.
+func (t *taskRun) weight(examples uint64) float64 {
+	if t.dp != nil {
+		return 1
+	}
+	return float64(examples)
+}
+
 // secure reports whether rounds of kind run through secure aggregation:
 // training rounds of a task with SecAgg settings. Evaluation rounds report
 // plaintext metrics only.
@@ -342,7 +378,7 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 	if err == nil {
 		size = uint64(m.Size)
 	}
-	return &pb.RoundPlan{
+	p := &pb.RoundPlan{
 		TaskId: t.id, Round: rr.Round, Kind: rr.Kind,
 		Model:           &pb.ModelRef{Sha256: rr.BaseModel, Version: rr.BaseModel, SizeBytes: size},
 		Module:          t.spec.GetModule(),
@@ -351,9 +387,13 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 		ReportDeadline:  timestamppb.New(rr.Deadline),
 		Limits:          t.spec.GetLimits(),
 		Secagg:          t.spec.GetSecagg(),
-		Dp:              t.spec.GetDp(),
 		MaxUpdateNorm:   t.spec.GetAggregation().GetMaxUpdateNorm(),
 	}
+	if t.dp != nil && rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		// Devices clip to the DP bound; evaluation rounds release metrics only.
+		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.cfg.GetClipNorm()
+	}
+	return p
 }
 
 // runRound selects the cohort, consumes reports until a close condition, and
@@ -377,7 +417,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 
 	var col aggregator.Collector
 	if row.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
-		if col, err = t.rule.NewCollector(t.spec.GetAggregation().GetMaxUpdateNorm()); err != nil {
+		if col, err = t.rule.NewCollector(t.normBound()); err != nil {
 			return fmt.Errorf("round %d: %w", row.Round, err)
 		}
 	}
@@ -418,8 +458,14 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	}
 	defer cc.Stop()
 
+	var parts map[string]int
+	if t.dp.maxRounds() > 0 {
+		if parts, err = t.c.d.Store.Participations(ctx, t.id); err != nil {
+			return err
+		}
+	}
 	t.mu.Lock()
-	t.round, t.loading = r, false
+	t.round, t.loading, t.parts = r, false, parts
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
@@ -592,7 +638,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 			return device, refuse("num_examples %d not in [1, %d] (examples available at check-in)", rep.NumExamples, seat.Examples)
 		}
 		// Last: a refused report must not have touched the aggregate.
-		if err := col.Add(delta, float64(rep.NumExamples)); err != nil {
+		if err := col.Add(delta, t.weight(rep.NumExamples)); err != nil {
 			return device, refuse("%v", err)
 		}
 		examples, metrics = rep.NumExamples, rep.Metrics
@@ -707,6 +753,17 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("aggregation: %v", err))
 		}
+		if r.secure == nil && t.dp != nil && t.dp.cfg.GetMechanism() == pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN {
+			// DP-FedAvg: noise of std zC on the sum is zC/n on the mean.
+			noise := make([]float64, len(delta))
+			if err := t.addCentralNoise(noise); err != nil {
+				return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
+			}
+			n := float64(col.Count())
+			for i := range delta {
+				delta[i] += float32(noise[i] / n)
+			}
+		}
 		flat := t.global.Flatten()
 		// Apply advances the optimizer state; keep the old state so that a
 		// commit that fails half-way can be retried without stepping twice.
@@ -752,6 +809,27 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	if newRow != nil {
 		row.Model = newRow.Version
 	}
+	t.mu.Lock()
+	for d := range r.reported {
+		row.Participants = append(row.Participants, d)
+	}
+	t.mu.Unlock()
+	var epsBefore float64
+	if t.dp != nil {
+		task, err := t.c.d.Store.Task(ctx, t.id)
+		if err != nil {
+			return err
+		}
+		if epsBefore, err = t.dp.epsilonAfter(int(task.TrainRounds)); err != nil {
+			return err
+		}
+		row.Epsilon = epsBefore
+		if newRow != nil {
+			if row.Epsilon, err = t.dp.epsilonAfter(int(task.TrainRounds) + 1); err != nil {
+				return err
+			}
+		}
+	}
 	if err := t.c.d.Store.CloseRound(ctx, row, newRow, optState, t.c.d.Now()); err != nil {
 		return err
 	}
@@ -760,8 +838,12 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	t.log().Info("round committed", "round", row.Round, "kind", row.Kind, "reports", row.Reported, "dropped", row.Dropped,
 		"model", row.Model, "metrics", metrics, "reason", reason)
 	t.recordCommit(row, newRow, mm, metrics)
+	if t.dp != nil && newRow != nil {
+		t.recordSpent(row.Round, epsBefore, row.Epsilon)
+	}
 	t.finishRound(row, "committed")
 	ev := t.event(r, pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED, metrics, reason)
+	ev.EpsilonSpent = row.Epsilon
 	if newRow != nil {
 		ev.Model = &pb.ModelRef{Sha256: newRow.Version, Version: newRow.Version, SizeBytes: uint64(newRow.Size), ParentVersion: newRow.Parent}
 	}

@@ -15,6 +15,7 @@ type M struct {
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
 	AuditFailures prometheus.Counter
+	Epsilon       *prometheus.GaugeVec // by task
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
@@ -38,8 +39,10 @@ func New() *M {
 			Help: "Rounds currently open."}),
 		AuditFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_audit_failures_total",
 			Help: "Events that could not be recorded in the audit log (each is also logged as an error)."}),
+		Epsilon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fleetlearn_dp_epsilon",
+			Help: "Differential privacy epsilon a task has spent, at its delta."}, []string{"task"}),
 	}
-	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures,
+	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.Epsilon,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -53,7 +54,14 @@ CREATE TABLE IF NOT EXISTS rounds (
 	metrics BLOB,
 	model TEXT NOT NULL DEFAULT '',
 	reason TEXT NOT NULL DEFAULT '',
+	epsilon REAL NOT NULL DEFAULT 0, -- the task's cumulative DP epsilon after this round
 	PRIMARY KEY (task_id, round)
+);
+CREATE TABLE IF NOT EXISTS participations ( -- rounds each device contributed to, for DP caps
+	task_id TEXT NOT NULL,
+	device_id TEXT NOT NULL,
+	rounds INTEGER NOT NULL,
+	PRIMARY KEY (task_id, device_id)
 );
 CREATE TABLE IF NOT EXISTS assignments (
 	task_id TEXT NOT NULL,
@@ -95,6 +103,10 @@ CREATE TABLE IF NOT EXISTS devices (
 `
 
 // Open opens (creating if needed) the database file at path.
+var migrations = []string{
+	`ALTER TABLE rounds ADD COLUMN epsilon REAL NOT NULL DEFAULT 0`,
+}
+
 func Open(ctx context.Context, path string) (*Store, error) {
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)"
 	db, err := sql.Open("sqlite", dsn)
@@ -107,6 +119,14 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if _, err := db.ExecContext(ctx, schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: schema: %w", err)
+	}
+	// Columns added after a table first shipped; a database that has them
+	// already answers "duplicate column".
+	for _, m := range migrations {
+		if _, err := db.ExecContext(ctx, m); err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			db.Close()
+			return nil, fmt.Errorf("store: migrate: %w", err)
+		}
 	}
 	return &Store{db: db}, nil
 }
@@ -271,13 +291,18 @@ type RoundRow struct {
 	Metrics   map[string]float64
 	Model     string
 	Reason    string
+	// Epsilon is the task's cumulative DP epsilon after the round (0 without DP).
+	Epsilon float64
+	// Participants are the devices whose updates a committed round counted;
+	// CloseRound adds one to each one's participations. Not stored in the row.
+	Participants []string
 }
 
 // Proto renders the row for the API.
 func (r *RoundRow) Proto() *pb.RoundSummary {
 	s := &pb.RoundSummary{TaskId: r.TaskID, Round: r.Round, Kind: r.Kind, State: r.State,
 		OpenTime: tsProto(r.Open), CloseTime: tsProto(r.Close), Assigned: r.Assigned, Reported: r.Reported,
-		Dropped: r.Dropped, Reason: r.Reason, Metrics: &pb.Metrics{Values: r.Metrics}}
+		Dropped: r.Dropped, Reason: r.Reason, Metrics: &pb.Metrics{Values: r.Metrics}, EpsilonSpent: r.Epsilon}
 	if r.Model != "" {
 		s.Model = &pb.ModelRef{Sha256: r.Model, Version: r.Model, ParentVersion: r.BaseModel}
 	}
@@ -297,7 +322,7 @@ func (s *Store) OpenRound(ctx context.Context, r *RoundRow, now time.Time) error
 	})
 }
 
-const roundCols = `task_id, round, kind, state, seed, base_model, open_time, deadline, close_time, assigned, reported, dropped, metrics, model, reason`
+const roundCols = `task_id, round, kind, state, seed, base_model, open_time, deadline, close_time, assigned, reported, dropped, metrics, model, reason, epsilon`
 
 func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
 	var (
@@ -309,7 +334,7 @@ func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
 		metrics                []byte
 	)
 	if err := sc.Scan(&r.TaskID, &round, &kind, &state, &seed, &r.BaseModel, &open, &dl, &cl, &assigned, &rep, &dropped,
-		&metrics, &r.Model, &r.Reason); err != nil {
+		&metrics, &r.Model, &r.Reason, &r.Epsilon); err != nil {
 		return nil, err
 	}
 	r.Round, r.Kind, r.State, r.Seed = uint64(round), pb.RoundKind(kind), pb.RoundState(state), uint64(seed)
@@ -373,11 +398,17 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 			}
 		}
 		_, err := tx.ExecContext(ctx, `UPDATE rounds SET state = ?, close_time = ?, assigned = ?, reported = ?, dropped = ?,
-			metrics = ?, model = ?, reason = ? WHERE task_id = ? AND round = ?`,
+			metrics = ?, model = ?, reason = ?, epsilon = ? WHERE task_id = ? AND round = ?`,
 			int32(r.State), ts(r.Close), r.Assigned, r.Reported, r.Dropped, marshalMetrics(r.Metrics), r.Model, r.Reason,
-			r.TaskID, int64(r.Round))
+			r.Epsilon, r.TaskID, int64(r.Round))
 		if err != nil {
 			return fmt.Errorf("store: close round: %w", err)
+		}
+		for _, d := range r.Participants {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO participations (task_id, device_id, rounds) VALUES (?, ?, 1)
+				ON CONFLICT (task_id, device_id) DO UPDATE SET rounds = rounds + 1`, r.TaskID, d); err != nil {
+				return fmt.Errorf("store: participation: %w", err)
+			}
 		}
 		if newModel != nil {
 			_, err = tx.ExecContext(ctx, `UPDATE tasks SET current_model = ?, train_rounds = train_rounds + 1, opt_state = ?, updated = ?
@@ -389,6 +420,26 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 		_, err = tx.ExecContext(ctx, `DELETE FROM assignments WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round))
 		return err
 	})
+}
+
+// Participations returns how many committed rounds of the task each device
+// contributed to.
+func (s *Store) Participations(ctx context.Context, task string) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT device_id, rounds FROM participations WHERE task_id = ?`, task)
+	if err != nil {
+		return nil, fmt.Errorf("store: participations: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var d string
+		var n int
+		if err := rows.Scan(&d, &n); err != nil {
+			return nil, err
+		}
+		out[d] = n
+	}
+	return out, rows.Err()
 }
 
 // UpdateRoundMetrics merges metrics into a closed round (server-side evaluation

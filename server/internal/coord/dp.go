@@ -1,0 +1,206 @@
+package coord
+
+import (
+	"context"
+	crand "crypto/rand"
+	"fmt"
+	"math"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
+)
+
+// dpRun is a task's differential privacy: the resolved settings, how its
+// rounds are accounted, and the noise source for central noise.
+type dpRun struct {
+	cfg  *pb.DPConfig // defaults filled in; what plans carry
+	q    float64      // sampling rate the accountant assumes (1: no amplification)
+	dist *dp.Distributed
+	src  *dp.Source
+}
+
+// ResolveDP fills in a task's DP defaults: the RDP accountant, at least
+// report_goal noise contributors for distributed mechanisms. It returns nil
+// for tasks without DP.
+func ResolveDP(task *pb.Task) *pb.DPConfig {
+	c := task.GetDp()
+	if c == nil || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_NONE || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
+		return nil
+	}
+	out := proto.Clone(c).(*pb.DPConfig)
+	if out.Accountant == pb.Accountant_ACCOUNTANT_UNSPECIFIED {
+		out.Accountant = pb.Accountant_ACCOUNTANT_RDP
+	}
+	if _, ok := dp.MechanismOf(out.Mechanism); ok && out.MinNoiseContributors == 0 {
+		out.MinNoiseContributors = task.GetReportGoal()
+	}
+	return out
+}
+
+// CheckDP validates a task's DP settings for a model of dim parameters; it
+// is what task creation runs, so a running task never meets bad settings.
+func CheckDP(task *pb.Task, dim int) error {
+	cfg := ResolveDP(task)
+	if cfg == nil {
+		return nil
+	}
+	_, err := newDPRun(task, cfg, dim)
+	return err
+}
+
+func newDPRun(task *pb.Task, cfg *pb.DPConfig, dim int) (*dpRun, error) {
+	bad := func(format string, a ...any) (*dpRun, error) {
+		return nil, fmt.Errorf("dp: "+format, a...)
+	}
+	switch {
+	case !(cfg.GetClipNorm() > 0) || math.IsInf(cfg.GetClipNorm(), 0):
+		return bad("clip_norm %v must be positive and finite", cfg.GetClipNorm())
+	case !(cfg.GetNoiseMultiplier() > 0) || math.IsInf(cfg.GetNoiseMultiplier(), 0):
+		return bad("noise_multiplier %v must be positive and finite", cfg.GetNoiseMultiplier())
+	case !(cfg.GetTargetEpsilon() > 0) || math.IsInf(cfg.GetTargetEpsilon(), 0):
+		return bad("target_epsilon %v must be positive and finite", cfg.GetTargetEpsilon())
+	case !(cfg.GetDelta() > 0 && cfg.GetDelta() < 1):
+		return bad("delta %v must be in (0, 1)", cfg.GetDelta())
+	case cfg.GetSamplingRate() < 0 || cfg.GetSamplingRate() > 1 || math.IsNaN(cfg.GetSamplingRate()):
+		return bad("sampling_rate %v must be in [0, 1]", cfg.GetSamplingRate())
+	case cfg.GetTargetUnclippedQuantile() != 0:
+		return bad("adaptive clipping (target_unclipped_quantile) is not supported in rounds; set a fixed clip_norm")
+	}
+	d := &dpRun{cfg: cfg, q: 1}
+	if cfg.GetSamplingRate() > 0 {
+		d.q = cfg.GetSamplingRate()
+	}
+	if _, ok := dp.MechanismOf(cfg.GetMechanism()); ok {
+		if task.GetSecagg() == nil {
+			return bad("mechanism %v adds noise on the devices and needs secure aggregation (secagg settings)", cfg.GetMechanism())
+		}
+		if cfg.GetSamplingRate() > 0 {
+			return bad("distributed mechanisms claim no amplification by sampling; leave sampling_rate at 0")
+		}
+		bits := int(task.GetSecagg().GetBits())
+		if bits == 0 {
+			bits = 32
+		}
+		dist, err := dp.DistributedFor(cfg, dim, bits)
+		if err != nil {
+			return nil, err
+		}
+		d.dist = dist
+	} else {
+		switch cfg.GetMechanism() {
+		case pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, pb.DPMechanism_DP_MECHANISM_LOCAL:
+		default:
+			return bad("unknown mechanism %v", cfg.GetMechanism())
+		}
+	}
+	src, err := dp.NewSource(crand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	d.src = src
+	if _, err := d.epsilonAfter(1); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// epsilonAfter is the task's ε at its δ after rounds committed training rounds.
+func (d *dpRun) epsilonAfter(rounds int) (float64, error) {
+	if rounds <= 0 {
+		return 0, nil
+	}
+	if d.dist != nil {
+		return d.dist.Epsilon(rounds, d.cfg.GetDelta())
+	}
+	acct := dp.RDP
+	if d.cfg.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
+		acct = dp.PLD
+	}
+	return dp.Epsilon([]dp.Event{{Q: d.q, NoiseMultiplier: d.cfg.GetNoiseMultiplier(), Steps: rounds}}, d.cfg.GetDelta(),
+		dp.WithAccountant(acct))
+}
+
+// maxRounds is the per-device participation cap; 0 without DP or cap.
+func (d *dpRun) maxRounds() int {
+	if d == nil {
+		return 0
+	}
+	return int(d.cfg.GetMaxRoundsPerDevice())
+}
+
+// mechanismName is the mechanism as the audit log names it.
+func (d *dpRun) mechanismName() string {
+	switch d.cfg.GetMechanism() {
+	case pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN:
+		return "central-gaussian"
+	case pb.DPMechanism_DP_MECHANISM_LOCAL:
+		return "local-gaussian"
+	case pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN:
+		return "distributed-discrete-gaussian"
+	case pb.DPMechanism_DP_MECHANISM_SKELLAM:
+		return "distributed-skellam"
+	}
+	return d.cfg.GetMechanism().String()
+}
+
+// checkBudget refuses the next training round if it would take the task past
+// its ε target: the refusal is recorded and the task stops. done reports
+// that the task stopped.
+func (t *taskRun) checkBudget(ctx context.Context, trainRounds uint32, nextRound uint64) (done bool, err error) {
+	if t.dp == nil {
+		return false, nil
+	}
+	spent, err := t.dp.epsilonAfter(int(trainRounds))
+	if err != nil {
+		return false, err
+	}
+	next, err := t.dp.epsilonAfter(int(trainRounds) + 1)
+	if err != nil {
+		return false, err
+	}
+	target := t.dp.cfg.GetTargetEpsilon()
+	if next <= target {
+		return false, nil
+	}
+	reason := fmt.Sprintf("privacy budget: round %d would bring epsilon to %.4g, past the target %.4g at delta %g (spent %.4g in %d rounds)",
+		nextRound, next, target, t.dp.cfg.GetDelta(), spent, trainRounds)
+	t.log().Warn("round refused", "reason", reason)
+	t.c.record(audit.BudgetRefused{Task: t.id, Round: nextRound, CumulativeEpsilon: spent, RequestedEpsilon: next,
+		EpsilonBudget: target, Delta: t.dp.cfg.GetDelta(), Reason: reason})
+	if err := t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_STOPPED, reason, t.c.d.Now()); err != nil {
+		return false, err
+	}
+	t.recordStopped(ctx, audit.TaskStoppedBy, reason)
+	return true, nil
+}
+
+// addCentralNoise adds the central mechanism's noise N(0, (zC)²) to a sum of
+// clipped updates (no-op for other mechanisms).
+func (t *taskRun) addCentralNoise(sum []float64) error {
+	if t.dp == nil || t.dp.cfg.GetMechanism() != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN {
+		return nil
+	}
+	return dp.AddCentralNoise(sum, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src)
+}
+
+// recordSpent records a committed training round's privacy cost.
+func (t *taskRun) recordSpent(round uint64, before, after float64) {
+	t.c.record(audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
+		Accountant: t.accountantName(), ClipNorm: t.dp.cfg.GetClipNorm(), NoiseMultiplier: t.dp.cfg.GetNoiseMultiplier(),
+		SamplingRate: t.dp.q, Delta: t.dp.cfg.GetDelta(), Epsilon: after - before, CumulativeEpsilon: after,
+		EpsilonBudget: t.dp.cfg.GetTargetEpsilon()})
+	t.c.d.Metrics.Epsilon.WithLabelValues(t.id).Set(after)
+}
+
+func (t *taskRun) accountantName() string {
+	if t.dp.dist != nil {
+		return "rdp-" + t.dp.mechanismName()
+	}
+	if t.dp.cfg.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
+		return "pld"
+	}
+	return "rdp"
+}
