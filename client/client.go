@@ -1,6 +1,7 @@
-// Package client holds the Go side of Fleetlearn's streaming API calls that
-// take more than one line: uploading models and modules in chunks and
-// downloading model exports. The CLI, the demo and tests use it.
+// Package client holds the Go side of Fleetlearn's API that takes more than
+// one line: dialing with TLS and a bearer token (Dial), uploading models and
+// modules in chunks and downloading model exports. The CLI, the demo and
+// tests use it.
 package client
 
 import (

@@ -32,6 +32,10 @@ const (
 	// unauthenticated scanners nothing to enumerate.
 	ReflectionService      = "grpc.reflection.v1.ServerReflection"
 	ReflectionAlphaService = "grpc.reflection.v1alpha.ServerReflection"
+	// EnrollmentService admits devices, which hold no API token: the
+	// enrollment token in the request is the credential, checked by the
+	// service itself.
+	EnrollmentService = "fleetlearn.v1.EnrollmentService"
 )
 
 const (
@@ -39,20 +43,22 @@ const (
 	svcModel  = "/fleetlearn.v1.ModelService/"
 	svcModule = "/fleetlearn.v1.ModuleService/"
 	svcAudit  = "/fleetlearn.v1.AuditService/"
+	svcDevice = "/fleetlearn.v1.DeviceService/"
 )
 
 // DefaultPolicy is Fleetlearn's role table:
 //
 //   - admin: every method.
-//   - operator: tasks, models and modules, read and write; audit
-//     checkpoints, proofs and public keys (what any witness sees), not the
-//     entries themselves.
-//   - auditor: the whole audit log; task, round, model and module views;
-//     no writes and no model weights (ExportModel).
+//   - operator: tasks, models, modules and devices (enrollment tokens,
+//     revocation), read and write; audit checkpoints, proofs and public
+//     keys (what any witness sees), not the entries themselves.
+//   - auditor: the whole audit log; task, round, model, module and device
+//     views; no writes and no model weights (ExportModel).
 //   - pool-worker: ImportModel, and reading models (GetModel, ListModels,
 //     ExportModel).
 //
-// Health checks need no token; reflection needs any valid token.
+// Health checks and enrollment need no token; reflection needs any valid
+// token.
 func DefaultPolicy() *Policy {
 	a, o, au, pw := RoleAdmin, RoleOperator, RoleAuditor, RolePoolWorker
 	rules := []Rule{
@@ -78,8 +84,12 @@ func DefaultPolicy() *Policy {
 		{svcAudit + "GetInclusionProof", []Role{a, o, au}},
 		{svcAudit + "GetConsistencyProof", []Role{a, o, au}},
 		{svcAudit + "GetPublicKeys", []Role{a, o, au}},
+
+		{svcDevice + "CreateEnrollmentToken", []Role{a, o}},
+		{svcDevice + "ListDevices", []Role{a, o, au}},
+		{svcDevice + "RevokeDevice", []Role{a, o}},
 	}
-	p, err := NewPolicy(rules, []string{HealthService}, []string{ReflectionService, ReflectionAlphaService})
+	p, err := NewPolicy(rules, []string{HealthService, EnrollmentService}, []string{ReflectionService, ReflectionAlphaService})
 	if err != nil {
 		panic(err) // the table above is a constant
 	}

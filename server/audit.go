@@ -14,14 +14,6 @@ import (
 // while the log grows.
 const CheckpointInterval = time.Second
 
-// WithOperatorIdentity sets how the API names the operator of a call it
-// records in the audit log; the default is the caller's network address
-// (the API authenticates no one yet). An authentication layer supplies the
-// verified principal here.
-func WithOperatorIdentity(identity func(ctx context.Context) string) Option {
-	return func(o *options) { o.identity = identity }
-}
-
 // openAudit opens the audit log in the data directory, creating it and its
 // keys on first start.
 func (s *Server) openAudit(ctx context.Context) error {

@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/internal/loadgen"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -437,14 +437,27 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	}
 	code := benchModuleCode(b)
 
-	natsAddr, grpcAddr := benchAddr(b), benchAddr(b)
-	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),
-		"--data-dir", filepath.Join(dir, "server"), "--nats-listen", natsAddr, "--grpc-addr", grpcAddr,
-		"--metrics-addr", "off", "--pace-window", benchPace(b).String(), "--log-level", "warn")
-	b.Cleanup(func() { stopBenchProcs(b, 30*time.Second, srv) })
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	publisher, jwks := servertest.NewPublisher(b)
+	jwksPath := filepath.Join(dir, "publishers.jwks")
+	if err := os.WriteFile(jwksPath, jwks, 0o600); err != nil {
 		b.Fatal(err)
+	}
+	natsAddr, grpcAddr, serverDir := benchAddr(b), benchAddr(b), filepath.Join(dir, "server")
+	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),
+		"--data-dir", serverDir, "--nats-listen", natsAddr, "--grpc-addr", grpcAddr,
+		"--metrics-addr", "off", "--pace-window", benchPace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath)
+	b.Cleanup(func() { stopBenchProcs(b, 30*time.Second, srv) })
+	var conn *grpc.ClientConn
+	for start := time.Now(); conn == nil; time.Sleep(100 * time.Millisecond) {
+		ca, err := os.ReadFile(server.CAFile(serverDir))
+		tok, terr := client.ReadToken(server.AdminTokenPath(serverDir))
+		if err == nil && terr == nil {
+			if conn, err = client.Dial(grpcAddr, client.WithCA(ca), client.WithToken(tok)); err != nil {
+				b.Fatal(err)
+			}
+		} else if srv.exited() || time.Since(start) > time.Minute {
+			b.Fatalf("server wrote no CA and admin token: %v, %v\n%s", err, terr, srv.tail())
+		}
 	}
 	b.Cleanup(func() { conn.Close() })
 	tasks, models, modules := pb.NewTaskServiceClient(conn), pb.NewModelServiceClient(conn), pb.NewModuleServiceClient(conn)
@@ -455,8 +468,12 @@ func BenchmarkRoundProcesses(b *testing.B) {
 			b.Fatalf("server not ready: %v\n%s", err, srv.tail())
 		}
 	}
-	mod, err := client.RegisterModule(ctx, modules, &pb.RegisterModuleHeader{Name: "noop", SizeBytes: uint64(len(code))},
-		bytes.NewReader(code))
+	sig, err := publisher.SignModule("noop", code)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mod, err := client.RegisterModule(ctx, modules, &pb.RegisterModuleHeader{Name: "noop", SizeBytes: uint64(len(code)),
+		Signature: []byte(sig)}, bytes.NewReader(code))
 	if err != nil {
 		b.Fatal(err)
 	}

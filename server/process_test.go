@@ -16,7 +16,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
@@ -24,6 +23,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
@@ -130,14 +130,42 @@ type cluster struct {
 	t                       *testing.T
 	serverBin, edgeBin, cli string
 	dataDir, grpcAddr, nats string
+	publisherKey, jwks      string // module publisher key and the JWK Set the server trusts
 	server                  *proc
 	conn                    *grpc.ClientConn
 }
 
 func (c *cluster) startServer() {
 	c.server = start(c.t, "server", c.serverBin, "-data-dir", c.dataDir, "-nats-listen", c.nats,
-		"-grpc-addr", c.grpcAddr, "-metrics-addr", "off", "-pace-window", "200ms", "-log-level", "debug")
+		"-grpc-addr", c.grpcAddr, "-metrics-addr", "off", "-pace-window", "200ms", "-log-level", "debug",
+		"-module-publishers", c.jwks)
+	if c.conn == nil {
+		c.dial()
+	}
 	c.waitGRPC()
+}
+
+// dial connects as the admin once the server has written its CA
+// certificate and admin token.
+func (c *cluster) dial() {
+	end := time.Now().Add(30 * time.Second)
+	for {
+		ca, err := os.ReadFile(server.CAFile(c.dataDir))
+		tok, terr := client.ReadToken(server.AdminTokenPath(c.dataDir))
+		if err == nil && terr == nil {
+			conn, err := client.Dial(c.grpcAddr, client.WithCA(ca), client.WithToken(tok))
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			c.t.Cleanup(func() { conn.Close() })
+			c.conn = conn
+			return
+		}
+		if time.Now().After(end) {
+			c.t.Fatalf("server wrote no CA certificate and admin token: %v, %v", err, terr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (c *cluster) waitGRPC() {
@@ -158,12 +186,14 @@ func newCluster(t *testing.T) *cluster {
 	}
 	s, e, cli := binaries(t)
 	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: freePort(t), nats: freePort(t)}
-	conn, err := grpc.NewClient(c.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	// The CLI finds the server's CA and admin token through the environment.
+	t.Setenv("FLEETLEARN_CA", server.CAFile(c.dataDir))
+	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(c.dataDir))
+	keys := t.TempDir()
+	c.publisherKey, c.jwks = filepath.Join(keys, "publisher.pem"), filepath.Join(keys, "publishers.jwks")
+	if err := os.WriteFile(c.jwks, []byte(runCLI(t, cli, "", "module", "keygen", c.publisherKey)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	c.conn = conn
 	c.startServer()
 	return c
 }
@@ -178,7 +208,7 @@ func (c *cluster) setup(m *model.Model, pkg string) (version, module string) {
 	modelPath, modPath := filepath.Join(dir, "base.safetensors"), filepath.Join(dir, "module.wasm")
 	os.WriteFile(modelPath, buf.Bytes(), 0o600)
 	os.WriteFile(modPath, wasmtest.Build(c.t, pkg), 0o600)
-	module = runCLI(c.t, c.cli, c.grpcAddr, "module", "register", modPath, "--name", "module")
+	module = runCLI(c.t, c.cli, c.grpcAddr, "module", "register", modPath, "--name", "module", "--signing-key", c.publisherKey)
 	version = runCLI(c.t, c.cli, c.grpcAddr, "model", "import", modelPath, "--name", "base")
 	return version, module
 }

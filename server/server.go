@@ -27,7 +27,6 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
-	"github.com/fleetlearn/fleetlearn/server/internal/api"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
@@ -59,16 +58,28 @@ type Config struct {
 	// the deployment, such as "fleetlearn.example.com/audit". An existing
 	// log keeps the origin it was created with.
 	AuditOrigin string
+
+	// Fleet is the fleet devices enroll into (default DefaultFleet).
+	Fleet string
+	// GRPCInsecure serves the gRPC API without TLS, for local experiments
+	// only; bearer tokens are still required.
+	GRPCInsecure bool
+	// TLSHosts are extra DNS names or IP addresses the server certificate
+	// covers, besides loopback and the listen hosts.
+	TLSHosts []string
+	// ModulePublishersJWKS is the JWK Set (identity.PublicJWKS) of the
+	// publisher keys whose module signatures RegisterModule accepts; empty
+	// refuses every module.
+	ModulePublishersJWKS []byte
 }
 
 // Option injects a collaborator.
 type Option func(*options)
 
 type options struct {
-	log      *slog.Logger
-	now      func() time.Time
-	rand     *rand.Rand
-	identity func(context.Context) string
+	log  *slog.Logger
+	now  func() time.Time
+	rand *rand.Rand
 }
 
 // WithLogger sets the logger (default: discard).
@@ -101,6 +112,8 @@ type Server struct {
 	auditDone chan struct{} // closed when the ticker has stopped
 	published []byte        // the last checkpoint note published
 
+	security // TLS, token keys, module publishers, the NATS device authority
+
 	idMu     sync.Mutex // guards ids
 	ids      *rand.Rand // task ids; split from o.rand so the coordinator owns that one
 	shutdown sync.Once
@@ -126,6 +139,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	}
 	if cfg.AuditOrigin == "" {
 		cfg.AuditOrigin = audit.DefaultOrigin
+	}
+	if err := checkSecurityConfig(&cfg); err != nil {
+		return nil, err
 	}
 	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
 	for _, opt := range opts {
@@ -153,6 +169,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if s.store, err = store.Open(ctx, filepath.Join(s.cfg.DataDir, "fleetlearn.db")); err != nil {
+		return err
+	}
+	if err := s.loadSecurity(); err != nil {
 		return err
 	}
 	s.natsURL = s.cfg.NATSURL
@@ -201,11 +220,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: grpc listen: %w", err)
 	}
-	recorder := api.NewAuditInterceptor(s.audit, s.o.identity, s.o.log.With("component", "api"))
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(8<<20),
-		grpc.ChainUnaryInterceptor(recorder.Unary), grpc.ChainStreamInterceptor(recorder.Stream))
-	api.Register(s.grpc, &service{s: s, blobs: bl}, api.WithLogger(s.o.log.With("component", "api")),
-		api.WithAudit(s.audit))
+	if s.grpc, err = s.newGRPCServer(bl); err != nil {
+		return err
+	}
 	go s.grpc.Serve(s.grpcLn)
 
 	if s.cfg.MetricsAddr != "off" {

@@ -409,6 +409,10 @@ func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader
 	if abi := h.GetAbiVersion(); abi != 0 && abi != wasm.ABIVersion {
 		return nil, invalid("module declares ABI v%d, this server supports v%d", abi, wasm.ABIVersion)
 	}
+	signed, err := v.checkModuleSignature(h, sha)
+	if err != nil {
+		return nil, err
+	}
 	mod, err := v.s.sandbox.Load(ctx, code, sha)
 	if err != nil {
 		return nil, invalid("%v", err)
@@ -418,12 +422,12 @@ func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader
 		return nil, err
 	}
 	m := &pb.Module{Ref: &pb.ModuleRef{Sha256: sha, AbiVersion: wasm.ABIVersion, SizeBytes: uint64(len(code)), Name: h.GetName()},
-		Signature: h.GetSignature()}
+		Signature: h.GetSignature(), KeyId: signed.KeyID}
 	if err := v.s.store.InsertModule(ctx, m, v.s.o.now()); err != nil {
 		return nil, err
 	}
 	if err := v.recorded(ctx, audit.ModuleRegistered{Module: sha, Name: h.GetName(), ABI: wasm.ABIVersion,
-		Size: uint64(len(code))}); err != nil {
+		Size: uint64(len(code)), Signer: signed.KeyID}); err != nil {
 		return nil, err
 	}
 	return v.s.store.Module(ctx, sha)

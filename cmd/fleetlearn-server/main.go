@@ -1,6 +1,12 @@
 // Command fleetlearn-server is the Fleetlearn cloud aggregator service. By
 // default it embeds a NATS server with JetStream and keeps all state under
 // --data-dir; --nats-url points it at an external NATS cluster instead.
+//
+// The gRPC API serves TLS from a CA the server creates in
+// <data-dir>/tls (clients trust tls/ca.crt) and requires bearer tokens; on
+// first start the server writes an admin token to <data-dir>/admin.token.
+// --module-publishers names the JWK Set of the publisher keys whose modules
+// it accepts.
 package main
 
 import (
@@ -10,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,7 +36,22 @@ func main() {
 	flag.IntVar(&cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
 	flag.StringVar(&cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin, `name of the audit log, first line of its checkpoints (e.g. "fleetlearn.example.com/audit")`)
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	flag.StringVar(&cfg.Fleet, "fleet", server.DefaultFleet, "fleet that devices enroll into")
+	flag.BoolVar(&cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")
+	tlsHosts := flag.String("tls-hosts", "", "extra comma-separated DNS names or IPs for the server certificate")
+	publishers := flag.String("module-publishers", "", "JWK Set file of the module publisher keys to trust (fleetlearn module publisher-jwks)")
 	flag.Parse()
+	if *tlsHosts != "" {
+		cfg.TLSHosts = strings.Split(*tlsHosts, ",")
+	}
+	if *publishers != "" {
+		b, err := os.ReadFile(*publishers)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetlearn-server: -module-publishers:", err)
+			os.Exit(2)
+		}
+		cfg.ModulePublishersJWKS = b
+	}
 
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {

@@ -60,19 +60,18 @@ func auditServer(t *testing.T, n int) (*servertest.Harness, pb.AuditServiceClien
 
 func TestAuditQuery(t *testing.T) {
 	h, _ := auditServer(t, 3)
-	addr := h.GRPCAddr()
 
-	out, err := run(t, addr, "audit", "query")
+	out, err := runServer(t, h, "audit", "query")
 	if err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[0], "INDEX") || !strings.Contains(lines[3], "operator.action") ||
-		!strings.Contains(lines[1], "operator:127.0.0.1:") || !strings.Contains(lines[1], "no-such-task") {
+		!strings.Contains(lines[1], "operator:admin") || !strings.Contains(lines[1], "no-such-task") {
 		t.Fatalf("table:\n%s", out)
 	}
 
-	out, err = run(t, addr, "audit", "query", "--json", "--type", "operator.action", "--task", "no-such-task", "--limit", "2")
+	out, err = runServer(t, h, "audit", "query", "--json", "--type", "operator.action", "--task", "no-such-task", "--limit", "2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +103,7 @@ func TestAuditQuery(t *testing.T) {
 		{"--actor", "service:coordinator"},
 		{"--since", "2999-01-01"},
 	} {
-		out, err = run(t, addr, append([]string{"audit", "query"}, args...)...)
+		out, err = runServer(t, h, append([]string{"audit", "query"}, args...)...)
 		if err != nil || strings.Count(out, "\n") != 1 {
 			t.Errorf("query %v = %q, %v; want the header only", args, out, err)
 		}
@@ -131,7 +130,6 @@ func TestAuditQueryRefusesBadFlags(t *testing.T) {
 
 func TestAuditExportAndVerify(t *testing.T) {
 	h, c := auditServer(t, 4)
-	addr := h.GRPCAddr()
 	dir := t.TempDir()
 	keys, err := c.GetPublicKeys(t.Context(), &pb.GetPublicKeysRequest{})
 	if err != nil {
@@ -141,7 +139,7 @@ func TestAuditExportAndVerify(t *testing.T) {
 	if err := os.WriteFile(jwks, keys.GetEntryJwks(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	note, err := run(t, addr, "audit", "checkpoint")
+	note, err := runServer(t, h, "audit", "checkpoint")
 	if err != nil || !strings.HasPrefix(note, audit.DefaultOrigin+"\n") {
 		t.Fatalf("checkpoint = %q, %v", note, err)
 	}
@@ -151,7 +149,7 @@ func TestAuditExportAndVerify(t *testing.T) {
 	}
 
 	export := filepath.Join(dir, "audit.jsonl")
-	if out, err := run(t, addr, "audit", "export", "-o", export); err != nil || out != "wrote "+export+"\n" {
+	if out, err := runServer(t, h, "audit", "export", "-o", export); err != nil || out != "wrote "+export+"\n" {
 		t.Fatalf("export = %q, %v", out, err)
 	}
 	out, err := run(t, "", "audit", "verify", export, "--jwks", jwks, "--verifier-key", keys.GetCheckpointVerifierKey(),
@@ -205,7 +203,7 @@ func TestAuditExportAndVerify(t *testing.T) {
 
 	// A stopped server's data directory exports and verifies too, with
 	// the final checkpoint the server signed on shutdown.
-	if _, err := run(t, addr, "audit", "export", "--data-dir", h.Dir); !errors.Is(err, cli.ErrUsage) {
+	if _, err := runServer(t, h, "audit", "export", "--data-dir", h.Dir); !errors.Is(err, cli.ErrUsage) {
 		t.Errorf("--server with --data-dir: %v", err)
 	}
 	if err := h.Shutdown(t.Context()); err != nil {
@@ -222,7 +220,7 @@ func TestAuditExportAndVerify(t *testing.T) {
 	}
 
 	// The server is gone: the gRPC path reports it.
-	if _, err := run(t, addr, "audit", "export", "-o", filepath.Join(dir, "gone.jsonl")); err == nil ||
+	if _, err := runServer(t, h, "audit", "export", "-o", filepath.Join(dir, "gone.jsonl")); err == nil ||
 		!strings.Contains(err.Error(), "unavailable") {
 		t.Errorf("export from a stopped server: %v", err)
 	}

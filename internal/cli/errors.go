@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,6 +39,14 @@ func (a *app) rpcError(err error) error {
 	switch st.Code() {
 	case codes.Unavailable:
 		msg = fmt.Sprintf("server %s unavailable: %s", a.server, st.Message())
+		if !a.insecure && a.caFile == "" && strings.Contains(st.Message(), "certificate") {
+			msg += " (is --ca set to the server's CA certificate?)"
+		}
+	case codes.Unauthenticated:
+		msg = st.Message()
+		if a.token == "" && a.tokenFile == "" {
+			msg += " (pass --token-file or --token, or set $" + TokenFileEnv + " or $" + TokenEnv + ")"
+		}
 	case codes.DeadlineExceeded:
 		msg = fmt.Sprintf("%s (deadline exceeded; see --timeout)", st.Message())
 	case codes.Canceled:

@@ -18,9 +18,11 @@ func ExampleNewRootCommand() {
 	// Output:
 	// audit
 	// demo
+	// device
 	// dp
 	// model
 	// module
 	// pool
 	// task
+	// token
 }

@@ -22,6 +22,8 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/internal/cli"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
 )
 
 // fake is an in-memory aggregator API. It answers like the real API layer
@@ -374,10 +376,18 @@ func (s *fakeModules) ListModules(_ context.Context, req *pb.ListModulesRequest)
 	return &pb.ListModulesResponse{Modules: ms, NextPageToken: next}, err
 }
 
-// run executes the CLI against addr with a non-terminal stdout.
+// run executes the CLI against addr, a plaintext fake server, with a
+// non-terminal stdout.
 func run(t *testing.T, addr string, args ...string) (string, error) {
 	t.Helper()
 	return runWith(t, []cli.Option{cli.WithTerminal(false)}, addr, args...)
+}
+
+// runServer executes the CLI against a real server over TLS, as its admin.
+func runServer(t *testing.T, h *servertest.Harness, args ...string) (string, error) {
+	t.Helper()
+	return runWith(t, []cli.Option{cli.WithTerminal(false)}, "", append([]string{"--server", h.GRPCAddr(),
+		"--ca", server.CAFile(h.Dir), "--token-file", server.AdminTokenPath(h.Dir)}, args...)...)
 }
 
 func runWith(t *testing.T, opts []cli.Option, addr string, args ...string) (string, error) {
@@ -388,7 +398,7 @@ func runWith(t *testing.T, opts []cli.Option, addr string, args ...string) (stri
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	if addr != "" {
-		args = append([]string{"--server", addr}, args...)
+		args = append([]string{"--server", addr, "--insecure"}, args...)
 	}
 	root.SetArgs(args)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -27,18 +29,27 @@ func newModuleCommand(a *app) *cobra.Command {
 		newModuleRegisterCommand(a),
 		newModuleListCommand(a),
 		newModuleGetCommand(a),
+		newModuleKeygenCommand(),
+		newModulePublisherJWKSCommand(),
+		newModuleSignCommand(),
 	)
 	return cmd
 }
 
 func newModuleRegisterCommand(a *app) *cobra.Command {
-	var name, sigFile string
+	var name, sigFile, keyFile string
 	var abi uint32
 	cmd := &cobra.Command{
-		Use:   "register FILE.wasm --name NAME",
-		Short: "Upload a WASM update module and print its SHA-256",
-		Args:  cobra.ExactArgs(1),
+		Use:   "register FILE.wasm --name NAME (--signing-key KEY | --signature FILE)",
+		Short: "Upload a signed WASM update module and print its SHA-256",
+		Long: "The server accepts a module only with a signature by a publisher key it trusts\n" +
+			"(fleetlearn-server --module-publishers). --signing-key signs here with a publisher key\n" +
+			"(fleetlearn module keygen); --signature uploads one made elsewhere (fleetlearn module sign).",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if sigFile != "" && keyFile != "" {
+				return fmt.Errorf("%w: --signature and --signing-key cannot be used together", ErrUsage)
+			}
 			sig, err := readSignature(sigFile)
 			if err != nil {
 				return fmt.Errorf("module register: %w", err)
@@ -50,6 +61,11 @@ func newModuleRegisterCommand(a *app) *cobra.Command {
 			defer file.f.Close()
 			if err := checkWASMPrefix(file); err != nil {
 				return fmt.Errorf("module register: %s: %w", args[0], err)
+			}
+			if keyFile != "" {
+				if sig, err = signModuleSHA256(keyFile, name, file.sha256); err != nil {
+					return fmt.Errorf("module register: %w", err)
+				}
 			}
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
 				mod, err := client.RegisterModule(ctx, pb.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{
@@ -65,8 +81,116 @@ func newModuleRegisterCommand(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "module name, for display and audit (required)")
 	cmd.Flags().Uint32Var(&abi, "abi", 1, "host ABI version the module was built against")
-	cmd.Flags().StringVar(&sigFile, "signature", "", "file holding the publisher's detached JWS over the module")
+	cmd.Flags().StringVar(&sigFile, "signature", "", "file holding the publisher's signature (fleetlearn module sign)")
+	cmd.Flags().StringVar(&keyFile, "signing-key", "", "publisher key (PEM) to sign the module with")
 	cmd.MarkFlagRequired("name")
+	return cmd
+}
+
+// signModuleSHA256 signs a module digest with the publisher key in keyFile,
+// which must exist: a missing key is a typo, not a request for a new one.
+func signModuleSHA256(keyFile, name, sha string) ([]byte, error) {
+	key, err := readSigningKey(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	p, err := identity.NewPublisher(key)
+	if err != nil {
+		return nil, err
+	}
+	sig, err := p.SignModuleSHA256(name, sha)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return []byte(sig), nil
+}
+
+func readSigningKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	}
+	key, err := identity.ParseSigningKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrInput, path, err)
+	}
+	return key, nil
+}
+
+func newModuleKeygenCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "keygen KEY.pem",
+		Short: "Create a module publisher key and print the JWK Set servers and devices trust",
+		Long: "keygen writes a new Ed25519 publisher key (mode 0600) and prints its public JWK Set, for\n" +
+			"fleetlearn-server --module-publishers. An existing key is kept and its set printed again.\n" +
+			"Keep the key on the publisher's machine, never on the server.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := identity.LoadOrCreateSigningKey(args[0])
+			if err != nil {
+				return fmt.Errorf("module keygen: %w", err)
+			}
+			return writeJWKS(cmd, key.Public().(ed25519.PublicKey))
+		},
+	}
+}
+
+func newModulePublisherJWKSCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "publisher-jwks KEY.pem...",
+		Short: "Print the JWK Set of publisher keys, for fleetlearn-server --module-publishers",
+		Long:  "Several keys make one set, which is how a publisher key is rotated: trust both, then drop the old one.",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var pubs []ed25519.PublicKey
+			for _, path := range args {
+				key, err := readSigningKey(path)
+				if err != nil {
+					return fmt.Errorf("module publisher-jwks: %w", err)
+				}
+				pubs = append(pubs, key.Public().(ed25519.PublicKey))
+			}
+			return writeJWKS(cmd, pubs...)
+		},
+	}
+}
+
+func writeJWKS(cmd *cobra.Command, pubs ...ed25519.PublicKey) error {
+	jwks, err := identity.PublicJWKS(pubs...)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), string(jwks))
+	return err
+}
+
+func newModuleSignCommand() *cobra.Command {
+	var name, keyFile string
+	cmd := &cobra.Command{
+		Use:   "sign FILE.wasm --name NAME --signing-key KEY.pem",
+		Short: "Print a publisher's signature over a module, for module register --signature",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			file, err := openUpload(args[0])
+			if err != nil {
+				return fmt.Errorf("module sign: %w", err)
+			}
+			defer file.f.Close()
+			if err := checkWASMPrefix(file); err != nil {
+				return fmt.Errorf("module sign: %s: %w", args[0], err)
+			}
+			sig, err := signModuleSHA256(keyFile, name, file.sha256)
+			if err != nil {
+				return fmt.Errorf("module sign: %w", err)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), string(sig))
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "module name, as it will be registered (required)")
+	cmd.Flags().StringVar(&keyFile, "signing-key", "", "publisher key (PEM) (required)")
+	cmd.MarkFlagRequired("name")
+	cmd.MarkFlagRequired("signing-key")
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fleetlearn/fleetlearn/client"
 )
 
 // Defaults for the global flags.
@@ -18,6 +20,13 @@ const (
 	DefaultTimeout = 30 * time.Second
 	// ServerEnv overrides DefaultServer when set.
 	ServerEnv = "FLEETLEARN_SERVER"
+	// TokenEnv and TokenFileEnv are the defaults of --token and
+	// --token-file: the API bearer token, or a file holding it.
+	TokenEnv     = "FLEETLEARN_TOKEN"
+	TokenFileEnv = "FLEETLEARN_TOKEN_FILE"
+	// CAEnv is the default of --ca: the CA certificate the server's TLS
+	// certificate must chain to (the server's <data-dir>/tls/ca.crt).
+	CAEnv = "FLEETLEARN_CA"
 )
 
 // Option configures NewRootCommand.
@@ -42,8 +51,12 @@ type app struct {
 	getenv   func(string) string
 	terminal *bool
 
-	server  string
-	timeout time.Duration
+	server    string
+	timeout   time.Duration
+	token     string
+	tokenFile string
+	caFile    string
+	insecure  bool
 }
 
 // NewRootCommand returns the fleetlearn command with every command group.
@@ -76,6 +89,15 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 		"aggregator gRPC address; $"+ServerEnv+" sets the default")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", DefaultTimeout,
 		"deadline for a command's calls; transfers and watch are unbounded unless this is set")
+	root.PersistentFlags().StringVar(&a.token, "token", a.getenv(TokenEnv),
+		"API bearer token; $"+TokenEnv+" sets the default (prefer --token-file: arguments are visible to other users)")
+	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", a.getenv(TokenFileEnv),
+		"file holding the API bearer token, such as the server's <data-dir>/admin.token; $"+TokenFileEnv+" sets the default")
+	root.PersistentFlags().StringVar(&a.caFile, "ca", a.getenv(CAEnv),
+		"CA certificate (PEM) the server's TLS certificate must chain to, such as the server's <data-dir>/tls/ca.crt; "+
+			"$"+CAEnv+" sets the default; without it the system roots are used")
+	root.PersistentFlags().BoolVar(&a.insecure, "insecure", false,
+		"connect without TLS, to a server started with --grpc-insecure")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w\nRun '%s --help' for usage", err, c.CommandPath())
 	})
@@ -87,18 +109,57 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 		newDemoCommand(a),
 		newDPCommand(a),
 		newAuditCommand(a),
+		newDeviceCommand(a),
+		newTokenCommand(a),
 	)
 	return root
 }
 
 // dial connects to the aggregator. It is the one place that decides the
-// transport; connections are made lazily, so errors surface on the first call.
+// transport and credentials; connections are made lazily, so errors surface
+// on the first call.
 func (a *app) dial() (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(a.server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := a.dialOptions()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := client.Dial(a.server, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("server %q: %w", a.server, err)
 	}
 	return conn, nil
+}
+
+func (a *app) dialOptions() ([]client.DialOption, error) {
+	var opts []client.DialOption
+	switch {
+	case a.token != "" && a.tokenFile != "":
+		return nil, fmt.Errorf("%w: --token and --token-file (or $%s and $%s) cannot be used together", ErrUsage, TokenEnv, TokenFileEnv)
+	case a.tokenFile != "":
+		tok, err := client.ReadToken(a.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --token-file: %w", ErrInput, err)
+		}
+		opts = append(opts, client.WithToken(tok))
+	case a.token != "":
+		opts = append(opts, client.WithToken(a.token))
+	}
+	switch {
+	case a.insecure && a.caFile != "":
+		return nil, fmt.Errorf("%w: --insecure and --ca (or $%s) cannot be used together", ErrUsage, CAEnv)
+	case a.insecure:
+		opts = append(opts, client.WithInsecure())
+	case a.caFile != "":
+		ca, err := os.ReadFile(a.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --ca: %w", ErrInput, err)
+		}
+		if !bytes.Contains(ca, []byte("-----BEGIN CERTIFICATE-----")) {
+			return nil, fmt.Errorf("%w: --ca %s holds no PEM certificate", ErrInput, a.caFile)
+		}
+		opts = append(opts, client.WithCA(ca))
+	}
+	return opts, nil
 }
 
 // call dials the server and runs fn under the command's deadline. A long

@@ -258,7 +258,7 @@ func TestServerUnreachable(t *testing.T) {
 		}
 		return ""
 	}
-	if _, err := runWith(t, []cli.Option{cli.WithGetenv(env)}, "", "task", "list"); err != nil {
+	if _, err := runWith(t, []cli.Option{cli.WithGetenv(env)}, "", "--insecure", "task", "list"); err != nil {
 		t.Errorf("with $%s: %v", cli.ServerEnv, err)
 	}
 }

@@ -22,8 +22,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/client"
@@ -180,8 +178,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := data.WriteDir(evalDir, testSet, "mnist-test"); err != nil {
 		return nil, err
 	}
+	publisher, publisherJWKS, err := newPublisher()
+	if err != nil {
+		return nil, err
+	}
 	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
-		GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", PaceWindow: 300 * time.Millisecond}, server.WithLogger(cfg.Log))
+		GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", PaceWindow: 300 * time.Millisecond,
+		ModulePublishersJWKS: publisherJWKS}, server.WithLogger(cfg.Log))
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer srv.Shutdown(context.WithoutCancel(ctx))
-	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := client.Dial(srv.GRPCAddr(), client.WithCA(srv.CACertPEM()), client.WithToken(srv.AdminToken()))
 	if err != nil {
 		return nil, err
 	}
@@ -209,8 +212,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("demo: import model: %w", err)
 	}
+	sig, err := publisher.SignModule("mlp", code)
+	if err != nil {
+		return nil, err
+	}
 	mod, err := client.RegisterModule(ctx, pb.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
-		AbiVersion: wasm.ABIVersion}, bytes.NewReader(code))
+		AbiVersion: wasm.ABIVersion, Signature: []byte(sig)}, bytes.NewReader(code))
 	if err != nil {
 		return nil, fmt.Errorf("demo: register module: %w", err)
 	}

@@ -1,11 +1,13 @@
 // Package servertest starts a real aggregator for tests: embedded NATS with
 // JetStream and SQLite in a temporary directory, on random loopback ports,
-// shut down by t.Cleanup. It also offers the few API calls most tests need.
+// shut down by t.Cleanup, its API secured as in production (TLS, bearer
+// tokens, signed modules). It also offers the few API calls most tests need.
 package servertest
 
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,15 +16,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 )
 
-// Harness is a running server and a client connection to its API.
+// Harness is a running server and an admin's client connection to its
+// API, over TLS with the admin token the server minted.
 type Harness struct {
 	*server.Server
 	Dir     string
@@ -30,6 +33,10 @@ type Harness struct {
 	Tasks   pb.TaskServiceClient
 	Models  pb.ModelServiceClient
 	Modules pb.ModuleServiceClient
+	Devices pb.DeviceServiceClient
+	// Publisher signs the modules RegisterModule uploads; the server
+	// trusts its key.
+	Publisher *identity.Publisher
 }
 
 // Option adjusts the server configuration.
@@ -66,11 +73,17 @@ func sharedCache(t testing.TB) string {
 	return cacheDir
 }
 
-// New starts a server. Set FLEETLEARN_TEST_LOG=1 to see its logs.
+// WithConfig changes any part of the configuration.
+func WithConfig(f func(*server.Config)) Option { return Option(f) }
+
+// New starts a server that trusts a fresh module publisher key. Set
+// FLEETLEARN_TEST_LOG=1 to see its logs.
 func New(t testing.TB, opts ...Option) *Harness {
 	t.Helper()
+	pub, jwks := NewPublisher(t)
 	cfg := server.Config{DataDir: t.TempDir(), NATSListen: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond, CacheDir: sharedCache(t)}
+		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond, CacheDir: sharedCache(t),
+		ModulePublishersJWKS: jwks}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -87,13 +100,51 @@ func New(t testing.TB, opts ...Option) *Harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Shutdown(ctx) })
-	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	h := &Harness{Server: s, Dir: cfg.DataDir, Publisher: pub}
+	h.Conn = h.Dial(t, s.AdminToken())
+	h.Tasks, h.Models, h.Modules = pb.NewTaskServiceClient(h.Conn), pb.NewModelServiceClient(h.Conn), pb.NewModuleServiceClient(h.Conn)
+	h.Devices = pb.NewDeviceServiceClient(h.Conn)
+	return h
+}
+
+// NewPublisher makes a module publisher and the JWK Set that trusts it.
+func NewPublisher(t testing.TB) (*identity.Publisher, []byte) {
+	t.Helper()
+	key, err := identity.GenerateSigningKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := identity.NewPublisher(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, err := identity.PublicJWKS(key.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, jwks
+}
+
+// Dial connects to the server's API over TLS with token ("" for none),
+// closed by t.Cleanup.
+func (h *Harness) Dial(t testing.TB, token string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := client.Dial(h.GRPCAddr(), client.WithCA(h.CACertPEM()), client.WithToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &Harness{Server: s, Dir: cfg.DataDir, Conn: conn, Tasks: pb.NewTaskServiceClient(conn),
-		Models: pb.NewModelServiceClient(conn), Modules: pb.NewModuleServiceClient(conn)}
+	return conn
+}
+
+// DialAs connects with a fresh token for subject holding roles.
+func (h *Harness) DialAs(t testing.TB, subject string, roles ...identity.Role) *grpc.ClientConn {
+	t.Helper()
+	tok, err := h.MintToken(subject, roles, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.Dial(t, tok)
 }
 
 // ImportModel uploads m and returns its version.
@@ -111,11 +162,16 @@ func (h *Harness) ImportModel(t testing.TB, name string, m *model.Model) string 
 	return got.GetRef().GetVersion()
 }
 
-// RegisterModule uploads WASM bytes and returns their sha256.
+// RegisterModule uploads WASM bytes signed by h.Publisher and returns
+// their sha256.
 func (h *Harness) RegisterModule(t testing.TB, name string, code []byte) string {
 	t.Helper()
+	sig, err := h.Publisher.SignModule(name, code)
+	if err != nil {
+		t.Fatal(err)
+	}
 	got, err := client.RegisterModule(context.Background(), h.Modules, &pb.RegisterModuleHeader{Name: name,
-		SizeBytes: uint64(len(code))}, bytes.NewReader(code))
+		SizeBytes: uint64(len(code)), Signature: []byte(sig)}, bytes.NewReader(code))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,10 @@ type ModuleRef struct {
 	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// Human-readable module name, for display and audit only; never used to
 	// select a module.
-	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// The publisher's signature (ModuleService.RegisterModule), so that a
+	// device can check the module against the publisher keys it trusts.
+	Signature     []byte `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,6 +177,13 @@ func (x *ModuleRef) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *ModuleRef) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
 }
 
 // Limits bounds the resources one sandboxed WASM call may use on a device. A
@@ -367,14 +377,15 @@ const file_fleetlearn_v1_common_proto_rawDesc = "" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12%\n" +
-	"\x0eparent_version\x18\x04 \x01(\tR\rparentVersion\"w\n" +
+	"\x0eparent_version\x18\x04 \x01(\tR\rparentVersion\"\x95\x01\n" +
 	"\tModuleRef\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x1f\n" +
 	"\vabi_version\x18\x02 \x01(\rR\n" +
 	"abiVersion\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"\xa7\x01\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x1c\n" +
+	"\tsignature\x18\x05 \x01(\fR\tsignature\"\xa7\x01\n" +
 	"\x06Limits\x12!\n" +
 	"\fmemory_pages\x18\x01 \x01(\rR\vmemoryPages\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1b\n" +

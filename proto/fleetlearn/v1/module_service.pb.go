@@ -27,7 +27,8 @@ type Module struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Identity and digest of the module binary.
 	Ref *ModuleRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	// The publisher's detached JWS over the module binary, as uploaded.
+	// The publisher's signature over the module binary, as uploaded (see
+	// RegisterModuleHeader.signature).
 	Signature []byte `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Key identifier ("kid") of the publisher key that signed the module.
 	KeyId string `protobuf:"bytes,3,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
@@ -108,9 +109,10 @@ type RegisterModuleHeader struct {
 	// Expected SHA-256 of the module binary, as 64 lowercase hexadecimal
 	// characters.
 	Sha256 string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	// JWS in compact serialization with a detached payload (RFC 7515
-	// appendix F): the payload is the module binary and the payload section
-	// is empty. The protected header names the signing key in "kid".
+	// Required: a compact JWS (EdDSA) by a module publisher whose payload is
+	// the JSON statement {"sha256", "name", "iat"} naming the module
+	// binary's SHA-256. The protected header names the signing key in "kid";
+	// the server accepts only keys in its trusted publisher set.
 	Signature     []byte `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -283,6 +283,14 @@ func TestServices(t *testing.T) {
 			{name: "ExportEntries", serverStream: true},
 			{name: "GetPublicKeys"},
 		}},
+		{"fleetlearn.v1.DeviceService", []method{
+			{name: "CreateEnrollmentToken"},
+			{name: "ListDevices"},
+			{name: "RevokeDevice"},
+		}},
+		{"fleetlearn.v1.EnrollmentService", []method{
+			{name: "Enroll"},
+		}},
 	}
 	seen := map[protoreflect.FullName]bool{}
 	for _, tt := range tests {
@@ -339,6 +347,8 @@ func TestGRPCServiceDescs(t *testing.T) {
 		{fleetlearnv1.ModelService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.ModelService_ServiceDesc.Methods), streamNames(fleetlearnv1.ModelService_ServiceDesc.Streams)},
 		{fleetlearnv1.ModuleService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.ModuleService_ServiceDesc.Methods), streamNames(fleetlearnv1.ModuleService_ServiceDesc.Streams)},
 		{fleetlearnv1.AuditService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.AuditService_ServiceDesc.Methods), streamNames(fleetlearnv1.AuditService_ServiceDesc.Streams)},
+		{fleetlearnv1.DeviceService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.DeviceService_ServiceDesc.Methods), streamNames(fleetlearnv1.DeviceService_ServiceDesc.Streams)},
+		{fleetlearnv1.EnrollmentService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.EnrollmentService_ServiceDesc.Methods), streamNames(fleetlearnv1.EnrollmentService_ServiceDesc.Streams)},
 	} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(sd.name))
 		if err != nil {

@@ -33,6 +33,7 @@ type config struct {
 	maxModuleBytes int64
 	health         *health.Server
 	audit          *audit.Log
+	devices        backend.Devices
 }
 
 func newConfig(opts []Option) config {
@@ -91,9 +92,9 @@ var serviceNames = []string{
 }
 
 // Register adds TaskService, ModelService and ModuleService backed by b to s,
-// plus the gRPC health service (SERVING for "" and each of the three) and
-// server reflection; with WithAudit also AuditService. Call it before
-// s.Serve.
+// plus the gRPC health service (SERVING for "" and each service) and
+// server reflection; with WithAudit also AuditService, with WithDevices
+// DeviceService and EnrollmentService. Call it before s.Serve.
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
 	core := &service{b: b, cfg: c}
@@ -104,6 +105,12 @@ func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	if c.audit != nil {
 		pb.RegisterAuditServiceServer(s, &auditServer{service: core, lg: c.audit})
 		names = append(names[:len(names):len(names)], pb.AuditService_ServiceDesc.ServiceName)
+	}
+	if c.devices != nil {
+		pb.RegisterDeviceServiceServer(s, &deviceServer{service: core, d: c.devices})
+		pb.RegisterEnrollmentServiceServer(s, &enrollmentServer{service: core, d: c.devices})
+		names = append(names[:len(names):len(names)], pb.DeviceService_ServiceDesc.ServiceName,
+			pb.EnrollmentService_ServiceDesc.ServiceName)
 	}
 
 	c.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

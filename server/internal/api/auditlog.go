@@ -39,7 +39,8 @@ func PeerIdentity(ctx context.Context) string {
 }
 
 // AuditInterceptor records an audit.OperatorAction for every call that
-// changes state (CreateTask, StopTask, ImportModel, RegisterModule), with
+// changes state (CreateTask, StopTask, ImportModel, RegisterModule,
+// CreateEnrollmentToken, RevokeDevice), with
 // its outcome, refused and failed calls included. Reads are not recorded.
 //
 // A call that took effect but could not be recorded fails with INTERNAL:
@@ -93,6 +94,17 @@ var mutating = map[string]describe{
 			a.Resource = "models/" + v
 		}
 		a.Model = firstHex(ref.GetSha256(), h.GetSha256())
+	},
+	pb.DeviceService_CreateEnrollmentToken_FullMethodName: func(_, res proto.Message, a *audit.OperatorAction) {
+		out, _ := res.(*pb.CreateEnrollmentTokenResponse)
+		if id := auditField(out.GetTokenId()); id != "" {
+			a.Resource = "enrollment-tokens/" + id
+		}
+	},
+	pb.DeviceService_RevokeDevice_FullMethodName: func(_, _ proto.Message, a *audit.OperatorAction) {
+		// The device id stays out of the log (DeviceRevoked names its
+		// pseudonym); the request digest pins it.
+		a.Resource = "devices"
 	},
 	pb.ModuleService_RegisterModule_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.RegisterModuleRequest)

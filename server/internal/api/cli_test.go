@@ -40,7 +40,7 @@ func TestCLIAgainstAPI(t *testing.T) {
 		var out bytes.Buffer
 		root.SetOut(&out)
 		root.SetErr(&out)
-		root.SetArgs(append([]string{"--server", addr}, args...))
+		root.SetArgs(append([]string{"--server", addr, "--insecure"}, args...))
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		err := root.ExecuteContext(ctx)

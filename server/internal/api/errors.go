@@ -22,6 +22,8 @@ var sentinelCodes = []struct {
 	{backend.ErrPrecondition, codes.FailedPrecondition},
 	{backend.ErrTooLarge, codes.ResourceExhausted},
 	{backend.ErrUnavailable, codes.Unavailable},
+	{backend.ErrUnauthenticated, codes.Unauthenticated},
+	{backend.ErrDenied, codes.PermissionDenied},
 	{context.Canceled, codes.Canceled},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 }

@@ -29,7 +29,7 @@ import (
 
 // services are the Fleetlearn gRPC services the policy must cover.
 var services = []*grpc.ServiceDesc{&pb.TaskService_ServiceDesc, &pb.ModelService_ServiceDesc,
-	&pb.ModuleService_ServiceDesc, &pb.AuditService_ServiceDesc}
+	&pb.ModuleService_ServiceDesc, &pb.AuditService_ServiceDesc, &pb.DeviceService_ServiceDesc}
 
 // allowed is the documented role table (docs/SECURITY.md), written out
 // independently of identity.DefaultPolicy so that the test checks it.
@@ -56,6 +56,10 @@ var allowed = map[string][]identity.Role{
 	"AuditService/GetInclusionProof":   {"admin", "operator", "auditor"},
 	"AuditService/GetConsistencyProof": {"admin", "operator", "auditor"},
 	"AuditService/GetPublicKeys":       {"admin", "operator", "auditor"},
+
+	"DeviceService/CreateEnrollmentToken": {"admin", "operator"},
+	"DeviceService/ListDevices":           {"admin", "operator", "auditor"},
+	"DeviceService/RevokeDevice":          {"admin", "operator"},
 }
 
 type method struct {
@@ -195,6 +199,7 @@ func start(t *testing.T, chain func(*authz.Interceptors) []grpc.ServerOption) *e
 	for _, sd := range services {
 		srv.RegisterService(standIn(sd, e.h), struct{}{})
 	}
+	srv.RegisterService(standIn(&pb.EnrollmentService_ServiceDesc, e.h), struct{}{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -318,6 +323,29 @@ func TestSeveralRoles(t *testing.T) {
 		if got := e.call(t.Context(), m, tok); got != want {
 			t.Errorf("%s: %v, want %v", m.short, got, want)
 		}
+	}
+}
+
+// TestEnrollmentIsPublic: devices enroll with no API token (the
+// enrollment token in the request is checked by the service), but a bad
+// API token is still refused.
+func TestEnrollmentIsPublic(t *testing.T) {
+	e := start(t, combined)
+	m := method{full: pb.EnrollmentService_Enroll_FullMethodName, short: "EnrollmentService/Enroll"}
+	if got := e.call(t.Context(), m, ""); got != codes.OK {
+		t.Fatalf("enroll without a token: %v", got)
+	}
+	e.h.mu.Lock()
+	who := e.h.who[len(e.h.who)-1]
+	e.h.mu.Unlock()
+	if reached := e.h.take(); len(reached) != 1 || who != "" {
+		t.Fatalf("handler reached %v as %q", reached, who)
+	}
+	if got := e.call(t.Context(), m, "Bearer "+mint(t, e.rogue, "x", identity.RoleAdmin)); got != codes.Unauthenticated {
+		t.Fatalf("enroll with a bad token: %v", got)
+	}
+	if reached := e.h.take(); len(reached) != 0 {
+		t.Fatalf("handler reached %v", reached)
 	}
 }
 

@@ -5,6 +5,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"time"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -17,6 +18,13 @@ var (
 	ErrPrecondition = errors.New("failed precondition") // codes.FailedPrecondition
 	ErrTooLarge     = errors.New("too large")           // codes.ResourceExhausted
 	ErrUnavailable  = errors.New("unavailable")         // codes.Unavailable
+	// ErrUnauthenticated reports a credential in the request (an
+	// enrollment token) that is malformed, expired or not genuine.
+	ErrUnauthenticated = errors.New("unauthenticated") // codes.Unauthenticated
+	// ErrDenied reports a genuine credential or signature that does not
+	// allow the request: a reused or foreign-fleet enrollment token, a
+	// revoked key, a module signed by an untrusted publisher.
+	ErrDenied = errors.New("permission denied") // codes.PermissionDenied
 )
 
 // Page is a request for one page of a listing.
@@ -47,4 +55,16 @@ type Backend interface {
 	RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader, code []byte) (*pb.Module, error)
 	GetModule(ctx context.Context, sha256 string) (*pb.Module, error)
 	ListModules(ctx context.Context, name string, p Page) ([]*pb.Module, string, error)
+}
+
+// Devices is the fleet registry behind DeviceService and EnrollmentService.
+type Devices interface {
+	// CreateEnrollmentToken mints a token admitting one device to fleet
+	// ("" for the server's) and group within ttl (0 for the default).
+	CreateEnrollmentToken(ctx context.Context, fleet, group string, ttl time.Duration) (*pb.CreateEnrollmentTokenResponse, error)
+	// Enroll redeems the request's token for its device key.
+	Enroll(ctx context.Context, req *pb.EnrollRequest) (*pb.EnrollResponse, error)
+	ListDevices(ctx context.Context, includeRevoked bool, p Page) ([]*pb.Device, string, error)
+	// RevokeDevice withdraws a device's credentials for good.
+	RevokeDevice(ctx context.Context, id, reason string) (*pb.Device, error)
 }

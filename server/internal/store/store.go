@@ -128,7 +128,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 			return nil, fmt.Errorf("store: migrate: %w", err)
 		}
 	}
-	return &Store{db: db}, nil
+	return withDeviceSchema(ctx, db)
 }
 
 // Close closes the database.
@@ -625,6 +625,7 @@ func scanModule(sc interface{ Scan(...any) error }) (*pb.Module, error) {
 		return nil, err
 	}
 	m.Ref.AbiVersion, m.Ref.SizeBytes, m.CreateTime = uint32(abi), uint64(size), tsProto(fromTS(created))
+	m.Ref.Signature = m.Signature // tasks copy the ref into their round plans, for devices to verify
 	return m, nil
 }
 
