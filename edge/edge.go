@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -51,6 +52,13 @@ type Config struct {
 	Charging    bool
 	Idle        bool
 	Unmetered   bool
+	// Credentials is a NATS creds file; empty uses DataDir's device.creds
+	// from enrollment when there is one, else connects without credentials.
+	Credentials string
+	// ModulePublishers is a JWKS of trusted module publishers; empty uses
+	// DataDir's publishers.jwks from enrollment when there is one. With
+	// publishers set the agent runs only modules they signed.
+	ModulePublishers []byte
 }
 
 // Option injects collaborators.
@@ -88,11 +96,14 @@ type Stats struct {
 
 // Agent is one device.
 type Agent struct {
-	cfg      Config
-	o        options
-	data     *data.Dataset
-	own      bool               // the agent created its sandbox and must close it
-	identity ed25519.PrivateKey // signs secure aggregation messages
+	cfg        Config
+	o          options
+	data       *data.Dataset
+	own        bool               // the agent created its sandbox and must close it
+	identity   ed25519.PrivateKey // key's private key: signs reports and secure aggregation messages
+	key        *identity.UserKey
+	publishers *identity.TrustedPublishers
+	creds      string // NATS creds file, or ""
 
 	mu       sync.Mutex
 	modules  map[string]*wasm.Module
@@ -139,11 +150,29 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := wire.CheckToken("device", cfg.DeviceID); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
-	identity, err := loadOrCreateIdentity(cfg.DataDir)
+	key, err := identity.LoadOrCreateUserKey(filepath.Join(cfg.DataDir, KeyFile))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("edge: device key: %w", err)
 	}
-	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: identity, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
+	jwks := cfg.ModulePublishers
+	if len(jwks) == 0 {
+		if jwks, err = readOptional(cfg.DataDir, PublishersFile); err != nil {
+			return nil, fmt.Errorf("edge: module publishers: %w", err)
+		}
+	}
+	var publishers *identity.TrustedPublishers
+	if len(jwks) > 0 {
+		if publishers, err = identity.ParseTrustedPublishers(jwks); err != nil {
+			return nil, fmt.Errorf("edge: module publishers: %w", err)
+		}
+	}
+	creds := cfg.Credentials
+	if creds == "" {
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, CredsFile)); err == nil {
+			creds = filepath.Join(cfg.DataDir, CredsFile)
+		}
+	}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: key.PrivateKey(), key: key, publishers: publishers, creds: creds, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
 		reported: map[string]uint64{}}
 	if a.data == nil {
 		d, err := data.ReadDir(cfg.DatasetDir)
@@ -202,12 +231,18 @@ func (a *Agent) LastRefusal() string {
 // It survives server and NATS restarts by reconnecting with back-off.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.close()
-	nc, err := nats.Connect(a.cfg.NATSURL,
-		nats.Name("fleetlearn-edge/"+a.cfg.DeviceID),
+	opts := []nats.Option{
+		nats.Name("fleetlearn-edge/" + a.cfg.DeviceID),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectWait(500 * time.Millisecond),
 		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
-		nats.RetryOnFailedConnect(true))
+		nats.RetryOnFailedConnect(true),
+	}
+	if a.creds != "" {
+		// The device's user JWT lets it reply only on its own inbox prefix.
+		opts = append(opts, nats.UserCredentials(a.creds), nats.CustomInboxPrefix(identity.DeviceInboxPrefix(a.cfg.DeviceID)))
+	}
+	nc, err := nats.Connect(a.cfg.NATSURL, opts...)
 	if err != nil {
 		return fmt.Errorf("edge: connect: %w", err)
 	}
@@ -416,6 +451,9 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		a.curMu.Unlock()
 		supersede(nil)
 	}()
+	if err := a.checkModule(plan.GetModule()); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
 	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
 	if err != nil {
 		return err
@@ -459,7 +497,12 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
 			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics},
 			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}},
-			PayloadSha256: wire.SHA256(values)}
+			PayloadSha256: wire.SHA256(values), KeyId: a.key.ID()}
+		if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId,
+			Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
+			PayloadSHA256: rep.PayloadSha256, NumExamples: rep.NumExamples}); err != nil {
+			return err
+		}
 		if payload, err = proto.Marshal(rep); err != nil {
 			return err
 		}
@@ -471,7 +514,12 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		}
 		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}}
+			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}, KeyId: a.key.ID()}
+		if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportEval, Task: rep.TaskId,
+			Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
+			NumExamples: rep.NumExamples}); err != nil {
+			return err
+		}
 		if payload, err = proto.Marshal(rep); err != nil {
 			return err
 		}

@@ -4,19 +4,17 @@ import (
 	"context"
 	"crypto/ed25519"
 	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
@@ -42,44 +40,6 @@ func WithDropout(drop func(task string, round uint64, stage string) bool) Option
 
 // errDroppedOut marks a round this agent left on purpose (WithDropout).
 var errDroppedOut = errors.New("left the round (simulated dropout)")
-
-// identityFile holds the device's Ed25519 identity key: it signs the
-// device's secure aggregation messages.
-const identityFile = "identity.key"
-
-// loadOrCreateIdentity returns the device's identity key, creating it once.
-func loadOrCreateIdentity(dir string) (ed25519.PrivateKey, error) {
-	path := filepath.Join(dir, identityFile)
-	b, err := os.ReadFile(path)
-	if err == nil {
-		seed, err := hex.DecodeString(string(trimSpace(b)))
-		if err != nil || len(seed) != ed25519.SeedSize {
-			return nil, fmt.Errorf("edge: identity key %s is malformed", path)
-		}
-		return ed25519.NewKeyFromSeed(seed), nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("edge: identity key: %w", err)
-	}
-	seed := make([]byte, ed25519.SeedSize)
-	if _, err := crand.Read(seed); err != nil {
-		return nil, fmt.Errorf("edge: identity key: %w", err)
-	}
-	if err := os.WriteFile(path, []byte(hex.EncodeToString(seed)+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("edge: identity key: %w", err)
-	}
-	return ed25519.NewKeyFromSeed(seed), nil
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r' || b[len(b)-1] == ' ') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-// keyID names an identity key in SecAgg messages: the hex SHA-256 of the public key.
-func keyID(pub ed25519.PublicKey) string { return wire.SHA256(pub)[:32] }
 
 // secureRound takes part in a secure aggregation round: it advertises keys,
 // shares them with its graph neighbours, then trains and uploads its
@@ -109,7 +69,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 		return nil
 	}
 	client, err := secagg.NewClient(round, secagg.ClientOptions{ParticipantID: plan.ParticipantId, Rand: crand.Reader,
-		Identity: a.identity, KeyID: keyID(a.identity.Public().(ed25519.PublicKey)), VerifyPeer: verify})
+		Identity: a.identity, KeyID: a.key.ID(), VerifyPeer: verify})
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
@@ -202,7 +162,12 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 			}
 			rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 				ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu)}
+				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu), KeyId: a.key.ID()}
+			if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId,
+				Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
+				PayloadSHA256: rep.PayloadSha256}); err != nil {
+				return err
+			}
 			payload, err := proto.Marshal(rep)
 			if err != nil {
 				return err

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
+	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -187,4 +189,20 @@ func (d *devices) RevokeDevice(ctx context.Context, id, reason string) (*pb.Devi
 			id, natsErr, backend.ErrUnavailable)
 	}
 	return row.Proto(), nil
+}
+
+// errNotEnrolled marks a device the registry does not vouch for.
+var errNotEnrolled = errors.New("device is not enrolled")
+
+// deviceKey returns an active enrolled device's public key: the key its
+// reports and secure aggregation messages must be signed with.
+func (s *Server) deviceKey(ctx context.Context, id string) (ed25519.PublicKey, error) {
+	row, err := s.store.Device(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errNotEnrolled, err)
+	}
+	if !row.Revoked.IsZero() {
+		return nil, fmt.Errorf("%w at %v: %s", coord.ErrRevoked, row.Revoked.Format(time.RFC3339), row.Reason)
+	}
+	return identity.ParseUserKeyID(row.KeyID)
 }

@@ -211,7 +211,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	bl := blobs.New(obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
-		Audit: s.record})
+		Audit: s.record, DeviceKey: s.deviceKey})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}

@@ -1,6 +1,12 @@
 // Command fleetlearn-edge is the Fleetlearn device agent: it joins federated
 // rounds over NATS and trains WASM update modules on the local dataset in
 // --dataset (format: docs/DATASET.md). SIGTERM stops it cleanly.
+//
+//	fleetlearn-edge enroll --api HOST:PORT --ca ca.pem --token TOKEN --data-dir DIR
+//	fleetlearn-edge --data-dir DIR --dataset DATA
+//
+// enroll presents a one-time token from an operator and stores the device's
+// NATS credentials, NATS URL and trusted module publishers in DIR.
 package main
 
 import (
@@ -17,9 +23,14 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "enroll" {
+		os.Exit(enroll(os.Args[2:]))
+	}
 	var cfg edge.Config
-	var tasks, level string
-	flag.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS URL of the aggregator")
+	var tasks, level, publishers string
+	flag.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL of the aggregator (default: the one enrollment stored, else nats://127.0.0.1:4222)")
+	flag.StringVar(&cfg.Credentials, "creds", "", "NATS creds file (default: the one enrollment stored in --data-dir)")
+	flag.StringVar(&publishers, "module-publishers", "", "JWKS file of trusted module publishers (default: the one enrollment stored)")
 	flag.StringVar(&cfg.DataDir, "data-dir", "fleetlearn-edge", "directory for the device id and caches")
 	flag.StringVar(&cfg.DatasetDir, "dataset", "", "local dataset directory (required)")
 	flag.StringVar(&cfg.DeviceID, "device-id", "", "pseudonymous device id (default: generated once and kept in --data-dir)")
@@ -32,6 +43,20 @@ func main() {
 	flag.Parse()
 	if tasks != "" {
 		cfg.TaskIDs = strings.Split(tasks, ",")
+	}
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = edge.SavedNATSURL(cfg.DataDir)
+	}
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = "nats://127.0.0.1:4222"
+	}
+	if publishers != "" {
+		b, err := os.ReadFile(publishers)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetlearn-edge:", err)
+			os.Exit(1)
+		}
+		cfg.ModulePublishers = b
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil || cfg.DatasetDir == "" {
@@ -51,4 +76,40 @@ func main() {
 		os.Exit(1)
 	}
 	log.Info("agent stopped", "stats", fmt.Sprintf("%+v", a.Stats()))
+}
+
+// enroll runs the enroll subcommand and returns the exit status.
+func enroll(args []string) int {
+	fs := flag.NewFlagSet("enroll", flag.ContinueOnError)
+	var cfg edge.EnrollConfig
+	var ca string
+	fs.StringVar(&cfg.API, "api", "", "aggregator gRPC address (host:port)")
+	fs.StringVar(&ca, "ca", "", "the aggregator's CA certificate (PEM), from its data directory's tls/ca.pem")
+	fs.StringVar(&cfg.Token, "token", "", "one-time enrollment token from 'fleetlearn device token'")
+	fs.StringVar(&cfg.DataDir, "data-dir", "fleetlearn-edge", "directory for the device key, credentials and caches")
+	fs.StringVar(&cfg.DeviceID, "device-id", "", "requested device id (default: the server assigns one)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.API == "" || ca == "" || cfg.Token == "" {
+		fmt.Fprintln(os.Stderr, "usage: fleetlearn-edge enroll --api HOST:PORT --ca FILE --token TOKEN [--data-dir DIR]")
+		return 2
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetlearn-edge enroll:", err)
+		return 1
+	}
+	cfg.CAPEM = pem
+	e, err := edge.Enroll(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetlearn-edge enroll:", err)
+		return 1
+	}
+	fmt.Printf("enrolled as %s (key %s)", e.DeviceID, e.KeyID)
+	if e.NATSURL != "" {
+		fmt.Printf(", NATS %s", e.NATSURL)
+	}
+	fmt.Printf("; credentials in %s\n", cfg.DataDir)
+	return 0
 }

@@ -2,6 +2,8 @@ package coord
 
 import (
 	"context"
+	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -156,6 +158,17 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 	// Reserve the slot before the write so concurrent check-ins cannot overfill.
 	r.assigned[ci.DeviceId] = store.Assignment{}
 	t.mu.Unlock()
+	key, err := t.c.deviceKey(t.c.ctx, ci.DeviceId)
+	if errors.Is(err, ErrRevoked) || (key == nil && t.c.d.RequireEnrollment) {
+		t.mu.Lock()
+		delete(r.assigned, ci.DeviceId)
+		t.mu.Unlock()
+		why := "device is not enrolled"
+		if err != nil {
+			why = err.Error()
+		}
+		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+	}
 
 	ctx, cancel := context.WithTimeout(t.c.ctx, 5*time.Second)
 	defer cancel()
@@ -171,9 +184,33 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		return nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
 	}
 	r.assigned[ci.DeviceId] = store.Assignment{Participant: p, Examples: examples}
+	if key != nil {
+		r.keys[ci.DeviceId] = key
+	}
 	t.mu.Unlock()
 	r.poke()
 	return withParticipant(r.plan, p), 0, 0, ""
+}
+
+// ErrRevoked marks a device whose enrollment was revoked: it is never
+// selected, whatever RequireEnrollment says.
+var ErrRevoked = errors.New("device enrollment revoked")
+
+// deviceKey returns the device's enrolled key, nil for a device that is not
+// enrolled (or when there is no registry), and an error wrapping ErrRevoked
+// for a revoked one.
+func (c *Coordinator) deviceKey(ctx context.Context, device string) (ed25519.PublicKey, error) {
+	if c.d.DeviceKey == nil {
+		return nil, nil
+	}
+	k, err := c.d.DeviceKey(ctx, device)
+	if errors.Is(err, ErrRevoked) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, nil
+	}
+	return k, nil
 }
 
 func withParticipant(plan *pb.RoundPlan, p uint32) *pb.RoundPlan {

@@ -8,6 +8,7 @@ package coord
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,6 +50,14 @@ type Deps struct {
 	// Audit records round and task events in the audit log; nil records
 	// nothing.
 	Audit func(ctx context.Context, actor audit.Actor, p audit.Payload) error
+	// DeviceKey returns an enrolled device's public key, or an error for a
+	// device that is not enrolled or was revoked. With it, reports and SecAgg
+	// keys of enrolled devices must be signed by their key; nil skips the
+	// checks.
+	DeviceKey func(ctx context.Context, device string) (ed25519.PublicKey, error)
+	// RequireEnrollment refuses devices DeviceKey does not vouch for: they are
+	// not selected and their reports are refused.
+	RequireEnrollment bool
 }
 
 // auditActor is who the coordinator's audit events name.

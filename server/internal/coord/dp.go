@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/audit"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // dpRun is a task's differential privacy: the resolved settings, how its

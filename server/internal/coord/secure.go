@@ -14,9 +14,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
-	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 )
 
 // Secure aggregation defaults for SecAggConfig fields left zero.
@@ -336,6 +337,12 @@ func (t *taskRun) secureUp(r *roundRun, up secUp) string {
 		if len(ak.GetIdentityPublicKey()) != ed25519.PublicKeySize {
 			return fmt.Sprintf("identity public key of %d bytes, want %d", len(ak.GetIdentityPublicKey()), ed25519.PublicKeySize)
 		}
+		t.mu.Lock()
+		enrolled := r.keys[up.device]
+		t.mu.Unlock()
+		if enrolled != nil && !enrolled.Equal(ed25519.PublicKey(ak.GetIdentityPublicKey())) {
+			return fmt.Sprintf("advertised identity key is not the key device %q enrolled", up.device)
+		}
 		_, had := sec.keys[id]
 		if !had {
 			sec.keys[id] = ed25519.PublicKey(ak.GetIdentityPublicKey())
@@ -433,6 +440,14 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
 	}
 	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
 		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
+	}
+	t.mu.Lock()
+	key := r.keys[device]
+	t.mu.Unlock()
+	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportUpdate,
+		Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
+		ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256}); err != nil {
+		return device, err
 	}
 	if err := sec.srv.AddMasked(mu); err != nil {
 		return device, refuse("%v", err)

@@ -3,6 +3,7 @@ package coord
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -73,6 +75,9 @@ type roundRun struct {
 	selEnd    time.Time
 	kick      chan struct{} // wakes the round loop after a check-in changed the cohort
 	secure    *secureRun    // secure aggregation state; nil for plaintext rounds
+	// keys are the enrolled keys of the cohort's devices, looked up when
+	// they are selected (nil for devices not enrolled where that is allowed).
+	keys map[string]ed25519.PublicKey
 }
 
 func (r *roundRun) poke() {
@@ -411,7 +416,16 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		return err
 	}
 	now := t.c.d.Now()
+	keys := map[string]ed25519.PublicKey{}
+	for d := range assigned {
+		// A cohort resumed after a restart: its devices were vouched for
+		// when selected; one revoked since is refused now.
+		if k, _ := t.c.deviceKey(ctx, d); k != nil {
+			keys[d] = k
+		}
+	}
 	r := &roundRun{row: row, plan: t.plan(row), wanted: t.wanted(), assigned: assigned, reported: map[string]bool{},
+		keys:   keys,
 		selEnd: row.Open.Add(t.selectionTimeout()), kick: make(chan struct{}, 1)}
 	r.selecting = len(assigned) < r.wanted && now.Before(r.selEnd)
 
@@ -589,6 +603,9 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	if dup {
 		return device, refuse("device %q already reported for round %d", device, round)
 	}
+	t.mu.Lock()
+	key := r.keys[device]
+	t.mu.Unlock()
 	wantKind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "update", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluation"}[r.row.Kind]
 	if kind != wantKind {
 		return device, refuse("%s report in a round that wants %s reports", kind, wantKind)
@@ -613,6 +630,11 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 			return device, err
 		}
+		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportEval,
+			Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
+			ModuleSHA256: rep.ModuleSha256, NumExamples: rep.NumExamples}); err != nil {
+			return device, err
+		}
 		if err := checkMetrics(rep.Metrics); err != nil {
 			return device, err
 		}
@@ -623,6 +645,11 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 			return device, refuse("decode update report: %v", err)
 		}
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+			return device, err
+		}
+		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportUpdate,
+			Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
+			ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256, NumExamples: rep.NumExamples}); err != nil {
 			return device, err
 		}
 		delta, err := t.checkDense(&rep)
@@ -651,6 +678,25 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	r.reported[device] = true
 	t.mu.Unlock()
 	return device, nil
+}
+
+// checkSignature checks a report's device signature against the key the
+// device enrolled. The statement covers task, round, device, model, module,
+// payload digest and example count, so none can be altered in transit.
+func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
+	if key == nil {
+		if t.c.d.RequireEnrollment {
+			return refuse("device %q is not enrolled", s.Device)
+		}
+		return nil // an open deployment: devices are not enrolled
+	}
+	if len(sig) == 0 {
+		return refuse("report is not signed")
+	}
+	if err := identity.VerifyReport(key, s, sig); err != nil {
+		return refuse("signature does not verify with the key device %q enrolled (report names key %q): %v", s.Device, keyID, err)
+	}
+	return nil
 }
 
 func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bodyDevice, modelVersion, module string) error {
