@@ -23,7 +23,7 @@ func TestAuditRoundEvents(t *testing.T) {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "audited", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	startFleet(t, h.NATSURL(), 4, func(i int) *data.Dataset { return synthetic(100, 8, 3, uint64(i+1)) })
+	startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(100, 8, 3, uint64(i+1)) })
 	task := h.CreateTask(t, baseTask("audited", version, module, 2))
 	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
@@ -45,7 +45,20 @@ func TestAuditRoundEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.QueryEntries(ctx, &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task.Id}, PageSize: 1000})
+	// The task's end is recorded just after its state changes; wait for it.
+	var res *pb.QueryEntriesResponse
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		res, err = c.QueryEntries(ctx, &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task.Id,
+			EventType: string(audit.TypeTaskStopped)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.GetEntries()) > 0 || time.Now().After(end) {
+			break
+		}
+	}
+	res, err = c.QueryEntries(ctx, &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task.Id}, PageSize: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

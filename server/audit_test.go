@@ -23,7 +23,7 @@ func TestAuditWiring(t *testing.T) {
 	h := servertest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(h.NATSURL())
+	nc, err := nats.Connect(h.NATSURL(), h.ServiceNATSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,19 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/identity"
+	natsjwt "github.com/nats-io/jwt/v2"
 	"io"
 	"math"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +41,7 @@ import (
 // what a real edge agent never would (or to vanish when one would not).
 type scripted struct {
 	id       string
+	dir      string // its agent data directory: key and credentials
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	receipts chan *pb.ReportReceipt
@@ -41,9 +49,11 @@ type scripted struct {
 
 // newScripted connects a device and listens on its receipt subject before
 // anything is published, so no receipt can be missed.
-func newScripted(t testing.TB, natsURL, id string) *scripted {
+func newScripted(t testing.TB, h *servertest.Harness, id string) *scripted {
 	t.Helper()
-	nc, err := nats.Connect(natsURL, nats.Name("scripted/"+id))
+	dir := enrollDir(t, h, id)
+	nc, err := nats.Connect(h.NATSURL(), nats.Name("scripted/"+id), nats.UserCredentials(filepath.Join(dir, edge.CredsFile)),
+		nats.CustomInboxPrefix(identity.DeviceInboxPrefix(id)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +62,7 @@ func newScripted(t testing.TB, natsURL, id string) *scripted {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &scripted{id: id, nc: nc, js: js, receipts: make(chan *pb.ReportReceipt, 64)}
+	d := &scripted{id: id, dir: dir, nc: nc, js: js, receipts: make(chan *pb.ReportReceipt, 64)}
 	if _, err := nc.Subscribe(wire.ReceiptSubject(id), func(m *nats.Msg) {
 		var r pb.ReportReceipt
 		if err := proto.Unmarshal(m.Data, &r); err != nil {
@@ -116,6 +126,16 @@ func (d *scripted) join(t testing.TB, task string, round uint64) *pb.RoundPlan {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// sign signs a report with the device's enrolled key, as an agent does.
+func (d *scripted) sign(t testing.TB, r *pb.UpdateReport) *pb.UpdateReport {
+	t.Helper()
+	key, err := identity.LoadOrCreateUserKey(filepath.Join(d.dir, edge.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signed(t, key, r)
 }
 
 // publish stores a report in the reports stream as an agent would.
@@ -270,9 +290,9 @@ func TestBadReportsAreRefused(t *testing.T) {
 	spec.Aggregation = &pb.AggregationConfig{MaxUpdateNorm: 50}
 	task := h.CreateTask(t, spec).Id
 
-	rogue := newScripted(t, h.NATSURL(), "rogue-1")
-	loyal := newScripted(t, h.NATSURL(), "loyal-1")
-	stranger := newScripted(t, h.NATSURL(), "stranger-1")
+	rogue := newScripted(t, h, "rogue-1")
+	loyal := newScripted(t, h, "loyal-1")
+	stranger := newScripted(t, h, "stranger-1")
 
 	t.Run("check-in", func(t *testing.T) {
 		// None of these may join the cohort: the seat counts below depend on it.
@@ -317,10 +337,19 @@ func TestBadReportsAreRefused(t *testing.T) {
 	dim := base.Layout().Size()
 	open := wire.ReportSubject(task, 1, rogue.id)
 	good := func() *pb.UpdateReport { return rogueUpdate(plan, rogue.id, base, 0.01, 200) }
+	rogueKey, err := identity.LoadOrCreateUserKey(filepath.Join(rogue.dir, edge.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// with is a well-formed report changed by mut and signed by the rogue
+	// device, so that what is checked is the change, not the signature.
 	with := func(mut func(r *pb.UpdateReport)) []byte {
 		r := good()
 		mut(r)
-		return mustMarshal(t, r)
+		if r.PayloadSha256 == "" {
+			return mustMarshal(t, r) // nothing a device could sign
+		}
+		return mustMarshal(t, signed(t, rogueKey, r))
 	}
 	f32 := func(i int, v float32) []byte {
 		d := make([]float32, dim)
@@ -361,7 +390,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 			{"wrong model version", open, with(func(r *pb.UpdateReport) { r.ModelVersion = strings.Repeat("ab", 32) }), "trained on model"},
 			{"wrong module", open, with(func(r *pb.UpdateReport) { r.ModuleSha256 = strings.Repeat("cd", 32) }), "ran module"},
 			{"payload sha256 mismatch", open, with(func(r *pb.UpdateReport) { r.PayloadSha256 = wire.SHA256([]byte("other")) }), "does not match"},
-			{"payload sha256 missing", open, with(func(r *pb.UpdateReport) { r.PayloadSha256 = "" }), "does not match"},
+			{"payload sha256 missing", open, with(func(r *pb.UpdateReport) { r.PayloadSha256 = "" }), "not signed"},
 			{"truncated protobuf", open, []byte{0x0a, 0x40, 'x'}, "decode update report"},
 			{"invalid wire type", open, []byte{0x0f, 0x01, 0x02}, "decode update report"},
 			{"not protobuf", open, []byte("GET / HTTP/1.1\r\n\r\n"), "decode update report"},
@@ -400,7 +429,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 			t.Fatal("an oversized publish cost the device its connection")
 		}
 		// A client that skips the check is cut off by the server.
-		if got := rawPublish(t, h.NATSURL(), open, maxMsg+1); !strings.Contains(got, "Maximum Payload") {
+		if got := rawPublish(t, h.NATSURL(), rogue, open, maxMsg+1); !strings.Contains(got, "Maximum Payload") {
 			t.Fatalf("server answered an oversized PUB with %q", got)
 		}
 	})
@@ -420,7 +449,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 
 	t.Run("duplicate", func(t *testing.T) {
 		subj := wire.ReportSubject(task, 1, loyal.id)
-		body := mustMarshal(t, rogueUpdate(loyalPlan, loyal.id, base, 0, 10))
+		body := mustMarshal(t, loyal.sign(t, rogueUpdate(loyalPlan, loyal.id, base, 0, 10)))
 		id := wire.MsgID("update", task, 1, loyal.id)
 		loyal.accepted(t, subj, body, jetstream.WithMsgID(id))
 		// The same message id again is dropped by the stream itself.
@@ -433,15 +462,26 @@ func TestBadReportsAreRefused(t *testing.T) {
 	})
 
 	// Reports on subjects that do not parse cannot be answered, but must not
-	// stay in the stream either.
+	// stay in the stream either. Devices may not publish there at all (their
+	// NATS permissions name their own report subjects only), so a client with
+	// wider rights tries.
+	wide, err := nats.Connect(h.NATSURL(), h.ServiceNATSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wide.Close()
+	wideJS, err := jetstream.New(wide)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range []string{"fl.report." + task + ".1.rogue-1.extra", "fl.report." + task + ".one.rogue-1", "fl.report." + task} {
-		if _, err := rogue.publish(s, []byte("x")); err != nil {
+		if _, err := wideJS.Publish(t.Context(), s, []byte("x")); err != nil {
 			t.Fatalf("publish %s: %v", s, err)
 		}
 	}
 
 	// Only now do the honest agents arrive; the round still has its seats.
-	fl := startFleet(t, h.NATSURL(), 4, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
+	fl := startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
 
 	// Round 2: the loyal device joins again, the rogue does not.
 	loyalPlan = loyal.join(t, task, 2)
@@ -463,7 +503,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 		rogue.refused(t, wire.ReportSubject(task, 2, rogue.id), mustMarshal(t, r), task, 2, `device "rogue-1" is not in the cohort of round 2`)
 	})
 	loyal.accepted(t, wire.ReportSubject(task, 2, loyal.id),
-		mustMarshal(t, rogueUpdate(loyalPlan, loyal.id, fetchModel(t, h, loyalPlan.GetModel().GetVersion()), 0, 10)))
+		mustMarshal(t, loyal.sign(t, rogueUpdate(loyalPlan, loyal.id, fetchModel(t, h, loyalPlan.GetModel().GetVersion()), 0, 10))))
 
 	done := h.WaitTask(t, task, 30*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
@@ -506,7 +546,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 
 	// Settled rounds leave nothing in the reports stream.
 	ctx := context.Background()
-	st, err := rogue.js.Stream(ctx, wire.StreamReports)
+	st, err := wideJS.Stream(ctx, wire.StreamReports)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -589,7 +629,7 @@ func warmModule(t testing.TB, code []byte) {
 
 // rawPublish speaks the NATS protocol directly, announcing a PUB of size
 // bytes, and returns the server's answer.
-func rawPublish(t testing.TB, natsURL, subject string, size int) string {
+func rawPublish(t testing.TB, natsURL string, as *scripted, subject string, size int) string {
 	t.Helper()
 	u, err := url.Parse(natsURL)
 	if err != nil {
@@ -602,10 +642,35 @@ func rawPublish(t testing.TB, natsURL, subject string, size int) string {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	rd := bufio.NewReader(c)
-	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "INFO ") {
+	line, err := rd.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "INFO ") {
 		t.Fatalf("nats greeting %q: %v", line, err)
 	}
-	fmt.Fprintf(c, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\nPUB %s %d\r\n", subject, size)
+	// Authenticate as the device: its user JWT and a signature of the nonce.
+	var info struct {
+		Nonce string `json:"nonce"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "INFO ")), &info); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := os.ReadFile(filepath.Join(as.dir, edge.CredsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	userJWT, err := natsjwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := identity.LoadOrCreateUserKey(filepath.Join(as.dir, edge.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := key.Sign([]byte(info.Nonce))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1,\"jwt\":%q,\"sig\":%q}\r\nPUB %s %d\r\n",
+		userJWT, base64.RawURLEncoding.EncodeToString(sig), subject, size)
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {

@@ -227,7 +227,9 @@ func benchRound(b *testing.B, n int) {
 		delta[i] = 1e-3
 	}
 	layout := []*pb.TensorSpec{{Name: "fc1.weight", Shape: []uint64{10, benchParams / 10}}}
-	fleet, err := loadgen.Start(loadgen.Config{NATSURL: h.NATSURL(), Devices: n, Layout: layout, Delta: delta, FetchModel: true})
+	lg := loadgen.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: n, Layout: layout, Delta: delta, FetchModel: true}
+	lg.Keys = h.EnrollKeys(b, lg.DeviceIDs())
+	fleet, err := loadgen.Start(lg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -493,6 +495,16 @@ func BenchmarkRoundProcesses(b *testing.B) {
 			b.Fatal(err)
 		}
 		id := fmt.Sprintf("dev-%03d", i)
+		// Enrolled as an operator would: a single-use token, then the agent's
+		// enroll command with the server's CA.
+		tok, err := pb.NewDeviceServiceClient(conn).CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if out, err := exec.Command(filepath.Join(bin, "fleetlearn-edge"), "enroll", "--api", grpcAddr, "--ca", server.CAFile(serverDir),
+			"--token", tok.GetToken(), "--data-dir", filepath.Join(dir, "edge", strconv.Itoa(i)), "--device-id", id).CombinedOutput(); err != nil {
+			b.Fatalf("enroll %s: %v\n%s", id, err, out)
+		}
 		edges[i] = startBenchProc(b, id, filepath.Join(dir, id+".log"), filepath.Join(bin, "fleetlearn-edge"),
 			"--nats-url", "nats://"+natsAddr, "--data-dir", filepath.Join(dir, "edge", strconv.Itoa(i)),
 			"--dataset", ds, "--device-id", id, "--log-level", "warn")

@@ -37,7 +37,8 @@ func dpHarness(t *testing.T, n int) (h *servertest.Harness, version, module stri
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for i := range n {
-		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: t.TempDir(), DeviceID: fmt.Sprintf("dev-%03d", i)},
+		id := fmt.Sprintf("dev-%03d", i)
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
 			edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
 		if err != nil {
 			t.Fatal(err)

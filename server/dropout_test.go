@@ -20,13 +20,13 @@ import (
 
 // startNamed starts edge agents with the given device ids, each on its own
 // dataset, sharing one stop.
-func startNamed(t testing.TB, natsURL string, ids []string, mk func(i int) *data.Dataset) *fleet {
+func startNamed(t testing.TB, h *servertest.Harness, ids []string, mk func(i int) *data.Dataset) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fleet{cancel: cancel}
 	t.Cleanup(f.stop)
 	for i, id := range ids {
-		a, err := edge.New(edge.Config{NATSURL: natsURL, DataDir: t.TempDir(), DeviceID: id},
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
 			edge.WithDataset(mk(i)), edge.WithSandbox(sharedSandbox(t)))
 		if err != nil {
 			t.Fatal(err)
@@ -90,10 +90,10 @@ func TestDropoutRoundClosesAtDeadline(t *testing.T) {
 	// Five seats (4 × 1.25); the target of four is out of reach once two vanish.
 	task, _ := dropoutTask(t, h, "dropout", 4, 2, 0.25, sel, report)
 
-	ghost := newScripted(t, h.NATSURL(), "ghost-1")
+	ghost := newScripted(t, h, "ghost-1")
 	ghost.join(t, task, 1)
 
-	slow := startNamed(t, h.NATSURL(), []string{"slow-1"}, func(int) *data.Dataset { return synthetic(200000, 8, 3, 99) })
+	slow := startNamed(t, h, []string{"slow-1"}, func(int) *data.Dataset { return synthetic(200000, 8, 3, 99) })
 	for end := time.Now().Add(10 * time.Second); slow.agents[0].Stats().Rounds == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("slow agent was not selected")
@@ -103,7 +103,7 @@ func TestDropoutRoundClosesAtDeadline(t *testing.T) {
 	// the agent to exit: a blob fetch in flight can hold it for seconds.
 	slow.cancel()
 
-	fl := startNamed(t, h.NATSURL(), []string{"dev-a", "dev-b", "dev-c"}, honestData)
+	fl := startNamed(t, h, []string{"dev-a", "dev-b", "dev-c"}, honestData)
 	done := h.WaitTask(t, task, sel+report+15*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
 		t.Fatalf("task %v: %s", done.State, done.StateReason)
@@ -143,9 +143,9 @@ func TestDropoutBelowGoalAbandonsAndRecovers(t *testing.T) {
 	h := servertest.New(t)
 	task, base := dropoutTask(t, h, "below-goal", 2, 2, 0.5, sel, report) // three seats, two reports needed
 
-	ghost := newScripted(t, h.NATSURL(), "ghost-1")
+	ghost := newScripted(t, h, "ghost-1")
 	ghost.join(t, task, 1)
-	first := startNamed(t, h.NATSURL(), []string{"dev-a"}, honestData)
+	first := startNamed(t, h, []string{"dev-a"}, honestData)
 
 	r1 := waitRound(t, h, task, 1, sel+report+10*time.Second, pb.RoundState_ROUND_STATE_ABANDONED, pb.RoundState_ROUND_STATE_COMMITTED)
 	t.Logf("round 1: %v assigned %d reported %d (%s)", r1.State, r1.Assigned, r1.Reported, r1.Reason)
@@ -173,7 +173,7 @@ func TestDropoutBelowGoalAbandonsAndRecovers(t *testing.T) {
 		t.Errorf("after two abandoned rounds the task is %v on model %s, want RUNNING on %s", tk.Task.State, tk.Task.CurrentModel.GetVersion(), base)
 	}
 
-	startNamed(t, h.NATSURL(), []string{"dev-b", "dev-c"}, honestData)
+	startNamed(t, h, []string{"dev-b", "dev-c"}, honestData)
 	done := h.WaitTask(t, task, sel+report+15*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
 		t.Fatalf("task %v: %s", done.State, done.StateReason)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -219,9 +220,51 @@ func (c *cluster) startEdges(sets []*data.Dataset) {
 		if err := data.WriteDir(filepath.Join(dir, "dataset"), d, fmt.Sprintf("dev%d", i)); err != nil {
 			c.t.Fatal(err)
 		}
+		id := fmt.Sprintf("edge-%d", i)
+		c.enroll(id, filepath.Join(dir, "state"))
 		start(c.t, fmt.Sprintf("edge%d", i), c.edgeBin, "-nats-url", "nats://"+c.nats, "-data-dir", filepath.Join(dir, "state"),
-			"-dataset", filepath.Join(dir, "dataset"), "-device-id", fmt.Sprintf("edge-%d", i))
+			"-dataset", filepath.Join(dir, "dataset"), "-device-id", id)
 	}
+}
+
+// enroll enrolls a device the way an operator would: a token from the CLI,
+// then the agent's enroll command with the server's CA.
+func (c *cluster) enroll(id, dataDir string) {
+	c.t.Helper()
+	tok, err := exec.Command(c.cli, "--server", c.grpcAddr, "device", "token", "--ttl", "10m").Output()
+	if err != nil {
+		c.t.Fatalf("fleetlearn device token: %v", err)
+	}
+	out, err := exec.Command(c.edgeBin, "enroll", "--api", c.grpcAddr, "--ca", server.CAFile(c.dataDir),
+		"--token", strings.TrimSpace(string(tok)), "--data-dir", dataDir, "--device-id", id).CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("fleetlearn-edge enroll: %v\n%s", err, out)
+	}
+}
+
+// observer connects to the server's NATS as the aggregator's service user,
+// with the keys in its data directory, to watch traffic.
+func (c *cluster) observer(opts ...nats.Option) *nats.Conn {
+	c.t.Helper()
+	dir := filepath.Join(c.dataDir, server.NATSAuthDir)
+	auth, err := identity.LoadOrCreateAuthority("fleetlearn", dir)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	key, err := identity.LoadOrCreateUserKey(filepath.Join(dir, "service-user.nk"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	jwt, err := auth.ServiceUserJWT("test-observer", key.ID(), time.Time{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nc, err := nats.Connect("nats://"+c.nats, append(opts, nats.UserJWT(func() (string, error) { return jwt, nil }, key.Sign))...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	return nc
 }
 
 func (c *cluster) createTask(version, module string, hyper sgd.Hyper, rounds, cohort, goal int) string {
@@ -316,11 +359,7 @@ func TestServerCrash(t *testing.T) {
 	id := c.createTask(version, module, sgd.Hyper{Epochs: 2, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500}, 5, 3, 2)
 
 	// Watch reports arrive for round 3, and kill the server at the first one.
-	nc, err := nats.Connect("nats://"+c.nats, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := c.observer(nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	seen := make(chan string, 16)
 	sub, err := nc.Subscribe("fl.report."+id+".3.*", func(m *nats.Msg) { seen <- m.Subject })
 	if err != nil {

@@ -63,12 +63,14 @@ type fleet struct {
 	wg     sync.WaitGroup
 }
 
-func startFleet(t testing.TB, natsURL string, n int, mk func(i int) *data.Dataset, opts ...edge.Option) *fleet {
+// startFleet starts n enrolled agents dev-000... on the harness's server.
+func startFleet(t testing.TB, h *servertest.Harness, n int, mk func(i int) *data.Dataset, opts ...edge.Option) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fleet{cancel: cancel}
 	for i := range n {
-		a, err := edge.New(edge.Config{NATSURL: natsURL, DataDir: t.TempDir(), DeviceID: fmt.Sprintf("dev-%03d", i)},
+		id := fmt.Sprintf("dev-%03d", i)
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
 			append([]edge.Option{edge.WithDataset(mk(i)), edge.WithSandbox(sharedSandbox(t))}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
@@ -98,7 +100,7 @@ func TestRoundsEndToEnd(t *testing.T) {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	startFleet(t, h.NATSURL(), 5, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
+	startFleet(t, h, 5, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
 	task := h.CreateTask(t, baseTask("e2e", version, module, 3))
 	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {

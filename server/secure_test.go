@@ -63,7 +63,8 @@ func TestSecureRounds(t *testing.T) {
 		case 1:
 			opts = append(opts, edge.WithDropout(dropAt(edge.DropAfterMasked)))
 		}
-		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: t.TempDir(), DeviceID: fmt.Sprintf("dev-%03d", i)}, opts...)
+		id := fmt.Sprintf("dev-%03d", i)
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id}, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -266,7 +266,7 @@ func TestEnrollment(t *testing.T) {
 		t.Fatalf("enroll: %v", err)
 	}
 	d := res.GetDevice()
-	if d.GetId() == "" || d.GetKeyId() != key || d.GetFleet() != "lab" || d.GetGroup() != "north" || res.GetUserJwt() != "" {
+	if d.GetId() == "" || d.GetKeyId() != key || d.GetFleet() != "lab" || d.GetGroup() != "north" || res.GetUserJwt() == "" {
 		t.Fatalf("enrolled %v, jwt %q", d, res.GetUserJwt())
 	}
 	if len(res.GetModulePublishersJwks()) == 0 {

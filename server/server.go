@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,6 +62,13 @@ type Config struct {
 
 	// Fleet is the fleet devices enroll into (default DefaultFleet).
 	Fleet string
+	// InsecureNATS runs NATS without authorization: any client may use any
+	// subject and devices need no enrollment. By default the server runs NATS
+	// in operator mode (decentralized JWT auth): it connects as its own
+	// service user, enrolled devices get user JWTs limited to their own
+	// subjects, and only enrolled devices are selected. An external cluster
+	// must trust the operator in DataDir/nats-auth (docs/SECURITY.md).
+	InsecureNATS bool
 	// GRPCInsecure serves the gRPC API without TLS, for local experiments
 	// only; bearer tokens are still required.
 	GRPCInsecure bool
@@ -98,14 +106,16 @@ type Server struct {
 
 	embedded *natsx.Embedded
 	nc       *nats.Conn
-	store    *store.Store
-	sandbox  *wasm.Sandbox
-	coord    *coord.Coordinator
-	grpc     *grpc.Server
-	grpcLn   net.Listener
-	http     *http.Server
-	httpLn   net.Listener
-	natsURL  string
+	// natsAuthority runs NATS authorization; nil with Config.InsecureNATS.
+	natsAuthority *natsAuthority
+	store         *store.Store
+	sandbox       *wasm.Sandbox
+	coord         *coord.Coordinator
+	grpc          *grpc.Server
+	grpcLn        net.Listener
+	http          *http.Server
+	httpLn        net.Listener
+	natsURL       string
 
 	audit     *audit.Log
 	auditStop chan struct{} // closed by Shutdown to stop the checkpoint ticker
@@ -174,17 +184,36 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := s.loadSecurity(); err != nil {
 		return err
 	}
+	var natsOpts []nats.Option
+	var configure func(*natsserver.Options) error
+	if !s.cfg.InsecureNATS {
+		if s.natsAuthority, err = s.loadNATSAuthority(); err != nil {
+			return err
+		}
+		if configure, err = s.natsAuthority.configure(ctx); err != nil {
+			return err
+		}
+		if natsOpts, err = s.natsAuthority.serviceOptions(); err != nil {
+			return err
+		}
+	}
 	s.natsURL = s.cfg.NATSURL
 	if s.natsURL == "" {
 		s.embedded, err = natsx.StartEmbedded(s.cfg.NATSListen, filepath.Join(s.cfg.DataDir, "jetstream"),
-			s.cfg.MaxMessageBytes, s.o.log.With("component", "nats"))
+			s.cfg.MaxMessageBytes, s.o.log.With("component", "nats"), configure)
 		if err != nil {
 			return err
 		}
 		s.natsURL = s.embedded.ClientURL()
 	}
-	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log); err != nil {
+	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log, natsOpts...); err != nil {
 		return err
+	}
+	if s.natsAuthority != nil {
+		if err := s.natsAuthority.connectSystem(s.natsURL); err != nil {
+			return err
+		}
+		s.natsAuth = s.natsAuthority
 	}
 	s.startCheckpoints(ctx)
 	js, err := jetstream.New(s.nc)
@@ -211,7 +240,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	bl := blobs.New(obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
-		Audit: s.record, DeviceKey: s.deviceKey})
+		Audit: s.record, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
@@ -284,6 +313,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.nc != nil {
 			s.nc.Drain()
 			s.nc.Close()
+		}
+		if s.natsAuthority != nil {
+			s.natsAuthority.close()
 		}
 		if s.embedded != nil {
 			s.embedded.Shutdown()

@@ -231,13 +231,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	fleetCtx, stopFleet := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stopFleet(); wg.Wait() }()
+	fmt.Fprintf(out, "enrolling %d edge agents ...\n", len(parts))
+	devices := pb.NewDeviceServiceClient(conn)
 	for i, idx := range parts {
 		id := fmt.Sprintf("edge-%03d", i)
+		dir := filepath.Join(dataDir, "edges", strconv.Itoa(i))
+		if err := enrollAgent(ctx, srv, devices, id, dir); err != nil {
+			return nil, err
+		}
 		opts := []edge.Option{edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log)}
 		if cfg.SecureAggregation && cfg.Dropout > 0 {
 			opts = append(opts, edge.WithDropout(dropout(cfg.Seed, id, cfg.Dropout)))
 		}
-		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: filepath.Join(dataDir, "edges", strconv.Itoa(i)),
+		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: dir,
 			DeviceID: id, Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"}, opts...)
 		if err != nil {
 			return nil, err
@@ -369,6 +375,24 @@ func Sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, er
 			cfg.DP, pt.NoiseMultiplier, pt.Epsilon, cfg.DPDelta, 100*pt.Accuracy, 100*plain.FinalAccuracy)
 	}
 	return pts, nil
+}
+
+// enrollAgent enrolls a simulated device the way a real one enrolls, with a
+// single-use token and the server's CA, unless its directory holds
+// credentials from an earlier run (--data-dir).
+func enrollAgent(ctx context.Context, srv *server.Server, devices pb.DeviceServiceClient, id, dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, edge.CredsFile)); err == nil {
+		return nil
+	}
+	tok, err := devices.CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{Ttl: durationpb.New(10 * time.Minute)})
+	if err != nil {
+		return fmt.Errorf("demo: enrollment token: %w", err)
+	}
+	if _, err := edge.Enroll(ctx, edge.EnrollConfig{API: srv.GRPCAddr(), CAPEM: srv.CACertPEM(), Token: tok.GetToken(),
+		DataDir: dir, DeviceID: id}); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	return nil
 }
 
 // dpConfig is the task's DP settings for cfg.DP, with an ε target that the

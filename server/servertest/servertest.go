@@ -218,3 +218,27 @@ func (h *Harness) Rounds(t testing.TB, id string) []*pb.RoundSummary {
 	}
 	return resp.Rounds
 }
+
+// EnrollKeys enrolls devices with the given ids, each with a fresh key,
+// through the enrollment service, and returns their private keys: for
+// simulated devices (server/internal/loadgen) that sign reports as agents do.
+func (h *Harness) EnrollKeys(t testing.TB, ids []string) map[string]ed25519.PrivateKey {
+	t.Helper()
+	enroll := pb.NewEnrollmentServiceClient(h.Conn)
+	out := make(map[string]ed25519.PrivateKey, len(ids))
+	for _, id := range ids {
+		key, err := identity.GenerateUserKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := h.Devices.CreateEnrollmentToken(context.Background(), &pb.CreateEnrollmentTokenRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := enroll.Enroll(context.Background(), &pb.EnrollRequest{Token: tok.GetToken(), KeyId: key.ID(), DeviceId: id}); err != nil {
+			t.Fatalf("enroll %s: %v", id, err)
+		}
+		out[id] = key.PrivateKey()
+	}
+	return out
+}

@@ -10,6 +10,7 @@ package loadgen
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -36,6 +38,13 @@ const AgentVersion = "fleetlearn-loadgen/1"
 // Config describes a simulated fleet.
 type Config struct {
 	NATSURL string
+	// NATSOptions authenticate the load generator's connections (with NATS
+	// authorization on, a user allowed to act for every simulated device).
+	NATSOptions []nats.Option
+	// Keys are the simulated devices' enrolled keys by device id; each
+	// report is signed with its device's key as an agent's is. Devices
+	// without one send unsigned reports.
+	Keys    map[string]ed25519.PrivateKey
 	Devices int
 	// Conns is how many NATS connections the devices share, round-robin; 0
 	// gives every device its own, as separate agents have.
@@ -165,15 +174,16 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	jss := make([]jetstream.JetStream, cfg.Conns)
 	byConn := make([][]*device, cfg.Conns)
 	for i := range cfg.Conns {
-		nc, err := nats.Connect(cfg.NATSURL, nats.Name("fleetlearn-loadgen/"+strconv.Itoa(i)),
-			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond), nats.Timeout(10*time.Second),
+		nc, err := nats.Connect(cfg.NATSURL, append([]nats.Option{nats.Name("fleetlearn-loadgen/" + strconv.Itoa(i)),
+			nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond), nats.Timeout(10 * time.Second),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
 					f.disconnects.Add(1)
 					o.log.Warn("disconnected", "err", err)
 				}
 			}),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { o.log.Warn("nats", "err", err) }))
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { o.log.Warn("nats", "err", err) })},
+			cfg.NATSOptions...)...)
 		if err != nil {
 			f.closeConns()
 			return nil, fmt.Errorf("loadgen: connect: %w", err)
@@ -184,10 +194,10 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 			return nil, fmt.Errorf("loadgen: jetstream: %w", err)
 		}
 	}
-	width := len(strconv.Itoa(cfg.Devices - 1))
+	ids := cfg.DeviceIDs()
 	for i := range devs {
 		c := i % cfg.Conns
-		d := &device{f: f, id: fmt.Sprintf("%s%0*d", cfg.IDPrefix, width, i), nc: f.conns[c], js: jss[c],
+		d := &device{f: f, id: ids[i], nc: f.conns[c], js: jss[c],
 			wake: make(chan time.Duration, 1), reported: map[string]uint64{}}
 		d.checkIn, _ = proto.Marshal(&pb.CheckIn{DeviceId: d.id, Attributes: &pb.DeviceAttributes{
 			ExamplesAvailable: cfg.Examples, Charging: true, Idle: true, Unmetered: true,
@@ -439,6 +449,15 @@ func (d *device) supersede(task string, round uint64) {
 	}
 }
 
+// sign signs a report statement with the device's key, if it has one.
+func (d *device) sign(s identity.ReportStatement) ([]byte, error) {
+	key, ok := d.f.cfg.Keys[d.id]
+	if !ok {
+		return nil, nil
+	}
+	return identity.SignReport(key, s)
+}
+
 func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error) {
 	deadline := plan.GetReportDeadline().AsTime()
 	if !d.f.o.now().Before(deadline) {
@@ -474,16 +493,27 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 	)
 	switch plan.Kind {
 	case pb.RoundKind_ROUND_KIND_TRAIN:
-		payload, err = proto.Marshal(&pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
+		rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
 			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{},
 			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: d.f.values, Layout: d.f.cfg.Layout}},
-			PayloadSha256: d.f.sha})
+			PayloadSha256: d.f.sha}
+		if rep.Signature, err = d.sign(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId, Round: rep.Round,
+			Device: d.id, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256,
+			NumExamples: rep.NumExamples}); err != nil {
+			return err
+		}
+		payload, err = proto.Marshal(rep)
 		subj, kind = wire.ReportSubject(plan.TaskId, plan.Round, d.id), "update"
 	case pb.RoundKind_ROUND_KIND_EVALUATE:
-		payload, err = proto.Marshal(&pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
+		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0}}})
+			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0}}}
+		if rep.Signature, err = d.sign(identity.ReportStatement{Kind: identity.ReportEval, Task: rep.TaskId, Round: rep.Round,
+			Device: d.id, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256, NumExamples: rep.NumExamples}); err != nil {
+			return err
+		}
+		payload, err = proto.Marshal(rep)
 		subj, kind = wire.EvalSubject(plan.TaskId, plan.Round, d.id), "evaluation"
 	default:
 		return fmt.Errorf("unknown round kind %v", plan.Kind)
@@ -541,4 +571,19 @@ func (d *device) publish(ctx context.Context, subj string, payload []byte, id st
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// DeviceIDs are the ids of the simulated devices: the prefix (default
+// "sim-") and a zero-padded number.
+func (c Config) DeviceIDs() []string {
+	prefix := c.IDPrefix
+	if prefix == "" {
+		prefix = "sim-"
+	}
+	width := len(strconv.Itoa(c.Devices - 1))
+	out := make([]string, c.Devices)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%0*d", prefix, width, i)
+	}
+	return out
 }

@@ -59,8 +59,10 @@ func TestFleetRunsRounds(t *testing.T) {
 		CohortTarget: 3, ReportGoal: 3, OverSelection: 0.01, RoundsTotal: 2,
 		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(20 * time.Second)})
 	delta := []float32{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
-	f, err := loadgen.Start(loadgen.Config{NATSURL: h.NATSURL(), Devices: 3, Conns: 2, FetchModel: true,
-		Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{2, 3}}}, Delta: delta})
+	lg := loadgen.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: 3, Conns: 2, FetchModel: true,
+		Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{2, 3}}}, Delta: delta}
+	lg.Keys = h.EnrollKeys(t, lg.DeviceIDs())
+	f, err := loadgen.Start(lg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,8 +25,9 @@ type Embedded struct {
 }
 
 // StartEmbedded starts a nats-server listening on listen ("host:port"; port 0
-// picks a free one) with JetStream storing under storeDir.
-func StartEmbedded(listen, storeDir string, maxPayload int32, log *slog.Logger) (*Embedded, error) {
+// picks a free one) with JetStream storing under storeDir. configure, when
+// not nil, adjusts the options first (authorization).
+func StartEmbedded(listen, storeDir string, maxPayload int32, log *slog.Logger, configure func(*server.Options) error) (*Embedded, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("nats: listen address %q: %w", listen, err)
@@ -48,6 +49,11 @@ func StartEmbedded(listen, storeDir string, maxPayload int32, log *slog.Logger) 
 		// Large cohorts reconnect at once after a restart.
 		MaxPending: 64 << 20,
 		NoSigs:     true, // only cmd/ handles signals
+	}
+	if configure != nil {
+		if err := configure(opts); err != nil {
+			return nil, fmt.Errorf("nats: configure: %w", err)
+		}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

@@ -1,0 +1,149 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/identity/natsembed"
+	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
+)
+
+// NATSAuthDir is where a server keeps its NATS operator, account and user
+// keys, below its data directory.
+const NATSAuthDir = "nats-auth"
+
+// natsAuthority is NATS decentralized authorization run by the server: the
+// operator and account keys sign an account JWT (with the registry's
+// revocations) and a user JWT per enrolled device that lets it use only its
+// own subjects; the server connects as its own service user, and pushes
+// account updates as a system user so that a revocation cuts live
+// connections.
+type natsAuthority struct {
+	s       *Server
+	auth    *identity.Authority
+	service *identity.UserKey
+	system  *identity.UserKey
+
+	mu  sync.Mutex
+	sys *nats.Conn // system account connection, for account updates
+}
+
+// loadNATSAuthority loads (creating on first start) the keys under the data
+// directory.
+func (s *Server) loadNATSAuthority() (*natsAuthority, error) {
+	dir := filepath.Join(s.cfg.DataDir, NATSAuthDir)
+	auth, err := identity.LoadOrCreateAuthority("fleetlearn", dir)
+	if err != nil {
+		return nil, fmt.Errorf("server: nats authority: %w", err)
+	}
+	service, err := identity.LoadOrCreateUserKey(filepath.Join(dir, "service-user.nk"))
+	if err != nil {
+		return nil, fmt.Errorf("server: nats service key: %w", err)
+	}
+	system, err := identity.LoadOrCreateUserKey(filepath.Join(dir, "system-user.nk"))
+	if err != nil {
+		return nil, fmt.Errorf("server: nats system key: %w", err)
+	}
+	return &natsAuthority{s: s, auth: auth, service: service, system: system}, nil
+}
+
+// accountJWT is the FLEET account's JWT with every revocation in the registry.
+func (n *natsAuthority) accountJWT(ctx context.Context) (string, error) {
+	revs, err := n.s.store.Revocations(ctx)
+	if err != nil {
+		return "", err
+	}
+	return n.auth.AccountJWT(revs)
+}
+
+// configure sets an embedded server's operator-mode options.
+func (n *natsAuthority) configure(ctx context.Context) (func(*natsserver.Options) error, error) {
+	acct, err := n.accountJWT(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(o *natsserver.Options) error { return natsembed.Configure(o, n.auth, acct) }, nil
+}
+
+// userOption authenticates a connection as key with userJWT.
+func userOption(userJWT string, key *identity.UserKey) nats.Option {
+	return nats.UserJWT(func() (string, error) { return userJWT, nil }, key.Sign)
+}
+
+// serviceOptions are the connection options of the aggregator's own user.
+func (n *natsAuthority) serviceOptions() ([]nats.Option, error) {
+	jwt, err := n.auth.ServiceUserJWT("fleetlearn-server", n.service.ID(), time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	return []nats.Option{userOption(jwt, n.service)}, nil
+}
+
+// connectSystem opens the system-account connection used to push account
+// updates.
+func (n *natsAuthority) connectSystem(url string) error {
+	jwt, err := n.auth.SystemUserJWT("fleetlearn-server-system", n.system.ID(), time.Time{})
+	if err != nil {
+		return err
+	}
+	nc, err := natsx.Connect(url, "fleetlearn-server-system", n.s.o.log, userOption(jwt, n.system))
+	if err != nil {
+		return fmt.Errorf("server: nats system connection: %w", err)
+	}
+	n.mu.Lock()
+	n.sys = nc
+	n.mu.Unlock()
+	return nil
+}
+
+// DeviceUserJWT issues an enrolled device's NATS user JWT.
+func (n *natsAuthority) DeviceUserJWT(device, userKey string, expires time.Time) (string, error) {
+	return n.auth.DeviceUserJWT(device, userKey, expires)
+}
+
+// Revoke re-issues the account JWT with the registry's revocations (the
+// caller has recorded the new one) and pushes it, which closes the revoked
+// device's connections.
+func (n *natsAuthority) Revoke(ctx context.Context, _ string) error {
+	acct, err := n.accountJWT(ctx)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	sys := n.sys
+	n.mu.Unlock()
+	if sys == nil {
+		return fmt.Errorf("server: nats: no system connection")
+	}
+	return natsembed.PushAccount(ctx, sys, acct)
+}
+
+func (n *natsAuthority) close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sys != nil {
+		n.sys.Close()
+		n.sys = nil
+	}
+}
+
+// ServiceNATSOptions are the NATS connection options of the aggregator's own
+// service user, for in-process tools that act on the server's behalf (load
+// generators, tests); nil when NATS authorization is off.
+func (s *Server) ServiceNATSOptions() []nats.Option {
+	if s.natsAuthority == nil {
+		return nil
+	}
+	opts, err := s.natsAuthority.serviceOptions()
+	if err != nil {
+		return nil
+	}
+	return opts
+}
