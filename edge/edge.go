@@ -242,6 +242,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		// The device's user JWT lets it reply only on its own inbox prefix.
 		opts = append(opts, nats.UserCredentials(a.creds), nats.CustomInboxPrefix(identity.DeviceInboxPrefix(a.cfg.DeviceID)))
 	}
+	if strings.HasPrefix(a.cfg.NATSURL, "tls://") {
+		tc, err := a.natsTLS()
+		if err != nil {
+			return err
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
 	nc, err := nats.Connect(a.cfg.NATSURL, opts...)
 	if err != nil {
 		return fmt.Errorf("edge: connect: %w", err)

@@ -30,7 +30,10 @@ const (
 	PublishersFile = "publishers.jwks"
 	// NATSURLFile holds the NATS URL enrollment named.
 	NATSURLFile = "nats-url"
-	idFile      = "device-id"
+	// CAFile holds the aggregator's CA certificate, which also verifies its
+	// NATS server when that serves TLS (a tls:// URL).
+	CAFile = "ca.pem"
+	idFile = "device-id"
 )
 
 // EnrollConfig says where and how to enroll.
@@ -120,6 +123,9 @@ func Enroll(ctx context.Context, cfg EnrollConfig) (*Enrollment, error) {
 			return nil, fmt.Errorf("edge: enroll: %w", err)
 		}
 	}
+	if err := write(CAFile, cfg.CAPEM); err != nil {
+		return nil, fmt.Errorf("edge: enroll: %w", err)
+	}
 	if err := write(idFile, []byte(id+"\n")); err != nil {
 		return nil, fmt.Errorf("edge: enroll: %w", err)
 	}
@@ -157,4 +163,17 @@ func (a *Agent) checkModule(ref *pb.ModuleRef) error {
 		return fmt.Errorf("module %s: %w", ref.GetSha256(), err)
 	}
 	return nil
+}
+
+// natsTLS trusts the aggregator's CA from enrollment for a tls:// NATS URL.
+func (a *Agent) natsTLS() (*tls.Config, error) {
+	pem, err := os.ReadFile(filepath.Join(a.cfg.DataDir, CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("edge: NATS TLS needs the aggregator's CA (enroll again): %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("edge: %s holds no PEM certificate", CAFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -83,7 +84,11 @@ func (n *natsAuthority) serviceOptions() ([]nats.Option, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []nats.Option{userOption(jwt, n.service)}, nil
+	opts := []nats.Option{userOption(jwt, n.service)}
+	if n.s.cfg.NATSTLS {
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: n.s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
+	}
+	return opts, nil
 }
 
 // connectSystem opens the system-account connection used to push account
@@ -93,7 +98,11 @@ func (n *natsAuthority) connectSystem(url string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := natsx.Connect(url, "fleetlearn-server-system", n.s.o.log, userOption(jwt, n.system))
+	opts := []nats.Option{userOption(jwt, n.system)}
+	if n.s.cfg.NATSTLS {
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: n.s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
+	}
+	nc, err := natsx.Connect(url, "fleetlearn-server-system", n.s.o.log, opts...)
 	if err != nil {
 		return fmt.Errorf("server: nats system connection: %w", err)
 	}

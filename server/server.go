@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,6 +71,10 @@ type Config struct {
 	// subjects, and only enrolled devices are selected. An external cluster
 	// must trust the operator in DataDir/nats-auth (docs/SECURITY.md).
 	InsecureNATS bool
+	// NATSTLS serves the embedded NATS server's clients over TLS with the
+	// server's own CA (the one that signs the gRPC certificate); enrolled
+	// agents get the CA with their credentials.
+	NATSTLS bool
 	// GRPCInsecure serves the gRPC API without TLS, for local experiments
 	// only; bearer tokens are still required.
 	GRPCInsecure bool
@@ -199,12 +205,30 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	s.natsURL = s.cfg.NATSURL
 	if s.natsURL == "" {
+		if s.cfg.NATSTLS {
+			auth := configure
+			configure = func(o *natsserver.Options) error {
+				o.TLSConfig = s.tlsCA.ServerConfig(false)
+				o.TLS, o.TLSTimeout = true, 5
+				if auth != nil {
+					return auth(o)
+				}
+				return nil
+			}
+		}
 		s.embedded, err = natsx.StartEmbedded(s.cfg.NATSListen, filepath.Join(s.cfg.DataDir, "jetstream"),
 			s.cfg.MaxMessageBytes, s.o.log.With("component", "nats"), configure)
 		if err != nil {
 			return err
 		}
 		s.natsURL = s.embedded.ClientURL()
+		if s.cfg.NATSTLS {
+			// The scheme tells clients, enrolled agents included, to insist on TLS.
+			s.natsURL = "tls://" + strings.TrimPrefix(strings.TrimPrefix(s.natsURL, "nats://"), "tls://")
+		}
+	}
+	if s.cfg.NATSTLS {
+		natsOpts = append(natsOpts, nats.Secure(&tls.Config{RootCAs: s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
 	}
 	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log, natsOpts...); err != nil {
 		return err

@@ -34,6 +34,7 @@ func main() {
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", `Prometheus /metrics address, or "off"`)
 	flag.DurationVar(&cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
 	flag.IntVar(&cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
+	flag.BoolVar(&cfg.NATSTLS, "nats-tls", false, "serve the embedded NATS server over TLS with the server's CA")
 	flag.BoolVar(&cfg.InsecureNATS, "insecure-nats", false, "run NATS without authorization: any client may use any subject, devices need no enrollment")
 	flag.StringVar(&cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin, `name of the audit log, first line of its checkpoints (e.g. "fleetlearn.example.com/audit")`)
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
