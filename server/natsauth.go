@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/identity/natsembed"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
 // NATSAuthDir is where a server keeps its NATS operator, account and user
@@ -155,4 +157,38 @@ func (s *Server) ServiceNATSOptions() []nats.Option {
 		return nil
 	}
 	return opts
+}
+
+// WriteNATSResolverConfig writes the nats-server.conf fragment that makes an
+// external NATS server or cluster trust the authority in dataDir (created
+// there if missing): the operator, the system account and a directory
+// resolver preloaded with the FLEET account, holding the revocations the
+// registry in dataDir knows of. resolverDir is the resolver's JWT directory
+// on the NATS servers. Run the aggregator against that cluster with
+// Config.NATSURL and the same data directory.
+func WriteNATSResolverConfig(ctx context.Context, dataDir, resolverDir, path string) error {
+	s := &Server{cfg: Config{DataDir: dataDir}}
+	st, err := store.Open(ctx, filepath.Join(dataDir, "fleetlearn.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	s.store = st
+	n, err := s.loadNATSAuthority()
+	if err != nil {
+		return err
+	}
+	acct, err := n.accountJWT(ctx)
+	if err != nil {
+		return err
+	}
+	sys, err := n.auth.SystemAccountJWT()
+	if err != nil {
+		return err
+	}
+	conf, err := n.auth.ResolverConfig(resolverDir, acct, sys)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(conf), 0o600)
 }

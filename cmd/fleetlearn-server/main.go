@@ -42,7 +42,18 @@ func main() {
 	flag.BoolVar(&cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")
 	tlsHosts := flag.String("tls-hosts", "", "extra comma-separated DNS names or IPs for the server certificate")
 	publishers := flag.String("module-publishers", "", "JWK Set file of the module publisher keys to trust (fleetlearn module publisher-jwks)")
+	writeNATS := flag.String("write-nats-config", "", "write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to FILE, and exit")
+	resolverDir := flag.String("nats-resolver-dir", "/var/lib/nats/jwt", "with -write-nats-config: the resolver's JWT directory on the NATS servers")
 	flag.Parse()
+	if *writeNATS != "" {
+		if err := server.WriteNATSResolverConfig(context.Background(), cfg.DataDir, *resolverDir, *writeNATS); err != nil {
+			fmt.Fprintln(os.Stderr, "fleetlearn-server: -write-nats-config:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("wrote %s: include it in each NATS server's configuration, then run the aggregator with -nats-url and -data-dir %s\n",
+			*writeNATS, cfg.DataDir)
+		return
+	}
 	if *tlsHosts != "" {
 		cfg.TLSHosts = strings.Split(*tlsHosts, ",")
 	}

@@ -770,8 +770,9 @@ type UpdateReport struct {
 	// of DenseUpdate.values, or of MaskedUpdate.values encoded as consecutive
 	// little-endian uint32.
 	PayloadSha256 string `protobuf:"bytes,10,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
-	// Signature by the device key over the deterministic protobuf encoding of
-	// this report with signature left empty.
+	// Ed25519 signature by the device's enrolled key over the report statement
+	// (identity.ReportStatement: kind, task, round, device, model version,
+	// module sha256, payload sha256, example count; docs/SECURITY.md).
 	Signature []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Identifier of the device key that produced signature.
 	KeyId         string `protobuf:"bytes,12,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
@@ -939,8 +940,9 @@ type EvaluationReport struct {
 	NumExamples uint64 `protobuf:"varint,6,opt,name=num_examples,json=numExamples,proto3" json:"num_examples,omitempty"`
 	// Evaluation metrics, such as "loss" and "accuracy".
 	Metrics *Metrics `protobuf:"bytes,7,opt,name=metrics,proto3" json:"metrics,omitempty"`
-	// Signature by the device key over the deterministic protobuf encoding of
-	// this report with signature left empty.
+	// Ed25519 signature by the device's enrolled key over the report statement
+	// (identity.ReportStatement: kind, task, round, device, model version,
+	// module sha256, payload sha256, example count; docs/SECURITY.md).
 	Signature []byte `protobuf:"bytes,8,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Identifier of the device key that produced signature.
 	KeyId         string `protobuf:"bytes,9,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
