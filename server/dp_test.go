@@ -204,3 +204,32 @@ func TestDPTaskRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestDPParticipationCap: with max_rounds_per_device 1, no device
+// contributes to two rounds: four devices fill two rounds of two, and the
+// third round finds nobody left to select.
+func TestDPParticipationCap(t *testing.T) {
+	h, version, module, _ := dpHarness(t, 4)
+	task := h.CreateTask(t, &pb.Task{Name: "cap", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: 2, ReportGoal: 2, RoundsTotal: 3, SelectionTimeout: durationpb.New(2 * time.Second),
+		ReportTimeout: durationpb.New(20 * time.Second),
+		Dp: &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 0.1, NoiseMultiplier: 1,
+			TargetEpsilon: 1e6, Delta: 1e-5, MaxRoundsPerDevice: 1}})
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		rs := h.Rounds(t, task.Id)
+		if len(rs) >= 3 && rs[2].State == pb.RoundState_ROUND_STATE_ABANDONED {
+			for _, r := range rs[:2] {
+				if r.State != pb.RoundState_ROUND_STATE_COMMITTED || r.Reported != 2 {
+					t.Fatalf("round %d: %v with %d reports", r.Round, r.State, r.Reported)
+				}
+			}
+			if rs[2].Assigned != 0 || !strings.Contains(rs[2].Reason, "selection closed with 0") {
+				t.Fatalf("round 3: %+v", rs[2])
+			}
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no round found the fleet exhausted: %+v", rs)
+		}
+	}
+}
