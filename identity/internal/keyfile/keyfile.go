@@ -50,65 +50,52 @@ func Read(path string) ([]byte, error) {
 // in which case it returns an error wrapping fs.ErrExist. The parent
 // directory is created with mode 0700.
 func Create(path string, b []byte, mode fs.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	tmp, err := writeTemp(path, b, mode)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
+	defer os.Remove(tmp)
 	// A hard link fails when path exists, so two processes creating the
 	// same key at once cannot overwrite each other's: one wins, the other
 	// loads the winner's key.
-	if err := os.Link(tmp.Name(), path); err != nil {
-		return err
-	}
-	return nil
+	return os.Link(tmp, path)
 }
 
 // Replace writes b to path with the given mode, replacing any file there
 // atomically (temporary file, then rename).
 func Replace(path string, b []byte, mode fs.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	tmp, err := writeTemp(path, b, mode)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
+	defer os.Remove(tmp)
+	return os.Rename(tmp, path)
+}
+
+// writeTemp writes b, synced, to a new temporary file with the given mode
+// beside path and returns its name; the caller links or renames it.
+func writeTemp(path string, b []byte, mode fs.FileMode) (string, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
 	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
+	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return "", err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	err = f.Chmod(mode)
+	if err == nil {
+		_, err = f.Write(b)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
+	if err == nil {
+		err = f.Sync()
 	}
-	return os.Rename(tmp.Name(), path)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }
