@@ -64,9 +64,10 @@ func plotPrivacy(path, mechanism string, pts []PrivacyPoint, plain, base float64
 	p.Add(plotter.NewGrid(), line, points)
 	p.Legend.Add("with DP", line, points)
 	for _, ref := range []struct {
-		name string
-		acc  float64
-	}{{"without DP", plain}, {"base model", base}} {
+		name   string
+		acc    float64
+		dashes []vg.Length
+	}{{"without DP", plain, []vg.Length{vg.Points(6), vg.Points(3)}}, {"base model", base, []vg.Length{vg.Points(1), vg.Points(3)}}} {
 		if ref.acc <= 0 {
 			continue
 		}
@@ -74,11 +75,12 @@ func plotPrivacy(path, mechanism string, pts []PrivacyPoint, plain, base float64
 		if err != nil {
 			return err
 		}
-		l.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+		l.Dashes = ref.dashes
 		p.Add(l)
 		p.Legend.Add(ref.name, l)
 	}
-	p.Legend.Top = true
-	p.Legend.Left = true
+	// Accuracy rises with ε: the lower right is free for the legend.
+	p.Legend.Top = false
+	p.Legend.Left = false
 	return p.Save(6*vg.Inch, 4*vg.Inch, path)
 }
