@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"io"
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
