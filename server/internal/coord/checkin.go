@@ -131,6 +131,14 @@ func (t *taskRun) meets(a *pb.DeviceAttributes) string {
 // restarted), unless it has reported.
 func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Duration, pb.RetryReason, string) {
 	pace := t.c.d.PaceWindow
+	// The task's settings (spec, dp) are written while the runner loads; an
+	// open round, seen under mu, means loading is over and they are fixed.
+	t.mu.Lock()
+	r := t.round
+	t.mu.Unlock()
+	if r == nil {
+		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
+	}
 	if why, code := t.eligible(ci.Attributes); why != "" {
 		return nil, 10 * pace, code, why
 	}
@@ -140,8 +148,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
 			fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", max)
 	}
-	r := t.round
-	if r == nil {
+	if t.round != r {
 		t.mu.Unlock()
 		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
