@@ -403,18 +403,12 @@ func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
 
 func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
 	sec := r.secure
-	task, round, device, err := wire.ParseReportSubject(m.Subject())
+	device, seat, key, err := t.sender(r, m.Subject())
 	if err != nil {
-		return "", refuse("%v", err)
+		return device, err
 	}
-	if task != t.id || round != r.row.Round || wire.IsEvalSubject(m.Subject()) {
-		return device, refuse("subject %s is not an update report of round %s/%d", m.Subject(), t.id, r.row.Round)
-	}
-	t.mu.Lock()
-	seat, ok := r.assigned[device]
-	t.mu.Unlock()
-	if !ok {
-		return device, refuse("device %q is not in the cohort of round %d", device, round)
+	if wire.IsEvalSubject(m.Subject()) {
+		return device, refuse("evaluation report in a round that wants masked updates")
 	}
 	if sec.srv.Stage() != secagg.StageMaskedInput {
 		return device, refuse("masked input arrived in the %v stage", sec.srv.Stage())
@@ -441,9 +435,6 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
 	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
 		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
 	}
-	t.mu.Lock()
-	key := r.keys[device]
-	t.mu.Unlock()
 	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportUpdate,
 		Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
 		ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256}); err != nil {

@@ -585,27 +585,34 @@ func refuse(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrReport, fmt.Sprintf(format, args...))
 }
 
-func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg, kind string) (string, error) {
-	task, round, device, err := wire.ParseReportSubject(m.Subject())
+// sender checks that a report's subject names this round and a device of
+// its cohort that has not reported yet, and returns the device, its seat and
+// its enrolled key (nil when not enrolled).
+func (t *taskRun) sender(r *roundRun, subject string) (string, store.Assignment, ed25519.PublicKey, error) {
+	task, round, device, err := wire.ParseReportSubject(subject)
 	if err != nil {
-		return "", refuse("%v", err)
+		return "", store.Assignment{}, nil, refuse("%v", err)
 	}
 	if task != t.id || round != r.row.Round {
-		return device, refuse("subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
+		return device, store.Assignment{}, nil, refuse("subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	seat, inCohort := r.assigned[device]
-	dup := r.reported[device]
-	t.mu.Unlock()
-	if !inCohort {
-		return device, refuse("device %q is not in the cohort of round %d", device, round)
+	switch {
+	case !inCohort:
+		return device, seat, nil, refuse("device %q is not in the cohort of round %d", device, round)
+	case r.reported[device]:
+		return device, seat, nil, refuse("device %q already reported for round %d", device, round)
 	}
-	if dup {
-		return device, refuse("device %q already reported for round %d", device, round)
+	return device, seat, r.keys[device], nil
+}
+
+func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg, kind string) (string, error) {
+	device, seat, key, err := t.sender(r, m.Subject())
+	if err != nil {
+		return device, err
 	}
-	t.mu.Lock()
-	key := r.keys[device]
-	t.mu.Unlock()
 	wantKind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "update", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluation"}[r.row.Kind]
 	if kind != wantKind {
 		return device, refuse("%s report in a round that wants %s reports", kind, wantKind)
