@@ -145,11 +145,13 @@ func DecodeDense(b []byte, want int) ([]float32, error) {
 	}
 	v := make([]float32, want)
 	for i := range v {
-		x := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return nil, fmt.Errorf("%w: value %d is %v", ErrPayload, i, x)
+		bits := binary.LittleEndian.Uint32(b[4*i:])
+		// An all-ones exponent is Inf or NaN; testing the bits spares two
+		// float64 conversions per value on the server's hot path.
+		if bits&0x7f800000 == 0x7f800000 {
+			return nil, fmt.Errorf("%w: value %d is %v", ErrPayload, i, math.Float32frombits(bits))
 		}
-		v[i] = x
+		v[i] = math.Float32frombits(bits)
 	}
 	return v, nil
 }
