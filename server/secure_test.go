@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
@@ -21,6 +22,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
@@ -182,4 +184,42 @@ func jwsPayload(t *testing.T, jws []byte) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestSecAggUpRefused: stage messages that cannot count are answered with
+// a refusal naming the reason, and the server stays up.
+func TestSecAggUpRefused(t *testing.T) {
+	h := servertest.New(t)
+	d := newScripted(t, h, "dev-x")
+	ask := func(subject string, body []byte) *pb.SecAggAck {
+		t.Helper()
+		msg, err := d.nc.Request(subject, body, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request %s: %v", subject, err)
+		}
+		var ack pb.SecAggAck
+		if err := proto.Unmarshal(msg.Data, &ack); err != nil {
+			t.Fatal(err)
+		}
+		return &ack
+	}
+	subj := wire.SecAggUpSubject("t-none", 1, "dev-x")
+	for _, tc := range []struct {
+		name string
+		body []byte
+		want string
+	}{
+		{"not protobuf", []byte("GET / HTTP/1.1\r\n"), "malformed message"},
+		{"body names another device", mustMarshal(t, &pb.SecAggUp{TaskId: "t-none", Round: 1, DeviceId: "dev-y"}), "message names"},
+		{"no open secure round", mustMarshal(t, &pb.SecAggUp{TaskId: "t-none", Round: 1, DeviceId: "dev-x",
+			Msg: &pb.SecAggUp_Advertise{Advertise: &pb.AdvertiseKeys{}}}), "not an open secure round"},
+		{"oversized", make([]byte, 5<<20), "exceeds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ack := ask(subj, tc.body)
+			if ack.Accepted || !strings.Contains(ack.Reason, tc.want) {
+				t.Fatalf("ack %+v, want a refusal naming %q", ack, tc.want)
+			}
+		})
+	}
 }
