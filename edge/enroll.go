@@ -3,7 +3,6 @@ package edge
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -69,12 +68,11 @@ func Enroll(ctx context.Context, cfg EnrollConfig) (*Enrollment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: enroll: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(cfg.CAPEM) {
-		return nil, errors.New("edge: enroll: the CA file holds no PEM certificate")
+	tc, err := identity.ClientConfig(cfg.CAPEM, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("edge: enroll: %w", err)
 	}
-	conn, err := grpc.NewClient(cfg.API, grpc.WithTransportCredentials(credentials.NewTLS(
-		&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	conn, err := grpc.NewClient(cfg.API, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		return nil, fmt.Errorf("edge: enroll: %w", err)
 	}
@@ -171,9 +169,5 @@ func (a *Agent) natsTLS() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: NATS TLS needs the aggregator's CA (enroll again): %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("edge: %s holds no PEM certificate", CAFile)
-	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	return identity.ClientConfig(pem, nil, nil)
 }

@@ -80,17 +80,22 @@ func userOption(userJWT string, key *identity.UserKey) nats.Option {
 	return nats.UserJWT(func() (string, error) { return userJWT, nil }, key.Sign)
 }
 
-// serviceOptions are the connection options of the aggregator's own user.
-func (n *natsAuthority) serviceOptions() ([]nats.Option, error) {
+// serviceOption authenticates a connection as the aggregator's own user.
+func (n *natsAuthority) serviceOption() (nats.Option, error) {
 	jwt, err := n.auth.ServiceUserJWT("fleetlearn-server", n.service.ID(), time.Time{})
 	if err != nil {
 		return nil, err
 	}
-	opts := []nats.Option{userOption(jwt, n.service)}
-	if n.s.cfg.NATSTLS {
-		opts = append(opts, nats.Secure(&tls.Config{RootCAs: n.s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
+	return userOption(jwt, n.service), nil
+}
+
+// natsTLSOptions make a connection to the embedded NATS server insist on TLS
+// and trust the server's CA, with Config.NATSTLS; none otherwise.
+func (s *Server) natsTLSOptions() []nats.Option {
+	if !s.cfg.NATSTLS {
+		return nil
 	}
-	return opts, nil
+	return []nats.Option{nats.Secure(&tls.Config{RootCAs: s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12})}
 }
 
 // connectSystem opens the system-account connection used to push account
@@ -100,10 +105,7 @@ func (n *natsAuthority) connectSystem(url string) error {
 	if err != nil {
 		return err
 	}
-	opts := []nats.Option{userOption(jwt, n.system)}
-	if n.s.cfg.NATSTLS {
-		opts = append(opts, nats.Secure(&tls.Config{RootCAs: n.s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
-	}
+	opts := append(n.s.natsTLSOptions(), userOption(jwt, n.system))
 	nc, err := natsx.Connect(url, "fleetlearn-server-system", n.s.o.log, opts...)
 	if err != nil {
 		return fmt.Errorf("server: nats system connection: %w", err)
@@ -147,16 +149,18 @@ func (n *natsAuthority) close() {
 
 // ServiceNATSOptions are the NATS connection options of the aggregator's own
 // service user, for in-process tools that act on the server's behalf (load
-// generators, tests); nil when NATS authorization is off.
+// generators, tests): the TLS options with Config.NATSTLS, and the service
+// user unless NATS authorization is off.
 func (s *Server) ServiceNATSOptions() []nats.Option {
+	opts := s.natsTLSOptions()
 	if s.natsAuthority == nil {
-		return nil
+		return opts
 	}
-	opts, err := s.natsAuthority.serviceOptions()
+	user, err := s.natsAuthority.serviceOption()
 	if err != nil {
 		return nil
 	}
-	return opts
+	return append(opts, user)
 }
 
 // WriteNATSResolverConfig writes the nats-server.conf fragment that makes an

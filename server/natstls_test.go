@@ -58,7 +58,9 @@ func TestNATSTLS(t *testing.T) {
 		t.Fatalf("NATS URL %q is not tls://", h.NATSURL())
 	}
 	plain := "nats://" + strings.TrimPrefix(h.NATSURL(), "tls://")
-	if nc, err := nats.Connect(plain, h.ServiceNATSOptions()[:1]...); err == nil {
+	// The service user's credentials (the last option) without the TLS ones.
+	opts := h.ServiceNATSOptions()
+	if nc, err := nats.Connect(plain, opts[len(opts)-1:]...); err == nil {
 		nc.Close()
 		t.Fatal("a client without TLS connected")
 	}

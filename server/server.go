@@ -9,7 +9,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,9 +198,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		if configure, err = s.natsAuthority.configure(ctx); err != nil {
 			return err
 		}
-		if natsOpts, err = s.natsAuthority.serviceOptions(); err != nil {
+		user, err := s.natsAuthority.serviceOption()
+		if err != nil {
 			return err
 		}
+		natsOpts = append(natsOpts, user)
 	}
 	s.natsURL = s.cfg.NATSURL
 	if s.natsURL == "" {
@@ -227,9 +228,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			s.natsURL = "tls://" + strings.TrimPrefix(strings.TrimPrefix(s.natsURL, "nats://"), "tls://")
 		}
 	}
-	if s.cfg.NATSTLS {
-		natsOpts = append(natsOpts, nats.Secure(&tls.Config{RootCAs: s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12}))
-	}
+	natsOpts = append(natsOpts, s.natsTLSOptions()...)
 	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log, natsOpts...); err != nil {
 		return err
 	}
