@@ -505,9 +505,7 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics},
 			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}},
 			PayloadSha256: wire.SHA256(values), KeyId: a.key.ID()}
-		if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId,
-			Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
-			PayloadSHA256: rep.PayloadSha256, NumExamples: rep.NumExamples}); err != nil {
+		if rep.Signature, err = a.signReport(identity.UpdateStatement(rep)); err != nil {
 			return err
 		}
 		if payload, err = proto.Marshal(rep); err != nil {
@@ -522,9 +520,7 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
 			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}, KeyId: a.key.ID()}
-		if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportEval, Task: rep.TaskId,
-			Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
-			NumExamples: rep.NumExamples}); err != nil {
+		if rep.Signature, err = a.signReport(identity.EvalStatement(rep)); err != nil {
 			return err
 		}
 		if payload, err = proto.Marshal(rep); err != nil {

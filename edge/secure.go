@@ -163,9 +163,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 			rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 				ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
 				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu), KeyId: a.key.ID()}
-			if rep.Signature, err = a.signReport(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId,
-				Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256,
-				PayloadSHA256: rep.PayloadSha256}); err != nil {
+			if rep.Signature, err = a.signReport(identity.UpdateStatement(rep)); err != nil {
 				return err
 			}
 			payload, err := proto.Marshal(rep)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
@@ -32,6 +33,19 @@ type ReportStatement struct {
 	ModuleSHA256  string
 	PayloadSHA256 string
 	NumExamples   uint64
+}
+
+// UpdateStatement is what an update report claims, as its device signs it.
+func UpdateStatement(r *pb.UpdateReport) ReportStatement {
+	return ReportStatement{Kind: ReportUpdate, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
+		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), PayloadSHA256: r.GetPayloadSha256(),
+		NumExamples: r.GetNumExamples()}
+}
+
+// EvalStatement is what an evaluation report claims, as its device signs it.
+func EvalStatement(r *pb.EvaluationReport) ReportStatement {
+	return ReportStatement{Kind: ReportEval, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
+		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), NumExamples: r.GetNumExamples()}
 }
 
 // Bytes is the canonical encoding signed: the label, then each field

@@ -47,9 +47,7 @@ func enroll(t testing.TB, h *servertest.Harness, id string) (string, *identity.U
 
 func signed(t testing.TB, key *identity.UserKey, r *pb.UpdateReport) *pb.UpdateReport {
 	t.Helper()
-	sig, err := identity.SignReport(key.PrivateKey(), identity.ReportStatement{Kind: identity.ReportUpdate, Task: r.TaskId,
-		Round: r.Round, Device: r.DeviceId, ModelVersion: r.ModelVersion, ModuleSHA256: r.ModuleSha256,
-		PayloadSHA256: r.PayloadSha256, NumExamples: r.NumExamples})
+	sig, err := identity.SignReport(key.PrivateKey(), identity.UpdateStatement(r))
 	if err != nil {
 		t.Fatal(err)
 	}

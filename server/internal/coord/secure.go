@@ -435,9 +435,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
 	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
 		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
 	}
-	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportUpdate,
-		Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
-		ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256}); err != nil {
+	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(&rep)); err != nil {
 		return device, err
 	}
 	if err := sec.srv.AddMasked(mu); err != nil {

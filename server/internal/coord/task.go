@@ -637,9 +637,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 			return device, err
 		}
-		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportEval,
-			Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
-			ModuleSHA256: rep.ModuleSha256, NumExamples: rep.NumExamples}); err != nil {
+		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.EvalStatement(&rep)); err != nil {
 			return device, err
 		}
 		if err := checkMetrics(rep.Metrics); err != nil {
@@ -654,9 +652,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 			return device, err
 		}
-		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.ReportStatement{Kind: identity.ReportUpdate,
-			Task: rep.TaskId, Round: rep.Round, Device: rep.DeviceId, ModelVersion: rep.ModelVersion,
-			ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256, NumExamples: rep.NumExamples}); err != nil {
+		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(&rep)); err != nil {
 			return device, err
 		}
 		delta, err := t.checkDense(&rep)

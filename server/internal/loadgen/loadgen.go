@@ -498,9 +498,7 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{},
 			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: d.f.values, Layout: d.f.cfg.Layout}},
 			PayloadSha256: d.f.sha}
-		if rep.Signature, err = d.sign(identity.ReportStatement{Kind: identity.ReportUpdate, Task: rep.TaskId, Round: rep.Round,
-			Device: d.id, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256, PayloadSHA256: rep.PayloadSha256,
-			NumExamples: rep.NumExamples}); err != nil {
+		if rep.Signature, err = d.sign(identity.UpdateStatement(rep)); err != nil {
 			return err
 		}
 		payload, err = proto.Marshal(rep)
@@ -509,8 +507,7 @@ func (d *device) participate(ctx context.Context, plan *pb.RoundPlan) (err error
 		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
 			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0}}}
-		if rep.Signature, err = d.sign(identity.ReportStatement{Kind: identity.ReportEval, Task: rep.TaskId, Round: rep.Round,
-			Device: d.id, ModelVersion: rep.ModelVersion, ModuleSHA256: rep.ModuleSha256, NumExamples: rep.NumExamples}); err != nil {
+		if rep.Signature, err = d.sign(identity.EvalStatement(rep)); err != nil {
 			return err
 		}
 		payload, err = proto.Marshal(rep)
