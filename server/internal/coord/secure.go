@@ -389,16 +389,7 @@ func checkSender(claimed, actual uint32) error {
 // handleMasked takes a masked update report into the secure sum, or refuses
 // it with a receipt.
 func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
-	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
-	device, err := t.acceptMasked(r, m)
-	if err != nil {
-		t.c.d.Metrics.Reports.WithLabelValues("update", "refused").Inc()
-		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
-		t.c.receipt(t.id, r.row.Round, device, err.Error())
-		return
-	}
-	t.c.d.Metrics.Reports.WithLabelValues("update", "accepted").Inc()
-	t.c.receipt(t.id, r.row.Round, device, "")
+	t.settle(r, m, "update", func() (string, error) { return t.acceptMasked(r, m) })
 }
 
 func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {

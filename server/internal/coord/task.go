@@ -566,8 +566,14 @@ func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metric
 	if wire.IsEvalSubject(m.Subject()) {
 		kind = "evaluation"
 	}
+	t.settle(r, m, kind, func() (string, error) { return t.acceptReport(r, col, mm, m, kind) })
+}
+
+// settle counts a report's bytes, runs accept, and answers the device with a
+// receipt: accepted, or refused with accept's reason.
+func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
 	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
-	device, err := t.acceptReport(r, col, mm, m, kind)
+	device, err := accept()
 	if err != nil {
 		t.c.d.Metrics.Reports.WithLabelValues(kind, "refused").Inc()
 		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
