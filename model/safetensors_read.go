@@ -153,7 +153,7 @@ func readTensor(r io.Reader, ti *tensorInfo, scratch []byte, known bool) ([]floa
 		remaining -= uint64(len(chunk))
 		start := len(data)
 		data = decodeChunk(data, chunk, ti.dtype)
-		if j := firstNonFinite(data[start:]); j >= 0 {
+		if j := FirstNonFinite(data[start:]); j >= 0 {
 			return nil, fmt.Errorf("element %d: %s value is %v as float32: %w", start+j, ti.dtype, data[start+j], ErrNonFinite)
 		}
 	}

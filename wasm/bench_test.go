@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -66,4 +67,33 @@ func BenchmarkLoad(b *testing.B) {
 			run(b, wasm.WithCacheDir(dir))
 		}
 	})
+}
+
+// BenchmarkTrivialTrain is one training call of the hand-assembled trivial
+// module on a 100k-parameter model: the sandbox's own per-call cost (copying
+// parameters in and out, one host tensor, two kernels) as every device pays it
+// each round in the round benchmarks.
+func BenchmarkTrivialTrain(b *testing.B) {
+	s := newSandbox(b)
+	ctx := context.Background()
+	code := wasmtest.Trivial()
+	mod, err := s.Load(ctx, code, wasm.Hash(code))
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := make([]float32, 100_000)
+	for i := range w {
+		w[i] = float32(i%97) / 97
+	}
+	m, err := model.New(model.Tensor{Name: "fc1.weight", Shape: []int{10, 10_000}, Data: w})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := tinyData()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := mod.Train(ctx, wasm.Call{Model: m, Data: d, Seed: 1}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

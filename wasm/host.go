@@ -41,7 +41,9 @@ type callState struct {
 	log     *slog.Logger
 	data    *data.Dataset
 	handles []*tensor // index 0 is never used
-	free    []uint32  // released handles, reused first
+	pool    *tensorPool
+	kept    bool     // the parameters' storage went to the call's result
+	free    []uint32 // released handles, reused first
 	nparams int
 	limits  Limits
 	work    int64
@@ -68,6 +70,18 @@ func (s *callState) kernelErr(err error) {
 		s.abort(err)
 	}
 	s.abort(fmt.Errorf("%w: %v", ErrKernel, err))
+}
+
+// release returns the storage of the call's live tensors to the pool, except
+// parameters that became the result.
+func (s *callState) release() {
+	for i, t := range s.handles {
+		if t == nil || (t.param && s.kept) {
+			continue
+		}
+		s.handles[i] = nil
+		s.pool.put(t.m.Data)
+	}
 }
 
 func (s *callState) charge(op string, work int64) {
@@ -112,7 +126,8 @@ func (s *callState) newTensor(op string, rows, cols int, param bool) uint32 {
 		s.abort(fmt.Errorf("%w: %s: %d tensor bytes would exceed limit %d", ErrBudget, op, s.bytes+size, s.limits.MaxTensorBytes))
 	}
 	s.charge(op, int64(n)) // zeroing the storage is work too
-	t := &tensor{m: kernel.Mat{Rows: rows, Cols: cols, Data: make([]float32, n)}, cap: n, param: param}
+	// Parameters are overwritten at once; only new tensors must start at zero.
+	t := &tensor{m: kernel.Mat{Rows: rows, Cols: cols, Data: s.pool.get(n, !param)}, cap: n, param: param}
 	if k := len(s.free); k > 0 {
 		h := s.free[k-1]
 		s.free = s.free[:k-1]
@@ -222,6 +237,7 @@ var hostFunctions = []hostFn{
 		s.bytes -= int64(t.cap) * 4
 		s.handles[h] = nil
 		s.free = append(s.free, h)
+		s.pool.put(t.m.Data)
 	}},
 	{"tensor_rows", []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.mat("tensor_rows", u32(st[0])).Rows)

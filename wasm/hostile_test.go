@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -268,8 +269,19 @@ func loadHand(t *testing.T, code []byte) (*wasm.Module, error) {
 }
 
 // TestDeadline: a module that never returns is stopped at its Timeout; the
-// spec allows 200 ms of slack between the deadline and the error.
+// spec allows 200 ms of slack between the deadline and the error. It holds
+// with one P too, as the edge agent runs by default: a spinning module must
+// not starve the goroutine that enforces the deadline.
 func TestDeadline(t *testing.T) {
+	for _, procs := range []int{runtime.GOMAXPROCS(0), 1} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			testDeadline(t)
+		})
+	}
+}
+
+func testDeadline(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	wasmLoop := handModule(1, wasmbin.Code([]byte{wasmbin.OpLoop, wasmbin.BlockEmpty, wasmbin.OpBr, 0, wasmbin.OpEnd}, returnZero), nil, nil).Encode()
 	for _, tc := range []struct {

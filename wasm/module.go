@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -107,7 +107,8 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {
 		return nil, fmt.Errorf("%s: %w: hyper-parameters are not JSON", op, ErrInvalidCall)
 	}
-	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}}
+	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool}
+	defer st.release()
 	req := request{ABI: ABIVersion, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
 	if len(req.Hyper) == 0 {
@@ -182,17 +183,16 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	result := &Result{NumExamples: mr.NumExamples, Metrics: mr.Metrics, Work: st.work,
 		Duration: time.Since(start), Stderr: out.String()}
 	if entry == exportTrain {
-		out := c.Model.Clone()
-		out.Lineage = model.Lineage{Parent: c.Model.Lineage.Version}
-		for i := range out.Tensors {
-			t := st.handles[i+1]
-			copy(out.Tensors[i].Data, t.m.Data)
-			for j, v := range out.Tensors[i].Data {
-				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, out.Tensors[i].Name, j, v)
-				}
+		// The parameters' host storage becomes the result: no second copy.
+		out := &model.Model{Lineage: model.Lineage{Parent: c.Model.Lineage.Version}, Tensors: make([]model.Tensor, len(c.Model.Tensors))}
+		for i, in := range c.Model.Tensors {
+			d := st.handles[i+1].m.Data
+			if j := model.FirstNonFinite(d); j >= 0 {
+				return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, in.Name, j, d[j])
 			}
+			out.Tensors[i] = model.Tensor{Name: in.Name, Shape: slices.Clone(in.Shape), Data: d[:len(d):len(d)]}
 		}
+		st.kept = true
 		result.Model = out
 	}
 	return result, nil

@@ -100,6 +100,8 @@ type Sandbox struct {
 	mu      sync.Mutex
 	closed  bool
 	modules map[string]*entry // by sha256
+
+	pool tensorPool
 }
 
 // New returns a sandbox. Close releases it.
