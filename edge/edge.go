@@ -111,6 +111,17 @@ type Agent struct {
 	bucket   *objfetch.Bucket // resolved once per connection
 	bucketJS jetstream.JetStream
 
+	// Buffers reused round after round, touched only by the goroutine running
+	// cycle (rounds are served one at a time): the model's bytes, the update,
+	// its encoding and the report. Fresh ones each round made every device
+	// allocate, fault in and collect four model-sized buffers per round.
+	scratch struct {
+		blob    []byte
+		delta   []float32
+		values  []byte
+		payload []byte
+	}
+
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
 
@@ -487,11 +498,13 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		if err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
-		delta, err := a.privatize(updateOf(m, res.Model), plan)
+		a.scratch.delta = updateOf(a.scratch.delta, m, res.Model)
+		delta, err := a.privatize(a.scratch.delta, plan)
 		if err != nil {
 			return err
 		}
-		values := wire.EncodeDense(delta)
+		a.scratch.values = wire.AppendDense(a.scratch.values[:0], delta)
+		values := a.scratch.values
 		layout := make([]*pb.TensorSpec, len(m.Tensors))
 		for i, t := range m.Tensors {
 			shape := make([]uint64, len(t.Shape))
@@ -508,9 +521,10 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		if rep.Signature, err = a.signReport(identity.UpdateStatement(rep)); err != nil {
 			return err
 		}
-		if payload, err = proto.Marshal(rep); err != nil {
+		if a.scratch.payload, err = (proto.MarshalOptions{}).MarshalAppend(a.scratch.payload[:0], rep); err != nil {
 			return err
 		}
+		payload = a.scratch.payload
 		subj, kind = wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "update"
 	case plan.Kind == pb.RoundKind_ROUND_KIND_EVALUATE:
 		res, err := mod.Evaluate(ctx, call)
@@ -585,9 +599,16 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string, pe
 			os.Remove(path) // corrupt cache entry: fetch again
 		}
 	}
-	b, err := a.fetch(ctx, js, sha)
+	var dst []byte
+	if !persist {
+		dst = a.scratch.blob[:0] // decoded at once and not kept
+	}
+	b, err := a.fetch(ctx, js, sha, dst)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
+	}
+	if !persist {
+		a.scratch.blob = b
 	}
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)
@@ -604,7 +625,7 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string, pe
 // maxBlobBytes bounds what the agent downloads for one model or module.
 const maxBlobBytes = 4 << 30
 
-func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string) ([]byte, error) {
+func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string, dst []byte) ([]byte, error) {
 	a.mu.Lock()
 	bk := a.bucket
 	if bk == nil || a.bucketJS != js {
@@ -620,7 +641,7 @@ func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string) (
 		a.bucket, a.bucketJS = bk, js
 		a.mu.Unlock()
 	}
-	return bk.Get(ctx, sha, maxBlobBytes)
+	return bk.Append(ctx, dst, sha, maxBlobBytes)
 }
 
 func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {

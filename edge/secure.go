@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -253,7 +254,8 @@ func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Cal
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}
-	return encode(updateOf(call.Model, res.Model), res.NumExamples)
+	a.scratch.delta = updateOf(a.scratch.delta, call.Model, res.Model)
+	return encode(a.scratch.delta, res.NumExamples)
 }
 
 // privatize clips an update to the plan's norm bound and, under local DP,
@@ -274,13 +276,19 @@ func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) ([]float32, error
 	return delta, nil
 }
 
-// updateOf is the trained model minus the round's model, flattened.
-func updateOf(before, after *model.Model) []float32 {
-	b, d := before.Flatten(), after.Flatten()
-	for i := range d {
-		d[i] -= b[i]
+// updateOf writes the trained model minus the round's model, flattened, over
+// dst's storage. The sandbox returns the same layout it was given.
+func updateOf(dst []float32, before, after *model.Model) []float32 {
+	dst = dst[:0]
+	for i, t := range after.Tensors {
+		b := before.Tensors[i].Data
+		n := len(dst)
+		dst = slices.Grow(dst, len(t.Data))[:n+len(t.Data)]
+		for j, x := range t.Data {
+			dst[n+j] = x - b[j]
+		}
 	}
-	return d
+	return dst
 }
 
 // clipNorm scales v down to L2 norm bound if it is longer.

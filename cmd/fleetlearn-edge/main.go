@@ -16,18 +16,30 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
 	"github.com/fleetlearn/fleetlearn/edge"
 )
 
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func main() {
+	// Heap profiling samples every 512 KB allocated and keeps a 1.4 MB table of
+	// stacks; the agent serves no profiles, and its model-sized buffers would be
+	// sampled almost every round.
+	runtime.MemProfileRate = 0
 	if len(os.Args) > 1 && os.Args[1] == "enroll" {
 		os.Exit(enroll(os.Args[2:]))
 	}
 	var cfg edge.Config
 	var tasks, level, publishers string
+	var procs int
 	flag.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL of the aggregator (default: the one enrollment stored, else nats://127.0.0.1:4222)")
 	flag.StringVar(&cfg.Credentials, "creds", "", "NATS creds file (default: the one enrollment stored in --data-dir)")
 	flag.StringVar(&publishers, "module-publishers", "", "JWKS file of trusted module publishers (default: the one enrollment stored)")
@@ -40,7 +52,16 @@ func main() {
 	flag.BoolVar(&cfg.Idle, "idle", true, "report the device as idle")
 	flag.BoolVar(&cfg.Unmetered, "unmetered", true, "report the network as unmetered")
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	flag.IntVar(&procs, "max-procs", 1, "threads running the agent's Go code at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
 	flag.Parse()
+	// The agent trains one step at a time on single-threaded kernels; more Ps
+	// only add scheduler and collector overhead and take the owner's cores.
+	if procs > 0 && !flagSet("max-procs") && os.Getenv("GOMAXPROCS") != "" {
+		procs = 0 // an explicit environment wins over the default
+	}
+	if procs > 0 {
+		runtime.GOMAXPROCS(procs)
+	}
 	if tasks != "" {
 		cfg.TaskIDs = strings.Split(tasks, ",")
 	}
@@ -59,7 +80,7 @@ func main() {
 		cfg.ModulePublishers = b
 	}
 	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil || cfg.DatasetDir == "" {
+	if err := lv.UnmarshalText([]byte(level)); err != nil || cfg.DatasetDir == "" || procs < 0 {
 		fmt.Fprintln(os.Stderr, "usage: fleetlearn-edge -dataset DIR [flags]; see -help")
 		os.Exit(2)
 	}

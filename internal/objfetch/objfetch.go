@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -44,6 +45,11 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket string) (*Bucket, 
 // Get returns the object's bytes; objects over limit bytes are refused before
 // any chunk is read.
 func (b *Bucket) Get(ctx context.Context, name string, limit uint64) ([]byte, error) {
+	return b.Append(ctx, nil, name, limit)
+}
+
+// Append is Get into the end of dst, for callers that reuse one buffer.
+func (b *Bucket) Append(ctx context.Context, dst []byte, name string, limit uint64) ([]byte, error) {
 	info, err := b.obs.GetInfo(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("objfetch: %s: %w", name, err)
@@ -52,21 +58,22 @@ func (b *Bucket) Get(ctx context.Context, name string, limit uint64) ([]byte, er
 		return nil, fmt.Errorf("%w: %s has %d bytes, limit %d", ErrTooLarge, name, info.Size, limit)
 	}
 	subj := "$O." + b.name + ".C." + info.NUID
-	out := make([]byte, 0, info.Size)
+	base := len(dst)
+	out := slices.Grow(dst, int(info.Size))
 	seq := uint64(1)
 	for range info.Chunks {
 		m, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if err != nil {
-			return nil, fmt.Errorf("objfetch: %s: chunk at byte %d: %w", name, len(out), err)
+			return nil, fmt.Errorf("objfetch: %s: chunk at byte %d: %w", name, len(out)-base, err)
 		}
-		if uint64(len(out)+len(m.Data)) > info.Size {
+		if uint64(len(out)-base+len(m.Data)) > info.Size {
 			return nil, fmt.Errorf("objfetch: %s: chunks exceed the object's %d bytes", name, info.Size)
 		}
 		out = append(out, m.Data...)
 		seq = m.Sequence + 1
 	}
-	if uint64(len(out)) != info.Size {
-		return nil, fmt.Errorf("objfetch: %s: got %d of %d bytes", name, len(out), info.Size)
+	if uint64(len(out)-base) != info.Size {
+		return nil, fmt.Errorf("objfetch: %s: got %d of %d bytes", name, len(out)-base, info.Size)
 	}
 	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -130,20 +131,30 @@ func MsgID(kind, task string, round uint64, device string) string {
 }
 
 // EncodeDense encodes float32 values little-endian.
-func EncodeDense(v []float32) []byte {
-	b := make([]byte, 4*len(v))
+func EncodeDense(v []float32) []byte { return AppendDense(make([]byte, 0, 4*len(v)), v) }
+
+// AppendDense appends v's encoding to dst, so that a device can reuse one
+// buffer for its update round after round.
+func AppendDense(dst []byte, v []float32) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, 4*len(v))[:n+4*len(v)]
+	b := dst[n:]
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 	}
-	return b
+	return dst
 }
 
 // DecodeDense decodes exactly want float32 values and refuses non-finite ones.
-func DecodeDense(b []byte, want int) ([]float32, error) {
+func DecodeDense(b []byte, want int) ([]float32, error) { return DecodeDenseInto(nil, b, want) }
+
+// DecodeDenseInto is DecodeDense over dst's storage when it is large enough,
+// so that the server decodes a round's reports into one buffer.
+func DecodeDenseInto(dst []float32, b []byte, want int) ([]float32, error) {
 	if len(b) != 4*want {
 		return nil, fmt.Errorf("%w: %d bytes for %d float32 values", ErrPayload, len(b), want)
 	}
-	v := make([]float32, want)
+	v := slices.Grow(dst[:0], want)[:want]
 	for i := range v {
 		bits := binary.LittleEndian.Uint32(b[4*i:])
 		// An all-ones exponent is Inf or NaN; testing the bits spares two

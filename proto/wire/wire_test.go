@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"strings"
@@ -47,6 +48,9 @@ func TestReportSubjects(t *testing.T) {
 
 func TestDense(t *testing.T) {
 	v := []float32{0, -1.5, math.MaxFloat32, float32(math.Copysign(0, -1))}
+	if got, want := wire.AppendDense([]byte("ab"), v), append([]byte("ab"), wire.EncodeDense(v)...); !bytes.Equal(got, want) {
+		t.Fatalf("AppendDense = %x, want %x", got, want)
+	}
 	got, err := wire.DecodeDense(wire.EncodeDense(v), len(v))
 	if err != nil {
 		t.Fatal(err)
