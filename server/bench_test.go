@@ -345,6 +345,9 @@ func startBenchProc(tb testing.TB, name, logPath, bin string, args ...string) *b
 	}
 	p := &benchProc{name: name, log: logPath, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	if env := os.Getenv("FLEETLEARN_BENCH_EDGE_ENV"); env != "" && strings.HasPrefix(name, "dev-") {
+		p.cmd.Env = append(os.Environ(), strings.Fields(env)...)
+	}
 	if err := p.cmd.Start(); err != nil {
 		lf.Close()
 		tb.Fatalf("start %s: %v", name, err)

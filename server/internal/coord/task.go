@@ -78,6 +78,9 @@ type roundRun struct {
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey
+	// decoded holds the report being checked: collectors copy what they
+	// keep, so one buffer serves the round's reports (handled one at a time).
+	decoded []float32
 }
 
 func (r *roundRun) poke() {
@@ -661,7 +664,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(&rep)); err != nil {
 			return device, err
 		}
-		delta, err := t.checkDense(&rep)
+		delta, err := t.checkDense(r, &rep)
 		if err != nil {
 			return device, err
 		}
@@ -723,7 +726,7 @@ func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bo
 }
 
 // checkDense decodes a dense update and checks it against the model layout.
-func (t *taskRun) checkDense(rep *pb.UpdateReport) ([]float32, error) {
+func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) ([]float32, error) {
 	d := rep.GetDense()
 	if d == nil {
 		return nil, refuse("update has no dense payload")
@@ -746,10 +749,11 @@ func (t *taskRun) checkDense(rep *pb.UpdateReport) ([]float32, error) {
 			}
 		}
 	}
-	v, err := wire.DecodeDense(d.Values, layout.Size())
+	v, err := wire.DecodeDenseInto(r.decoded, d.Values, layout.Size())
 	if err != nil {
 		return nil, refuse("%v", err)
 	}
+	r.decoded = v
 	return v, nil
 }
 
