@@ -7,13 +7,14 @@
 package edge
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
@@ -112,11 +113,10 @@ type Agent struct {
 	bucketJS jetstream.JetStream
 
 	// Buffers reused round after round, touched only by the goroutine running
-	// cycle (rounds are served one at a time): the model's bytes, the update,
-	// its encoding and the report. Fresh ones each round made every device
-	// allocate, fault in and collect four model-sized buffers per round.
+	// cycle (rounds are served one at a time): the update, its encoding and
+	// the report. Fresh ones each round made every device allocate, fault in
+	// and collect three model-sized buffers per round.
 	scratch struct {
-		blob    []byte
 		delta   []float32
 		values  []byte
 		payload []byte
@@ -586,38 +586,30 @@ func limits(l *pb.Limits) wasm.Limits {
 		MaxWork: int64(min(l.GetMaxFlops(), 1<<62)), MaxTensorBytes: int64(min(l.GetMaxTensorBytes(), 1<<62))}
 }
 
-// blob returns the bytes named sha, verified against the hash, from the
-// disk cache when persist is set (modules: large and stable) or else from the
-// object store (models: a new one every round, needed once).
-func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string, persist bool) ([]byte, error) {
+// moduleBytes returns the module bytes named sha, verified against the hash, from
+// the disk cache (modules are large and stable) or else from the object store.
+func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha string) ([]byte, error) {
 	path := filepath.Join(a.cfg.DataDir, "blobs", sha)
-	if persist {
-		if b, err := os.ReadFile(path); err == nil {
-			if wire.SHA256(b) == sha {
-				return b, nil
-			}
-			os.Remove(path) // corrupt cache entry: fetch again
+	if b, err := os.ReadFile(path); err == nil {
+		if wire.SHA256(b) == sha {
+			return b, nil
 		}
+		os.Remove(path) // corrupt cache entry: fetch again
 	}
-	var dst []byte
-	if !persist {
-		dst = a.scratch.blob[:0] // decoded at once and not kept
-	}
-	b, err := a.fetch(ctx, js, sha, dst)
+	r, err := a.open(ctx, js, sha)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
-	if !persist {
-		a.scratch.blob = b
+	b := make([]byte, r.Size())
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)
 	}
-	if persist {
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o600); err == nil {
-			os.Rename(tmp, path)
-		}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err == nil {
+		os.Rename(tmp, path)
 	}
 	return b, nil
 }
@@ -625,7 +617,8 @@ func (a *Agent) blob(ctx context.Context, js jetstream.JetStream, sha string, pe
 // maxBlobBytes bounds what the agent downloads for one model or module.
 const maxBlobBytes = 4 << 30
 
-func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string, dst []byte) ([]byte, error) {
+// open starts the download of the blob named sha.
+func (a *Agent) open(ctx context.Context, js jetstream.JetStream, sha string) (*objfetch.Reader, error) {
 	a.mu.Lock()
 	bk := a.bucket
 	if bk == nil || a.bucketJS != js {
@@ -641,7 +634,7 @@ func (a *Agent) fetch(ctx context.Context, js jetstream.JetStream, sha string, d
 		a.bucket, a.bucketJS = bk, js
 		a.mu.Unlock()
 	}
-	return bk.Append(ctx, dst, sha, maxBlobBytes)
+	return bk.Open(ctx, sha, maxBlobBytes)
 }
 
 func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {
@@ -651,12 +644,18 @@ func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (
 	if m != nil {
 		return m, nil
 	}
-	b, err := a.blob(ctx, js, sha, false)
+	// A new model every round, needed once: decoded and hashed as its chunks
+	// arrive instead of first being gathered, and used only if the hash holds.
+	r, err := a.open(ctx, js, sha)
 	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+		return nil, fmt.Errorf("model: fetch %s: %w", sha, err)
 	}
-	if m, err = model.ReadSafetensors(bytes.NewReader(b)); err != nil {
+	h := sha256.New()
+	if m, err = model.ReadSafetensors(io.TeeReader(r, h), model.WithInputSize(int64(r.Size()))); err != nil {
 		return nil, fmt.Errorf("model %s: %w", sha, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
+		return nil, fmt.Errorf("model: fetch %s: content hashes to %s", sha, got)
 	}
 	a.mu.Lock()
 	clear(a.models) // only the current round's model is worth keeping
@@ -672,7 +671,7 @@ func (a *Agent) module(ctx context.Context, js jetstream.JetStream, sha string) 
 	if mod != nil {
 		return mod, nil
 	}
-	b, err := a.blob(ctx, js, sha, true)
+	b, err := a.moduleBytes(ctx, js, sha)
 	if err != nil {
 		return nil, fmt.Errorf("module: %w", err)
 	}

@@ -12,10 +12,11 @@ type ReadOption func(*readConfig)
 type readConfig struct {
 	maxHeaderBytes int64
 	maxTensorBytes int64
+	size           int64 // input length if known, else -1
 }
 
 func newReadConfig(opts []ReadOption) readConfig {
-	c := readConfig{maxHeaderBytes: DefaultMaxHeaderBytes, maxTensorBytes: DefaultMaxTensorBytes}
+	c := readConfig{maxHeaderBytes: DefaultMaxHeaderBytes, maxTensorBytes: DefaultMaxTensorBytes, size: -1}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -44,4 +45,12 @@ func WithMaxTensorBytes(n int64) ReadOption {
 			c.maxTensorBytes = n
 		}
 	}
+}
+
+// WithInputSize tells ReadSafetensors that its input is exactly n bytes, as
+// a download's metadata states: a header that disagrees is refused before any
+// tensor is read, and tensors are allocated at full size instead of growing
+// as bytes arrive. n < 0 means unknown (the default).
+func WithInputSize(n int64) ReadOption {
+	return func(c *readConfig) { c.size = max(n, -1) }
 }

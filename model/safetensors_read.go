@@ -69,6 +69,9 @@ func ReadSafetensors(r io.Reader, opts ...ReadOption) (*Model, error) {
 // readSafetensors reads from r, whose length is size bytes or unknown (-1).
 func readSafetensors(r io.Reader, size int64, opts []ReadOption) (*Model, error) {
 	cfg := newReadConfig(opts)
+	if size < 0 {
+		size = cfg.size
+	}
 	var lenBuf [8]byte
 	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
 		return nil, fmt.Errorf("safetensors: header length: %w", readErr(err))
@@ -99,6 +102,8 @@ func readSafetensors(r io.Reader, size int64, opts []ReadOption) (*Model, error)
 	known := size >= 0
 	if known {
 		switch rest := uint64(size) - 8 - n; {
+		case uint64(size) < 8+n:
+			return nil, fmt.Errorf("safetensors: input of %d bytes is shorter than its %d-byte header: %w", size, n, ErrTruncated)
 		case rest < hdr.total:
 			return nil, fmt.Errorf("safetensors: buffer has %d bytes, header indexes %d: %w", rest, hdr.total, ErrTruncated)
 		case rest > hdr.total:

@@ -457,6 +457,33 @@ func TestDecodeMalformed(t *testing.T) {
 	}
 }
 
+// TestReadSafetensorsInputSize: a declared input size that disagrees with the
+// header is refused before any tensor is read; the right one reads as usual.
+func TestReadSafetensorsInputSize(t *testing.T) {
+	file := stFile(`{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, f32le(1, 2))
+	n := int64(len(file))
+	for _, tc := range []struct {
+		name string
+		size int64
+		want error
+	}{
+		{"exact", n, nil},
+		{"unknown", -1, nil},
+		{"one byte short", n - 1, model.ErrTruncated},
+		{"shorter than the header", 9, model.ErrTruncated},
+		{"one byte long", n + 1, model.ErrInvalidOffsets},
+	} {
+		m, err := model.ReadSafetensors(bytes.NewReader(file), model.WithInputSize(tc.size))
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+			continue
+		}
+		if err == nil && (len(m.Tensors) != 1 || m.Tensors[0].Data[1] != 2) {
+			t.Errorf("%s: read %+v", tc.name, m.Tensors)
+		}
+	}
+}
+
 func TestReadSafetensorsErrorMessages(t *testing.T) {
 	for _, tc := range []struct {
 		name string

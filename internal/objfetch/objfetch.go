@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,6 +51,40 @@ func (b *Bucket) Get(ctx context.Context, name string, limit uint64) ([]byte, er
 
 // Append is Get into the end of dst, for callers that reuse one buffer.
 func (b *Bucket) Append(ctx context.Context, dst []byte, name string, limit uint64) ([]byte, error) {
+	r, err := b.Open(ctx, name, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := slices.Grow(dst, int(r.Size()))
+	for {
+		chunk, err := r.next()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, chunk...)
+	}
+}
+
+// Reader reads one object a chunk at a time, so that a caller can decode and
+// hash it without holding all of its bytes.
+type Reader struct {
+	ctx    context.Context
+	b      *Bucket
+	name   string
+	subj   string
+	seq    uint64
+	chunks uint32 // chunks not yet fetched
+	size   uint64
+	read   uint64 // bytes fetched so far
+	cur    []byte // the unread rest of the current chunk
+}
+
+// Open looks the object up and returns a reader of its bytes; objects over
+// limit bytes are refused before any chunk is read.
+func (b *Bucket) Open(ctx context.Context, name string, limit uint64) (*Reader, error) {
 	info, err := b.obs.GetInfo(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("objfetch: %s: %w", name, err)
@@ -57,23 +92,45 @@ func (b *Bucket) Append(ctx context.Context, dst []byte, name string, limit uint
 	if info.Size > limit {
 		return nil, fmt.Errorf("%w: %s has %d bytes, limit %d", ErrTooLarge, name, info.Size, limit)
 	}
-	subj := "$O." + b.name + ".C." + info.NUID
-	base := len(dst)
-	out := slices.Grow(dst, int(info.Size))
-	seq := uint64(1)
-	for range info.Chunks {
-		m, err := b.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+	return &Reader{ctx: ctx, b: b, name: name, subj: "$O." + b.name + ".C." + info.NUID, seq: 1,
+		chunks: info.Chunks, size: info.Size}, nil
+}
+
+// Size is the object's length in bytes, as its metadata states it; a
+// reader whose chunks do not add up to it fails.
+func (r *Reader) Size() uint64 { return r.size }
+
+// Read implements io.Reader.
+func (r *Reader) Read(p []byte) (int, error) {
+	for len(r.cur) == 0 {
+		chunk, err := r.next()
 		if err != nil {
-			return nil, fmt.Errorf("objfetch: %s: chunk at byte %d: %w", name, len(out)-base, err)
+			return 0, err
 		}
-		if uint64(len(out)-base+len(m.Data)) > info.Size {
-			return nil, fmt.Errorf("objfetch: %s: chunks exceed the object's %d bytes", name, info.Size)
+		r.cur = chunk
+	}
+	n := copy(p, r.cur)
+	r.cur = r.cur[n:]
+	return n, nil
+}
+
+// next fetches the next chunk; io.EOF after the last, once the sizes agree.
+func (r *Reader) next() ([]byte, error) {
+	if r.chunks == 0 {
+		if r.read != r.size {
+			return nil, fmt.Errorf("objfetch: %s: got %d of %d bytes", r.name, r.read, r.size)
 		}
-		out = append(out, m.Data...)
-		seq = m.Sequence + 1
+		return nil, io.EOF
 	}
-	if uint64(len(out)-base) != info.Size {
-		return nil, fmt.Errorf("objfetch: %s: got %d of %d bytes", name, len(out)-base, info.Size)
+	m, err := r.b.stream.GetMsg(r.ctx, r.seq, jetstream.WithGetMsgSubject(r.subj))
+	if err != nil {
+		return nil, fmt.Errorf("objfetch: %s: chunk at byte %d: %w", r.name, r.read, err)
 	}
-	return out, nil
+	if r.read+uint64(len(m.Data)) > r.size {
+		return nil, fmt.Errorf("objfetch: %s: chunks exceed the object's %d bytes", r.name, r.size)
+	}
+	r.read += uint64(len(m.Data))
+	r.seq = m.Sequence + 1
+	r.chunks--
+	return m.Data, nil
 }
