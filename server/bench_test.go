@@ -40,6 +40,8 @@ import (
 //	go test -run '^$' -bench 'BenchmarkRound$' -benchtime 5x ./server/
 //	FLEETLEARN_BENCH_PROCS=1 go test -run '^$' -bench BenchmarkRoundProcesses -benchtime 5x ./server/
 //
+// FLEETLEARN_BENCH_EDGE_ENV adds space-separated NAME=value pairs to the
+// environment of BenchmarkRoundProcesses' agent processes (GOGC=50, say).
 // FLEETLEARN_BENCH_PACE sets the server's pace window (default 20ms). A device
 // that has reported is told to retry after about ten windows (or, if the
 // server has not counted its report yet, waits 250-500 ms on its own); when the
