@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/identity/natsembed"
+	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -37,21 +38,11 @@ func startFleet(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := &natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true}
+	opts := natstest.Options(t)
 	if err := natsembed.Configure(opts, auth, acct); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	return &fleet{auth: auth, ns: ns}
+	return &fleet{auth: auth, ns: natstest.Run(t, opts)}
 }
 
 // errRecorder collects a connection's asynchronous errors.

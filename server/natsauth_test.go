@@ -9,6 +9,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -34,15 +35,7 @@ func TestExternalNATSCluster(t *testing.T) {
 	}
 	opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoSigs = "127.0.0.1", -1, true, t.TempDir(), true
 	opts.MaxPayload = 8 << 20
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natstest.Run(t, opts)
 
 	h := servertest.New(t, servertest.WithDataDir(dataDir), func(c *server.Config) { c.NATSURL = ns.ClientURL() })
 	task := trivialTask(t, h, 2)

@@ -5,44 +5,16 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 )
 
-// startJetStream runs a real embedded nats-server with JetStream on a random
-// port in a temp dir.
-func startJetStream(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
 func TestGet(t *testing.T) {
 	ctx := t.Context()
-	js := startJetStream(t)
+	js := natstest.JetStream(t)
 	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "blobs"})
 	if err != nil {
 		t.Fatal(err)
