@@ -15,6 +15,12 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
 
+// ChunkBytes is the object store chunk size for blobs. Every device of a
+// round fetches the round's model chunk by chunk, one request each; at the
+// object store's default of 128 KiB a 400 KB model took four. 1 MiB keeps
+// chunks well under the 8 MiB message limit (wire.MaxMessageBytes).
+const ChunkBytes = 1 << 20
+
 // Store is a content-addressed view of an object store bucket.
 type Store struct{ obs jetstream.ObjectStore }
 
@@ -30,7 +36,8 @@ func (s *Store) Put(ctx context.Context, b []byte) (string, error) {
 	} else if !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return "", fmt.Errorf("blobs: info %s: %w", name, err)
 	}
-	if _, err := s.obs.Put(ctx, jetstream.ObjectMeta{Name: name}, bytes.NewReader(b)); err != nil {
+	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: ChunkBytes}}
+	if _, err := s.obs.Put(ctx, meta, bytes.NewReader(b)); err != nil {
 		return "", fmt.Errorf("blobs: put %s: %w", name, err)
 	}
 	return name, nil
