@@ -223,7 +223,9 @@ func TestDPParticipationCap(t *testing.T) {
 					t.Fatalf("round %d: %v with %d reports", r.Round, r.State, r.Reported)
 				}
 			}
-			if rs[2].Assigned != 0 || !strings.Contains(rs[2].Reason, "selection closed with 0") {
+			// The reason tells the operator why: the fleet is used up, not absent.
+			if rs[2].Assigned != 0 || !strings.Contains(rs[2].Reason, "selection closed with 0") ||
+				!strings.Contains(rs[2].Reason, "devices checked in but had reached the task's cap of 1 rounds each") {
 				t.Fatalf("round 3: %+v", rs[2])
 			}
 			return

@@ -144,6 +144,9 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 	}
 	t.mu.Lock()
 	if max := t.dp.maxRounds(); max > 0 && t.parts[ci.DeviceId] >= max {
+		if t.round == r {
+			r.capped[ci.DeviceId] = true
+		}
 		t.mu.Unlock()
 		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
 			fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", max)

@@ -78,6 +78,9 @@ type roundRun struct {
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey
+	// capped are the devices turned away by the task's participation cap
+	// while this round selected, named in the reason if it is abandoned.
+	capped map[string]bool
 	// decoded holds the report being checked: collectors copy what they
 	// keep, so one buffer serves the round's reports (handled one at a time).
 	decoded []float32
@@ -427,7 +430,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			keys[d] = k
 		}
 	}
-	r := &roundRun{row: row, plan: t.plan(row), wanted: t.wanted(), assigned: assigned, reported: map[string]bool{},
+	r := &roundRun{row: row, plan: t.plan(row), wanted: t.wanted(), assigned: assigned, reported: map[string]bool{}, capped: map[string]bool{},
 		keys:   keys,
 		selEnd: row.Open.Add(t.selectionTimeout()), kick: make(chan struct{}, 1)}
 	r.selecting = len(assigned) < r.wanted && now.Before(r.selEnd)
@@ -518,6 +521,11 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			t.mu.Unlock()
 			if goal := int(t.spec.GetReportGoal()); n < goal {
 				reason = fmt.Sprintf("selection closed with %d devices, below the report goal %d", n, goal)
+				t.mu.Lock()
+				if k := len(r.capped); k > 0 {
+					reason += fmt.Sprintf("; %d devices checked in but had reached the task's cap of %d rounds each", k, t.dp.maxRounds())
+				}
+				t.mu.Unlock()
 				return t.abandon(ctx, r, reason)
 			}
 		case <-deadline.C:
