@@ -16,6 +16,8 @@ import (
 	"runtime"
 	"strings"
 	"unicode"
+
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 )
 
 const (
@@ -221,12 +223,11 @@ func ReadDir(dir string, opts ...ReadOption) (*Dataset, error) {
 	}
 	features := make([]float32, len(fbuf)/4)
 	for i := range features {
-		v := math.Float32frombits(binary.LittleEndian.Uint32(fbuf[4*i:]))
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("data: read dir: %s: feature %d of example %d is %v: %w",
-				m.Features, i%m.Dim, i/m.Dim, v, ErrInvalidDataset)
-		}
-		features[i] = v
+		features[i] = math.Float32frombits(binary.LittleEndian.Uint32(fbuf[4*i:]))
+	}
+	if i := floats.FirstNonFinite(features); i >= 0 {
+		return nil, fmt.Errorf("data: read dir: %s: feature %d of example %d is %v: %w",
+			m.Features, i%m.Dim, i/m.Dim, features[i], ErrInvalidDataset)
 	}
 	return &Dataset{Features: features, Labels: labels, Dim: m.Dim, NumClasses: m.NumClasses}, nil
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 )
 
 // metadataKey is the safetensors header key reserved for string metadata; a
@@ -109,7 +111,7 @@ func (m *Model) validate() error {
 			return fmt.Errorf("tensor %q: shape %v holds %d values, data has %d: %w",
 				t.Name, t.Shape, n, len(t.Data), ErrShapeMismatch)
 		}
-		if j := FirstNonFinite(t.Data); j >= 0 {
+		if j := floats.FirstNonFinite(t.Data); j >= 0 {
 			return fmt.Errorf("tensor %q index %d: value %v: %w", t.Name, j, t.Data[j], ErrNonFinite)
 		}
 	}
@@ -138,33 +140,6 @@ func (l Lineage) validate() error {
 		}
 	}
 	return nil
-}
-
-// FirstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
-//
-// It tests blocks without a branch per value: adding one to an all-ones
-// exponent (the only one NaN and ±Inf have) carries into the sign bit, and
-// no other exponent does. Every model, update and module result passes
-// through here, so the scan is on each device's and the server's hot path.
-func FirstNonFinite(v []float32) int {
-	const exp, one, sign = 0x7f800000, 0x00800000, 0x80000000
-	const block = 64
-	for start := 0; start < len(v); start += block {
-		end := min(start+block, len(v))
-		var acc uint32
-		for _, x := range v[start:end] {
-			acc |= math.Float32bits(x)&exp + one
-		}
-		if acc&sign == 0 {
-			continue
-		}
-		for i, x := range v[start:end] {
-			if math.Float32bits(x)&exp == exp {
-				return start + i
-			}
-		}
-	}
-	return -1
 }
 
 // Clone returns a deep copy of m; nil for nil.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model/internal/half"
 )
 
@@ -158,7 +159,7 @@ func readTensor(r io.Reader, ti *tensorInfo, scratch []byte, known bool) ([]floa
 		remaining -= uint64(len(chunk))
 		start := len(data)
 		data = decodeChunk(data, chunk, ti.dtype)
-		if j := FirstNonFinite(data[start:]); j >= 0 {
+		if j := floats.FirstNonFinite(data[start:]); j >= 0 {
 			return nil, fmt.Errorf("element %d: %s value is %v as float32: %w", start+j, ti.dtype, data[start+j], ErrNonFinite)
 		}
 	}

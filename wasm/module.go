@@ -17,6 +17,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model"
 )
 
@@ -187,7 +188,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		out := &model.Model{Lineage: model.Lineage{Parent: c.Model.Lineage.Version}, Tensors: make([]model.Tensor, len(c.Model.Tensors))}
 		for i, in := range c.Model.Tensors {
 			d := st.handles[i+1].m.Data
-			if j := model.FirstNonFinite(d); j >= 0 {
+			if j := floats.FirstNonFinite(d); j >= 0 {
 				return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, in.Name, j, d[j])
 			}
 			out.Tensors[i] = model.Tensor{Name: in.Name, Shape: slices.Clone(in.Shape), Data: d[:len(d):len(d)]}

@@ -1,10 +1,10 @@
-package model_test
+package floats_test
 
 import (
 	"math"
 	"testing"
 
-	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 )
 
 func TestFirstNonFinite(t *testing.T) {
@@ -33,14 +33,14 @@ func TestFirstNonFinite(t *testing.T) {
 		{"NaN with payload in a short tail", at(130, 129, math.Float32frombits(0xffc00001)), 129},
 		{"only a block's last value", at(64, 63, nan), 63},
 	} {
-		if got := model.FirstNonFinite(tc.v); got != tc.want {
+		if got := floats.FirstNonFinite(tc.v); got != tc.want {
 			t.Errorf("%s: FirstNonFinite = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 	// The first of several wins.
 	v := at(300, 250, nan)
 	v[100] = inf
-	if got := model.FirstNonFinite(v); got != 100 {
+	if got := floats.FirstNonFinite(v); got != 100 {
 		t.Errorf("two non-finite values: got %d, want 100", got)
 	}
 }
@@ -52,7 +52,7 @@ func BenchmarkFirstNonFinite(b *testing.B) {
 	}
 	b.SetBytes(int64(4 * len(v)))
 	for b.Loop() {
-		if model.FirstNonFinite(v) >= 0 {
+		if floats.FirstNonFinite(v) >= 0 {
 			b.Fatal("finite input reported")
 		}
 	}
