@@ -596,12 +596,12 @@ func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha str
 		}
 		os.Remove(path) // corrupt cache entry: fetch again
 	}
-	r, err := a.open(ctx, js, sha)
+	bk, err := a.bucketFor(ctx, js)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
-	b := make([]byte, r.Size())
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := bk.Get(ctx, sha, maxBlobBytes)
+	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
 	if got := wire.SHA256(b); got != sha {
@@ -617,8 +617,8 @@ func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha str
 // maxBlobBytes bounds what the agent downloads for one model or module.
 const maxBlobBytes = 4 << 30
 
-// open starts the download of the blob named sha.
-func (a *Agent) open(ctx context.Context, js jetstream.JetStream, sha string) (*objfetch.Reader, error) {
+// bucketFor returns the blob bucket, resolved once per connection.
+func (a *Agent) bucketFor(ctx context.Context, js jetstream.JetStream) (*objfetch.Bucket, error) {
 	a.mu.Lock()
 	bk := a.bucket
 	if bk == nil || a.bucketJS != js {
@@ -634,7 +634,7 @@ func (a *Agent) open(ctx context.Context, js jetstream.JetStream, sha string) (*
 		a.bucket, a.bucketJS = bk, js
 		a.mu.Unlock()
 	}
-	return bk.Open(ctx, sha, maxBlobBytes)
+	return bk, nil
 }
 
 func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (*model.Model, error) {
@@ -646,7 +646,11 @@ func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (
 	}
 	// A new model every round, needed once: decoded and hashed as its chunks
 	// arrive instead of first being gathered, and used only if the hash holds.
-	r, err := a.open(ctx, js, sha)
+	bk, err := a.bucketFor(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("model: fetch %s: %w", sha, err)
+	}
+	r, err := bk.Open(ctx, sha, maxBlobBytes)
 	if err != nil {
 		return nil, fmt.Errorf("model: fetch %s: %w", sha, err)
 	}

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -46,16 +45,11 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket string) (*Bucket, 
 // Get returns the object's bytes; objects over limit bytes are refused before
 // any chunk is read.
 func (b *Bucket) Get(ctx context.Context, name string, limit uint64) ([]byte, error) {
-	return b.Append(ctx, nil, name, limit)
-}
-
-// Append is Get into the end of dst, for callers that reuse one buffer.
-func (b *Bucket) Append(ctx context.Context, dst []byte, name string, limit uint64) ([]byte, error) {
 	r, err := b.Open(ctx, name, limit)
 	if err != nil {
 		return nil, err
 	}
-	out := slices.Grow(dst, int(r.Size()))
+	out := make([]byte, 0, r.Size())
 	for {
 		chunk, err := r.next()
 		if err == io.EOF {

@@ -48,16 +48,6 @@ func TestGet(t *testing.T) {
 		if !bytes.Equal(got, tc.want) {
 			t.Fatalf("%s: got %d bytes, want %d", tc.name, len(got), len(tc.want))
 		}
-		// Append keeps what dst held and reuses its storage when it fits.
-		prefix := []byte("prefix")
-		buf := append(make([]byte, 0, len(prefix)+len(tc.want)), prefix...)
-		got, err = bk.Append(ctx, buf, tc.name, 1<<30)
-		if err != nil {
-			t.Fatalf("%s: append: %v", tc.name, err)
-		}
-		if !bytes.Equal(got, append(prefix, tc.want...)) || &got[0] != &buf[0] {
-			t.Fatalf("%s: append: got %d bytes (same storage %v), want prefix and %d bytes", tc.name, len(got), &got[0] == &buf[0], len(tc.want))
-		}
 	}
 	if _, err := bk.Get(ctx, "big", 1000); !errors.Is(err, objfetch.ErrTooLarge) {
 		t.Fatalf("over the limit: err %v, want ErrTooLarge", err)
