@@ -368,7 +368,7 @@ func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 		Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}}
 	b, _ := proto.Marshal(ci)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	msg, err := nc.RequestWithContext(rctx, wire.SubjectCheckIn, b)
+	msg, err := nc.RequestWithContext(rctx, wire.CheckInSubject(a.cfg.DeviceID), b)
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("check-in: %w", err)

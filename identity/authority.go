@@ -207,7 +207,8 @@ func (a *Authority) AccountJWT(revoked []Revocation) (string, error) {
 // (nats.CustomInboxPrefix): the only reply subjects it may subscribe to.
 func DeviceInboxPrefix(device string) string { return "_INBOX_" + device }
 
-// DevicePermissions are exactly what a device may do on NATS: check in,
+// DevicePermissions are exactly what a device may do on NATS: check in on
+// its own subject,
 // publish its own reports into FL_REPORTS and its own SecAgg messages, read
 // blobs with direct gets, and receive announcements, audit checkpoints, its
 // own receipts, SecAgg messages and replies.
@@ -218,7 +219,7 @@ func DevicePermissions(device string) (natsjwt.Permissions, error) {
 	stream := "OBJ_" + wire.BlobBucket
 	var p natsjwt.Permissions
 	p.Pub.Allow.Add(
-		wire.SubjectCheckIn,
+		wire.CheckInSubject(device),
 		"fl.report.*.*."+device,
 		"fl.eval.*.*."+device,
 		"fl.secagg.up.*.*."+device,

@@ -165,7 +165,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 	if _, err := obs.PutBytes(ctx, sha, blob); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Subscribe(wire.SubjectCheckIn, func(m *nats.Msg) { _ = m.Respond(append([]byte("plan for "), m.Data...)) }); err != nil {
+	if _, err := svc.Subscribe(wire.SubjectCheckIns, func(m *nats.Msg) { _ = m.Respond(append([]byte("plan for "), m.Data...)) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Flush(); err != nil {
@@ -176,7 +176,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 	b, _, _ := f.device(t, "devB")
 
 	t.Run("check-in", func(t *testing.T) {
-		m, err := a.RequestWithContext(ctx, wire.SubjectCheckIn, []byte("devA"))
+		m, err := a.RequestWithContext(ctx, wire.CheckInSubject("devA"), []byte("devA"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,6 +259,8 @@ func TestNATSDevicePermissions(t *testing.T) {
 
 	t.Run("denied", func(t *testing.T) {
 		for _, subj := range []string{
+			wire.CheckInSubject("devB"), // impersonating another device's check-in
+			"fl.checkin",
 			wire.ReportSubject("task1", 3, "devB"),
 			wire.EvalSubject("task1", 3, "devB"),
 			wire.SecAggUpSubject("task1", 3, "devB"),
@@ -282,7 +284,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 			wire.SecAggDownSubject("task1", 3, "devB"),
 			wire.SubjectStored,
 			wire.EventsSubject("task1"),
-			wire.SubjectCheckIn,
+			wire.SubjectCheckIns,
 			"fl.report.>",
 			"_INBOX.>",
 			">",
@@ -303,7 +305,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 			t.Fatalf("stream holds %d messages on %v", info.State.Msgs, info.State.Subjects)
 		}
 		// B's connection is unaffected by A's violations.
-		if _, err := b.RequestWithContext(ctx, wire.SubjectCheckIn, []byte("devB")); err != nil {
+		if _, err := b.RequestWithContext(ctx, wire.CheckInSubject("devB"), []byte("devB")); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -324,7 +326,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
-		if _, err := c.RequestWithContext(rctx, wire.SubjectCheckIn, nil); err == nil {
+		if _, err := c.RequestWithContext(rctx, wire.CheckInSubject("devC"), nil); err == nil {
 			t.Fatal("a device without its inbox prefix got a reply")
 		}
 		rec.expectViolation(t, "Subscription to \"_INBOX.")
@@ -335,7 +337,7 @@ func TestNATSRevocation(t *testing.T) {
 	ctx := t.Context()
 	f := startFleet(t)
 	svc := f.service(t)
-	if _, err := svc.Subscribe(wire.SubjectCheckIn, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
+	if _, err := svc.Subscribe(wire.SubjectCheckIns, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Flush(); err != nil {
@@ -371,7 +373,7 @@ func TestNATSRevocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _, _ := f.device(t, "devB")
-	if _, err := a.RequestWithContext(ctx, wire.SubjectCheckIn, nil); err != nil {
+	if _, err := a.RequestWithContext(ctx, wire.CheckInSubject("devA"), nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -409,7 +411,7 @@ func TestNATSRevocation(t *testing.T) {
 		t.Fatalf("JWT issued after the revocation: %v", err)
 	}
 	// Others stay connected.
-	if _, err := b.RequestWithContext(ctx, wire.SubjectCheckIn, nil); err != nil {
+	if _, err := b.RequestWithContext(ctx, wire.CheckInSubject("devB"), nil); err != nil {
 		t.Fatalf("device B after A's revocation: %v", err)
 	}
 	// An account JWT for FLEET signed by another operator, lifting the

@@ -43,9 +43,12 @@ func UpdateStatement(r *pb.UpdateReport) ReportStatement {
 }
 
 // EvalStatement is what an evaluation report claims, as its device signs it.
+// Its payload is the metrics (wire.MetricsSHA256): they are what the report
+// releases, so the signature covers them.
 func EvalStatement(r *pb.EvaluationReport) ReportStatement {
 	return ReportStatement{Kind: ReportEval, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
-		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), NumExamples: r.GetNumExamples()}
+		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(),
+		PayloadSHA256: wire.MetricsSHA256(r.GetMetrics().GetValues()), NumExamples: r.GetNumExamples()}
 }
 
 // Bytes is the canonical encoding signed: the label, then each field

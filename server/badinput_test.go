@@ -90,7 +90,7 @@ func (d *scripted) checkIn(t testing.TB, ci *pb.CheckIn) *pb.CheckInResponse {
 
 func (d *scripted) checkInRaw(t testing.TB, b []byte) *pb.CheckInResponse {
 	t.Helper()
-	msg, err := d.nc.Request(wire.SubjectCheckIn, b, 5*time.Second)
+	msg, err := d.nc.Request(wire.CheckInSubject(d.id), b, 5*time.Second)
 	if err != nil {
 		t.Fatalf("%s: check-in: %v", d.id, err)
 	}

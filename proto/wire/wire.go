@@ -21,8 +21,10 @@ import (
 // Subjects and names. Everything lives under "fl." so one account export or
 // permission rule covers the protocol.
 const (
-	// SubjectCheckIn takes CheckIn requests and replies with CheckInResponse.
-	SubjectCheckIn = "fl.checkin"
+	// SubjectCheckIns is what servers subscribe to for check-ins: every
+	// device checks in on its own subject, CheckInSubject(device), which its
+	// NATS permissions let no other device publish on.
+	SubjectCheckIns = "fl.checkin.*"
 	// SubjectAnnounce carries RoundAnnouncement broadcasts.
 	SubjectAnnounce = "fl.announce"
 	// StreamReports is the JetStream stream holding update and evaluation reports
@@ -77,6 +79,22 @@ func CheckToken(kind, s string) error {
 		}
 	}
 	return nil
+}
+
+// CheckInSubject is where a device sends its CheckIn requests (reply:
+// CheckInResponse). The subject, not the message body, names the device.
+func CheckInSubject(device string) string { return "fl.checkin." + device }
+
+// ParseCheckInSubject returns the device a check-in subject names.
+func ParseCheckInSubject(subj string) (string, error) {
+	device, ok := strings.CutPrefix(subj, "fl.checkin.")
+	if !ok {
+		return "", fmt.Errorf("%w: %q is not a check-in subject", ErrToken, subj)
+	}
+	if err := CheckToken("device", device); err != nil {
+		return "", err
+	}
+	return device, nil
 }
 
 // ReportSubject is where a device publishes its update report for a round.
@@ -199,6 +217,27 @@ func MaskedSHA256(m *pb.MaskedUpdate) string {
 		binary.LittleEndian.PutUint32(b[4*i:], v)
 	}
 	return SHA256(b)
+}
+
+// MetricsSHA256 is the digest of a metrics map that an evaluation report's
+// signature covers: the names in byte order, each as a uint32 big-endian
+// length and its bytes followed by the value's float64 bits big-endian.
+func MetricsSHA256(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	h := sha256.New()
+	var b [8]byte
+	for _, k := range keys {
+		binary.BigEndian.PutUint32(b[:4], uint32(len(k)))
+		h.Write(b[:4])
+		h.Write([]byte(k))
+		binary.BigEndian.PutUint64(b[:], math.Float64bits(m[k]))
+		h.Write(b[:])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // CheckSHA256 accepts a lowercase hex sha256.

@@ -25,7 +25,7 @@ const maxCheckInBytes = 16 << 10
 const deviceWriteInterval = time.Minute
 
 func (c *Coordinator) handleCheckIn(m *nats.Msg) {
-	resp := c.checkIn(m.Data)
+	resp := c.checkIn(m.Subject, m.Data)
 	b, err := proto.Marshal(resp)
 	if err != nil {
 		c.d.Log.Error("marshal check-in response", "err", err)
@@ -41,8 +41,16 @@ func retry(d time.Duration, reason pb.RetryReason, detail string) *pb.CheckInRes
 		Duration: durationpb.New(d), Reason: reason, Detail: detail}}}
 }
 
-func (c *Coordinator) checkIn(b []byte) *pb.CheckInResponse {
+// checkIn answers a check-in on subject. The subject names the device: NATS
+// lets a device publish only on its own check-in subject, so the body's
+// device_id must agree with it and is never trusted on its own.
+func (c *Coordinator) checkIn(subject string, b []byte) *pb.CheckInResponse {
 	pace := c.d.PaceWindow
+	device, err := wire.ParseCheckInSubject(subject)
+	if err != nil {
+		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error())
+	}
 	if len(b) > maxCheckInBytes {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, fmt.Sprintf("check-in of %d bytes exceeds %d", len(b), maxCheckInBytes))
@@ -52,9 +60,10 @@ func (c *Coordinator) checkIn(b []byte) *pb.CheckInResponse {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, "malformed check-in: "+err.Error())
 	}
-	if err := wire.CheckToken("device", ci.DeviceId); err != nil {
+	if ci.DeviceId != device {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error())
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
+			fmt.Sprintf("check-in names device %q on the subject of device %q; a device checks in only as itself", ci.DeviceId, device))
 	}
 	now := c.d.Now()
 	c.noteDevice(ci.DeviceId, ci.Attributes, now)

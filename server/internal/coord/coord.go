@@ -101,7 +101,7 @@ func New(d Deps) *Coordinator {
 // Start subscribes to check-ins and stray reports and resumes running tasks.
 func (c *Coordinator) Start(ctx context.Context) error {
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	sub, err := c.d.NC.QueueSubscribe(wire.SubjectCheckIn, wire.QueueServers, c.handleCheckIn)
+	sub, err := c.d.NC.QueueSubscribe(wire.SubjectCheckIns, wire.QueueServers, c.handleCheckIn)
 	if err != nil {
 		return fmt.Errorf("coord: subscribe check-ins: %w", err)
 	}

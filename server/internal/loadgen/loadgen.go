@@ -395,7 +395,7 @@ func (d *device) run(ctx context.Context) {
 
 func (d *device) cycle(ctx context.Context) (time.Duration, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	msg, err := d.nc.RequestWithContext(rctx, wire.SubjectCheckIn, d.checkIn)
+	msg, err := d.nc.RequestWithContext(rctx, wire.CheckInSubject(d.id), d.checkIn)
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("check-in: %w", err)

@@ -1,0 +1,30 @@
+package backoff
+
+import (
+	"testing"
+	"time"
+)
+
+func TestDoublesToMax(t *testing.T) {
+	b := New(100*time.Millisecond, time.Second, nil)
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, w := range want {
+		if got := b.Next(); got != w*time.Millisecond {
+			t.Fatalf("wait %d = %v, want %v", i, got, w*time.Millisecond)
+		}
+	}
+	if b.Attempts() != len(want) {
+		t.Fatalf("attempts = %d", b.Attempts())
+	}
+	b.Reset()
+	if got := b.Next(); got != 100*time.Millisecond {
+		t.Fatalf("after reset: %v", got)
+	}
+}
+
+func TestJitterWithinStep(t *testing.T) {
+	b := New(time.Second, 4*time.Second, func(d time.Duration) time.Duration { return d - 1 })
+	if got := b.Next(); got != 2*time.Second-1 {
+		t.Fatalf("jittered wait = %v", got)
+	}
+}
