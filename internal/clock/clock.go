@@ -51,7 +51,9 @@ func (realClock) NewTimer(d time.Duration) Timer { return realTimer{t: time.NewT
 
 func (realClock) NewTicker(d time.Duration) Ticker { return realTicker{time.NewTicker(d)} }
 
-func (realClock) AfterFunc(d time.Duration, f func()) Timer { return realTimer{t: time.AfterFunc(d, f)} }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer {
+	return realTimer{t: time.AfterFunc(d, f)}
+}
 
 type realTimer struct{ t *time.Timer }
 
