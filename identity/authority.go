@@ -223,6 +223,7 @@ func DevicePermissions(device string) (natsjwt.Permissions, error) {
 		"fl.report.*.*."+device,
 		"fl.eval.*.*."+device,
 		"fl.secagg.up.*.*."+device,
+		"fl.failure.*.*."+device,
 		// objfetch: ObjectStore() and Stream() read the stream info;
 		// GetInfo and chunk reads are direct gets, by last subject and by
 		// sequence. Publishing into FL_REPORTS needs no API permission.

@@ -97,6 +97,27 @@ func ParseCheckInSubject(subj string) (string, error) {
 	return device, nil
 }
 
+// SubjectFailures is what servers subscribe to for devices' PlanFailure
+// requests: fl.failure.<task>.<round>.<device>.
+const SubjectFailures = "fl.failure.>"
+
+// FailureSubject is where a device reports that it could not carry out a plan.
+func FailureSubject(task string, round uint64, device string) string {
+	return "fl.failure." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// ParseFailureSubject splits fl.failure.<task>.<round>.<device>.
+func ParseFailureSubject(subj string) (task string, round uint64, device string, err error) {
+	rest, ok := strings.CutPrefix(subj, "fl.failure.")
+	if !ok {
+		return "", 0, "", fmt.Errorf("%w: %q is not a failure subject", ErrToken, subj)
+	}
+	return parseTaskRoundDevice(rest, subj)
+}
+
+// MaxFailureReason bounds the reason of a PlanFailure, in bytes.
+const MaxFailureReason = 256
+
 // ReportSubject is where a device publishes its update report for a round.
 func ReportSubject(task string, round uint64, device string) string {
 	return "fl.report." + task + "." + strconv.FormatUint(round, 10) + "." + device

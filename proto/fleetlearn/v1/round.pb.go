@@ -371,6 +371,147 @@ func (x *CheckIn) GetAttributes() *DeviceAttributes {
 	return nil
 }
 
+// PlanFailure tells the aggregator, once per round, that a device could not
+// carry out the plan it was given (a blob could not be fetched, the module
+// failed, the report was too large), so the round can say why it dropped.
+// Sent as a request on fl.failure.<task>.<round>.<device>; answered with a
+// PlanFailureAck.
+type PlanFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task of the plan.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round of the plan.
+	Round uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	// The device; must match the subject.
+	DeviceId string `protobuf:"bytes,3,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// What failed, for operators: at most 256 bytes of UTF-8.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Attempts the device made before giving up on the round.
+	Attempts      uint32 `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanFailure) Reset() {
+	*x = PlanFailure{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanFailure) ProtoMessage() {}
+
+func (x *PlanFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanFailure.ProtoReflect.Descriptor instead.
+func (*PlanFailure) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlanFailure) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *PlanFailure) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *PlanFailure) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *PlanFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PlanFailure) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+// PlanFailureAck answers a PlanFailure.
+type PlanFailureAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the failure was recorded.
+	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Why it was not.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanFailureAck) Reset() {
+	*x = PlanFailureAck{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanFailureAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanFailureAck) ProtoMessage() {}
+
+func (x *PlanFailureAck) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanFailureAck.ProtoReflect.Descriptor instead.
+func (*PlanFailureAck) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PlanFailureAck) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *PlanFailureAck) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RetryAfter tells a device to check in again later.
 type RetryAfter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -387,7 +528,7 @@ type RetryAfter struct {
 
 func (x *RetryAfter) Reset() {
 	*x = RetryAfter{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +540,7 @@ func (x *RetryAfter) String() string {
 func (*RetryAfter) ProtoMessage() {}
 
 func (x *RetryAfter) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +553,7 @@ func (x *RetryAfter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfter.ProtoReflect.Descriptor instead.
 func (*RetryAfter) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RetryAfter) GetDuration() *durationpb.Duration {
@@ -452,7 +593,7 @@ type CheckInResponse struct {
 
 func (x *CheckInResponse) Reset() {
 	*x = CheckInResponse{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +605,7 @@ func (x *CheckInResponse) String() string {
 func (*CheckInResponse) ProtoMessage() {}
 
 func (x *CheckInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +618,7 @@ func (x *CheckInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckInResponse.ProtoReflect.Descriptor instead.
 func (*CheckInResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckInResponse) GetResult() isCheckInResponse_Result {
@@ -566,7 +707,7 @@ type RoundPlan struct {
 
 func (x *RoundPlan) Reset() {
 	*x = RoundPlan{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +719,7 @@ func (x *RoundPlan) String() string {
 func (*RoundPlan) ProtoMessage() {}
 
 func (x *RoundPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +732,7 @@ func (x *RoundPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundPlan.ProtoReflect.Descriptor instead.
 func (*RoundPlan) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RoundPlan) GetTaskId() string {
@@ -700,7 +841,7 @@ type DenseUpdate struct {
 
 func (x *DenseUpdate) Reset() {
 	*x = DenseUpdate{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +853,7 @@ func (x *DenseUpdate) String() string {
 func (*DenseUpdate) ProtoMessage() {}
 
 func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +866,7 @@ func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenseUpdate.ProtoReflect.Descriptor instead.
 func (*DenseUpdate) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{5}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DenseUpdate) GetValues() []byte {
@@ -782,7 +923,7 @@ type UpdateReport struct {
 
 func (x *UpdateReport) Reset() {
 	*x = UpdateReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +935,7 @@ func (x *UpdateReport) String() string {
 func (*UpdateReport) ProtoMessage() {}
 
 func (x *UpdateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +948,7 @@ func (x *UpdateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateReport.ProtoReflect.Descriptor instead.
 func (*UpdateReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{6}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpdateReport) GetTaskId() string {
@@ -952,7 +1093,7 @@ type EvaluationReport struct {
 
 func (x *EvaluationReport) Reset() {
 	*x = EvaluationReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1105,7 @@ func (x *EvaluationReport) String() string {
 func (*EvaluationReport) ProtoMessage() {}
 
 func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1118,7 @@ func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluationReport.ProtoReflect.Descriptor instead.
 func (*EvaluationReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EvaluationReport) GetTaskId() string {
@@ -1076,7 +1217,7 @@ type RoundEvent struct {
 
 func (x *RoundEvent) Reset() {
 	*x = RoundEvent{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1229,7 @@ func (x *RoundEvent) String() string {
 func (*RoundEvent) ProtoMessage() {}
 
 func (x *RoundEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1242,7 @@ func (x *RoundEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundEvent.ProtoReflect.Descriptor instead.
 func (*RoundEvent) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RoundEvent) GetTaskId() string {
@@ -1209,7 +1350,7 @@ type ReportReceipt struct {
 
 func (x *ReportReceipt) Reset() {
 	*x = ReportReceipt{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1362,7 @@ func (x *ReportReceipt) String() string {
 func (*ReportReceipt) ProtoMessage() {}
 
 func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1375,7 @@ func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReceipt.ProtoReflect.Descriptor instead.
 func (*ReportReceipt) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReportReceipt) GetTaskId() string {
@@ -1293,7 +1434,7 @@ type RoundAnnouncement struct {
 
 func (x *RoundAnnouncement) Reset() {
 	*x = RoundAnnouncement{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1446,7 @@ func (x *RoundAnnouncement) String() string {
 func (*RoundAnnouncement) ProtoMessage() {}
 
 func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1459,7 @@ func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundAnnouncement.ProtoReflect.Descriptor instead.
 func (*RoundAnnouncement) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RoundAnnouncement) GetTaskId() string {
@@ -1374,7 +1515,16 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\btask_ids\x18\x02 \x03(\tR\ataskIds\x12?\n" +
 	"\n" +
 	"attributes\x18\x03 \x01(\v2\x1f.fleetlearn.v1.DeviceAttributesR\n" +
-	"attributes\"\x8f\x01\n" +
+	"attributes\"\x8d\x01\n" +
+	"\vPlanFailure\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
+	"\tdevice_id\x18\x03 \x01(\tR\bdeviceId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\rR\battempts\"D\n" +
+	"\x0ePlanFailureAck\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8f\x01\n" +
 	"\n" +
 	"RetryAfter\x125\n" +
 	"\bduration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bduration\x122\n" +
@@ -1486,58 +1636,60 @@ func file_fleetlearn_v1_round_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_fleetlearn_v1_round_proto_goTypes = []any{
 	(RetryReason)(0),              // 0: fleetlearn.v1.RetryReason
 	(RoundKind)(0),                // 1: fleetlearn.v1.RoundKind
 	(RoundEventType)(0),           // 2: fleetlearn.v1.RoundEventType
 	(*DeviceAttributes)(nil),      // 3: fleetlearn.v1.DeviceAttributes
 	(*CheckIn)(nil),               // 4: fleetlearn.v1.CheckIn
-	(*RetryAfter)(nil),            // 5: fleetlearn.v1.RetryAfter
-	(*CheckInResponse)(nil),       // 6: fleetlearn.v1.CheckInResponse
-	(*RoundPlan)(nil),             // 7: fleetlearn.v1.RoundPlan
-	(*DenseUpdate)(nil),           // 8: fleetlearn.v1.DenseUpdate
-	(*UpdateReport)(nil),          // 9: fleetlearn.v1.UpdateReport
-	(*EvaluationReport)(nil),      // 10: fleetlearn.v1.EvaluationReport
-	(*RoundEvent)(nil),            // 11: fleetlearn.v1.RoundEvent
-	(*ReportReceipt)(nil),         // 12: fleetlearn.v1.ReportReceipt
-	(*RoundAnnouncement)(nil),     // 13: fleetlearn.v1.RoundAnnouncement
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*ModelRef)(nil),              // 15: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 16: fleetlearn.v1.ModuleRef
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(*Limits)(nil),                // 18: fleetlearn.v1.Limits
-	(*SecAggConfig)(nil),          // 19: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 20: fleetlearn.v1.DPConfig
-	(*TensorSpec)(nil),            // 21: fleetlearn.v1.TensorSpec
-	(*Metrics)(nil),               // 22: fleetlearn.v1.Metrics
-	(*MaskedUpdate)(nil),          // 23: fleetlearn.v1.MaskedUpdate
+	(*PlanFailure)(nil),           // 5: fleetlearn.v1.PlanFailure
+	(*PlanFailureAck)(nil),        // 6: fleetlearn.v1.PlanFailureAck
+	(*RetryAfter)(nil),            // 7: fleetlearn.v1.RetryAfter
+	(*CheckInResponse)(nil),       // 8: fleetlearn.v1.CheckInResponse
+	(*RoundPlan)(nil),             // 9: fleetlearn.v1.RoundPlan
+	(*DenseUpdate)(nil),           // 10: fleetlearn.v1.DenseUpdate
+	(*UpdateReport)(nil),          // 11: fleetlearn.v1.UpdateReport
+	(*EvaluationReport)(nil),      // 12: fleetlearn.v1.EvaluationReport
+	(*RoundEvent)(nil),            // 13: fleetlearn.v1.RoundEvent
+	(*ReportReceipt)(nil),         // 14: fleetlearn.v1.ReportReceipt
+	(*RoundAnnouncement)(nil),     // 15: fleetlearn.v1.RoundAnnouncement
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*ModelRef)(nil),              // 17: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 18: fleetlearn.v1.ModuleRef
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*Limits)(nil),                // 20: fleetlearn.v1.Limits
+	(*SecAggConfig)(nil),          // 21: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 22: fleetlearn.v1.DPConfig
+	(*TensorSpec)(nil),            // 23: fleetlearn.v1.TensorSpec
+	(*Metrics)(nil),               // 24: fleetlearn.v1.Metrics
+	(*MaskedUpdate)(nil),          // 25: fleetlearn.v1.MaskedUpdate
 }
 var file_fleetlearn_v1_round_proto_depIdxs = []int32{
 	3,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
-	14, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
+	16, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
 	0,  // 2: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
-	7,  // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
-	5,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
+	9,  // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
+	7,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
 	1,  // 5: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
-	15, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
-	16, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
-	17, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
-	18, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
-	19, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	20, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
-	21, // 12: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	22, // 13: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
-	8,  // 14: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
-	23, // 15: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
-	22, // 16: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
+	17, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
+	18, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
+	19, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
+	20, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
+	21, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	22, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
+	23, // 12: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	24, // 13: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
+	10, // 14: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
+	25, // 15: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
+	24, // 16: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
 	2,  // 17: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
 	1,  // 18: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
-	17, // 19: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
-	22, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
-	15, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
+	19, // 19: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
+	24, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
+	17, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
 	1,  // 22: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
-	14, // 23: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
+	16, // 23: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
 	24, // [24:24] is the sub-list for method output_type
 	24, // [24:24] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
@@ -1553,11 +1705,11 @@ func file_fleetlearn_v1_round_proto_init() {
 	file_fleetlearn_v1_common_proto_init()
 	file_fleetlearn_v1_dp_proto_init()
 	file_fleetlearn_v1_secagg_proto_init()
-	file_fleetlearn_v1_round_proto_msgTypes[3].OneofWrappers = []any{
+	file_fleetlearn_v1_round_proto_msgTypes[5].OneofWrappers = []any{
 		(*CheckInResponse_Plan)(nil),
 		(*CheckInResponse_RetryAfter)(nil),
 	}
-	file_fleetlearn_v1_round_proto_msgTypes[6].OneofWrappers = []any{
+	file_fleetlearn_v1_round_proto_msgTypes[8].OneofWrappers = []any{
 		(*UpdateReport_Dense)(nil),
 		(*UpdateReport_Masked)(nil),
 	}
@@ -1567,7 +1719,7 @@ func file_fleetlearn_v1_round_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_round_proto_rawDesc), len(file_fleetlearn_v1_round_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -716,7 +716,10 @@ type RoundSummary struct {
 	// Why the round was abandoned.
 	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Cumulative privacy loss of the task after this round, when DP is on.
-	EpsilonSpent  float64 `protobuf:"fixed64,13,opt,name=epsilon_spent,json=epsilonSpent,proto3" json:"epsilon_spent,omitempty"`
+	EpsilonSpent float64 `protobuf:"fixed64,13,opt,name=epsilon_spent,json=epsilonSpent,proto3" json:"epsilon_spent,omitempty"`
+	// Why devices of the cohort dropped, as they reported it (PlanFailure),
+	// and reports the round refused; at most one entry per device.
+	Failures      []*DeviceFailure `protobuf:"bytes,14,rep,name=failures,proto3" json:"failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -842,6 +845,68 @@ func (x *RoundSummary) GetEpsilonSpent() float64 {
 	return 0
 }
 
+func (x *RoundSummary) GetFailures() []*DeviceFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+// DeviceFailure says why one device of a round's cohort did not contribute.
+type DeviceFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The device.
+	DeviceId string `protobuf:"bytes,1,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// What it reported, or why its report was refused.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceFailure) Reset() {
+	*x = DeviceFailure{}
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceFailure) ProtoMessage() {}
+
+func (x *DeviceFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceFailure.ProtoReflect.Descriptor instead.
+func (*DeviceFailure) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeviceFailure) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *DeviceFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_fleetlearn_v1_task_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_task_proto_rawDesc = "" +
@@ -891,7 +956,7 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12.\n" +
-	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\"\x80\x04\n" +
+	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\"\xba\x04\n" +
 	"\fRoundSummary\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -907,7 +972,11 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	" \x01(\v2\x16.fleetlearn.v1.MetricsR\ametrics\x12-\n" +
 	"\x05model\x18\v \x01(\v2\x17.fleetlearn.v1.ModelRefR\x05model\x12\x16\n" +
 	"\x06reason\x18\f \x01(\tR\x06reason\x12#\n" +
-	"\repsilon_spent\x18\r \x01(\x01R\fepsilonSpent*\xa0\x01\n" +
+	"\repsilon_spent\x18\r \x01(\x01R\fepsilonSpent\x128\n" +
+	"\bfailures\x18\x0e \x03(\v2\x1c.fleetlearn.v1.DeviceFailureR\bfailures\"D\n" +
+	"\rDeviceFailure\x12\x1b\n" +
+	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*\xa0\x01\n" +
 	"\tTaskState\x12\x1a\n" +
 	"\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TASK_STATE_PENDING\x10\x01\x12\x16\n" +
@@ -945,7 +1014,7 @@ func file_fleetlearn_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fleetlearn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_fleetlearn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                // 0: fleetlearn.v1.TaskState
 	(AggregationRule)(0),          // 1: fleetlearn.v1.AggregationRule
@@ -954,42 +1023,44 @@ var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(*AggregationConfig)(nil),     // 4: fleetlearn.v1.AggregationConfig
 	(*Task)(nil),                  // 5: fleetlearn.v1.Task
 	(*RoundSummary)(nil),          // 6: fleetlearn.v1.RoundSummary
-	(*ModelRef)(nil),              // 7: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 8: fleetlearn.v1.ModuleRef
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*SecAggConfig)(nil),          // 10: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 11: fleetlearn.v1.DPConfig
-	(*Limits)(nil),                // 12: fleetlearn.v1.Limits
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(RoundKind)(0),                // 14: fleetlearn.v1.RoundKind
-	(*Metrics)(nil),               // 15: fleetlearn.v1.Metrics
+	(*DeviceFailure)(nil),         // 7: fleetlearn.v1.DeviceFailure
+	(*ModelRef)(nil),              // 8: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 9: fleetlearn.v1.ModuleRef
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*SecAggConfig)(nil),          // 11: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 12: fleetlearn.v1.DPConfig
+	(*Limits)(nil),                // 13: fleetlearn.v1.Limits
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(RoundKind)(0),                // 15: fleetlearn.v1.RoundKind
+	(*Metrics)(nil),               // 16: fleetlearn.v1.Metrics
 }
 var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	1,  // 0: fleetlearn.v1.AggregationConfig.rule:type_name -> fleetlearn.v1.AggregationRule
 	0,  // 1: fleetlearn.v1.Task.state:type_name -> fleetlearn.v1.TaskState
-	7,  // 2: fleetlearn.v1.Task.model:type_name -> fleetlearn.v1.ModelRef
-	8,  // 3: fleetlearn.v1.Task.module:type_name -> fleetlearn.v1.ModuleRef
-	9,  // 4: fleetlearn.v1.Task.selection_timeout:type_name -> google.protobuf.Duration
-	9,  // 5: fleetlearn.v1.Task.report_timeout:type_name -> google.protobuf.Duration
+	8,  // 2: fleetlearn.v1.Task.model:type_name -> fleetlearn.v1.ModelRef
+	9,  // 3: fleetlearn.v1.Task.module:type_name -> fleetlearn.v1.ModuleRef
+	10, // 4: fleetlearn.v1.Task.selection_timeout:type_name -> google.protobuf.Duration
+	10, // 5: fleetlearn.v1.Task.report_timeout:type_name -> google.protobuf.Duration
 	3,  // 6: fleetlearn.v1.Task.eligibility:type_name -> fleetlearn.v1.Eligibility
 	4,  // 7: fleetlearn.v1.Task.aggregation:type_name -> fleetlearn.v1.AggregationConfig
-	10, // 8: fleetlearn.v1.Task.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	11, // 9: fleetlearn.v1.Task.dp:type_name -> fleetlearn.v1.DPConfig
-	12, // 10: fleetlearn.v1.Task.limits:type_name -> fleetlearn.v1.Limits
-	7,  // 11: fleetlearn.v1.Task.current_model:type_name -> fleetlearn.v1.ModelRef
-	13, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	13, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	14, // 14: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
+	11, // 8: fleetlearn.v1.Task.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	12, // 9: fleetlearn.v1.Task.dp:type_name -> fleetlearn.v1.DPConfig
+	13, // 10: fleetlearn.v1.Task.limits:type_name -> fleetlearn.v1.Limits
+	8,  // 11: fleetlearn.v1.Task.current_model:type_name -> fleetlearn.v1.ModelRef
+	14, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	14, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	15, // 14: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
 	2,  // 15: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
-	13, // 16: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
-	13, // 17: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
-	15, // 18: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
-	7,  // 19: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	14, // 16: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
+	14, // 17: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
+	16, // 18: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
+	8,  // 19: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
+	7,  // 20: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_task_proto_init() }
@@ -1007,7 +1078,7 @@ func file_fleetlearn_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_task_proto_rawDesc), len(file_fleetlearn_v1_task_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
