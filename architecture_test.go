@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,20 +68,6 @@ func TestImportRules(t *testing.T) {
 	if len(ps) < 5 {
 		t.Fatalf("go list found only %d packages", len(ps))
 	}
-	// The wire messages' package also holds the generated gRPC stubs, so a
-	// pure library using the messages (SecAgg's state machines) links grpc
-	// without calling it. Allow exactly those packages, nothing more.
-	viaProto := map[string]bool{}
-	for _, p := range ps {
-		if p.path == mod+"/proto/fleetlearn/v1" {
-			for _, d := range p.deps {
-				viaProto[d] = true
-			}
-		}
-	}
-	if len(viaProto) == 0 {
-		t.Fatal("go list did not list the proto package")
-	}
 	checked := 0
 	for _, p := range ps {
 		isPure := false
@@ -98,7 +85,7 @@ func TestImportRules(t *testing.T) {
 			}
 			for _, dep := range p.deps {
 				for _, rule := range netDeps {
-					if matches(dep, rule) && !viaProto[dep] {
+					if matches(dep, rule) {
 						t.Errorf("%s depends on %s: pure libraries do no networking", p.path, dep)
 					}
 				}
@@ -120,5 +107,109 @@ func TestImportRules(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no pure library packages found")
+	}
+}
+
+// apps are the programs' front ends: nothing but cmd/ may import them.
+var apps = []string{"cli", "demo"}
+
+// protocolHelpers, in internal/, translate the protocol for both sides:
+// they may use proto, identity and wasm, and never a service or an app.
+var protocolHelpers = []string{"devproto", "simfleet", "sandboxlimits"}
+
+// protocolHelperImports are the packages of ours a protocol helper may
+// import, beyond the leaves.
+var protocolHelperImports = []string{"proto", "identity", "wasm"}
+
+// leafImports are the packages of ours that a leaf helper may import beyond
+// the other leaves, by leaf. None needs any today; one that must use the
+// wire names (proto/wire) or the messages (proto/fleetlearn/v1) is listed
+// here, so that the dependency is a decision.
+var leafImports = map[string][]string{}
+
+// internalName returns X for a package in internal/X (or below it), and ""
+// for any other package.
+func internalName(path string) string {
+	rest, ok := strings.CutPrefix(path, mod+"/internal/")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	return name
+}
+
+func underAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if under(path, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLayering enforces the layers below the services: every package in
+// top-level internal/ that is neither an app nor a protocol helper is a
+// leaf, importing none of our packages but other leaves; libraries never
+// reach up into the services or the apps; the services never into the
+// apps; identity stays off nats-server. Deps come from go list, which
+// leaves out test imports: a test may use anything.
+func TestLayering(t *testing.T) {
+	ps := listPackages(t)
+	isLeaf := func(path string) bool {
+		name := internalName(path)
+		return name != "" && !underAny(path, apps) && !slices.Contains(protocolHelpers, name)
+	}
+	libraries := append([]string{"identity", "proto", "client"}, pure...)
+	seen := map[string]int{}
+	for _, p := range ps {
+		switch name := internalName(p.path); {
+		case isLeaf(p.path):
+			seen["leaf"]++
+			for _, imp := range p.imports {
+				if !strings.HasPrefix(imp, mod+"/") || isLeaf(imp) || underAny(imp, leafImports[name]) {
+					continue
+				}
+				t.Errorf("%s imports %s: a leaf helper imports only other leaves (and what leafImports grants it)", p.path, imp)
+			}
+		case slices.Contains(protocolHelpers, name):
+			seen["protocol helper"]++
+			for _, imp := range p.imports {
+				if !strings.HasPrefix(imp, mod+"/") || isLeaf(imp) || underAny(imp, protocolHelperImports) {
+					continue
+				}
+				t.Errorf("%s imports %s: a protocol helper imports only proto, identity, wasm and leaf helpers", p.path, imp)
+			}
+		}
+
+		var forbidden []string // where p's dependencies may not go
+		switch {
+		case isLeaf(p.path), slices.Contains(protocolHelpers, internalName(p.path)), underAny(p.path, libraries):
+			seen["library"]++
+			forbidden = append([]string{"server", "edge", "cmd"}, apps...)
+		case under(p.path, "server"), under(p.path, "edge"):
+			seen["service"]++
+			forbidden = apps
+		}
+		// One error per forbidden tree: the first dependency in it names
+		// the path well enough.
+		for _, f := range forbidden {
+			if i := slices.IndexFunc(p.deps, func(dep string) bool { return under(dep, f) }); i >= 0 {
+				t.Errorf("%s depends on %s: dependencies point down, from apps to services to libraries", p.path, p.deps[i])
+			}
+		}
+
+		if under(p.path, "identity") {
+			seen["identity"]++
+			if i := slices.IndexFunc(p.deps, func(dep string) bool { return matches(dep, "github.com/nats-io/nats-server") }); i >= 0 {
+				t.Errorf("%s depends on %s: only the server runs nats-server (server/internal/natsembed)", p.path, p.deps[i])
+			}
+		}
+	}
+	// Each rule must have had something to check: a rename that empties
+	// one would otherwise pass silently.
+	for _, kind := range []string{"leaf", "protocol helper", "library", "service", "identity"} {
+		if seen[kind] == 0 {
+			t.Errorf("no %s package found", kind)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fleetlearn/fleetlearn/audit/internal/canon"
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 )
 
 // EventVersion is the "v" of the event schema this package writes.
@@ -175,22 +176,10 @@ func checkHexField(name, v string, required bool) error {
 	if v == "" && !required {
 		return nil
 	}
-	if !isHex64(v) {
+	if !ident.IsSHA256(v) {
 		return fmt.Errorf("%s %q is not 64 lowercase hex digits: %w", name, v, ErrInvalidEvent)
 	}
 	return nil
-}
-
-func isHex64(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // MarshalCanonical returns the event's canonical JSON. Time must be set; it

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
 	"github.com/fleetlearn/fleetlearn/audit/internal/note"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 )
 
 // Log is an append-only, tamper-evident audit log kept in one SQLite file.
@@ -177,40 +178,12 @@ func loadKeys(dir, dbPath string, cfg config) (Keys, error) {
 	if err != nil {
 		return Keys{}, err
 	}
-	if err := writeFileSync(keyPath, text, 0o600); err != nil {
+	// WriteNew never replaces keys, whoever wrote them: that would orphan
+	// what they signed.
+	if err := atomicfile.WriteNew(keyPath, text, 0o600); err != nil {
 		return Keys{}, fmt.Errorf("audit: open: write keys: %w", err)
 	}
 	return keys, nil
-}
-
-// writeFileSync writes a new file durably: temp file, sync, rename, sync
-// the folder.
-func writeFileSync(path string, data []byte, perm os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // init creates or checks the schema and metadata and loads the tree state.

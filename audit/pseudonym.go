@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 )
 
 // PseudonymKeySize is the size of the device pseudonym key.
@@ -32,5 +34,5 @@ func PseudonymizeDevice(key []byte, deviceID string) string {
 
 func isPseudonym(s string) bool {
 	rest, ok := strings.CutPrefix(s, pseudonymPrefix)
-	return ok && isHex64(rest)
+	return ok && ident.IsSHA256(rest)
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -41,7 +42,7 @@ func sendChunks(r io.Reader, send func([]byte) error) error {
 }
 
 // ImportModel streams safetensors bytes from r after the header.
-func ImportModel(ctx context.Context, c pb.ModelServiceClient, h *pb.ImportModelHeader, r io.Reader) (*pb.Model, error) {
+func ImportModel(ctx context.Context, c apiv1.ModelServiceClient, h *pb.ImportModelHeader, r io.Reader) (*pb.Model, error) {
 	st, err := c.ImportModel(ctx)
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func ImportModel(ctx context.Context, c pb.ModelServiceClient, h *pb.ImportModel
 }
 
 // RegisterModule streams WASM bytes from r after the header.
-func RegisterModule(ctx context.Context, c pb.ModuleServiceClient, h *pb.RegisterModuleHeader, r io.Reader) (*pb.Module, error) {
+func RegisterModule(ctx context.Context, c apiv1.ModuleServiceClient, h *pb.RegisterModuleHeader, r io.Reader) (*pb.Module, error) {
 	st, err := c.RegisterModule(ctx)
 	if err != nil {
 		return nil, err
@@ -93,7 +94,7 @@ func closeErr[T any](closeAndRecv func() (T, error), sendErr error) error {
 
 // ExportModel downloads a model version: its metadata and safetensors bytes
 // written to w. maxBytes bounds the download (0: no bound).
-func ExportModel(ctx context.Context, c pb.ModelServiceClient, version string, w io.Writer, maxBytes int64) (*pb.Model, error) {
+func ExportModel(ctx context.Context, c apiv1.ModelServiceClient, version string, w io.Writer, maxBytes int64) (*pb.Model, error) {
 	st, err := c.ExportModel(ctx, &pb.ExportModelRequest{Version: version})
 	if err != nil {
 		return nil, err
@@ -141,7 +142,7 @@ func ExportModel(ctx context.Context, c pb.ModelServiceClient, version string, w
 }
 
 // ExportModelBytes is ExportModel into memory.
-func ExportModelBytes(ctx context.Context, c pb.ModelServiceClient, version string, maxBytes int64) (*pb.Model, []byte, error) {
+func ExportModelBytes(ctx context.Context, c apiv1.ModelServiceClient, version string, maxBytes int64) (*pb.Model, []byte, error) {
 	var buf bytes.Buffer
 	m, err := ExportModel(ctx, c, version, &buf, maxBytes)
 	return m, buf.Bytes(), err

@@ -13,11 +13,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"unicode"
 
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/floats"
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 )
 
 const (
@@ -32,7 +33,6 @@ const (
 	labelsFile   = "labels.u8"
 
 	maxManifestBytes = 64 << 10
-	maxNameBytes     = 256
 	maxFileNameBytes = 255
 
 	defaultMaxExamples       = 1 << 24
@@ -113,11 +113,8 @@ func (m Manifest) check() error {
 		if !ok {
 			return fmt.Errorf("sha256 has no entry for %q: %w", name, ErrManifest)
 		}
-		if len(sum) != 2*sha256.Size || strings.ToLower(sum) != sum {
+		if !ident.IsSHA256(sum) {
 			return fmt.Errorf("sha256 of %q is not %d lowercase hex digits: %w", name, 2*sha256.Size, ErrManifest)
-		}
-		if _, err := hex.DecodeString(sum); err != nil {
-			return fmt.Errorf("sha256 of %q: %w: %w", name, ErrManifest, err)
 		}
 	}
 	return nil
@@ -126,13 +123,8 @@ func (m Manifest) check() error {
 // checkName keeps dataset names short and printable, since they end up in
 // logs and reports.
 func checkName(name string) error {
-	if name == "" || len(name) > maxNameBytes {
-		return fmt.Errorf("name must be 1 to %d bytes, got %d", maxNameBytes, len(name))
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) || r == unicode.ReplacementChar {
-			return fmt.Errorf("name %q has a control or invalid character", name)
-		}
+	if err := ident.Name(name); err != nil {
+		return fmt.Errorf("name %w", err)
 	}
 	return nil
 }
@@ -286,9 +278,9 @@ func readRootFile(root *os.Root, name string, want, limit int64) ([]byte, error)
 
 // WriteDir writes d to dir (created if missing, with owner-only access
 // since a device's data is private) in the layout [ReadDir] reads. Each
-// file is written to a temporary name, synced, and renamed into place, the
-// manifest last: a reader never sees a partial file, and one racing the
-// writer fails the checksum check rather than mixing old and new data.
+// file is written atomically (package atomicfile), the manifest last: a
+// reader never sees a partial file, and one racing the writer fails the
+// checksum check rather than mixing old and new data.
 func WriteDir(dir string, d *Dataset, name string) error {
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("data: write dir: %w", err)
@@ -300,10 +292,10 @@ func WriteDir(dir string, d *Dataset, name string) error {
 		return fmt.Errorf("data: write dir: %w", err)
 	}
 
-	var pending []string // temporary files not yet renamed
+	var pending []*atomicfile.File // written, not yet committed
 	defer func() {
-		for _, p := range pending {
-			os.Remove(p)
+		for _, f := range pending {
+			f.Abort()
 		}
 	}()
 
@@ -321,7 +313,7 @@ func WriteDir(dir string, d *Dataset, name string) error {
 		}
 		return nil
 	})
-	if fTmp != "" {
+	if fTmp != nil {
 		pending = append(pending, fTmp)
 	}
 	if err != nil {
@@ -331,7 +323,7 @@ func WriteDir(dir string, d *Dataset, name string) error {
 		_, err := w.Write(d.Labels)
 		return err
 	})
-	if lTmp != "" {
+	if lTmp != nil {
 		pending = append(pending, lTmp)
 	}
 	if err != nil {
@@ -357,63 +349,38 @@ func WriteDir(dir string, d *Dataset, name string) error {
 		_, err := w.Write(raw)
 		return err
 	})
-	if mTmp != "" {
+	if mTmp != nil {
 		pending = append(pending, mTmp)
 	}
 	if err != nil {
 		return fmt.Errorf("data: write dir: %s: %w", ManifestFile, err)
 	}
 
-	for i, final := range []string{featuresFile, labelsFile, ManifestFile} {
-		if err := os.Rename(pending[i], filepath.Join(dir, final)); err != nil {
-			pending = pending[i:]
+	// In the order written, so the manifest comes last.
+	for _, f := range pending {
+		if err := f.Commit(); err != nil {
 			return fmt.Errorf("data: write dir: %w", err)
 		}
-	}
-	pending = nil
-	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("data: write dir: %w", err)
 	}
 	return nil
 }
 
-// writeTemp writes a temporary file next to final and returns its path and
-// the hex SHA-256 of what was written. The path is returned even on error so
-// the caller can remove it.
-func writeTemp(dir, final string, write func(io.Writer) error) (path, sum string, err error) {
-	f, err := os.CreateTemp(dir, "."+final+".tmp-*")
+// writeTemp starts the file that Commit puts at dir/final and returns it
+// with the hex SHA-256 of what was written; on error it leaves nothing.
+func writeTemp(dir, final string, write func(io.Writer) error) (*atomicfile.File, string, error) {
+	f, err := atomicfile.Create(filepath.Join(dir, final), 0o600)
 	if err != nil {
-		return "", "", err
+		return nil, "", err
 	}
-	path = f.Name()
 	h := sha256.New()
 	bw := bufio.NewWriterSize(io.MultiWriter(f, h), 64<<10)
 	err = write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
-		return path, "", err
+		f.Abort()
+		return nil, "", err
 	}
-	return path, hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// syncDir makes the renames durable. Windows cannot open a directory for
-// syncing, so there they are left to the file system.
-func syncDir(dir string) error {
-	if runtime.GOOS == "windows" {
-		return nil
-	}
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
+	return f, hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -19,7 +19,6 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +30,10 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
+	"github.com/fleetlearn/fleetlearn/internal/sandboxlimits"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -70,7 +72,7 @@ type options struct {
 	sandbox *wasm.Sandbox
 	dataset *data.Dataset
 	rand    *mrand.Rand
-	now     func() time.Time
+	clock   clock.Clock
 	dropout func(task string, round uint64, stage string) bool
 }
 
@@ -84,13 +86,16 @@ func WithSandbox(s *wasm.Sandbox) Option { return func(o *options) { o.sandbox =
 // WithDataset gives the agent its local data directly instead of reading DatasetDir.
 func WithDataset(d *data.Dataset) Option { return func(o *options) { o.dataset = d } }
 
-// WithRand sets the randomness for back-off jitter.
+// WithRand sets the randomness behind wake-up, back-off and retry jitter.
 func WithRand(r *mrand.Rand) Option { return func(o *options) { o.rand = r } }
 
-// WithClock sets the clock (default time.Now).
-func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+// WithClock sets the clock that times the protocol: waits, deadlines,
+// retries (default: the system clock).
+func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
 
-// Stats count what an agent has done.
+// Stats count what an agent has done: check-ins answered, attempts at a
+// round's plan, reports accepted and refused (by receipt), and rounds given
+// up on after failed attempts.
 type Stats struct {
 	CheckIns, Rounds, Reports, Refused, Failures int64
 }
@@ -113,7 +118,7 @@ type Agent struct {
 	bucketJS jetstream.JetStream
 
 	// Buffers reused round after round, touched only by the goroutine running
-	// cycle (rounds are served one at a time): the update, its encoding and
+	// the protocol (rounds are served one at a time): the update, its encoding and
 	// the report. Fresh ones each round made every device allocate, fault in
 	// and collect three model-sized buffers per round.
 	scratch struct {
@@ -124,19 +129,11 @@ type Agent struct {
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
-
-	// The round being worked on, so that the announcement of a later round of
-	// the same task can cancel work whose report would arrive too late to count.
-	curMu     sync.Mutex
-	curTask   string
-	curRound  uint64
-	curCancel context.CancelFunc
-	reported  map[string]uint64 // task → last round reported
 }
 
 // New prepares an agent: reads its identity and dataset. Run connects.
 func New(cfg Config, opts ...Option) (*Agent, error) {
-	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
+	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -183,8 +180,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 			creds = filepath.Join(cfg.DataDir, CredsFile)
 		}
 	}
-	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: key.PrivateKey(), key: key, publishers: publishers, creds: creds, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{},
-		reported: map[string]uint64{}}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: key.PrivateKey(), key: key, publishers: publishers, creds: creds, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{}}
 	if a.data == nil {
 		d, err := data.ReadDir(cfg.DatasetDir)
 		if err != nil {
@@ -269,61 +265,31 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("edge: jetstream: %w", err)
 	}
-	// wake carries the check-in spread of a round announcement.
-	wake := make(chan time.Duration, 1)
-	announce, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
-		var ann pb.RoundAnnouncement
-		if proto.Unmarshal(m.Data, &ann) != nil || (len(a.cfg.TaskIDs) > 0 && !slices.Contains(a.cfg.TaskIDs, ann.TaskId)) {
-			return
-		}
-		a.supersede(ann.TaskId, ann.Round)
-		spread := ann.GetCheckInSpread().AsDuration()
-		if spread <= 0 || spread > time.Minute {
-			spread = time.Second
-		}
-		select {
-		case wake <- spread:
-		default:
-		}
+	dev, err := devproto.New(devproto.Config{
+		CheckIn: &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
+			DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
+			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}},
+		Work: a.participate, Clock: a.o.clock, Jitter: devproto.Jitter(a.o.rand), Log: a.o.log,
+		Observer: devproto.Observer{
+			CheckedIn: func(*pb.CheckInResponse) { a.checkIns.Add(1) },
+			GaveUp:    func(*pb.RoundPlan, int, error) { a.failures.Add(1) },
+		},
 	})
 	if err != nil {
-		return fmt.Errorf("edge: subscribe: %w", err)
+		return fmt.Errorf("edge: %w", err)
+	}
+	announce, err := devproto.SubscribeAnnouncements(nc, dev)
+	if err != nil {
+		return fmt.Errorf("edge: %w", err)
 	}
 	defer announce.Unsubscribe()
-	receipts, err := nc.Subscribe(wire.ReceiptSubject(a.cfg.DeviceID), a.onReceipt)
+	receipts, err := devproto.SubscribeReceipts(nc, a.cfg.DeviceID, a.onReceipt)
 	if err != nil {
-		return fmt.Errorf("edge: subscribe: %w", err)
+		return fmt.Errorf("edge: %w", err)
 	}
 	defer receipts.Unsubscribe()
 	a.o.log.Info("edge agent running", "device", a.cfg.DeviceID, "examples", a.data.Len(), "nats", a.cfg.NATSURL)
-
-	backoff := 250 * time.Millisecond
-	for ctx.Err() == nil {
-		wait, err := a.cycle(ctx, nc, js)
-		if err != nil && ctx.Err() == nil {
-			a.o.log.Debug("check-in cycle failed", "err", err)
-			wait = backoff + a.jitter(backoff)
-			backoff = min(2*backoff, 30*time.Second)
-		} else {
-			backoff = 250 * time.Millisecond
-		}
-		if wait <= 0 {
-			continue
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-		case <-timer.C:
-		case spread := <-wake:
-			// A round opened: check in soon, but not in lockstep with the fleet.
-			timer.Stop()
-			select {
-			case <-ctx.Done():
-			case <-time.After(a.jitter(min(wait, spread))):
-			}
-		}
-		timer.Stop()
-	}
+	dev.Run(ctx, nc, js)
 	return nil
 }
 
@@ -338,139 +304,27 @@ func (a *Agent) close() {
 	}
 }
 
-func (a *Agent) jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return time.Duration(a.o.rand.Int64N(int64(d)))
-}
-
-func (a *Agent) onReceipt(m *nats.Msg) {
-	var r pb.ReportReceipt
-	if proto.Unmarshal(m.Data, &r) != nil {
-		return
-	}
+func (a *Agent) onReceipt(r *pb.ReportReceipt) {
 	if r.Accepted {
 		a.reports.Add(1)
 		return
 	}
 	a.refused.Add(1)
-	a.lastReason.Store(r.Reason)
-	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", r.Reason)
+	a.lastReason.Store(devproto.Reason(r.Reason))
+	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", devproto.Reason(r.Reason))
 }
 
-// cycle is one check-in and, if selected, one round. It returns how long to wait.
-func (a *Agent) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (time.Duration, error) {
-	ci := &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
-		DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
-		Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}}
-	b, _ := proto.Marshal(ci)
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	msg, err := nc.RequestWithContext(rctx, wire.CheckInSubject(a.cfg.DeviceID), b)
-	cancel()
-	if err != nil {
-		return 0, fmt.Errorf("check-in: %w", err)
-	}
-	a.checkIns.Add(1)
-	var resp pb.CheckInResponse
-	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("check-in response: %w", err)
-	}
-	if r := resp.GetRetryAfter(); r != nil {
-		d := r.GetDuration().AsDuration()
-		return min(max(d, 50*time.Millisecond), 10*time.Minute), nil
-	}
-	plan := resp.GetPlan()
-	if plan == nil {
-		return 0, errors.New("check-in response has neither plan nor retry")
-	}
-	// Reporting and the server counting the report are not atomic: a device
-	// that checks in right after publishing may get the same plan again.
-	a.curMu.Lock()
-	done := a.reported[plan.TaskId] >= plan.Round
-	a.curMu.Unlock()
-	if done {
-		return a.pace(), nil
-	}
+// participate is the agent's part in a round (devproto.Work): it runs the
+// plan's module on the device's data and publishes the report.
+func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	a.rounds.Add(1)
-	if err := a.participate(ctx, nc, js, plan); err != nil {
-		if errors.Is(err, errSuperseded) {
-			return 0, nil // check in again: the next round wants devices
-		}
-		if errors.Is(err, errDroppedOut) {
-			return a.untilNextRound(plan), nil
-		}
-		a.failures.Add(1)
-		a.o.log.Warn("round failed", "task", plan.TaskId, "round", plan.Round, "err", err)
-		return time.Second, nil
-	}
-	// Reported: this device has nothing to offer before the next round, whose
-	// announcement wakes it. Checking in sooner would only be told to wait.
-	return a.untilNextRound(plan), nil
-}
-
-// untilNextRound is how long a device that reported waits for the next
-// round's announcement before checking in anyway (an announcement can be
-// missed across a reconnect).
-func (a *Agent) untilNextRound(plan *pb.RoundPlan) time.Duration {
-	d := plan.GetReportDeadline().AsTime().Sub(a.o.now())
-	return min(max(d, time.Second), maxIdleWait) + a.jitter(time.Second)
-}
-
-// maxIdleWait bounds how long a device that reported sleeps waiting for an
-// announcement.
-const maxIdleWait = 30 * time.Second
-
-// supersede cancels work on a round of task older than round: the server
-// opens a round only after closing the previous one, so that work is moot.
-func (a *Agent) supersede(task string, round uint64) {
-	a.curMu.Lock()
-	defer a.curMu.Unlock()
-	if a.curCancel != nil && a.curTask == task && a.curRound < round {
-		a.o.log.Info("round closed before this device reported; stopping", "task", task, "round", a.curRound)
-		a.curCancel()
-		a.curCancel = nil
-	}
-}
-
-// errSuperseded marks work cancelled because its round closed.
-var errSuperseded = errors.New("round closed before the report")
-
-// participate runs the module for a plan and publishes the report.
-func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan) (err error) {
-	if err := errors.Join(wire.CheckToken("task", plan.TaskId), wire.CheckSHA256("model", plan.GetModel().GetSha256()),
+	plan, js := r.Plan, r.JetStream()
+	if err := errors.Join(wire.CheckSHA256("model", plan.GetModel().GetSha256()),
 		wire.CheckSHA256("module", plan.GetModule().GetSha256())); err != nil {
-		return fmt.Errorf("plan: %w", err)
+		return devproto.Permanent(fmt.Errorf("plan: %w", err))
 	}
-	deadline := plan.GetReportDeadline().AsTime()
-	if !a.o.now().Before(deadline) {
-		return fmt.Errorf("plan: report deadline %v already passed", deadline)
-	}
-	ctx, cancel := context.WithDeadlineCause(ctx, deadline, errors.New("report deadline passed"))
-	defer cancel()
-	// A later round's announcement cancels the work, not a report in flight:
-	// the report may already be stored, and its acknowledgement is on its way.
-	reportCtx := ctx
-	ctx, supersede := context.WithCancelCause(ctx)
-	defer func() {
-		if err != nil && errors.Is(context.Cause(ctx), errSuperseded) {
-			err = errSuperseded
-		}
-	}()
-	a.curMu.Lock()
-	a.curTask, a.curRound = plan.TaskId, plan.Round
-	a.curCancel = func() { supersede(errSuperseded) }
-	a.curMu.Unlock()
-	defer func() {
-		a.curMu.Lock()
-		a.curCancel = nil
-		a.curMu.Unlock()
-		supersede(nil)
-	}()
 	if err := a.checkModule(plan.GetModule()); err != nil {
-		return fmt.Errorf("plan: %w", err)
+		return devproto.Permanent(fmt.Errorf("plan: %w", err))
 	}
 	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
 	if err != nil {
@@ -480,19 +334,21 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 	if err != nil {
 		return err
 	}
+	lim, err := sandboxlimits.FromProto(plan.GetLimits())
+	if err != nil {
+		return devproto.Permanent(fmt.Errorf("plan: %w", err))
+	}
 	call := wasm.Call{Model: m, Data: a.data, Hyper: plan.Hyperparameters, Seed: wire.DeviceSeed(plan.Seed, a.cfg.DeviceID),
-		Limits: limits(plan.GetLimits())}
-	var subj, kind string
-	var payload []byte
+		Limits: lim}
 	switch {
 	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN && plan.GetSecagg() != nil:
-		if err := a.secureRound(ctx, reportCtx, nc, js, plan, mod, call); err != nil {
+		// A secure round's stages move on without the device: another
+		// attempt would find them closed.
+		err := a.secureRound(ctx, r, mod, call)
+		if err == nil || errors.Is(err, devproto.ErrLeft) {
 			return err
 		}
-		a.curMu.Lock()
-		a.reported[plan.TaskId] = plan.Round
-		a.curMu.Unlock()
-		return nil
+		return devproto.Permanent(err)
 	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN:
 		res, err := mod.Train(ctx, call)
 		if err != nil {
@@ -524,8 +380,7 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		if a.scratch.payload, err = (proto.MarshalOptions{}).MarshalAppend(a.scratch.payload[:0], rep); err != nil {
 			return err
 		}
-		payload = a.scratch.payload
-		subj, kind = wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "update"
+		return r.Publish(a.scratch.payload)
 	case plan.Kind == pb.RoundKind_ROUND_KIND_EVALUATE:
 		res, err := mod.Evaluate(ctx, call)
 		if err != nil {
@@ -537,53 +392,13 @@ func (a *Agent) participate(ctx context.Context, nc *nats.Conn, js jetstream.Jet
 		if rep.Signature, err = a.signReport(identity.EvalStatement(rep)); err != nil {
 			return err
 		}
-		if payload, err = proto.Marshal(rep); err != nil {
+		payload, err := proto.Marshal(rep)
+		if err != nil {
 			return err
 		}
-		subj, kind = wire.EvalSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), "evaluation"
-	default:
-		return fmt.Errorf("plan: unknown round kind %v", plan.Kind)
+		return r.Publish(payload)
 	}
-	if err := a.publish(reportCtx, js, subj, payload, wire.MsgID(kind, plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
-		return err
-	}
-	a.curMu.Lock()
-	a.reported[plan.TaskId] = plan.Round
-	a.curMu.Unlock()
-	return nil
-}
-
-// pace is how long to wait before checking in again after a plan this device
-// already served: long enough for the server to count the report.
-func (a *Agent) pace() time.Duration { return 250*time.Millisecond + a.jitter(250*time.Millisecond) }
-
-// publish stores the report in JetStream, retrying through reconnects until
-// the round's deadline; the message id makes retries idempotent.
-func (a *Agent) publish(ctx context.Context, js jetstream.JetStream, subj string, payload []byte, id string) error {
-	backoff := 100 * time.Millisecond
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := js.Publish(pctx, subj, payload, jetstream.WithMsgID(id))
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, nats.ErrMaxPayload) || strings.Contains(err.Error(), "maximum payload") ||
-			strings.Contains(err.Error(), "message size exceeds") {
-			return fmt.Errorf("report of %d bytes is too large: %w", len(payload), err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("publish report: %w (last error: %v)", ctx.Err(), err)
-		case <-time.After(backoff + a.jitter(backoff)):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-func limits(l *pb.Limits) wasm.Limits {
-	return wasm.Limits{MemoryPages: l.GetMemoryPages(), Timeout: l.GetTimeout().AsDuration(),
-		MaxWork: int64(min(l.GetMaxFlops(), 1<<62)), MaxTensorBytes: int64(min(l.GetMaxTensorBytes(), 1<<62))}
+	return devproto.Permanent(fmt.Errorf("plan: unknown round kind %v", plan.Kind))
 }
 
 // moduleBytes returns the module bytes named sha, verified against the hash, from

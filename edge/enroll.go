@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -82,7 +84,7 @@ func Enroll(ctx context.Context, cfg EnrollConfig) (*Enrollment, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	res, err := pb.NewEnrollmentServiceClient(conn).Enroll(ctx, &pb.EnrollRequest{Token: cfg.Token, KeyId: key.ID(),
+	res, err := apiv1.NewEnrollmentServiceClient(conn).Enroll(ctx, &pb.EnrollRequest{Token: cfg.Token, KeyId: key.ID(),
 		DeviceId: cfg.DeviceID, Attributes: &pb.DeviceAttributes{AgentVersion: Version, SupportedAbiVersions: []uint32{1}}})
 	if err != nil {
 		return nil, fmt.Errorf("edge: enroll: %w", err)
@@ -92,12 +94,7 @@ func Enroll(ctx context.Context, cfg EnrollConfig) (*Enrollment, error) {
 		return nil, fmt.Errorf("edge: enroll: server assigned %w", err)
 	}
 	write := func(name string, b []byte) error {
-		path := filepath.Join(cfg.DataDir, name)
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o600); err != nil {
-			return err
-		}
-		return os.Rename(tmp, path)
+		return atomicfile.WriteFile(filepath.Join(cfg.DataDir, name), b, 0o600)
 	}
 	if res.GetUserJwt() != "" {
 		creds, err := identity.FormatCreds(res.GetUserJwt(), key.Seed())

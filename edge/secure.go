@@ -4,22 +4,20 @@ import (
 	"context"
 	"crypto/ed25519"
 	crand "crypto/rand"
-	"errors"
 	"fmt"
-	"math"
 	mrand "math/rand/v2"
 	"slices"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -39,18 +37,19 @@ func WithDropout(drop func(task string, round uint64, stage string) bool) Option
 	return func(o *options) { o.dropout = drop }
 }
 
-// errDroppedOut marks a round this agent left on purpose (WithDropout).
-var errDroppedOut = errors.New("left the round (simulated dropout)")
+// errDroppedOut marks a round this agent left on purpose (WithDropout): the
+// protocol neither retries nor reports it.
+var errDroppedOut = fmt.Errorf("simulated dropout: %w", devproto.ErrLeft)
 
 // secureRound takes part in a secure aggregation round: it advertises keys,
 // shares them with its graph neighbours, then trains and uploads its
-// quantized update masked, and helps unmask the sum. reportCtx outlives a
-// later round's announcement, for the upload only.
-func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan,
-	mod *wasm.Module, call wasm.Call) error {
+// quantized update masked, and helps unmask the sum. The upload (r.Publish)
+// outlives a later round's announcement; the rest ends with ctx.
+func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Module, call wasm.Call) error {
+	plan, nc := r.Plan, r.Conn()
 	cfg := plan.GetSecagg()
 	n := int(cfg.GetNumParticipants())
-	round, err := secagg.NewRound(cfg, plan.TaskId, plan.Round, n)
+	round, err := secagg.NewRound(privacyconf.SecAgg(cfg), plan.TaskId, plan.Round, n)
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
@@ -80,7 +79,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 		return fmt.Errorf("secure round: subscribe: %w", err)
 	}
 	defer sub.Unsubscribe()
-	if err := nc.FlushWithContext(ctx); err != nil {
+	if err := r.Flush(); err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
 	send := func(up *pb.SecAggUp) error {
@@ -89,9 +88,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 		if err != nil {
 			return err
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		msg, err := nc.RequestWithContext(rctx, wire.SecAggUpSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), b)
+		msg, err := r.Request(ctx, wire.SecAggUpSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), b)
 		if err != nil {
 			return fmt.Errorf("secure round: send: %w", err)
 		}
@@ -171,8 +168,7 @@ func (a *Agent) secureRound(ctx, reportCtx context.Context, nc *nats.Conn, js je
 			if err != nil {
 				return err
 			}
-			if err := a.publish(reportCtx, js, wire.ReportSubject(plan.TaskId, plan.Round, a.cfg.DeviceID), payload,
-				wire.MsgID("update", plan.TaskId, plan.Round, a.cfg.DeviceID)); err != nil {
+			if err := r.Publish(payload); err != nil {
 				return err
 			}
 			if drop(DropAfterMasked) {
@@ -208,8 +204,8 @@ type encoder func(delta []float32, examples int) ([]uint32, error)
 // example count (1 under DP; capped at the round's weight bound), quantized,
 // and the weight appended.
 func (a *Agent) secureEncoder(plan *pb.RoundPlan, dim, bits, n int) (encoder, error) {
-	if _, ok := dp.MechanismOf(plan.GetDp().GetMechanism()); ok {
-		dist, err := dp.DistributedFor(plan.GetDp(), dim, bits)
+	if dc, ok := privacyconf.Distributed(plan.GetDp()); ok {
+		dist, err := dp.DistributedFor(dc, dim, bits)
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +258,9 @@ func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Cal
 // adds the device's Gaussian noise.
 func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) ([]float32, error) {
 	if bound := plan.GetMaxUpdateNorm(); bound > 0 {
-		clipNorm(delta, bound)
+		if _, err := dp.ClipL2(delta, bound); err != nil {
+			return nil, fmt.Errorf("clip update: %w", err)
+		}
 	}
 	if d := plan.GetDp(); d.GetMechanism() == pb.DPMechanism_DP_MECHANISM_LOCAL {
 		src, err := dp.NewSource(crand.Reader)
@@ -289,18 +287,4 @@ func updateOf(dst []float32, before, after *model.Model) []float32 {
 		}
 	}
 	return dst
-}
-
-// clipNorm scales v down to L2 norm bound if it is longer.
-func clipNorm(v []float32, bound float64) {
-	var ss float64
-	for _, x := range v {
-		ss += float64(x) * float64(x)
-	}
-	if norm := math.Sqrt(ss); norm > bound {
-		f := float32(bound / norm)
-		for i := range v {
-			v[i] *= f
-		}
-	}
 }

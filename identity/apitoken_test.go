@@ -94,29 +94,29 @@ func TestPolicy(t *testing.T) {
 		p      identity.Principal
 		want   error
 	}{
-		{"/fleetlearn.v1.TaskService/CreateTask", who(identity.RoleOperator), nil},
-		{"/fleetlearn.v1.TaskService/CreateTask", who(identity.RoleAuditor), identity.ErrPermissionDenied},
-		{"/fleetlearn.v1.TaskService/CreateTask", who(), identity.ErrPermissionDenied},
-		{"/fleetlearn.v1.AuditService/QueryEntries", who(identity.RoleOperator), identity.ErrPermissionDenied},
-		{"/fleetlearn.v1.ModelService/ImportModel", who(identity.RolePoolWorker), nil},
-		{"/fleetlearn.v1.TaskService/DeleteEverything", who(identity.RoleAdmin), identity.ErrUnknownMethod},
-		{"/fleetlearn.v1.TaskService/", who(identity.RoleAdmin), identity.ErrUnknownMethod},
+		{"/fleetlearn.api.v1.TaskService/CreateTask", who(identity.RoleOperator), nil},
+		{"/fleetlearn.api.v1.TaskService/CreateTask", who(identity.RoleAuditor), identity.ErrPermissionDenied},
+		{"/fleetlearn.api.v1.TaskService/CreateTask", who(), identity.ErrPermissionDenied},
+		{"/fleetlearn.api.v1.AuditService/QueryEntries", who(identity.RoleOperator), identity.ErrPermissionDenied},
+		{"/fleetlearn.api.v1.ModelService/ImportModel", who(identity.RolePoolWorker), nil},
+		{"/fleetlearn.api.v1.TaskService/DeleteEverything", who(identity.RoleAdmin), identity.ErrUnknownMethod},
+		{"/fleetlearn.api.v1.TaskService/", who(identity.RoleAdmin), identity.ErrUnknownMethod},
 		{"garbage", who(identity.RoleAdmin), identity.ErrUnknownMethod},
 		{"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", who(identity.RoleAuditor), nil},
 		{"/grpc.health.v1.Health/Check", who(), nil},
-		{"/fleetlearn.v1.EnrollmentService/Enroll", who(), nil},
-		{"/fleetlearn.v1.DeviceService/CreateEnrollmentToken", who(identity.RoleOperator), nil},
-		{"/fleetlearn.v1.DeviceService/RevokeDevice", who(identity.RoleAuditor), identity.ErrPermissionDenied},
-		{"/fleetlearn.v1.DeviceService/ListDevices", who(identity.RoleAuditor), nil},
-		{"/fleetlearn.v1.DeviceService/ListDevices", who(identity.RolePoolWorker), identity.ErrPermissionDenied},
+		{"/fleetlearn.api.v1.EnrollmentService/Enroll", who(), nil},
+		{"/fleetlearn.api.v1.DeviceService/CreateEnrollmentToken", who(identity.RoleOperator), nil},
+		{"/fleetlearn.api.v1.DeviceService/RevokeDevice", who(identity.RoleAuditor), identity.ErrPermissionDenied},
+		{"/fleetlearn.api.v1.DeviceService/ListDevices", who(identity.RoleAuditor), nil},
+		{"/fleetlearn.api.v1.DeviceService/ListDevices", who(identity.RolePoolWorker), identity.ErrPermissionDenied},
 	} {
 		if err := p.Authorize(c.method, c.p); !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
 			t.Errorf("Authorize(%s, %v) = %v, want %v", c.method, c.p.Roles, err, c.want)
 		}
 	}
 	if !p.Public("/grpc.health.v1.Health/Watch") || p.Public("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") ||
-		p.Public("/fleetlearn.v1.TaskService/GetTask") || p.Public("/grpc.health.v1.Health") ||
-		!p.Public("/fleetlearn.v1.EnrollmentService/Enroll") || p.Public("/fleetlearn.v1.DeviceService/ListDevices") {
+		p.Public("/fleetlearn.api.v1.TaskService/GetTask") || p.Public("/grpc.health.v1.Health") ||
+		!p.Public("/fleetlearn.api.v1.EnrollmentService/Enroll") || p.Public("/fleetlearn.api.v1.DeviceService/ListDevices") {
 		t.Error("Public is wrong")
 	}
 	// Admin is allowed every listed method.

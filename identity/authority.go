@@ -179,8 +179,8 @@ type Revocation struct {
 // AccountJWT is the FLEET account's JWT: JetStream enabled without limits,
 // bearer-only user JWTs refused (every client proves it holds its key),
 // and revoked the given user keys. Re-issue it after each revocation and
-// push it to the servers (natsembed.PushAccount); nats-server then drops
-// the revoked users' live connections.
+// push it to the servers (server/internal/natsembed.PushAccount);
+// nats-server then drops the revoked users' live connections.
 func (a *Authority) AccountJWT(revoked []Revocation) (string, error) {
 	const op = "identity: account jwt"
 	ac := natsjwt.NewAccountClaims(a.AccountPublicKey())

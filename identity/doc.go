@@ -7,7 +7,9 @@
 //   - NATS authorization (Authority): operator, FLEET account and system
 //     account keys; account JWTs with revocations; user JWTs for the
 //     aggregator and for each device, whose permissions confine it to its
-//     own subjects. Package natsembed wires an Authority into nats-server.
+//     own subjects. The server wires an Authority into its embedded
+//     nats-server (server/internal/natsembed); this package does not
+//     depend on nats-server.
 //   - Device keys (UserKey): an nkey user seed in a 0600 file; the same
 //     Ed25519 key signs NATS nonces, update reports (SignReport) and SecAgg
 //     advertisements.

@@ -50,8 +50,8 @@ func Example_apiToken() {
 
 	p, _ := verifier.Verify(token)
 	policy := identity.DefaultPolicy()
-	fmt.Println(policy.Authorize("/fleetlearn.v1.AuditService/QueryEntries", p))
-	fmt.Println(errors.Is(policy.Authorize("/fleetlearn.v1.TaskService/CreateTask", p), identity.ErrPermissionDenied))
+	fmt.Println(policy.Authorize("/fleetlearn.api.v1.AuditService/QueryEntries", p))
+	fmt.Println(errors.Is(policy.Authorize("/fleetlearn.api.v1.TaskService/CreateTask", p), identity.ErrPermissionDenied))
 	// Output:
 	// <nil>
 	// true

@@ -7,7 +7,7 @@ import (
 )
 
 // Rule allows Roles to call Method, a gRPC full method name
-// ("/fleetlearn.v1.TaskService/CreateTask").
+// ("/fleetlearn.api.v1.TaskService/CreateTask").
 type Rule struct {
 	Method string
 	Roles  []Role
@@ -35,15 +35,15 @@ const (
 	// EnrollmentService admits devices, which hold no API token: the
 	// enrollment token in the request is the credential, checked by the
 	// service itself.
-	EnrollmentService = "fleetlearn.v1.EnrollmentService"
+	EnrollmentService = "fleetlearn.api.v1.EnrollmentService"
 )
 
 const (
-	svcTask   = "/fleetlearn.v1.TaskService/"
-	svcModel  = "/fleetlearn.v1.ModelService/"
-	svcModule = "/fleetlearn.v1.ModuleService/"
-	svcAudit  = "/fleetlearn.v1.AuditService/"
-	svcDevice = "/fleetlearn.v1.DeviceService/"
+	svcTask   = "/fleetlearn.api.v1.TaskService/"
+	svcModel  = "/fleetlearn.api.v1.ModelService/"
+	svcModule = "/fleetlearn.api.v1.ModuleService/"
+	svcAudit  = "/fleetlearn.api.v1.AuditService/"
+	svcDevice = "/fleetlearn.api.v1.DeviceService/"
 )
 
 // DefaultPolicy is Fleetlearn's role table:

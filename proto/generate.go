@@ -1,7 +1,9 @@
 // Package proto holds the Fleetlearn API definitions: the NATS wire protocol
 // between the aggregator and device agents, and the gRPC services of the
-// control plane. Generated Go code lives in package fleetlearnv1 under
-// fleetlearn/v1, next to the .proto files.
+// control plane. Generated Go code lives next to the .proto files: the
+// messages in package fleetlearnv1 (fleetlearn/v1), the gRPC services in
+// package apiv1 (fleetlearn/api/v1), so that code using only the messages
+// links no gRPC.
 //
 // Regenerate from the repository root with
 //

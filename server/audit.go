@@ -82,6 +82,41 @@ func (s *Server) closeAudit(ctx context.Context) error {
 	return s.audit.Close()
 }
 
+// recordBatch appends events to the audit log in one batch: all are
+// recorded or none. It is how the coordinator records a round's close
+// together with its model, metrics and privacy cost.
+func (s *Server) recordBatch(ctx context.Context, actor audit.Actor, ps ...audit.Payload) error {
+	if s.audit == nil {
+		return fmt.Errorf("server: audit: %w", audit.ErrClosed)
+	}
+	evs := make([]audit.Event, len(ps))
+	for i, p := range ps {
+		ev, err := audit.NewEvent(actor, p)
+		if err != nil {
+			s.o.log.ErrorContext(ctx, "audit event invalid", "type", p.EventType(), "actor", actor.String(), "err", err)
+			return fmt.Errorf("server: audit: %w", err)
+		}
+		evs[i] = ev
+	}
+	if _, err := s.audit.AppendBatch(context.WithoutCancel(ctx), evs); err != nil {
+		s.o.log.ErrorContext(ctx, "audit record failed", "events", len(evs), "actor", actor.String(), "err", err)
+		return fmt.Errorf("server: audit: %w", err)
+	}
+	return nil
+}
+
+// audited reports whether the log records the close of a task's round.
+func (s *Server) audited(ctx context.Context, task string, round uint64) (bool, error) {
+	if s.audit == nil {
+		return false, fmt.Errorf("server: audit: %w", audit.ErrClosed)
+	}
+	page, err := s.audit.Query(ctx, audit.Filter{Type: audit.TypeRoundClosed, Task: task, Round: round}, 1, "")
+	if err != nil {
+		return false, fmt.Errorf("server: audit: %w", err)
+	}
+	return len(page.Entries) > 0, nil
+}
+
 // record appends an event to the audit log. Callers of operations that
 // change state should fail when it fails: an action the log does not show
 // must not look done. The failure is also logged here.

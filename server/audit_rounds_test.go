@@ -8,6 +8,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
@@ -36,7 +37,7 @@ func TestAuditRoundEvents(t *testing.T) {
 		}
 	}
 
-	c := pb.NewAuditServiceClient(h.Conn)
+	c := apiv1.NewAuditServiceClient(h.Conn)
 	keys, err := c.GetPublicKeys(ctx, &pb.GetPublicKeysRequest{})
 	if err != nil {
 		t.Fatal(err)

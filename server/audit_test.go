@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -46,7 +47,7 @@ func TestAuditWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := pb.NewAuditServiceClient(h.Conn)
+	c := apiv1.NewAuditServiceClient(h.Conn)
 	keys, err := c.GetPublicKeys(ctx, &pb.GetPublicKeysRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestAuditWiring(t *testing.T) {
 		}
 		methods = append(methods, a.Method)
 	}
-	if len(methods) != 2 || methods[0] != "fleetlearn.v1.TaskService/CreateTask" || methods[1] != "fleetlearn.v1.TaskService/StopTask" {
+	if len(methods) != 2 || methods[0] != "fleetlearn.api.v1.TaskService/CreateTask" || methods[1] != "fleetlearn.api.v1.TaskService/StopTask" {
 		t.Fatalf("actions on the task: %v", methods)
 	}
 

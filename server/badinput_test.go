@@ -27,6 +27,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -38,7 +40,9 @@ import (
 )
 
 // scripted is a device driven by the test over the wire protocol, to send
-// what a real edge agent never would (or to vanish when one would not).
+// what a real edge agent never would (or to vanish when one would not). What
+// it sends as an agent would (check-ins, accepted reports) goes through the
+// agent's own protocol code, internal/devproto; the rest is built by hand.
 type scripted struct {
 	id       string
 	dir      string // its agent data directory: key and credentials
@@ -78,16 +82,17 @@ func newScripted(t testing.TB, h *servertest.Harness, id string) *scripted {
 	return d
 }
 
-// checkIn sends one CheckIn and returns the decoded response.
+// checkIn sends one CheckIn as an agent does and returns the response.
 func (d *scripted) checkIn(t testing.TB, ci *pb.CheckIn) *pb.CheckInResponse {
 	t.Helper()
-	b, err := proto.Marshal(ci)
+	resp, err := devproto.CheckIn(context.Background(), clock.Real(), d.nc, ci)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", d.id, err)
 	}
-	return d.checkInRaw(t, b)
+	return resp
 }
 
+// checkInRaw sends b, whatever it holds, as a check-in.
 func (d *scripted) checkInRaw(t testing.TB, b []byte) *pb.CheckInResponse {
 	t.Helper()
 	msg, err := d.nc.Request(wire.CheckInSubject(d.id), b, 5*time.Second)
@@ -175,10 +180,21 @@ func (d *scripted) refused(t testing.TB, subject string, body []byte, task strin
 	}
 }
 
-// accepted publishes a report and expects it to count.
-func (d *scripted) accepted(t testing.TB, subject string, body []byte, opts ...jetstream.PublishOpt) {
+// accepted publishes a report on subject as an agent does (under its
+// message id, retried until stored) and expects it to count.
+func (d *scripted) accepted(t testing.TB, subject string, body []byte) {
 	t.Helper()
-	if _, err := d.publish(subject, body, opts...); err != nil {
+	task, round, device, err := wire.ParseReportSubject(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := &pb.RoundPlan{TaskId: task, Round: round, Kind: pb.RoundKind_ROUND_KIND_TRAIN}
+	if wire.IsEvalSubject(subject) {
+		plan.Kind = pb.RoundKind_ROUND_KIND_EVALUATE
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := devproto.PublishReport(ctx, clock.Real(), d.js, plan, device, body, nil); err != nil {
 		t.Fatalf("%s: publish %s: %v", d.id, subject, err)
 	}
 	if r := d.receipt(t); !r.Accepted {
@@ -296,7 +312,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 
 	t.Run("check-in", func(t *testing.T) {
 		// None of these may join the cohort: the seat counts below depend on it.
-		d := &scripted{id: "checker", nc: rogue.nc}
+		d := &scripted{id: rogue.id, nc: rogue.nc}
 		long := d.eligibleCheckIn(task)
 		long.Attributes.DeviceClass = strings.Repeat("x", 20<<10)
 		oldABI := d.eligibleCheckIn(task)
@@ -305,6 +321,8 @@ func TestBadReportsAreRefused(t *testing.T) {
 		noData.Attributes.ExamplesAvailable = 0
 		badID := d.eligibleCheckIn(task)
 		badID.DeviceId = "fl.report.>"
+		impersonation := d.eligibleCheckIn(task)
+		impersonation.DeviceId = loyal.id // its own subject, another device's body
 		const notEligible, noABI = pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI
 		for _, c := range []struct {
 			name   string
@@ -314,7 +332,8 @@ func TestBadReportsAreRefused(t *testing.T) {
 		}{
 			{"garbage", []byte{0x0a, 0x40, 'x'}, notEligible, "malformed check-in"},
 			{"oversized", mustMarshal(t, long), notEligible, "exceeds"},
-			{"device id", mustMarshal(t, badID), notEligible, "invalid identifier"},
+			{"device id", mustMarshal(t, badID), notEligible, "a device checks in only as itself"},
+			{"impersonation", mustMarshal(t, impersonation), notEligible, "a device checks in only as itself"},
 			{"no ABI", mustMarshal(t, oldABI), noABI, fmt.Sprintf("ABI v%d", wasm.ABIVersion)},
 			{"no examples", mustMarshal(t, noData), notEligible, "needs at least 1 examples"},
 		} {
@@ -450,9 +469,9 @@ func TestBadReportsAreRefused(t *testing.T) {
 	t.Run("duplicate", func(t *testing.T) {
 		subj := wire.ReportSubject(task, 1, loyal.id)
 		body := mustMarshal(t, loyal.sign(t, rogueUpdate(loyalPlan, loyal.id, base, 0, 10)))
-		id := wire.MsgID("update", task, 1, loyal.id)
-		loyal.accepted(t, subj, body, jetstream.WithMsgID(id))
+		loyal.accepted(t, subj, body)
 		// The same message id again is dropped by the stream itself.
+		id := wire.MsgID("update", task, 1, loyal.id)
 		ack, err := loyal.publish(subj, body, jetstream.WithMsgID(id))
 		if err != nil || !ack.Duplicate {
 			t.Fatalf("re-sent report: ack %+v, %v; want a duplicate ack", ack, err)

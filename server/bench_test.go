@@ -22,10 +22,11 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/simfleet"
 	"github.com/fleetlearn/fleetlearn/model"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
-	"github.com/fleetlearn/fleetlearn/server/internal/loadgen"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm"
 	"github.com/fleetlearn/fleetlearn/wasm/build"
@@ -154,7 +155,7 @@ type benchRoundTime struct {
 }
 
 // watchBenchRounds streams a task's committed rounds.
-func watchBenchRounds(tb testing.TB, tasks pb.TaskServiceClient, id string) <-chan benchRoundTime {
+func watchBenchRounds(tb testing.TB, tasks apiv1.TaskServiceClient, id string) <-chan benchRoundTime {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
@@ -202,7 +203,7 @@ func nextBenchRound(tb testing.TB, rounds <-chan benchRoundTime, timeout time.Du
 }
 
 // BenchmarkRound runs one long task with in-process simulated devices
-// (package loadgen: one NATS connection each, no WASM; a selected device
+// (package internal/simfleet: one NATS connection each, no WASM; a selected device
 // downloads the round's model and publishes a precomputed update) against a
 // real server. Metrics per round, from the server's OPENED and COMMITTED
 // events: s/round; of that, until the last device got its plan
@@ -229,9 +230,9 @@ func benchRound(b *testing.B, n int) {
 		delta[i] = 1e-3
 	}
 	layout := []*pb.TensorSpec{{Name: "fc1.weight", Shape: []uint64{10, benchParams / 10}}}
-	lg := loadgen.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: n, Layout: layout, Delta: delta, FetchModel: true}
+	lg := simfleet.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: n, Layout: layout, Delta: delta, FetchModel: true}
 	lg.Keys = h.EnrollKeys(b, lg.DeviceIDs())
-	fleet, err := loadgen.Start(lg)
+	fleet, err := simfleet.Start(lg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -467,7 +468,7 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		}
 	}
 	b.Cleanup(func() { conn.Close() })
-	tasks, models, modules := pb.NewTaskServiceClient(conn), pb.NewModelServiceClient(conn), pb.NewModuleServiceClient(conn)
+	tasks, models, modules := apiv1.NewTaskServiceClient(conn), apiv1.NewModelServiceClient(conn), apiv1.NewModuleServiceClient(conn)
 	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := tasks.ListTasks(ctx, &pb.ListTasksRequest{}); err == nil {
 			break
@@ -502,7 +503,7 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		id := fmt.Sprintf("dev-%03d", i)
 		// Enrolled as an operator would: a single-use token, then the agent's
 		// enroll command with the server's CA.
-		tok, err := pb.NewDeviceServiceClient(conn).CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{})
+		tok, err := apiv1.NewDeviceServiceClient(conn).CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
@@ -86,12 +87,12 @@ func TestDPBudget(t *testing.T) {
 	if committed != k {
 		t.Fatalf("%d rounds committed, want exactly %d (target %v)", committed, k, target)
 	}
-	res, err := pb.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
+	res, err := apiv1.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
 		Filter: &pb.AuditFilter{TaskId: task.Id, EventType: string(audit.TypeBudgetRefused)}})
 	if err != nil || len(res.GetEntries()) != 1 {
 		t.Fatalf("budget refusals in the audit log: %d, %v", len(res.GetEntries()), err)
 	}
-	spent, err := pb.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
+	spent, err := apiv1.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
 		Filter: &pb.AuditFilter{TaskId: task.Id, EventType: string(audit.TypePrivacySpent)}})
 	if err != nil || len(spent.GetEntries()) != k {
 		t.Fatalf("privacy spent entries: %d, %v", len(spent.GetEntries()), err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -13,7 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetlearn/fleetlearn/identity"
-	"github.com/fleetlearn/fleetlearn/identity/natsembed"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/server/internal/natsembed"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
@@ -194,5 +194,6 @@ func WriteNATSResolverConfig(ctx context.Context, dataDir, resolverDir, path str
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, []byte(conf), 0o600)
+	// Whole or not at all: a NATS server reloading it must not read half.
+	return atomicfile.WriteFile(path, []byte(conf), 0o600)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
@@ -172,7 +173,7 @@ func (c *cluster) dial() {
 func (c *cluster) waitGRPC() {
 	end := time.Now().Add(30 * time.Second)
 	for time.Now().Before(end) {
-		_, err := pb.NewTaskServiceClient(c.conn).ListTasks(context.Background(), &pb.ListTasksRequest{})
+		_, err := apiv1.NewTaskServiceClient(c.conn).ListTasks(context.Background(), &pb.ListTasksRequest{})
 		if err == nil {
 			return
 		}
@@ -282,7 +283,7 @@ func (c *cluster) createTask(version, module string, hyper sgd.Hyper, rounds, co
 func (c *cluster) waitDone(id string, timeout time.Duration) *pb.Task {
 	end := time.Now().Add(timeout)
 	for {
-		resp, err := pb.NewTaskServiceClient(c.conn).GetTask(context.Background(), &pb.GetTaskRequest{TaskId: id})
+		resp, err := apiv1.NewTaskServiceClient(c.conn).GetTask(context.Background(), &pb.GetTaskRequest{TaskId: id})
 		if err == nil && resp.Task.State != pb.TaskState_TASK_STATE_RUNNING {
 			return resp.Task
 		}
@@ -294,7 +295,7 @@ func (c *cluster) waitDone(id string, timeout time.Duration) *pb.Task {
 }
 
 func (c *cluster) committed(id string) []*pb.RoundSummary {
-	resp, err := pb.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -309,7 +310,7 @@ func (c *cluster) committed(id string) []*pb.RoundSummary {
 
 // loadable exports a version through the API and decodes it.
 func (c *cluster) loadable(version string) {
-	_, b, err := client.ExportModelBytes(context.Background(), pb.NewModelServiceClient(c.conn), version, 0)
+	_, b, err := client.ExportModelBytes(context.Background(), apiv1.NewModelServiceClient(c.conn), version, 0)
 	if err != nil {
 		c.t.Fatalf("export %s: %v", version, err)
 	}

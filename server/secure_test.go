@@ -21,6 +21,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -99,7 +100,7 @@ func TestSecureRounds(t *testing.T) {
 		t.Fatalf("%d rounds committed, %d dropouts", committed, drops.Load())
 	}
 	// The audit log names each secure round's parameters by digest.
-	res, err := pb.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
+	res, err := apiv1.NewAuditServiceClient(h.Conn).QueryEntries(t.Context(), &pb.QueryEntriesRequest{
 		Filter: &pb.AuditFilter{TaskId: task.Id, EventType: string(audit.TypeRoundOpened)}})
 	if err != nil || len(res.GetEntries()) < 2 {
 		t.Fatalf("round.opened entries: %d, %v", len(res.GetEntries()), err)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
@@ -203,40 +204,13 @@ func (s *Server) loadAdminToken() error {
 	if err != nil {
 		return fmt.Errorf("server: admin token: %w", err)
 	}
-	if err := writeSecret(path, []byte(tok+"\n")); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
 		return fmt.Errorf("server: admin token: %w", err)
 	}
 	s.adminToken = tok
 	s.o.log.Info("minted the admin API token", "file", path, "expires", p.Expires.Format(time.RFC3339),
 		"ca", CAFile(s.cfg.DataDir))
 	return nil
-}
-
-// writeSecret replaces path with b, mode 0600, through a temporary file so
-// that a crash leaves the old file or the new one.
-func writeSecret(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // newGRPCServer builds the API server: TLS unless Config.GRPCInsecure,

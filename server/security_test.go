@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -42,7 +43,7 @@ func TestAPISecurity(t *testing.T) {
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
 	task := baseTask("secured", version, module, 1)
 
-	_, err := pb.NewTaskServiceClient(h.Dial(t, "")).ListTasks(ctx, &pb.ListTasksRequest{})
+	_, err := apiv1.NewTaskServiceClient(h.Dial(t, "")).ListTasks(ctx, &pb.ListTasksRequest{})
 	wantCode(t, "no token", err, codes.Unauthenticated)
 
 	plain, err := grpc.NewClient(h.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -50,7 +51,7 @@ func TestAPISecurity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	_, err = pb.NewTaskServiceClient(plain).ListTasks(ctx, &pb.ListTasksRequest{})
+	_, err = apiv1.NewTaskServiceClient(plain).ListTasks(ctx, &pb.ListTasksRequest{})
 	wantCode(t, "plaintext", err, codes.Unavailable)
 
 	// A CA that is not the server's: the handshake fails.
@@ -63,20 +64,20 @@ func TestAPISecurity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wrongCA.Close()
-	_, err = pb.NewTaskServiceClient(wrongCA).ListTasks(ctx, &pb.ListTasksRequest{})
+	_, err = apiv1.NewTaskServiceClient(wrongCA).ListTasks(ctx, &pb.ListTasksRequest{})
 	wantCode(t, "untrusted server certificate", err, codes.Unavailable)
 
-	auditor := pb.NewTaskServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor))
+	auditor := apiv1.NewTaskServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor))
 	_, err = auditor.CreateTask(ctx, &pb.CreateTaskRequest{Task: task})
 	wantCode(t, "auditor CreateTask", err, codes.PermissionDenied)
 	if _, err := auditor.ListTasks(ctx, &pb.ListTasksRequest{}); err != nil {
 		t.Errorf("auditor ListTasks: %v", err)
 	}
-	_, err = pb.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).CreateEnrollmentToken(ctx,
+	_, err = apiv1.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).CreateEnrollmentToken(ctx,
 		&pb.CreateEnrollmentTokenRequest{})
 	wantCode(t, "auditor CreateEnrollmentToken", err, codes.PermissionDenied)
 
-	operator := pb.NewTaskServiceClient(h.DialAs(t, "olga", identity.RoleOperator))
+	operator := apiv1.NewTaskServiceClient(h.DialAs(t, "olga", identity.RoleOperator))
 	created, err := operator.CreateTask(ctx, &pb.CreateTaskRequest{Task: task})
 	if err != nil {
 		t.Fatalf("operator CreateTask: %v", err)
@@ -84,7 +85,7 @@ func TestAPISecurity(t *testing.T) {
 	if _, err := operator.StopTask(ctx, &pb.StopTaskRequest{TaskId: created.GetTask().GetId()}); err != nil {
 		t.Fatalf("operator StopTask: %v", err)
 	}
-	_, err = pb.NewAuditServiceClient(h.DialAs(t, "olga", identity.RoleOperator)).QueryEntries(ctx, &pb.QueryEntriesRequest{})
+	_, err = apiv1.NewAuditServiceClient(h.DialAs(t, "olga", identity.RoleOperator)).QueryEntries(ctx, &pb.QueryEntriesRequest{})
 	wantCode(t, "operator QueryEntries", err, codes.PermissionDenied)
 
 	// The log names each caller by its token's subject.
@@ -98,11 +99,11 @@ func TestAPISecurity(t *testing.T) {
 		got[ev.Actor.ID+" "+a.Method] = a.Result
 	}
 	for k, want := range map[string]string{
-		"admin fleetlearn.v1.ModuleService/RegisterModule":         audit.ResultOK,
-		"audrey fleetlearn.v1.TaskService/CreateTask":              audit.ResultDenied,
-		"audrey fleetlearn.v1.DeviceService/CreateEnrollmentToken": audit.ResultDenied,
-		"olga fleetlearn.v1.TaskService/CreateTask":                audit.ResultOK,
-		"olga fleetlearn.v1.TaskService/StopTask":                  audit.ResultOK,
+		"admin fleetlearn.api.v1.ModuleService/RegisterModule":         audit.ResultOK,
+		"audrey fleetlearn.api.v1.TaskService/CreateTask":              audit.ResultDenied,
+		"audrey fleetlearn.api.v1.DeviceService/CreateEnrollmentToken": audit.ResultDenied,
+		"olga fleetlearn.api.v1.TaskService/CreateTask":                audit.ResultOK,
+		"olga fleetlearn.api.v1.TaskService/StopTask":                  audit.ResultOK,
 	} {
 		if got[k] != want {
 			t.Errorf("audit %s: %q, want %q (log: %v)", k, got[k], want, got)
@@ -136,7 +137,7 @@ func TestAdminTokenAndCAFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := pb.NewTaskServiceClient(conn).ListTasks(t.Context(), &pb.ListTasksRequest{}); err != nil {
+	if _, err := apiv1.NewTaskServiceClient(conn).ListTasks(t.Context(), &pb.ListTasksRequest{}); err != nil {
 		t.Fatalf("with the files: %v", err)
 	}
 	h.Shutdown(context.Background())
@@ -248,7 +249,7 @@ func TestEnrollment(t *testing.T) {
 	dir := t.TempDir()
 	h := servertest.New(t, servertest.WithDataDir(dir), servertest.WithConfig(func(c *server.Config) { c.Fleet = "lab" }))
 	ctx := t.Context()
-	device := pb.NewEnrollmentServiceClient(h.Dial(t, ""))
+	device := apiv1.NewEnrollmentServiceClient(h.Dial(t, ""))
 	mint := func(req *pb.CreateEnrollmentTokenRequest) string {
 		t.Helper()
 		res, err := h.Devices.CreateEnrollmentToken(ctx, req)
@@ -320,7 +321,7 @@ func TestEnrollment(t *testing.T) {
 		t.Fatalf("enroll with a chosen id after a refusal: %v %v", second, err)
 	}
 
-	list, err := pb.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).ListDevices(ctx,
+	list, err := apiv1.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).ListDevices(ctx,
 		&pb.ListDevicesRequest{PageSize: 1})
 	if err != nil || len(list.GetDevices()) != 1 || list.GetDevices()[0].GetId() != d.GetId() || list.GetNextPageToken() == "" {
 		t.Fatalf("list page 1: %v %v", list, err)
@@ -330,7 +331,7 @@ func TestEnrollment(t *testing.T) {
 		t.Fatalf("list page 2: %v %v", list, err)
 	}
 
-	_, err = pb.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).RevokeDevice(ctx,
+	_, err = apiv1.NewDeviceServiceClient(h.DialAs(t, "audrey", identity.RoleAuditor)).RevokeDevice(ctx,
 		&pb.RevokeDeviceRequest{DeviceId: d.GetId()})
 	wantCode(t, "auditor revokes", err, codes.PermissionDenied)
 	rev, err := h.Devices.RevokeDevice(ctx, &pb.RevokeDeviceRequest{DeviceId: d.GetId(), Reason: "lost"})
@@ -366,7 +367,7 @@ func TestEnrollment(t *testing.T) {
 	// Restarted, the server still refuses the redeemed token.
 	h.Shutdown(context.Background())
 	h2 := servertest.New(t, servertest.WithDataDir(dir), servertest.WithConfig(func(c *server.Config) { c.Fleet = "lab" }))
-	_, err = pb.NewEnrollmentServiceClient(h2.Dial(t, "")).Enroll(ctx, &pb.EnrollRequest{Token: tok2, KeyId: newDeviceKey(t)})
+	_, err = apiv1.NewEnrollmentServiceClient(h2.Dial(t, "")).Enroll(ctx, &pb.EnrollRequest{Token: tok2, KeyId: newDeviceKey(t)})
 	wantCode(t, "reused token after restart", err, codes.PermissionDenied)
 }
 
@@ -382,7 +383,7 @@ func TestEnrollmentNATSAuthority(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := newDeviceKey(t)
-	res, err := pb.NewEnrollmentServiceClient(h.Dial(t, "")).Enroll(ctx, &pb.EnrollRequest{Token: tok.GetToken(), KeyId: key})
+	res, err := apiv1.NewEnrollmentServiceClient(h.Dial(t, "")).Enroll(ctx, &pb.EnrollRequest{Token: tok.GetToken(), KeyId: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +415,7 @@ func readEnrollKey(t *testing.T, dir string) ed25519.PrivateKey {
 // auditEvents are the verified events of type typ in h's log.
 func auditEvents(t *testing.T, h *servertest.Harness, typ audit.EventType) []audit.Event {
 	t.Helper()
-	c := pb.NewAuditServiceClient(h.Conn)
+	c := apiv1.NewAuditServiceClient(h.Conn)
 	keys, err := c.GetPublicKeys(t.Context(), &pb.GetPublicKeysRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/coord"
@@ -90,16 +91,18 @@ type Config struct {
 type Option func(*options)
 
 type options struct {
-	log  *slog.Logger
-	now  func() time.Time
-	rand *rand.Rand
+	log   *slog.Logger
+	clock clock.Clock
+	now   func() time.Time // clock.Now
+	rand  *rand.Rand
 }
 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
-// WithClock sets the clock (default time.Now).
-func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+// WithClock sets the clock that decides round deadlines and stamps times
+// (default: the system clock).
+func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
 
 // WithRand sets the randomness used for round seeds and pacing jitter.
 func WithRand(r *rand.Rand) Option { return func(o *options) { o.rand = r } }
@@ -158,10 +161,12 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if err := checkSecurityConfig(&cfg); err != nil {
 		return nil, err
 	}
-	o := options{log: slog.New(slog.DiscardHandler), now: time.Now}
+	o := options{log: slog.New(slog.DiscardHandler)}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.clock = clock.Or(o.clock)
+	o.now = o.clock.Now
 	if o.rand == nil {
 		o.rand = rand.New(rand.NewChaCha8(seedFromOS()))
 	}
@@ -262,8 +267,8 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	m := metrics.New()
 	bl := blobs.New(obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
-		Metrics: m, Log: s.o.log.With("component", "coord"), Now: s.o.now, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
-		Audit: s.record, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil})
+		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
+		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}

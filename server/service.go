@@ -8,13 +8,12 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"unicode"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -52,16 +51,11 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), backend.ErrInvalid)
 }
 
-// checkName refuses names that are empty, longer than 200 bytes, not UTF-8
-// or hold control characters: they end up in listings, logs and the audit log.
+// checkName refuses what is not a name (ident.Name): names end up in
+// listings, logs and the audit log.
 func checkName(kind, name string) error {
-	if name == "" || len(name) > 200 || !utf8.ValidString(name) {
-		return invalid("%s name must be 1-200 bytes of UTF-8", kind)
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) {
-			return invalid("%s name contains control character %U", kind, r)
-		}
+	if err := ident.Name(name); err != nil {
+		return invalid("%s name %v", kind, err)
 	}
 	return nil
 }
@@ -97,6 +91,13 @@ func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
 	}
 	if n := t.GetAggregation().GetMaxUpdateNorm(); n > 0 {
 		settings["max_update_norm"] = strconv.FormatFloat(n, 'g', -1, 64)
+	}
+	if t.GetAggregation().GetUnboundedUpdates() {
+		// The operator's explicit opt-out, for auditors to see.
+		settings["unbounded_updates"] = "true"
+	}
+	if n := t.GetAggregation().GetMaxExamplesPerReport(); n > 0 {
+		settings["max_examples_per_report"] = strconv.FormatUint(n, 10)
 	}
 	if d := t.GetServerEvalDataset(); d != "" {
 		settings["server_eval_dataset"] = d
@@ -166,9 +167,6 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 			return invalid("secure aggregation with %d cohort slots: %v", n, err)
 		}
 	}
-	if n := t.GetAggregation().GetMaxUpdateNorm(); n < 0 {
-		return invalid("max_update_norm must not be negative")
-	}
 	if t.GetAggregation() == nil {
 		t.Aggregation = &pb.AggregationConfig{}
 	}
@@ -182,20 +180,20 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if _, err := v.s.store.Module(ctx, t.GetModule().GetSha256()); err != nil {
 		return invalid("module %q: %v", t.GetModule().GetSha256(), err)
 	}
-	a := t.Aggregation
-	var opts []aggregator.Option
-	for _, o := range []struct {
-		v float64
-		f func(float64) aggregator.Option
-	}{{a.ServerLearningRate, aggregator.WithServerLR}, {a.Momentum, aggregator.WithMomentum}, {a.Beta1, aggregator.WithBeta1},
-		{a.Beta2, aggregator.WithBeta2}, {a.Tau, aggregator.WithTau}, {a.TrimFraction, aggregator.WithTrimFraction}} {
-		if o.v != 0 {
-			opts = append(opts, o.f(o.v))
-		}
-	}
-	if _, err := aggregator.NewRule(aggregator.Kind(a.Rule), max(mrow.Params, 1), opts...); err != nil {
+	if _, err := coord.NewRule(t.Aggregation, max(mrow.Params, 1)); err != nil {
 		return invalid("aggregation: %v", err)
 	}
+	// The bounds on one device's influence are fixed now, with the model's
+	// defaults, and stored with the task (and its audit event).
+	base, err := v.model(ctx, t.GetModel().GetVersion())
+	if err != nil {
+		return err
+	}
+	rb, err := coord.ResolveRobustness(t, base)
+	if err != nil {
+		return invalid("aggregation: %v", err)
+	}
+	rb.Apply(t)
 	if err := coord.CheckDP(t, mrow.Params); err != nil {
 		return invalid("%v", err)
 	}
@@ -464,4 +462,17 @@ func rowCursor(token string) (int64, error) {
 		return 0, invalid("page token %q", token)
 	}
 	return n, nil
+}
+
+// model reads and decodes a stored model version.
+func (v *service) model(ctx context.Context, version string) (*model.Model, error) {
+	b, err := v.blobs.Get(ctx, version)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", version, err)
+	}
+	m, err := model.DecodeSafetensors(b)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", version, err)
+	}
+	return m, nil
 }

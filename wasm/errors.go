@@ -29,8 +29,10 @@ var (
 	ErrResult = errors.New("wasm: invalid result")
 	// ErrModuleFailed: the module reported failure or trapped.
 	ErrModuleFailed = errors.New("wasm: module failed")
-	// ErrInvalidCall: the host-side inputs to a call are invalid (model, data, limits).
+	// ErrInvalidCall: the host-side inputs to a call are invalid (model, data, hyper-parameters).
 	ErrInvalidCall = errors.New("wasm: invalid call")
+	// ErrLimits: a call's or a sandbox's Limits are outside what the sandbox can honour.
+	ErrLimits = errors.New("wasm: invalid limits")
 	// ErrClosed: the sandbox was closed.
 	ErrClosed = errors.New("wasm: sandbox closed")
 )

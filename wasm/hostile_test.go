@@ -171,7 +171,7 @@ func requireHealthy(t *testing.T) {
 
 var allSentinels = []error{wasm.ErrHashMismatch, wasm.ErrInvalidModule, wasm.ErrForbiddenImport, wasm.ErrABI,
 	wasm.ErrABIVersion, wasm.ErrDeadline, wasm.ErrMemoryLimit, wasm.ErrBudget, wasm.ErrKernel,
-	wasm.ErrMemoryAccess, wasm.ErrResult, wasm.ErrModuleFailed, wasm.ErrInvalidCall, wasm.ErrClosed}
+	wasm.ErrMemoryAccess, wasm.ErrResult, wasm.ErrModuleFailed, wasm.ErrInvalidCall, wasm.ErrLimits, wasm.ErrClosed}
 
 // wantSentinel checks that err wraps want and no other sentinel, and that its
 // message names everything in mentions.

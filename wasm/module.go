@@ -93,7 +93,7 @@ func paramDims(shape []int) (int, int) {
 func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error) {
 	op := "wasm: " + entry + " " + m.hash[:12]
 	lim := c.Limits.orDefault(m.s.cfg.limits)
-	if err := lim.validate(); err != nil {
+	if err := lim.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	if c.Model == nil || c.Data == nil {

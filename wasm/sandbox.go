@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,14 +55,36 @@ func (l Limits) orDefault(d Limits) Limits {
 	return l
 }
 
-func (l Limits) validate() error {
-	switch {
-	case l.MemoryPages > 65536:
-		return fmt.Errorf("%w: memory pages %d above the wasm32 maximum 65536", ErrInvalidCall, l.MemoryPages)
-	case l.Timeout < 0 || l.MaxWork < 0 || l.MaxTensorBytes < 0:
-		return fmt.Errorf("%w: negative limit %+v", ErrInvalidCall, l)
+// Bounds a Limits must respect. MaxMemoryPages is all wasm32 can address
+// (4 GiB). MaxTimeout is far above any round a fleet would wait for; it keeps
+// a mistaken task from holding a device's sandbox for days on end.
+const (
+	MaxMemoryPages = 65536
+	MaxTimeout     = 24 * time.Hour
+)
+
+// Validate reports whether the sandbox can honour l; a zero field stands for
+// the sandbox default and is always valid. Errors wrap ErrLimits and say what
+// is allowed, since they reach operators who set the limits on a task.
+func (l Limits) Validate() error {
+	var bad []string
+	if l.MemoryPages > MaxMemoryPages {
+		bad = append(bad, fmt.Sprintf("memory pages %d above the wasm32 maximum %d (64 KiB pages; 0 takes the sandbox default)",
+			l.MemoryPages, MaxMemoryPages))
 	}
-	return nil
+	if l.Timeout < 0 || l.Timeout > MaxTimeout {
+		bad = append(bad, fmt.Sprintf("timeout %v not in [0, %v] (0 takes the sandbox default)", l.Timeout, MaxTimeout))
+	}
+	if l.MaxWork < 0 {
+		bad = append(bad, fmt.Sprintf("max work %d is negative (0 takes the sandbox default)", l.MaxWork))
+	}
+	if l.MaxTensorBytes < 0 {
+		bad = append(bad, fmt.Sprintf("max tensor bytes %d is negative (0 takes the sandbox default)", l.MaxTensorBytes))
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrLimits, strings.Join(bad, "; "))
 }
 
 // Option configures a Sandbox.
@@ -111,7 +134,7 @@ func New(opts ...Option) (*Sandbox, error) {
 		o(&cfg)
 	}
 	cfg.limits = cfg.limits.orDefault(DefaultLimits)
-	if err := cfg.limits.validate(); err != nil {
+	if err := cfg.limits.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: new: %w", err)
 	}
 	s := &Sandbox{cfg: cfg, modules: map[string]*entry{}}
@@ -127,7 +150,7 @@ func New(opts ...Option) (*Sandbox, error) {
 	ctx := context.Background()
 	rc := wazero.NewRuntimeConfigCompiler().
 		WithCompilationCache(s.cache).
-		WithMemoryLimitPages(maxPages).
+		WithMemoryLimitPages(MaxMemoryPages).
 		WithCloseOnContextDone(true).
 		WithCoreFeatures(api.CoreFeaturesV2)
 	s.rt = wazero.NewRuntimeWithConfig(ctx, rc)
@@ -142,9 +165,6 @@ func New(opts ...Option) (*Sandbox, error) {
 	}
 	return s, nil
 }
-
-// maxPages is wasm32's address space; each call's own cap is lower.
-const maxPages = 65536
 
 // Close releases all runtimes and compiled code. It is safe to call twice.
 func (s *Sandbox) Close(ctx context.Context) error {

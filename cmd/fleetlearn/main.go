@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fleetlearn/fleetlearn/internal/cli"
+	"github.com/fleetlearn/fleetlearn/cli"
 )
 
 func main() {

@@ -1,32 +1,44 @@
 package dp
 
-import (
-	"fmt"
+import "fmt"
 
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
-)
-
-// MechanismOf maps a task's distributed DP mechanism to this package's; ok
-// is false for mechanisms that are not distributed.
-func MechanismOf(m pb.DPMechanism) (mech Mechanism, ok bool) {
-	switch m {
-	case pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN:
-		return DiscreteGaussian, true
-	case pb.DPMechanism_DP_MECHANISM_SKELLAM:
-		return Skellam, true
-	}
-	return 0, false
+// DistributedConfig is a task's distributed DP: the parameters fixed before
+// a model's size and the secure sum's modulus are known. It is a value:
+// DistributedFor keeps nothing of it but copies, so changing one afterwards
+// changes no mechanism built from it.
+type DistributedConfig struct {
+	// Mechanism is the integer noise each device adds.
+	Mechanism Mechanism
+	// Contributors is the least number of devices whose noise a sum must
+	// hold: each adds a 1/Contributors share of the noise variance, and a
+	// round with fewer must be abandoned.
+	Contributors int
+	// ClipNorm is C, the L2 bound on each device's update.
+	ClipNorm float64
+	// NoiseMultiplier is z: the noise of Contributors devices adds up to a
+	// standard deviation of z·C.
+	NoiseMultiplier float64
 }
 
-// DistributedFor returns the distributed mechanism a round's DPConfig
-// describes for dim-element updates summed in Z_{2^bits}: noise calibrated
-// for cfg.min_noise_contributors devices, clip norm cfg.clip_norm and noise
-// multiplier cfg.noise_multiplier. The server and every device of the round
-// derive the same parameters from the same plan.
-func DistributedFor(cfg *pb.DPConfig, dim, bits int) (*Distributed, error) {
-	mech, ok := MechanismOf(cfg.GetMechanism())
-	if !ok {
-		return nil, fmt.Errorf("dp: %w: mechanism %v is not distributed", ErrInvalid, cfg.GetMechanism())
+// Validate reports whether c describes a distributed mechanism: a known
+// mechanism, at least one contributor, and a finite, positive clip norm and
+// noise multiplier. The error wraps ErrInvalid.
+func (c DistributedConfig) Validate() error {
+	if c.Mechanism != DiscreteGaussian && c.Mechanism != Skellam {
+		return fmt.Errorf("%w: mechanism %v", ErrInvalid, c.Mechanism)
 	}
-	return NewDistributed(mech, dim, bits, int(cfg.GetMinNoiseContributors()), cfg.GetClipNorm(), cfg.GetNoiseMultiplier())
+	if c.Contributors < 1 {
+		return fmt.Errorf("%w: %d noise contributors, want at least 1", ErrInvalid, c.Contributors)
+	}
+	if err := checkPositive("clip norm", c.ClipNorm); err != nil {
+		return err
+	}
+	return checkPositive("noise multiplier", c.NoiseMultiplier)
+}
+
+// DistributedFor returns the mechanism c describes for dim-element updates
+// summed in Z_{2^bits}. The server and every device of a round derive the
+// same parameters from the same configuration.
+func DistributedFor(c DistributedConfig, dim, bits int) (*Distributed, error) {
+	return NewDistributed(c.Mechanism, dim, bits, c.Contributors, c.ClipNorm, c.NoiseMultiplier)
 }

@@ -103,27 +103,20 @@ func NewDistributed(m Mechanism, dim, bits, clients int, clipNorm, z float64, op
 	bad := func(f string, a ...any) (*Distributed, error) {
 		return nil, fmt.Errorf("dp: distributed: %w: "+f, append([]any{ErrInvalid}, a...)...)
 	}
+	if err := (DistributedConfig{Mechanism: m, Contributors: clients, ClipNorm: clipNorm, NoiseMultiplier: z}).Validate(); err != nil {
+		return nil, fmt.Errorf("dp: distributed: %w", err)
+	}
 	switch {
-	case m != DiscreteGaussian && m != Skellam:
-		return bad("mechanism %v", m)
 	case dim < 1 || dim > maxDim:
 		return bad("dimension %d, want 1..%d", dim, maxDim)
 	case bits < 2 || bits > 32:
 		return bad("bits %d, want 2..32", bits)
-	case clients < 1:
-		return bad("%d clients", clients)
 	case !(c.beta >= 0 && c.beta < 1):
 		return bad("beta %v, want [0, 1)", c.beta)
 	case !(c.k > 0) || math.IsInf(c.k, 0):
 		return bad("k stddevs %v", c.k)
 	case c.scale != 0 && (!(c.scale > 0) || math.IsInf(c.scale, 0)):
 		return bad("scale %v", c.scale)
-	}
-	if err := checkPositive("clip norm", clipNorm); err != nil {
-		return bad("%v", err)
-	}
-	if err := checkPositive("noise multiplier", z); err != nil {
-		return bad("%v", err)
 	}
 	d := &Distributed{mech: m, dim: dim, padded: hadamard.PaddedDim(dim), bits: bits, n: clients,
 		clip: clipNorm, z: z, beta: c.beta, k: c.k, scale: c.scale,

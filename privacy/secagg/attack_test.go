@@ -18,7 +18,7 @@ import (
 // unmask stage, participant 7 dropping after it shared.
 func atUnmask(t *testing.T) (*cohort, [][]uint32) {
 	t.Helper()
-	c := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 21)
+	c := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 21)
 	c.stop = secagg.StageUnmask
 	inputs := randomInputs(rand.New(rand.NewPCG(2, 2)), 7, 3, 32)
 	out := c.run(t, []int{0, 0, 0, 0, 0, 0, dropAfterShare}, inputs)
@@ -80,7 +80,7 @@ func TestRefusesDoubleShareRequest(t *testing.T) {
 // input). The request agrees with what 1 saw, but the neighbours'
 // consistency signatures are over another set.
 func TestRefusesSplitSurvivorView(t *testing.T) {
-	c := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 22)
+	c := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 22)
 	c.stop = secagg.StageConsistency
 	out := c.run(t, nil, randomInputs(rand.New(rand.NewPCG(3, 3)), 7, 3, 32))
 	if out.err != nil {
@@ -109,7 +109,7 @@ func TestRefusesSplitSurvivorView(t *testing.T) {
 	}
 
 	// Without the others' checks the server cannot show t confirmations.
-	c2 := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 22)
+	c2 := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 22)
 	c2.stop = secagg.StageConsistency
 	c2.run(t, nil, randomInputs(rand.New(rand.NewPCG(3, 3)), 7, 3, 32))
 	own, err := c2.clients[0].Consistency(lie)
@@ -134,7 +134,7 @@ func TestRefusesForgedPeer(t *testing.T) {
 		return k.PublicKey().Bytes()
 	}
 	atShare := func(t *testing.T) *cohort {
-		c := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 23)
+		c := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 23)
 		c.stop = secagg.StageShareKeys
 		c.run(t, nil, nil)
 		if c.srv.Stage() != secagg.StageShareKeys {
@@ -151,7 +151,7 @@ func TestRefusesForgedPeer(t *testing.T) {
 		{"re-signed by the server", func(pk *pb.PeerKeys) {
 			a := pk.Peers[0]
 			a.MaskPublicKey = fresh()
-			r, _ := secagg.NewRound(&pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, testTask, 7, 7)
+			r, _ := secagg.NewRound(secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, testTask, 7, 7)
 			a.Signature = ed25519.Sign(serverKey, secagg.AdvertiseMessage(r, a))
 		}},
 		{"relabelled peer", func(pk *pb.PeerKeys) {
@@ -178,7 +178,7 @@ func TestRefusesForgedPeer(t *testing.T) {
 		c := atShare(t)
 		// Participant 2 was shown a different graph seed; its signature
 		// binds the configuration it saw.
-		other, _ := secagg.NewRound(&pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 2}, testTask, 7, 7)
+		other, _ := secagg.NewRound(secagg.Config{K: 6, Threshold: 4, GraphSeed: 2}, testTask, 7, 7)
 		cl, _ := secagg.NewClient(other, secagg.ClientOptions{ParticipantID: 2, Rand: seededReader(5, 2),
 			Identity: c.idents[1], VerifyPeer: secagg.StaticVerifier(c.keys)})
 		ak, _ := cl.Advertise()
@@ -190,7 +190,7 @@ func TestRefusesForgedPeer(t *testing.T) {
 	})
 
 	t.Run("server verifies too", func(t *testing.T) {
-		c := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 23)
+		c := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 23)
 		ak, _ := c.clients[1].Advertise()
 		ak.MaskPublicKey = fresh()
 		if err := c.srv.AddAdvertise(ak); !errors.Is(err, secagg.ErrForged) {
@@ -206,7 +206,7 @@ func TestRefusesForgedPeer(t *testing.T) {
 		{"share redirected from another receiver", func(fs *pb.ForwardedShares) {}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCohort(t, &pb.SecAggConfig{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 24)
+			c := newCohort(t, secagg.Config{K: 6, Threshold: 4, GraphSeed: 1}, 7, 3, 24)
 			c.stop = secagg.StageMaskedInput
 			c.run(t, nil, nil)
 			fs, _ := c.srv.ForwardedShares(1)

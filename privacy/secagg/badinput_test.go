@@ -2,6 +2,7 @@ package secagg_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -14,23 +15,29 @@ import (
 func TestNewRoundConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		cfg      *pb.SecAggConfig
+		cfg      secagg.Config
 		n        int
 		k, th, b int
 		err      error
 	}{
-		{"defaults", &pb.SecAggConfig{}, 1000, 60, 31, 32, nil},
-		{"small cohort is complete", &pb.SecAggConfig{}, 20, 19, 10, 32, nil},
-		{"odd k rounds up", &pb.SecAggConfig{K: 5, Bits: 16}, 50, 6, 4, 16, nil},
-		{"k beyond n", &pb.SecAggConfig{K: 500}, 50, 49, 25, 32, nil},
-		{"explicit threshold", &pb.SecAggConfig{K: 10, Threshold: 10}, 50, 10, 10, 32, nil},
-		{"threshold at half", &pb.SecAggConfig{K: 10, Threshold: 5}, 50, 0, 0, 0, secagg.ErrConfig},
-		{"threshold above k", &pb.SecAggConfig{K: 10, Threshold: 11}, 50, 0, 0, 0, secagg.ErrConfig},
-		{"bits", &pb.SecAggConfig{Bits: 33}, 50, 0, 0, 0, secagg.ErrConfig},
-		{"negative clip", &pb.SecAggConfig{ClipRange: -1}, 50, 0, 0, 0, secagg.ErrConfig},
-		{"one participant", &pb.SecAggConfig{}, 1, 0, 0, 0, secagg.ErrConfig},
-		{"too many", &pb.SecAggConfig{}, secagg.MaxParticipants + 1, 0, 0, 0, secagg.ErrConfig},
-		{"nil", nil, 5, 0, 0, 0, secagg.ErrConfig},
+		{"defaults", secagg.Config{}, 1000, 60, 31, 32, nil},
+		{"small cohort is complete", secagg.Config{}, 20, 19, 10, 32, nil},
+		{"odd k rounds up", secagg.Config{K: 5, Bits: 16}, 50, 6, 4, 16, nil},
+		{"k beyond n", secagg.Config{K: 500}, 50, 49, 25, 32, nil},
+		{"explicit threshold", secagg.Config{K: 10, Threshold: 10}, 50, 10, 10, 32, nil},
+		{"threshold at half", secagg.Config{K: 10, Threshold: 5}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"threshold above k", secagg.Config{K: 10, Threshold: 11}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"bits", secagg.Config{Bits: 33}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"negative clip", secagg.Config{ClipRange: -1}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"one participant", secagg.Config{}, 1, 0, 0, 0, secagg.ErrConfig},
+		{"too many", secagg.Config{}, secagg.MaxParticipants + 1, 0, 0, 0, secagg.ErrConfig},
+		{"huge k is the complete graph", secagg.Config{K: 1 << 40}, 50, 49, 25, 32, nil},
+		{"huge threshold", secagg.Config{K: 10, Threshold: 1 << 40}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"negative k", secagg.Config{K: -1}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"negative threshold", secagg.Config{Threshold: -1}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"negative bits", secagg.Config{Bits: -1}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"NaN clip", secagg.Config{ClipRange: math.NaN()}, 50, 0, 0, 0, secagg.ErrConfig},
+		{"infinite clip", secagg.Config{ClipRange: math.Inf(1)}, 50, 0, 0, 0, secagg.ErrConfig},
 	} {
 		r, err := secagg.NewRound(tc.cfg, testTask, 1, tc.n)
 		if !errors.Is(err, tc.err) || (tc.err != nil) != (err != nil) {
@@ -40,8 +47,20 @@ func TestNewRoundConfig(t *testing.T) {
 		if err == nil && (r.K() != tc.k || r.Threshold() != tc.th || r.Bits() != tc.b) {
 			t.Errorf("%s: k=%d t=%d b=%d, want %d %d %d", tc.name, r.K(), r.Threshold(), r.Bits(), tc.k, tc.th, tc.b)
 		}
+		if err == nil {
+			// The resolved configuration is a fixed point: it describes the
+			// same round again.
+			want := secagg.Config{K: tc.k, Threshold: tc.th, Bits: tc.b, ClipRange: tc.cfg.ClipRange, GraphSeed: tc.cfg.GraphSeed}
+			if got := r.Config(); got != want {
+				t.Errorf("%s: Config() = %+v, want %+v", tc.name, got, want)
+			}
+			again, err := secagg.NewRound(r.Config(), testTask, 1, tc.n)
+			if err != nil || again.Config() != r.Config() {
+				t.Errorf("%s: round from its own Config: %+v, %v", tc.name, again, err)
+			}
+		}
 	}
-	if _, err := secagg.NewRound(&pb.SecAggConfig{}, "", 1, 5); !errors.Is(err, secagg.ErrConfig) {
+	if _, err := secagg.NewRound(secagg.Config{}, "", 1, 5); !errors.Is(err, secagg.ErrConfig) {
 		t.Errorf("empty task: %v", err)
 	}
 }
@@ -50,7 +69,7 @@ func TestNewRoundConfig(t *testing.T) {
 // symmetric, and the graph depends on the seed.
 func TestGraph(t *testing.T) {
 	for _, n := range []int{3, 10, 101, 1000} {
-		r, err := secagg.NewRound(&pb.SecAggConfig{GraphSeed: 42}, testTask, 1, n)
+		r, err := secagg.NewRound(secagg.Config{GraphSeed: 42}, testTask, 1, n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,8 +85,8 @@ func TestGraph(t *testing.T) {
 			}
 		}
 	}
-	a, _ := secagg.NewRound(&pb.SecAggConfig{GraphSeed: 1}, testTask, 1, 500)
-	b, _ := secagg.NewRound(&pb.SecAggConfig{GraphSeed: 2}, testTask, 1, 500)
+	a, _ := secagg.NewRound(secagg.Config{GraphSeed: 1}, testTask, 1, 500)
+	b, _ := secagg.NewRound(secagg.Config{GraphSeed: 2}, testTask, 1, 500)
 	if slices.Equal(a.Neighbours(1), b.Neighbours(1)) {
 		t.Error("graph does not depend on the seed")
 	}
@@ -120,7 +139,7 @@ func binomTail(k int, p float64, m int) float64 {
 }
 
 func TestServerRefuses(t *testing.T) {
-	c := newCohort(t, &pb.SecAggConfig{K: 4, Threshold: 3, GraphSeed: 1}, 5, 2, 30)
+	c := newCohort(t, secagg.Config{K: 4, Threshold: 3, GraphSeed: 1}, 5, 2, 30)
 	srv := c.srv
 	ak, _ := c.clients[0].Advertise()
 	check := func(what string, err, want error) {
@@ -196,7 +215,7 @@ func TestServerRefuses(t *testing.T) {
 }
 
 func TestClientRefuses(t *testing.T) {
-	c := newCohort(t, &pb.SecAggConfig{K: 4, Threshold: 3, GraphSeed: 1}, 5, 2, 31)
+	c := newCohort(t, secagg.Config{K: 4, Threshold: 3, GraphSeed: 1}, 5, 2, 31)
 	cl := c.clients[0]
 	check := func(what string, err, want error) {
 		t.Helper()
@@ -235,7 +254,7 @@ func TestClientRefuses(t *testing.T) {
 	_, err = cl2.MaskedInput(&pb.ForwardedShares{TaskId: testTask, Round: 7, ParticipantId: 2}, []uint32{1, 2})
 	check("masked before shares close", err, secagg.ErrTooFewSurvivors)
 
-	c3 := newCohort(t, &pb.SecAggConfig{K: 4, Threshold: 3, Bits: 8, GraphSeed: 1}, 5, 2, 32)
+	c3 := newCohort(t, secagg.Config{K: 4, Threshold: 3, Bits: 8, GraphSeed: 1}, 5, 2, 32)
 	c3.stop = secagg.StageMaskedInput
 	c3.run(t, nil, nil)
 	fs, _ := c3.srv.ForwardedShares(1)
@@ -255,7 +274,7 @@ func TestClientRefuses(t *testing.T) {
 }
 
 func TestConstructorsRefuse(t *testing.T) {
-	r, _ := secagg.NewRound(&pb.SecAggConfig{}, testTask, 1, 5)
+	r, _ := secagg.NewRound(secagg.Config{}, testTask, 1, 5)
 	ok := secagg.ClientOptions{ParticipantID: 1, Rand: seededReader(1, 1), Identity: identity(1, 1),
 		VerifyPeer: secagg.StaticVerifier(nil)}
 	for name, o := range map[string]func(o *secagg.ClientOptions){

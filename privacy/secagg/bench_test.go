@@ -61,7 +61,7 @@ func parallel(clients []*secagg.Client, f func(cl *secagg.Client)) {
 // the default k guarantees with high probability only for 10% dropout.
 func record(b *testing.B, n int, drop float64) *recorded {
 	b.Helper()
-	cfg := &pb.SecAggConfig{GraphSeed: 12345}
+	cfg := secagg.Config{GraphSeed: 12345}
 	c := newCohort(b, cfg, n, benchDim, 1)
 	rng := rand.New(rand.NewPCG(uint64(n), uint64(drop*100)))
 	var dropped []bool

@@ -5,7 +5,7 @@ import "errors"
 // Sentinel errors. Every error from this package wraps at least one of them;
 // an aborted round's errors wrap ErrAborted and the cause.
 var (
-	// ErrConfig reports an invalid SecAggConfig, cohort size, dimension or
+	// ErrConfig reports an invalid Config, cohort size, dimension or
 	// option.
 	ErrConfig = errors.New("invalid configuration")
 	// ErrStage reports a message or call that does not belong to the current

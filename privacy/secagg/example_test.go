@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // A round of four devices, one of which drops out after sharing its keys.
@@ -14,7 +13,7 @@ import (
 // total weight, and nothing about any one of them.
 func Example() {
 	const n = 4
-	cfg := &pb.SecAggConfig{Bits: 32, ClipRange: 1, GraphSeed: 2024}
+	cfg := secagg.Config{Bits: 32, ClipRange: 1, GraphSeed: 2024}
 	r, err := secagg.NewRound(cfg, "t-example", 1, n)
 	if err != nil {
 		panic(err)

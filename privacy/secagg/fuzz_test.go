@@ -19,7 +19,7 @@ var writeCorpus = flag.Bool("write-corpus", false, "rewrite the seed corpora und
 // fuzzCohort is a deterministic 5-participant round at stage, so the
 // honest seeds stay valid across fuzz iterations.
 func fuzzCohort(tb testing.TB, stage secagg.Stage) *cohort {
-	c := newCohort(tb, &pb.SecAggConfig{K: 4, Threshold: 3, GraphSeed: 3}, 5, 3, 77)
+	c := newCohort(tb, secagg.Config{K: 4, Threshold: 3, GraphSeed: 3}, 5, 3, 77)
 	if stage != secagg.StageAdvertise {
 		c.stop = stage
 		if out := c.run(tb, nil, nil); out.err != nil {

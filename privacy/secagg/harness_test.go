@@ -58,7 +58,7 @@ func identity(seed uint64, id uint32) ed25519.PrivateKey {
 	return ed25519.NewKeyFromSeed(s)
 }
 
-func newCohort(tb testing.TB, cfg *pb.SecAggConfig, n, dim int, seed uint64) *cohort {
+func newCohort(tb testing.TB, cfg secagg.Config, n, dim int, seed uint64) *cohort {
 	tb.Helper()
 	r, err := secagg.NewRound(cfg, testTask, 7, n)
 	if err != nil {

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // Limits.
@@ -19,7 +17,7 @@ const (
 	// MaxDim bounds the length of a masked vector (16 MiB of values, twice
 	// the largest NATS message the round protocol allows).
 	MaxDim = 1 << 22
-	// DefaultBits is the modulus exponent when SecAggConfig.bits is 0.
+	// DefaultBits is the modulus exponent when Config.Bits is 0.
 	DefaultBits = 32
 	// GraphLogFactor is c in the default degree k = 2⌈c·log2 n⌉.
 	GraphLogFactor = 3
@@ -41,9 +39,45 @@ func RecommendedK(n int) int {
 	return min(k, n-1)
 }
 
+// Config is a round's secure aggregation settings as the task and the
+// server choose them; NewRound resolves it for a cohort. Zero fields take
+// defaults. It is a value: a Round keeps its own copy, so changing one after
+// NewRound changes no round.
+type Config struct {
+	// K is the number of neighbours of each participant in the SecAgg+
+	// graph; 0 picks RecommendedK(n), at least n−1 the complete graph.
+	K int
+	// Threshold is the Shamir threshold t, in k/2 < t ≤ k; 0 picks
+	// ⌊k/2⌋ + 1.
+	Threshold int
+	// Bits is the modulus exponent b, 1..32: sums are taken modulo 2^b. 0
+	// picks DefaultBits.
+	Bits int
+	// ClipRange is the per-element clip bound of the round's Quantizer,
+	// finite and ≥ 0; the round digest binds it.
+	ClipRange float64
+	// GraphSeed seeds the neighbour graph; the server draws it per round.
+	GraphSeed uint64
+}
+
+// Validate checks what can be checked of c without the cohort: no negative
+// counts, bits at most 32, a finite, non-negative clip range. NewRound checks
+// the rest. The error wraps ErrConfig.
+func (c Config) Validate() error {
+	switch {
+	case c.K < 0 || c.Threshold < 0:
+		return fmt.Errorf("secagg: config: %w: k %d, threshold %d", ErrConfig, c.K, c.Threshold)
+	case c.Bits < 0 || c.Bits > 32:
+		return fmt.Errorf("secagg: config: %w: bits %d, want 1..32", ErrConfig, c.Bits)
+	case math.IsNaN(c.ClipRange) || math.IsInf(c.ClipRange, 0) || c.ClipRange < 0:
+		return fmt.Errorf("secagg: config: %w: clip range %v", ErrConfig, c.ClipRange)
+	}
+	return nil
+}
+
 // Round is the resolved, immutable configuration of one secure-aggregation
 // round: the parameters and the neighbour graph both parties derive from
-// the round's SecAggConfig. It is safe for concurrent use.
+// the round's Config. It is safe for concurrent use.
 type Round struct {
 	task      string
 	round     uint64
@@ -66,9 +100,9 @@ type Round struct {
 // links k/2 neighbours on each side. The threshold must satisfy
 // k/2 < t ≤ k, so no two disjoint sets of neighbours can each reconstruct
 // one of a participant's two secrets.
-func NewRound(cfg *pb.SecAggConfig, taskID string, round uint64, n int) (*Round, error) {
-	if cfg == nil {
-		return nil, fmt.Errorf("secagg: round: %w: nil config", ErrConfig)
+func NewRound(cfg Config, taskID string, round uint64, n int) (*Round, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if taskID == "" || len(taskID) > 255 {
 		return nil, fmt.Errorf("secagg: round: %w: task id of %d bytes", ErrConfig, len(taskID))
@@ -76,18 +110,11 @@ func NewRound(cfg *pb.SecAggConfig, taskID string, round uint64, n int) (*Round,
 	if n < 2 || n > MaxParticipants {
 		return nil, fmt.Errorf("secagg: round: %w: %d participants, want 2..%d", ErrConfig, n, MaxParticipants)
 	}
-	r := &Round{task: taskID, round: round, n: n, clip: cfg.GetClipRange(), graphSeed: cfg.GetGraphSeed()}
-	r.bits = int(cfg.GetBits())
+	r := &Round{task: taskID, round: round, n: n, bits: cfg.Bits, clip: cfg.ClipRange, graphSeed: cfg.GraphSeed}
 	if r.bits == 0 {
 		r.bits = DefaultBits
 	}
-	if r.bits > 32 {
-		return nil, fmt.Errorf("secagg: round: %w: bits %d, want 1..32", ErrConfig, r.bits)
-	}
-	if math.IsNaN(r.clip) || math.IsInf(r.clip, 0) || r.clip < 0 {
-		return nil, fmt.Errorf("secagg: round: %w: clip range %v", ErrConfig, r.clip)
-	}
-	k := int(min(cfg.GetK(), uint32(MaxParticipants)))
+	k := min(cfg.K, MaxParticipants)
 	if k == 0 {
 		k = RecommendedK(n)
 	}
@@ -98,7 +125,7 @@ func NewRound(cfg *pb.SecAggConfig, taskID string, round uint64, n int) (*Round,
 		r.complete = k == n-1
 	}
 	r.k = k
-	t := int(min(cfg.GetThreshold(), uint32(MaxParticipants)))
+	t := min(cfg.Threshold, MaxParticipants)
 	if t == 0 {
 		t = k/2 + 1
 	}
@@ -132,9 +159,8 @@ func (r *Round) TaskID() string { return r.task }
 func (r *Round) Number() uint64 { return r.round }
 
 // Config returns the resolved configuration, with every default filled in.
-func (r *Round) Config() *pb.SecAggConfig {
-	return &pb.SecAggConfig{K: uint32(r.k), Threshold: uint32(r.t), Bits: uint32(r.bits),
-		ClipRange: r.clip, GraphSeed: r.graphSeed}
+func (r *Round) Config() Config {
+	return Config{K: r.k, Threshold: r.t, Bits: r.bits, ClipRange: r.clip, GraphSeed: r.graphSeed}
 }
 
 func (r *Round) mask() uint32 { return uint32(1<<r.bits - 1) }

@@ -8,22 +8,21 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // randomRound draws a cohort size, graph and threshold. The complete graph
 // is drawn only for small cohorts, where its quadratic cost stays small.
-func randomRound(t *testing.T, r *rand.Rand, n int) *pb.SecAggConfig {
+func randomRound(t *testing.T, r *rand.Rand, n int) secagg.Config {
 	t.Helper()
-	cfg := &pb.SecAggConfig{Bits: uint32(1 + r.IntN(32)), GraphSeed: r.Uint64(), ClipRange: 1}
+	cfg := secagg.Config{Bits: 1 + r.IntN(32), GraphSeed: r.Uint64(), ClipRange: 1}
 	switch r.IntN(3) {
 	case 0: // default k
 	case 1:
 		if n <= 40 {
-			cfg.K = uint32(n - 1)
+			cfg.K = n - 1
 		}
 	default:
-		cfg.K = uint32(2 + r.IntN(max(1, min(n-2, 60))))
+		cfg.K = 2 + r.IntN(max(1, min(n-2, 60)))
 	}
 	rd, err := secagg.NewRound(cfg, testTask, 7, n)
 	if err != nil {
@@ -32,7 +31,7 @@ func randomRound(t *testing.T, r *rand.Rand, n int) *pb.SecAggConfig {
 	k := rd.K()
 	// Mostly thresholds near the minimum k/2+1, which tolerate the most
 	// dropout, sometimes up to k.
-	cfg.Threshold = uint32(k/2 + 1 + r.IntN(1+(k-k/2-1)/3))
+	cfg.Threshold = k/2 + 1 + r.IntN(1+(k-k/2-1)/3)
 	return cfg
 }
 
@@ -140,7 +139,7 @@ func TestTooFewSurvivorsAborts(t *testing.T) {
 // instead of failing at unmasking.
 func TestThinNeighbourhoodAbortsEarly(t *testing.T) {
 	const n = 80
-	c := newCohort(t, &pb.SecAggConfig{K: 12, GraphSeed: 99}, n, 5, 3)
+	c := newCohort(t, secagg.Config{K: 12, GraphSeed: 99}, n, 5, 3)
 	plan := make([]int, n)
 	nb := c.r.Neighbours(1)
 	for _, j := range nb[:len(nb)-c.r.Threshold()+1] {
@@ -158,7 +157,7 @@ func TestThinNeighbourhoodAbortsEarly(t *testing.T) {
 func TestMaskedVectorUniform(t *testing.T) {
 	const dim = 1 << 16
 	for _, bits := range []int{32, 8, 13} {
-		c := newCohort(t, &pb.SecAggConfig{Bits: uint32(bits), K: 4, GraphSeed: 5}, 8, dim, uint64(bits))
+		c := newCohort(t, secagg.Config{Bits: bits, K: 4, GraphSeed: 5}, 8, dim, uint64(bits))
 		input := make([]uint32, dim)
 		for i := range input {
 			input[i] = 0x5a & uint32(1<<bits-1)

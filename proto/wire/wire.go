@@ -14,7 +14,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -117,6 +120,24 @@ func ParseFailureSubject(subj string) (task string, round uint64, device string,
 
 // MaxFailureReason bounds the reason of a PlanFailure, in bytes.
 const MaxFailureReason = 256
+
+// FailureReason makes s fit a PlanFailure: invalid UTF-8 and control
+// characters become U+FFFD and the result is cut, on a character boundary,
+// to at most MaxFailureReason bytes. Devices send it; the server applies it
+// again to whatever arrives.
+func FailureReason(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		if unicode.IsControl(r) {
+			r = utf8.RuneError
+		}
+		if b.Len()+utf8.RuneLen(r) > MaxFailureReason {
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
 
 // ReportSubject is where a device publishes its update report for a round.
 func ReportSubject(task string, round uint64, device string) string {
@@ -263,13 +284,8 @@ func MetricsSHA256(m map[string]float64) string {
 
 // CheckSHA256 accepts a lowercase hex sha256.
 func CheckSHA256(kind, s string) error {
-	if len(s) != 64 {
-		return fmt.Errorf("%w: %s sha256 %q is not 64 hex digits", ErrToken, kind, s)
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return fmt.Errorf("%w: %s sha256 %q is not lowercase hex", ErrToken, kind, s)
-		}
+	if !ident.IsSHA256(s) {
+		return fmt.Errorf("%w: %s sha256 %q is not 64 lowercase hex digits", ErrToken, kind, s)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -195,5 +196,16 @@ func BenchmarkDecodeDense(b *testing.B) {
 		if _, err := wire.DecodeDense(enc, len(v)); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestFailureReason(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes
+	got := wire.FailureReason(long)
+	if len(got) > wire.MaxFailureReason || !utf8.ValidString(got) || !strings.HasPrefix(long, got) {
+		t.Fatalf("cut to %d bytes, valid %v", len(got), utf8.ValidString(got))
+	}
+	if got := wire.FailureReason("bad\x00\nline\xff"); got != "bad\uFFFD\uFFFDline\uFFFD" {
+		t.Fatalf("sanitized to %q", got)
 	}
 }

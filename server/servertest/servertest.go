@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 )
@@ -30,10 +31,10 @@ type Harness struct {
 	*server.Server
 	Dir     string
 	Conn    *grpc.ClientConn
-	Tasks   pb.TaskServiceClient
-	Models  pb.ModelServiceClient
-	Modules pb.ModuleServiceClient
-	Devices pb.DeviceServiceClient
+	Tasks   apiv1.TaskServiceClient
+	Models  apiv1.ModelServiceClient
+	Modules apiv1.ModuleServiceClient
+	Devices apiv1.DeviceServiceClient
 	// Publisher signs the modules RegisterModule uploads; the server
 	// trusts its key.
 	Publisher *identity.Publisher
@@ -102,8 +103,8 @@ func New(t testing.TB, opts ...Option) *Harness {
 	t.Cleanup(func() { s.Shutdown(ctx) })
 	h := &Harness{Server: s, Dir: cfg.DataDir, Publisher: pub}
 	h.Conn = h.Dial(t, s.AdminToken())
-	h.Tasks, h.Models, h.Modules = pb.NewTaskServiceClient(h.Conn), pb.NewModelServiceClient(h.Conn), pb.NewModuleServiceClient(h.Conn)
-	h.Devices = pb.NewDeviceServiceClient(h.Conn)
+	h.Tasks, h.Models, h.Modules = apiv1.NewTaskServiceClient(h.Conn), apiv1.NewModelServiceClient(h.Conn), apiv1.NewModuleServiceClient(h.Conn)
+	h.Devices = apiv1.NewDeviceServiceClient(h.Conn)
 	return h
 }
 
@@ -221,10 +222,10 @@ func (h *Harness) Rounds(t testing.TB, id string) []*pb.RoundSummary {
 
 // EnrollKeys enrolls devices with the given ids, each with a fresh key,
 // through the enrollment service, and returns their private keys: for
-// simulated devices (server/internal/loadgen) that sign reports as agents do.
+// simulated devices (internal/simfleet) that sign reports as agents do.
 func (h *Harness) EnrollKeys(t testing.TB, ids []string) map[string]ed25519.PrivateKey {
 	t.Helper()
-	enroll := pb.NewEnrollmentServiceClient(h.Conn)
+	enroll := apiv1.NewEnrollmentServiceClient(h.Conn)
 	out := make(map[string]ed25519.PrivateKey, len(ids))
 	for _, id := range ids {
 		key, err := identity.GenerateUserKey()

@@ -1,6 +1,6 @@
-// Package keyfile reads and writes secret key files: created with mode 0600
-// through a temporary file and rename, so a crash never leaves half a key,
-// and refused on load when group or others may read them.
+// Package keyfile reads and writes secret key files: written whole through
+// package atomicfile, so a crash never leaves half a key, and refused on
+// load when group or others may read them.
 package keyfile
 
 import (
@@ -10,6 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 )
 
 // ErrMode reports a secret file whose permissions let group or others in.
@@ -48,54 +50,21 @@ func Read(path string) ([]byte, error) {
 
 // Create writes b to path with the given mode unless path already exists,
 // in which case it returns an error wrapping fs.ErrExist. The parent
-// directory is created with mode 0700.
+// directory is created with mode 0700. Two processes creating the same key
+// at once cannot overwrite each other's: one wins, the other loads the
+// winner's key.
 func Create(path string, b []byte, mode fs.FileMode) error {
-	tmp, err := writeTemp(path, b, mode)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
-	// A hard link fails when path exists, so two processes creating the
-	// same key at once cannot overwrite each other's: one wins, the other
-	// loads the winner's key.
-	return os.Link(tmp, path)
+	return atomicfile.WriteNew(path, b, mode)
 }
 
 // Replace writes b to path with the given mode, replacing any file there
-// atomically (temporary file, then rename).
+// atomically. The parent directory is created with mode 0700.
 func Replace(path string, b []byte, mode fs.FileMode) error {
-	tmp, err := writeTemp(path, b, mode)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
-	return os.Rename(tmp, path)
-}
-
-// writeTemp writes b, synced, to a new temporary file with the given mode
-// beside path and returns its name; the caller links or renames it.
-func writeTemp(path string, b []byte, mode fs.FileMode) (string, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return "", err
-	}
-	err = f.Chmod(mode)
-	if err == nil {
-		_, err = f.Write(b)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return "", err
-	}
-	return f.Name(), nil
+	return atomicfile.WriteFile(path, b, mode)
 }

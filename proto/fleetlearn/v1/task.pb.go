@@ -330,11 +330,21 @@ type AggregationConfig struct {
 	// Fraction of updates discarded at each end, per coordinate, for
 	// TRIMMED_MEAN; in [0, 0.5).
 	TrimFraction float64 `protobuf:"fixed64,7,opt,name=trim_fraction,json=trimFraction,proto3" json:"trim_fraction,omitempty"`
-	// L2 norm bound on each update (delta); an update above it is refused.
-	// Zero means no bound.
+	// L2 norm bound on each update (delta): devices clip to it and the
+	// server refuses an update above it. Zero at task creation means the
+	// default: the base model's L2 norm, at least 1. A task runs without a
+	// bound only with unbounded_updates set.
 	MaxUpdateNorm float64 `protobuf:"fixed64,8,opt,name=max_update_norm,json=maxUpdateNorm,proto3" json:"max_update_norm,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Opts the task out of the update norm bound, explicitly: any enrolled
+	// device can then move the model arbitrarily far. Recorded in the audit
+	// log's task.created event.
+	UnboundedUpdates bool `protobuf:"varint,9,opt,name=unbounded_updates,json=unboundedUpdates,proto3" json:"unbounded_updates,omitempty"`
+	// Most examples one report may count with in the weighted mean; a report
+	// claiming more weighs as this many. Zero at task creation means the
+	// default, 10000.
+	MaxExamplesPerReport uint64 `protobuf:"varint,10,opt,name=max_examples_per_report,json=maxExamplesPerReport,proto3" json:"max_examples_per_report,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *AggregationConfig) Reset() {
@@ -419,6 +429,20 @@ func (x *AggregationConfig) GetTrimFraction() float64 {
 func (x *AggregationConfig) GetMaxUpdateNorm() float64 {
 	if x != nil {
 		return x.MaxUpdateNorm
+	}
+	return 0
+}
+
+func (x *AggregationConfig) GetUnboundedUpdates() bool {
+	if x != nil {
+		return x.UnboundedUpdates
+	}
+	return false
+}
+
+func (x *AggregationConfig) GetMaxExamplesPerReport() uint64 {
+	if x != nil {
+		return x.MaxExamplesPerReport
 	}
 	return 0
 }
@@ -917,7 +941,7 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x10require_charging\x18\x02 \x01(\bR\x0frequireCharging\x12!\n" +
 	"\frequire_idle\x18\x03 \x01(\bR\vrequireIdle\x12+\n" +
 	"\x11require_unmetered\x18\x04 \x01(\bR\x10requireUnmetered\x12%\n" +
-	"\x0edevice_classes\x18\x05 \x03(\tR\rdeviceClasses\"\xa0\x02\n" +
+	"\x0edevice_classes\x18\x05 \x03(\tR\rdeviceClasses\"\x84\x03\n" +
 	"\x11AggregationConfig\x122\n" +
 	"\x04rule\x18\x01 \x01(\x0e2\x1e.fleetlearn.v1.AggregationRuleR\x04rule\x120\n" +
 	"\x14server_learning_rate\x18\x02 \x01(\x01R\x12serverLearningRate\x12\x1a\n" +
@@ -926,7 +950,10 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x05beta2\x18\x05 \x01(\x01R\x05beta2\x12\x10\n" +
 	"\x03tau\x18\x06 \x01(\x01R\x03tau\x12#\n" +
 	"\rtrim_fraction\x18\a \x01(\x01R\ftrimFraction\x12&\n" +
-	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\"\xdd\b\n" +
+	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\x12+\n" +
+	"\x11unbounded_updates\x18\t \x01(\bR\x10unboundedUpdates\x125\n" +
+	"\x17max_examples_per_report\x18\n" +
+	" \x01(\x04R\x14maxExamplesPerReport\"\xdd\b\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +

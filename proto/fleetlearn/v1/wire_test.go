@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -245,132 +244,20 @@ func TestFieldNumbers(t *testing.T) {
 	}
 }
 
-type method struct {
-	name         protoreflect.Name
-	clientStream bool
-	serverStream bool
-}
-
-func TestServices(t *testing.T) {
-	tests := []struct {
-		service protoreflect.FullName
-		methods []method
-	}{
-		{"fleetlearn.v1.TaskService", []method{
-			{name: "CreateTask"},
-			{name: "GetTask"},
-			{name: "ListTasks"},
-			{name: "StopTask"},
-			{name: "WatchTask", serverStream: true},
-			{name: "ListRounds"},
-		}},
-		{"fleetlearn.v1.ModelService", []method{
-			{name: "ImportModel", clientStream: true},
-			{name: "ExportModel", serverStream: true},
-			{name: "GetModel"},
-			{name: "ListModels"},
-		}},
-		{"fleetlearn.v1.ModuleService", []method{
-			{name: "RegisterModule", clientStream: true},
-			{name: "GetModule"},
-			{name: "ListModules"},
-		}},
-		{"fleetlearn.v1.AuditService", []method{
-			{name: "QueryEntries"},
-			{name: "GetCheckpoint"},
-			{name: "GetInclusionProof"},
-			{name: "GetConsistencyProof"},
-			{name: "ExportEntries", serverStream: true},
-			{name: "GetPublicKeys"},
-		}},
-		{"fleetlearn.v1.DeviceService", []method{
-			{name: "CreateEnrollmentToken"},
-			{name: "ListDevices"},
-			{name: "RevokeDevice"},
-		}},
-		{"fleetlearn.v1.EnrollmentService", []method{
-			{name: "Enroll"},
-		}},
-	}
-	seen := map[protoreflect.FullName]bool{}
-	for _, tt := range tests {
-		t.Run(string(tt.service.Name()), func(t *testing.T) {
-			seen[tt.service] = true
-			d, err := protoregistry.GlobalFiles.FindDescriptorByName(tt.service)
-			if err != nil {
-				t.Fatalf("FindDescriptorByName: %v", err)
-			}
-			sd := d.(protoreflect.ServiceDescriptor)
-			if got, want := sd.Methods().Len(), len(tt.methods); got != want {
-				t.Errorf("%d methods, want %d", got, want)
-			}
-			for _, m := range tt.methods {
-				md := sd.Methods().ByName(m.name)
-				if md == nil {
-					t.Errorf("missing method %s", m.name)
-					continue
-				}
-				if md.IsStreamingClient() != m.clientStream || md.IsStreamingServer() != m.serverStream {
-					t.Errorf("%s streaming (client, server) = (%v, %v), want (%v, %v)",
-						m.name, md.IsStreamingClient(), md.IsStreamingServer(), m.clientStream, m.serverStream)
-				}
-				if got, want := md.Input().FullName(), pkg.Append(m.name+"Request"); got != want {
-					t.Errorf("%s input = %s, want %s", m.name, got, want)
-				}
-				if got, want := md.Output().FullName(), pkg.Append(m.name+"Response"); got != want {
-					t.Errorf("%s output = %s, want %s", m.name, got, want)
-				}
-			}
-		})
-	}
-
-	// Every service in the package must be covered above.
+// TestNoServices keeps the services out of the message package: their gRPC
+// stubs live in fleetlearn.api.v1, so that code using only the messages
+// (SecAgg+, the device protocol) does not link gRPC.
+func TestNoServices(t *testing.T) {
+	var files int
 	protoregistry.GlobalFiles.RangeFilesByPackage(pkg, func(fd protoreflect.FileDescriptor) bool {
+		files++
 		for i := range fd.Services().Len() {
-			if name := fd.Services().Get(i).FullName(); !seen[name] {
-				t.Errorf("service %s is not covered by TestServices", name)
-			}
+			t.Errorf("%s declares service %s; services belong in fleetlearn.api.v1", fd.Path(), fd.Services().Get(i).FullName())
 		}
 		return true
 	})
-}
-
-// TestGRPCServiceDescs checks that the generated gRPC registration tables
-// agree with the descriptors the servers will advertise via reflection.
-func TestGRPCServiceDescs(t *testing.T) {
-	for _, sd := range []struct {
-		name      string
-		unary     []string
-		streaming []string
-	}{
-		{fleetlearnv1.TaskService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.TaskService_ServiceDesc.Methods), streamNames(fleetlearnv1.TaskService_ServiceDesc.Streams)},
-		{fleetlearnv1.ModelService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.ModelService_ServiceDesc.Methods), streamNames(fleetlearnv1.ModelService_ServiceDesc.Streams)},
-		{fleetlearnv1.ModuleService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.ModuleService_ServiceDesc.Methods), streamNames(fleetlearnv1.ModuleService_ServiceDesc.Streams)},
-		{fleetlearnv1.AuditService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.AuditService_ServiceDesc.Methods), streamNames(fleetlearnv1.AuditService_ServiceDesc.Streams)},
-		{fleetlearnv1.DeviceService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.DeviceService_ServiceDesc.Methods), streamNames(fleetlearnv1.DeviceService_ServiceDesc.Streams)},
-		{fleetlearnv1.EnrollmentService_ServiceDesc.ServiceName, methodNames(fleetlearnv1.EnrollmentService_ServiceDesc.Methods), streamNames(fleetlearnv1.EnrollmentService_ServiceDesc.Streams)},
-	} {
-		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(sd.name))
-		if err != nil {
-			t.Errorf("%s: %v", sd.name, err)
-			continue
-		}
-		methods := d.(protoreflect.ServiceDescriptor).Methods()
-		if got, want := len(sd.unary)+len(sd.streaming), methods.Len(); got != want {
-			t.Errorf("%s: gRPC desc has %d methods, descriptor %d", sd.name, got, want)
-		}
-		for _, n := range sd.unary {
-			md := methods.ByName(protoreflect.Name(n))
-			if md == nil || md.IsStreamingClient() || md.IsStreamingServer() {
-				t.Errorf("%s: %s registered as unary but descriptor says %v", sd.name, n, md)
-			}
-		}
-		for _, n := range sd.streaming {
-			md := methods.ByName(protoreflect.Name(n))
-			if md == nil || !(md.IsStreamingClient() || md.IsStreamingServer()) {
-				t.Errorf("%s: %s registered as streaming but descriptor says %v", sd.name, n, md)
-			}
-		}
+	if files == 0 {
+		t.Fatal("no files registered for package " + string(pkg))
 	}
 }
 
@@ -392,20 +279,4 @@ func TestEnumsHaveUnspecifiedZero(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no enums registered for package " + string(pkg))
 	}
-}
-
-func methodNames(ms []grpc.MethodDesc) []string {
-	names := make([]string, len(ms))
-	for i, m := range ms {
-		names[i] = m.MethodName
-	}
-	return names
-}
-
-func streamNames(ss []grpc.StreamDesc) []string {
-	names := make([]string, len(ss))
-	for i, s := range ss {
-		names[i] = s.StreamName
-	}
-	return names
 }

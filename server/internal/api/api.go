@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/fleetlearn/fleetlearn/audit"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
 
@@ -86,9 +86,9 @@ func WithHealthServer(h *health.Server) Option {
 
 // serviceNames are the services Register adds and reports as SERVING.
 var serviceNames = []string{
-	pb.TaskService_ServiceDesc.ServiceName,
-	pb.ModelService_ServiceDesc.ServiceName,
-	pb.ModuleService_ServiceDesc.ServiceName,
+	apiv1.TaskService_ServiceDesc.ServiceName,
+	apiv1.ModelService_ServiceDesc.ServiceName,
+	apiv1.ModuleService_ServiceDesc.ServiceName,
 }
 
 // Register adds TaskService, ModelService and ModuleService backed by b to s,
@@ -98,19 +98,19 @@ var serviceNames = []string{
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
 	core := &service{b: b, cfg: c}
-	pb.RegisterTaskServiceServer(s, &taskServer{service: core})
-	pb.RegisterModelServiceServer(s, &modelServer{service: core})
-	pb.RegisterModuleServiceServer(s, &moduleServer{service: core})
+	apiv1.RegisterTaskServiceServer(s, &taskServer{service: core})
+	apiv1.RegisterModelServiceServer(s, &modelServer{service: core})
+	apiv1.RegisterModuleServiceServer(s, &moduleServer{service: core})
 	names := serviceNames
 	if c.audit != nil {
-		pb.RegisterAuditServiceServer(s, &auditServer{service: core, lg: c.audit})
-		names = append(names[:len(names):len(names)], pb.AuditService_ServiceDesc.ServiceName)
+		apiv1.RegisterAuditServiceServer(s, &auditServer{service: core, lg: c.audit})
+		names = append(names[:len(names):len(names)], apiv1.AuditService_ServiceDesc.ServiceName)
 	}
 	if c.devices != nil {
-		pb.RegisterDeviceServiceServer(s, &deviceServer{service: core, d: c.devices})
-		pb.RegisterEnrollmentServiceServer(s, &enrollmentServer{service: core, d: c.devices})
-		names = append(names[:len(names):len(names)], pb.DeviceService_ServiceDesc.ServiceName,
-			pb.EnrollmentService_ServiceDesc.ServiceName)
+		apiv1.RegisterDeviceServiceServer(s, &deviceServer{service: core, d: c.devices})
+		apiv1.RegisterEnrollmentServiceServer(s, &enrollmentServer{service: core, d: c.devices})
+		names = append(names[:len(names):len(names)], apiv1.DeviceService_ServiceDesc.ServiceName,
+			apiv1.EnrollmentService_ServiceDesc.ServiceName)
 	}
 
 	c.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 	"github.com/fleetlearn/fleetlearn/server/internal/api/apitest"
 )
@@ -26,9 +26,9 @@ type env struct {
 	b       *apitest.Backend
 	logs    *syncBuffer
 	conn    *grpc.ClientConn
-	tasks   pb.TaskServiceClient
-	models  pb.ModelServiceClient
-	modules pb.ModuleServiceClient
+	tasks   apiv1.TaskServiceClient
+	models  apiv1.ModelServiceClient
+	modules apiv1.ModuleServiceClient
 }
 
 func newEnv(t *testing.T, opts ...api.Option) *env {
@@ -49,8 +49,8 @@ func newEnv(t *testing.T, opts ...api.Option) *env {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return &env{b: b, logs: logs, conn: conn,
-		tasks: pb.NewTaskServiceClient(conn), models: pb.NewModelServiceClient(conn),
-		modules: pb.NewModuleServiceClient(conn)}
+		tasks: apiv1.NewTaskServiceClient(conn), models: apiv1.NewModelServiceClient(conn),
+		modules: apiv1.NewModuleServiceClient(conn)}
 }
 
 func testContext(t *testing.T) context.Context {

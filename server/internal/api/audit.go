@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -32,7 +33,7 @@ func WithAudit(lg *audit.Log) Option {
 // auditServer implements AuditService over an audit log. It only reads;
 // entries are recorded by the server's components and by AuditInterceptor.
 type auditServer struct {
-	pb.UnimplementedAuditServiceServer
+	apiv1.UnimplementedAuditServiceServer
 	service *service
 	lg      *audit.Log
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 	"github.com/fleetlearn/fleetlearn/server/internal/api/apitest"
@@ -33,7 +34,7 @@ var auditT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 type auditEnv struct {
 	*env
 	lg    *audit.Log
-	audit pb.AuditServiceClient
+	audit apiv1.AuditServiceClient
 	logs  *syncBuffer
 }
 
@@ -66,9 +67,9 @@ func newAuditEnv(t *testing.T, identity api.Identity) *auditEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	e := &env{b: b, logs: logs, conn: conn, tasks: pb.NewTaskServiceClient(conn),
-		models: pb.NewModelServiceClient(conn), modules: pb.NewModuleServiceClient(conn)}
-	return &auditEnv{env: e, lg: lg, audit: pb.NewAuditServiceClient(conn), logs: logs}
+	e := &env{b: b, logs: logs, conn: conn, tasks: apiv1.NewTaskServiceClient(conn),
+		models: apiv1.NewModelServiceClient(conn), modules: apiv1.NewModuleServiceClient(conn)}
+	return &auditEnv{env: e, lg: lg, audit: apiv1.NewAuditServiceClient(conn), logs: logs}
 }
 
 // record appends events straight to the log, as the server's parts do.
@@ -383,13 +384,13 @@ func TestAuditExportEntries(t *testing.T) {
 func TestAuditServiceOnlyWithLog(t *testing.T) {
 	e := newEnv(t)
 	ctx := testContext(t)
-	_, err := pb.NewAuditServiceClient(e.conn).GetCheckpoint(ctx, &pb.GetCheckpointRequest{})
+	_, err := apiv1.NewAuditServiceClient(e.conn).GetCheckpoint(ctx, &pb.GetCheckpointRequest{})
 	wantCode(t, err, codes.Unimplemented)
-	_, err = healthpb.NewHealthClient(e.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: pb.AuditService_ServiceDesc.ServiceName})
+	_, err = healthpb.NewHealthClient(e.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: apiv1.AuditService_ServiceDesc.ServiceName})
 	wantCode(t, err, codes.NotFound)
 
 	a := newAuditEnv(t, nil)
-	res, err := healthpb.NewHealthClient(a.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: pb.AuditService_ServiceDesc.ServiceName})
+	res, err := healthpb.NewHealthClient(a.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: apiv1.AuditService_ServiceDesc.ServiceName})
 	if err != nil || res.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health of AuditService = %v, %v", res, err)
 	}
@@ -456,13 +457,13 @@ func TestAuditInterceptorRecordsMutatingCalls(t *testing.T) {
 
 	got, actors := actions(t, e.lg)
 	want := []audit.OperatorAction{
-		{Method: "fleetlearn.v1.TaskService/CreateTask", Resource: "tasks/" + id, Result: audit.ResultOK, Code: "OK",
+		{Method: "fleetlearn.api.v1.TaskService/CreateTask", Resource: "tasks/" + id, Result: audit.ResultOK, Code: "OK",
 			Task: id, Model: created.GetTask().GetModel().GetSha256(), Module: task.GetModule().GetSha256()},
-		{Method: "fleetlearn.v1.TaskService/StopTask", Resource: "tasks/no-such-task", Result: audit.ResultFailed,
+		{Method: "fleetlearn.api.v1.TaskService/StopTask", Resource: "tasks/no-such-task", Result: audit.ResultFailed,
 			Code: "NOT_FOUND", Task: "no-such-task"},
-		{Method: "fleetlearn.v1.ModelService/ImportModel", Resource: "models/" + imported.GetModel().GetRef().GetVersion(),
+		{Method: "fleetlearn.api.v1.ModelService/ImportModel", Resource: "models/" + imported.GetModel().GetRef().GetVersion(),
 			Result: audit.ResultOK, Code: "OK", Model: imported.GetModel().GetRef().GetSha256()},
-		{Method: "fleetlearn.v1.ModuleService/RegisterModule", Result: audit.ResultFailed, Code: "INVALID_ARGUMENT"},
+		{Method: "fleetlearn.api.v1.ModuleService/RegisterModule", Result: audit.ResultFailed, Code: "INVALID_ARGUMENT"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("recorded %d actions, want %d: %+v", len(got), len(want), got)

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/ident"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -71,7 +73,7 @@ type describe func(req, res proto.Message, a *audit.OperatorAction)
 
 // mutating are the methods that change state and what they act on.
 var mutating = map[string]describe{
-	pb.TaskService_CreateTask_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
+	apiv1.TaskService_CreateTask_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.CreateTaskRequest)
 		out, _ := res.(*pb.CreateTaskResponse)
 		if id := auditField(out.GetTask().GetId()); id != "" {
@@ -80,13 +82,13 @@ var mutating = map[string]describe{
 		a.Model = firstHex(out.GetTask().GetModel().GetSha256(), in.GetTask().GetModel().GetSha256())
 		a.Module = firstHex(out.GetTask().GetModule().GetSha256(), in.GetTask().GetModule().GetSha256())
 	},
-	pb.TaskService_StopTask_FullMethodName: func(req, _ proto.Message, a *audit.OperatorAction) {
+	apiv1.TaskService_StopTask_FullMethodName: func(req, _ proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.StopTaskRequest)
 		if id := auditField(in.GetTaskId()); id != "" {
 			a.Task, a.Resource = id, "tasks/"+id
 		}
 	},
-	pb.ModelService_ImportModel_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
+	apiv1.ModelService_ImportModel_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.ImportModelRequest)
 		out, _ := res.(*pb.ImportModelResponse)
 		h, ref := in.GetHeader(), out.GetModel().GetRef()
@@ -95,18 +97,18 @@ var mutating = map[string]describe{
 		}
 		a.Model = firstHex(ref.GetSha256(), h.GetSha256())
 	},
-	pb.DeviceService_CreateEnrollmentToken_FullMethodName: func(_, res proto.Message, a *audit.OperatorAction) {
+	apiv1.DeviceService_CreateEnrollmentToken_FullMethodName: func(_, res proto.Message, a *audit.OperatorAction) {
 		out, _ := res.(*pb.CreateEnrollmentTokenResponse)
 		if id := auditField(out.GetTokenId()); id != "" {
 			a.Resource = "enrollment-tokens/" + id
 		}
 	},
-	pb.DeviceService_RevokeDevice_FullMethodName: func(_, _ proto.Message, a *audit.OperatorAction) {
+	apiv1.DeviceService_RevokeDevice_FullMethodName: func(_, _ proto.Message, a *audit.OperatorAction) {
 		// The device id stays out of the log (DeviceRevoked names its
 		// pseudonym); the request digest pins it.
 		a.Resource = "devices"
 	},
-	pb.ModuleService_RegisterModule_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
+	apiv1.ModuleService_RegisterModule_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.RegisterModuleRequest)
 		out, _ := res.(*pb.RegisterModuleResponse)
 		h, ref := in.GetHeader(), out.GetModule().GetRef()
@@ -225,7 +227,7 @@ func auditField(v string) string {
 
 func firstHex(vs ...string) string {
 	for _, v := range vs {
-		if isSHA256Hex(v) {
+		if ident.IsSHA256(v) {
 			return v
 		}
 	}

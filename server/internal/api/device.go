@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
@@ -19,7 +20,7 @@ func WithDevices(d backend.Devices) Option {
 }
 
 type deviceServer struct {
-	pb.UnimplementedDeviceServiceServer
+	apiv1.UnimplementedDeviceServiceServer
 	*service
 	d backend.Devices
 }
@@ -77,7 +78,7 @@ func (s *deviceServer) RevokeDevice(ctx context.Context, req *pb.RevokeDeviceReq
 }
 
 type enrollmentServer struct {
-	pb.UnimplementedEnrollmentServiceServer
+	apiv1.UnimplementedEnrollmentServiceServer
 	*service
 	d backend.Devices
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
@@ -47,7 +48,7 @@ func TestDeviceRequestsRefused(t *testing.T) {
 	d := &devices{}
 	e := newEnv(t, api.WithDevices(d))
 	ctx := testContext(t)
-	dc, ec := pb.NewDeviceServiceClient(e.conn), pb.NewEnrollmentServiceClient(e.conn)
+	dc, ec := apiv1.NewDeviceServiceClient(e.conn), apiv1.NewEnrollmentServiceClient(e.conn)
 	k, err := identity.GenerateUserKey()
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +139,7 @@ func TestDeviceErrorCodes(t *testing.T) {
 		{fmt.Errorf("disk on fire"), codes.Internal},
 	} {
 		d.err = c.err
-		_, err := pb.NewEnrollmentServiceClient(e.conn).Enroll(ctx, &pb.EnrollRequest{Token: "t", KeyId: k.ID()})
+		_, err := apiv1.NewEnrollmentServiceClient(e.conn).Enroll(ctx, &pb.EnrollRequest{Token: "t", KeyId: k.ID()})
 		if status.Code(err) != c.want || !strings.HasPrefix(status.Convert(err).Message(), "enroll: ") {
 			t.Errorf("%v: %v, want %v", c.err, err, c.want)
 		}

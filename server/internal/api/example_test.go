@@ -36,7 +36,7 @@ func ExampleRegister() {
 	}
 	defer conn.Close()
 	r, err := healthpb.NewHealthClient(conn).Check(context.Background(),
-		&healthpb.HealthCheckRequest{Service: "fleetlearn.v1.TaskService"})
+		&healthpb.HealthCheckRequest{Service: "fleetlearn.api.v1.TaskService"})
 	if err != nil {
 		fmt.Println(err)
 		return

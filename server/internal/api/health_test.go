@@ -12,7 +12,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 )
 
-var services = []string{"fleetlearn.v1.TaskService", "fleetlearn.v1.ModelService", "fleetlearn.v1.ModuleService"}
+var services = []string{"fleetlearn.api.v1.TaskService", "fleetlearn.api.v1.ModelService", "fleetlearn.api.v1.ModuleService"}
 
 func TestHealth(t *testing.T) {
 	h := health.NewServer()
@@ -64,7 +64,7 @@ func TestReflectionListsServices(t *testing.T) {
 			t.Errorf("reflection lists %v, missing %s", got, want)
 		}
 	}
-	if slices.Contains(got, "fleetlearn.v1.AuditService") {
+	if slices.Contains(got, "fleetlearn.api.v1.AuditService") {
 		t.Errorf("reflection lists AuditService, which Register does not serve")
 	}
 }

@@ -7,11 +7,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 type moduleServer struct {
-	pb.UnimplementedModuleServiceServer
+	apiv1.UnimplementedModuleServiceServer
 	*service
 }
 

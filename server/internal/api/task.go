@@ -7,11 +7,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+
+	"github.com/fleetlearn/fleetlearn/internal/sandboxlimits"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 type taskServer struct {
-	pb.UnimplementedTaskServiceServer
+	apiv1.UnimplementedTaskServiceServer
 	*service
 }
 
@@ -51,6 +54,11 @@ func taskForCreate(op string, in *pb.Task) (*pb.Task, error) {
 	}
 	if err := checkText(op, "task.server_eval_dataset", in.GetServerEvalDataset(), maxTextLen); err != nil {
 		return nil, err
+	}
+	// Every device converts the limits the same way; refusing here beats a
+	// task that fails on each device it reaches.
+	if _, err := sandboxlimits.FromProto(in.GetLimits()); err != nil {
+		return nil, invalid(op, "task."+err.Error())
 	}
 	for _, c := range in.GetEligibility().GetDeviceClasses() {
 		if err := checkID(op, "task.eligibility.device_classes", c); err != nil {

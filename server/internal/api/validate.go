@@ -5,16 +5,17 @@ import (
 	"fmt"
 	"unicode"
 
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
 
 // Bounds on request fields. They are far above any legitimate value and only
 // keep absurd requests from reaching the backend.
 const (
-	maxIDLen          = 256     // task ids, model versions, names
-	maxTokenLen       = 1024    // page tokens
-	maxTextLen        = 4096    // reasons, descriptions, paths
-	maxHyperBytes     = 1 << 20 // task hyperparameters
+	maxIDLen          = ident.MaxNameBytes // device attributes
+	maxTokenLen       = 1024               // page tokens
+	maxTextLen        = 4096               // reasons, descriptions, paths
+	maxHyperBytes     = 1 << 20            // task hyperparameters
 	maxSignatureBytes = 64 << 10
 )
 
@@ -26,12 +27,16 @@ func checkID(op, field, v string) error {
 	return checkName(op, field, v)
 }
 
-// checkName checks an optional identifier or name.
+// checkName checks an optional identifier or name (task ids, model
+// versions, names) by the rule names follow everywhere.
 func checkName(op, field, v string) error {
-	if hasControl(v) {
-		return invalid(op, field+" contains control characters")
+	if v == "" {
+		return nil
 	}
-	return checkText(op, field, v, maxIDLen)
+	if err := ident.Name(v); err != nil {
+		return invalid(op, field+" "+err.Error())
+	}
+	return nil
 }
 
 // checkText checks an optional free-form field.
@@ -48,23 +53,10 @@ func checkSHA256(op, field, v string, required bool) error {
 	if v == "" && !required {
 		return nil
 	}
-	if !isSHA256Hex(v) {
+	if !ident.IsSHA256(v) {
 		return invalid(op, fmt.Sprintf("%s %q is not 64 lowercase hexadecimal characters", field, truncate(v)))
 	}
 	return nil
-}
-
-func isSHA256Hex(v string) bool {
-	if len(v) != 64 {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // page translates and bounds the paging fields of a List request.

@@ -23,13 +23,17 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/fleetlearn/fleetlearn/identity"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
 )
 
+// apiPackage prefixes the services' full names; slicing it off a name of
+// another package garbles it, which the table comparison catches.
+const apiPackage = "fleetlearn.api.v1."
+
 // services are the Fleetlearn gRPC services the policy must cover.
-var services = []*grpc.ServiceDesc{&pb.TaskService_ServiceDesc, &pb.ModelService_ServiceDesc,
-	&pb.ModuleService_ServiceDesc, &pb.AuditService_ServiceDesc, &pb.DeviceService_ServiceDesc}
+var services = []*grpc.ServiceDesc{&apiv1.TaskService_ServiceDesc, &apiv1.ModelService_ServiceDesc,
+	&apiv1.ModuleService_ServiceDesc, &apiv1.AuditService_ServiceDesc, &apiv1.DeviceService_ServiceDesc}
 
 // allowed is the documented role table (docs/SECURITY.md), written out
 // independently of identity.DefaultPolicy so that the test checks it.
@@ -71,7 +75,7 @@ type method struct {
 func allMethods() []method {
 	var ms []method
 	for _, sd := range services {
-		short := sd.ServiceName[len("fleetlearn.v1."):]
+		short := sd.ServiceName[len(apiPackage):]
 		for _, m := range sd.Methods {
 			ms = append(ms, method{full: "/" + sd.ServiceName + "/" + m.MethodName, short: short + "/" + m.MethodName})
 		}
@@ -199,7 +203,7 @@ func start(t *testing.T, chain func(*authz.Interceptors) []grpc.ServerOption) *e
 	for _, sd := range services {
 		srv.RegisterService(standIn(sd, e.h), struct{}{})
 	}
-	srv.RegisterService(standIn(&pb.EnrollmentService_ServiceDesc, e.h), struct{}{})
+	srv.RegisterService(standIn(&apiv1.EnrollmentService_ServiceDesc, e.h), struct{}{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reflection.Register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -263,7 +267,7 @@ func TestTableMatchesServicesAndPolicy(t *testing.T) {
 	}
 	var fromPolicy []string
 	for _, r := range identity.DefaultPolicy().Rules() {
-		fromPolicy = append(fromPolicy, r.Method[len("/fleetlearn.v1."):])
+		fromPolicy = append(fromPolicy, r.Method[len("/"+apiPackage):])
 	}
 	slices.Sort(fromDescs)
 	slices.Sort(fromTable)
@@ -331,7 +335,7 @@ func TestSeveralRoles(t *testing.T) {
 // API token is still refused.
 func TestEnrollmentIsPublic(t *testing.T) {
 	e := start(t, combined)
-	m := method{full: pb.EnrollmentService_Enroll_FullMethodName, short: "EnrollmentService/Enroll"}
+	m := method{full: apiv1.EnrollmentService_Enroll_FullMethodName, short: "EnrollmentService/Enroll"}
 	if got := e.call(t.Context(), m, ""); got != codes.OK {
 		t.Fatalf("enroll without a token: %v", got)
 	}
@@ -416,8 +420,8 @@ func TestAuditBetween(t *testing.T) {
 		}
 	})
 	ctx := t.Context()
-	create := method{full: pb.TaskService_CreateTask_FullMethodName}
-	imp := method{full: pb.ModelService_ImportModel_FullMethodName, clientStream: true}
+	create := method{full: apiv1.TaskService_CreateTask_FullMethodName}
+	imp := method{full: apiv1.ModelService_ImportModel_FullMethodName, clientStream: true}
 	for _, c := range []struct {
 		m    method
 		auth string

@@ -24,8 +24,37 @@ const maxCheckInBytes = 16 << 10
 // deviceWriteInterval limits how often a polling device's last-seen time is written.
 const deviceWriteInterval = time.Minute
 
+// Check-ins are answered by a few workers rather than on the NATS delivery
+// goroutine, so one slow store write (a cohort assignment) does not hold up
+// every other device; a full queue is answered at once with OVERLOADED.
+const (
+	checkInWorkers = 4
+	checkInQueue   = 1024
+)
+
 func (c *Coordinator) handleCheckIn(m *nats.Msg) {
-	resp := c.checkIn(m.Subject, m.Data)
+	select {
+	case c.checkins <- m:
+	default:
+		c.d.Metrics.CheckIns.WithLabelValues("overloaded").Inc()
+		c.respond(m, retry(c.d.PaceWindow+c.jitter(c.d.PaceWindow), pb.RetryReason_RETRY_REASON_OVERLOADED, "server busy"))
+	}
+}
+
+// serveCheckIns answers queued check-ins until the coordinator stops.
+func (c *Coordinator) serveCheckIns() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case m := <-c.checkins:
+			c.respond(m, c.checkIn(m.Subject, m.Data))
+		}
+	}
+}
+
+func (c *Coordinator) respond(m *nats.Msg, resp *pb.CheckInResponse) {
 	b, err := proto.Marshal(resp)
 	if err != nil {
 		c.d.Log.Error("marshal check-in response", "err", err)
@@ -35,6 +64,40 @@ func (c *Coordinator) handleCheckIn(m *nats.Msg) {
 		c.d.Log.Debug("check-in reply", "err", err)
 	}
 }
+
+// writeSeen records devices' last-seen times off the check-in path: a
+// device's latest sighting replaces one not yet written.
+func (c *Coordinator) writeSeen() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.seenKick:
+		}
+		c.mu.Lock()
+		batch := c.unseen
+		c.unseen = map[string]sighting{}
+		c.mu.Unlock()
+		for id, s := range batch {
+			ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+			if err := c.d.Store.SeeDevice(ctx, id, s.attrs, s.at); err != nil {
+				c.d.Log.Warn("recording device", "device", id, "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// sighting is a device's check-in waiting to be written.
+type sighting struct {
+	attrs *pb.DeviceAttributes
+	at    time.Time
+}
+
+// maxUnseen bounds the sightings waiting to be written; beyond it new ones
+// are dropped (and retried at the device's next check-in).
+const maxUnseen = 1 << 16
 
 func retry(d time.Duration, reason pb.RetryReason, detail string) *pb.CheckInResponse {
 	return &pb.CheckInResponse{Result: &pb.CheckInResponse_RetryAfter{RetryAfter: &pb.RetryAfter{
@@ -65,7 +128,7 @@ func (c *Coordinator) checkIn(subject string, b []byte) *pb.CheckInResponse {
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
 			fmt.Sprintf("check-in names device %q on the subject of device %q; a device checks in only as itself", ci.DeviceId, device))
 	}
-	now := c.d.Now()
+	now := c.now()
 	c.noteDevice(ci.DeviceId, ci.Attributes, now)
 
 	c.mu.Lock()
@@ -101,12 +164,16 @@ func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time
 		c.mu.Unlock()
 		return
 	}
+	if len(c.unseen) >= maxUnseen {
+		c.mu.Unlock()
+		return
+	}
 	c.seen[id] = now
+	c.unseen[id] = sighting{attrs: attrs, at: now}
 	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-	defer cancel()
-	if err := c.d.Store.SeeDevice(ctx, id, attrs, now); err != nil {
-		c.d.Log.Warn("recording device", "device", id, "err", err)
+	select {
+	case c.seenKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -4,6 +4,12 @@
 // reports stream, so a restarted coordinator resumes an open round where it was:
 // the round's cohort is in the database and its reports are replayed from the
 // stream. docs/PROTOCOL.md describes the protocol.
+//
+// The files follow a round's stages: checkin.go (selection), plan.go (what a
+// round asks of devices), round.go (the plaintext round loop), validate.go
+// (report checks), secure.go (SecAgg+ stages), dp.go (privacy), commit.go
+// (one aggregation result, noised once, checked, audited and committed) and
+// failure.go (devices' failure reports). Every deadline runs on Deps.Clock.
 package coord
 
 import (
@@ -23,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -41,15 +48,22 @@ type Deps struct {
 	Sandbox *wasm.Sandbox // server-side evaluation
 	Metrics *metrics.M
 	Log     *slog.Logger
-	Now     func() time.Time
-	Rand    *rand.Rand // guarded by the coordinator's mutex
+	// Clock decides every deadline and stamps every time (default: the
+	// system clock).
+	Clock clock.Clock
+	Rand  *rand.Rand // guarded by the coordinator's mutex
 	// PaceWindow spreads the check-ins of devices that were not selected:
 	// each retries after the current round is expected to end plus a uniform
 	// delay in [0, PaceWindow).
 	PaceWindow time.Duration
-	// Audit records round and task events in the audit log; nil records
-	// nothing.
-	Audit func(ctx context.Context, actor audit.Actor, p audit.Payload) error
+	// Audit records events in the audit log, all of one call in one batch
+	// (all or none); nil records nothing.
+	Audit func(ctx context.Context, actor audit.Actor, ps ...audit.Payload) error
+	// Audited reports whether the audit log holds a round's close. A
+	// restarted coordinator that finds a close prepared but not committed
+	// asks it whether the close was recorded (then it commits it) or not
+	// (then it replays the round). nil answers "not recorded".
+	Audited func(ctx context.Context, task string, round uint64) (bool, error)
 	// DeviceKey returns an enrolled device's public key, or an error for a
 	// device that is not enrolled or was revoked. With it, reports and SecAgg
 	// keys of enrolled devices must be signed by their key; nil skips the
@@ -63,17 +77,22 @@ type Deps struct {
 // auditActor is who the coordinator's audit events name.
 var auditActor = audit.Service("coordinator")
 
-// record appends an event to the audit log. The state change it describes
-// has already been made durable, so a failure cannot undo it; it is logged
-// (by the recorder) and counted, and the round goes on.
-func (c *Coordinator) record(p audit.Payload) {
-	if c.d.Audit == nil {
-		return
+// record appends events to the audit log in one batch. The failure is
+// logged (by the recorder) and counted; callers whose state change must not
+// happen unaudited act on the error (see commit.go).
+func (c *Coordinator) record(ps ...audit.Payload) error {
+	if c.d.Audit == nil || len(ps) == 0 {
+		return nil
 	}
-	if err := c.d.Audit(c.ctx, auditActor, p); err != nil {
+	if err := c.d.Audit(c.ctx, auditActor, ps...); err != nil {
 		c.d.Metrics.AuditFailures.Inc()
+		return err
 	}
+	return nil
 }
+
+// now is the coordinator's time.
+func (c *Coordinator) now() time.Time { return c.d.Clock.Now() }
 
 // Coordinator runs every running task's rounds.
 type Coordinator struct {
@@ -83,6 +102,9 @@ type Coordinator struct {
 	tasks    map[string]*taskRun
 	watchers map[string]map[chan *pb.RoundEvent]struct{}
 	seen     map[string]time.Time // devices recently written to the store
+	unseen   map[string]sighting  // sightings the writer has yet to store
+	seenKick chan struct{}
+	checkins chan *nats.Msg
 	subs     []*nats.Subscription
 	wg       sync.WaitGroup
 	ctx      context.Context
@@ -94,13 +116,20 @@ func New(d Deps) *Coordinator {
 	if d.PaceWindow <= 0 {
 		d.PaceWindow = 2 * time.Second
 	}
+	d.Clock = clock.Or(d.Clock)
 	return &Coordinator{d: d, tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.RoundEvent]struct{}{},
-		seen: map[string]time.Time{}}
+		seen: map[string]time.Time{}, unseen: map[string]sighting{}, seenKick: make(chan struct{}, 1),
+		checkins: make(chan *nats.Msg, checkInQueue)}
 }
 
 // Start subscribes to check-ins and stray reports and resumes running tasks.
 func (c *Coordinator) Start(ctx context.Context) error {
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	c.wg.Add(1 + checkInWorkers)
+	go c.writeSeen()
+	for range checkInWorkers {
+		go c.serveCheckIns()
+	}
 	sub, err := c.d.NC.QueueSubscribe(wire.SubjectCheckIns, wire.QueueServers, c.handleCheckIn)
 	if err != nil {
 		return fmt.Errorf("coord: subscribe check-ins: %w", err)
@@ -111,6 +140,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectSecAggUp, err)
 	}
 	c.subs = append(c.subs, up)
+	failures, err := c.d.NC.QueueSubscribe(wire.SubjectFailures, wire.QueueServers, c.handleFailure)
+	if err != nil {
+		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectFailures, err)
+	}
+	c.subs = append(c.subs, failures)
 	stored, err := c.d.NC.Subscribe(wire.SubjectStored, c.handleStored)
 	if err != nil {
 		return fmt.Errorf("coord: subscribe %s: %w", wire.SubjectStored, err)
@@ -192,13 +226,16 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 	if err != nil {
 		return err
 	}
-	row.State, row.Close, row.Reason = pb.RoundState_ROUND_STATE_ABANDONED, c.d.Now(), reason
+	row.State, row.Close, row.Reason = pb.RoundState_ROUND_STATE_ABANDONED, c.now(), reason
 	row.Assigned, row.Dropped = uint32(len(assigned)), uint32(len(assigned))
-	if err := c.d.Store.CloseRound(ctx, row, nil, nil, c.d.Now()); err != nil {
+	// Audited first: a round the log does not show closed must not be closed.
+	if err := c.record(audit.RoundClosed{Task: id, Round: row.Round, Outcome: audit.RoundAbandoned, Dropouts: uint64(row.Dropped),
+		AggregationRule: task.Spec.GetAggregation().GetRule().String(), Reason: reason}); err != nil {
+		return fmt.Errorf("coord: stop task %s: audit: %w", id, err)
+	}
+	if err := c.d.Store.CloseRound(ctx, row, nil, nil, c.now()); err != nil {
 		return err
 	}
-	c.record(audit.RoundClosed{Task: id, Round: row.Round, Outcome: audit.RoundAbandoned, Dropouts: uint64(row.Dropped),
-		AggregationRule: task.Spec.GetAggregation().GetRule().String(), Reason: reason})
 	c.purgeRound(id, row.Round)
 	c.emit(&pb.RoundEvent{TaskId: id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, Kind: row.Kind,
 		Time: timestamppb.New(row.Close), Assigned: row.Assigned, Dropped: row.Dropped, Reason: reason})

@@ -11,6 +11,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
 // dpRun is a task's differential privacy: the resolved settings, how its
@@ -34,7 +35,7 @@ func ResolveDP(task *pb.Task) *pb.DPConfig {
 	if out.Accountant == pb.Accountant_ACCOUNTANT_UNSPECIFIED {
 		out.Accountant = pb.Accountant_ACCOUNTANT_RDP
 	}
-	if _, ok := dp.MechanismOf(out.Mechanism); ok && out.MinNoiseContributors == 0 {
+	if _, ok := privacyconf.Mechanism(out.Mechanism); ok && out.MinNoiseContributors == 0 {
 		out.MinNoiseContributors = task.GetReportGoal()
 	}
 	return out
@@ -73,7 +74,7 @@ func newDPRun(task *pb.Task, cfg *pb.DPConfig, dim int) (*dpRun, error) {
 	if cfg.GetSamplingRate() > 0 {
 		d.q = cfg.GetSamplingRate()
 	}
-	if _, ok := dp.MechanismOf(cfg.GetMechanism()); ok {
+	if dc, ok := privacyconf.Distributed(cfg); ok {
 		if task.GetSecagg() == nil {
 			return bad("mechanism %v adds noise on the devices and needs secure aggregation (secagg settings)", cfg.GetMechanism())
 		}
@@ -84,7 +85,7 @@ func newDPRun(task *pb.Task, cfg *pb.DPConfig, dim int) (*dpRun, error) {
 		if bits == 0 {
 			bits = 32
 		}
-		dist, err := dp.DistributedFor(cfg, dim, bits)
+		dist, err := dp.DistributedFor(dc, dim, bits)
 		if err != nil {
 			return nil, err
 		}
@@ -168,31 +169,44 @@ func (t *taskRun) checkBudget(ctx context.Context, trainRounds uint32, nextRound
 	reason := fmt.Sprintf("privacy budget: round %d would bring epsilon to %.4g, past the target %.4g at delta %g (spent %.4g in %d rounds)",
 		nextRound, next, target, t.dp.cfg.GetDelta(), spent, trainRounds)
 	t.log().Warn("round refused", "reason", reason)
-	t.c.record(audit.BudgetRefused{Task: t.id, Round: nextRound, CumulativeEpsilon: spent, RequestedEpsilon: next,
-		EpsilonBudget: target, Delta: t.dp.cfg.GetDelta(), Reason: reason})
-	if err := t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_STOPPED, reason, t.c.d.Now()); err != nil {
+	if err := t.c.record(audit.BudgetRefused{Task: t.id, Round: nextRound, CumulativeEpsilon: spent, RequestedEpsilon: next,
+		EpsilonBudget: target, Delta: t.dp.cfg.GetDelta(), Reason: reason}); err != nil {
+		return false, fmt.Errorf("budget refusal: audit: %w", err)
+	}
+	if err := t.c.d.Store.SetTaskState(ctx, t.id, pb.TaskState_TASK_STATE_STOPPED, reason, t.c.now()); err != nil {
 		return false, err
 	}
 	t.recordStopped(ctx, audit.TaskStoppedBy, reason)
 	return true, nil
 }
 
-// addCentralNoise adds the central mechanism's noise N(0, (zC)²) to a sum of
-// clipped updates (no-op for other mechanisms).
-func (t *taskRun) addCentralNoise(sum []float64) error {
+// addCentralNoise adds the central mechanism's noise to a round's mean
+// update (no-op for other mechanisms). The mechanism is noise N(0, (zC)²)
+// on the sum of clipped updates; the mean is that sum over the total weight
+// (the count, since DP weighs every update 1), so its noise is zC/W.
+func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) error {
 	if t.dp == nil || t.dp.cfg.GetMechanism() != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN {
 		return nil
 	}
-	return dp.AddCentralNoise(sum, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src)
+	if !(totalWeight > 0) {
+		return fmt.Errorf("total weight %v", totalWeight)
+	}
+	noise := make([]float64, len(mean))
+	if err := dp.AddCentralNoise(noise, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src); err != nil {
+		return err
+	}
+	for i := range mean {
+		mean[i] += float32(noise[i] / totalWeight)
+	}
+	return nil
 }
 
-// recordSpent records a committed training round's privacy cost.
-func (t *taskRun) recordSpent(round uint64, before, after float64) {
-	t.c.record(audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
+// spentEvent is a committed training round's privacy cost, for the audit log.
+func (t *taskRun) spentEvent(round uint64, before, after float64) audit.PrivacySpent {
+	return audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
 		Accountant: t.accountantName(), ClipNorm: t.dp.cfg.GetClipNorm(), NoiseMultiplier: t.dp.cfg.GetNoiseMultiplier(),
 		SamplingRate: t.dp.q, Delta: t.dp.cfg.GetDelta(), Epsilon: after - before, CumulativeEpsilon: after,
-		EpsilonBudget: t.dp.cfg.GetTargetEpsilon()})
-	t.c.d.Metrics.Epsilon.WithLabelValues(t.id).Set(after)
+		EpsilonBudget: t.dp.cfg.GetTargetEpsilon()}
 }
 
 func (t *taskRun) accountantName() string {

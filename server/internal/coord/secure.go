@@ -15,8 +15,10 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
@@ -39,11 +41,11 @@ func SecureConfig(task *pb.SecAggConfig, taskID string, round uint64, n int, see
 		cfg.ClipRange = DefaultSecAggClipRange
 	}
 	cfg.GraphSeed = seed
-	r, err := secagg.NewRound(cfg, taskID, round, n)
+	r, err := secagg.NewRound(privacyconf.SecAgg(cfg), taskID, round, n)
 	if err != nil {
 		return nil, nil, err
 	}
-	out := r.Config()
+	out := privacyconf.SecAggProto(r.Config())
 	out.NumParticipants = uint32(n)
 	out.MaxWeight = cfg.GetMaxWeight()
 	if out.MaxWeight == 0 {
@@ -82,7 +84,10 @@ type secureRun struct {
 	// decode turns the unmasked sum into Σ wₖ·Δₖ and Σ wₖ, given the number
 	// of updates in it.
 	decode func(sum []uint32, count int) ([]float64, float64, error)
-	ups    chan secUp
+	// slack bounds how far decoding can move the mean of count updates of
+	// total weight in L2 (+Inf where device noise is part of the sum).
+	slack func(count int, total float64) float64
+	ups   chan secUp
 	// keys are the identity keys devices advertised, by participant: the
 	// server checks signatures with them before relaying (clients check
 	// again).
@@ -156,17 +161,25 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 	// Masked input closes at the report deadline the plan states minus the
 	// two stages that follow it.
 	maskedEnd := row.Deadline.Add(-2 * stageTimeout)
-	now := t.c.d.Now()
-	selTimer := time.NewTimer(max(0, r.selEnd.Sub(now)))
+	now := t.c.now()
+	selTimer := t.clock().NewTimer(max(0, r.selEnd.Sub(now)))
 	defer selTimer.Stop()
-	stageTimer := time.NewTimer(time.Hour)
-	stageTimer.Stop()
-	defer stageTimer.Stop()
-	stageArmed := false
-	arm := func(d time.Duration) {
-		stageTimer.Reset(max(0, d))
-		stageArmed = true
+	// The stage timer is armed (at most one at a time) once a stage may
+	// close: nil while none is.
+	var stageTimer clock.Timer
+	var stageC <-chan time.Time
+	disarm := func() {
+		if stageTimer != nil {
+			stageTimer.Stop()
+			stageTimer, stageC = nil, nil
+		}
 	}
+	defer disarm()
+	arm := func(d time.Duration) {
+		stageTimer = t.clock().NewTimer(max(0, d))
+		stageC = stageTimer.C()
+	}
+	stageArmed := func() bool { return stageTimer != nil }
 	abort := func(reason string) error {
 		t.secureDown(sec, func(uint32) (*pb.SecAggDown, error) {
 			return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
@@ -185,12 +198,12 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		case m := <-msgs:
 			t.handleMasked(r, m)
 		case <-r.kick:
-		case <-selTimer.C:
-			t.mu.Lock()
-			r.selecting = false
-			t.mu.Unlock()
-		case <-stageTimer.C:
-			stageArmed = false
+		case <-selTimer.C():
+			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
+				return abort(why)
+			}
+		case <-stageC:
+			stageTimer, stageC = nil, nil
 			if err := t.closeStage(r, stage); err != nil {
 				return abort(err.Error())
 			}
@@ -212,27 +225,25 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			if selecting {
 				continue
 			}
-			if len(sec.expected) < int(t.spec.GetReportGoal()) || len(sec.expected) < sec.round.Threshold()+1 {
-				return t.abandon(ctx, r, fmt.Sprintf("selection closed with %d devices, below the report goal %d or the threshold %d + 1",
-					len(sec.expected), t.spec.GetReportGoal(), sec.round.Threshold()))
+			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
+				return abort(why)
 			}
-			if !stageArmed {
+			if !stageArmed() {
 				arm(stageTimeout)
 			}
 		case secagg.StageMaskedInput:
-			if !stageArmed {
-				arm(maskedEnd.Sub(t.c.d.Now()))
+			if !stageArmed() {
+				arm(maskedEnd.Sub(t.c.now()))
 			}
 		default:
-			if !stageArmed {
+			if !stageArmed() {
 				arm(stageTimeout)
 			}
 		}
 		if len(sec.got) < len(sec.expected) {
 			continue
 		}
-		stageTimer.Stop()
-		stageArmed = false
+		disarm()
 		if err := t.closeStage(r, stage); err != nil {
 			return abort(err.Error())
 		}
@@ -456,9 +467,6 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 	if err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 	}
-	if err := t.addCentralNoise(weighted); err != nil {
-		return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
-	}
 	if err := col.AddSum(weighted, total, len(survivors)); err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 	}
@@ -467,7 +475,8 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 		r.reported[sec.devices[id]] = true
 	}
 	t.mu.Unlock()
-	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)))
+	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)),
+		sec.slack(len(survivors), total))
 }
 
 // errSecureResume explains why a secure round found open after a restart is abandoned.
@@ -492,12 +501,17 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 			v, err := dec.Decode(sum)
 			return v, float64(count), err
 		}
+		sec.slack = func(int, float64) float64 { return math.Inf(1) }
 	} else {
 		quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
 		if err != nil {
 			return nil, err
 		}
 		sec.decode = func(sum []uint32, _ int) ([]float64, float64, error) { return quant.Dequantize(sum) }
+		// Each update's weighted elements decode within ±Step.
+		sec.slack = func(count int, total float64) float64 {
+			return math.Sqrt(float64(dim)) * float64(count) * quant.Step() / total
+		}
 	}
 	if sec.srv, err = secagg.NewServer(round, inputDim, secagg.ServerOptions{VerifyPeer: sec.verify, Workers: 2}); err != nil {
 		return nil, err

@@ -15,7 +15,12 @@ type M struct {
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
 	AuditFailures prometheus.Counter
-	Epsilon       *prometheus.GaugeVec // by task
+	// CommitFailures counts failed attempts to close a round durably, by
+	// step (audit, store); each is retried.
+	CommitFailures *prometheus.CounterVec
+	// PlanFailures counts devices' reports that they could not carry out a plan.
+	PlanFailures prometheus.Counter
+	Epsilon      *prometheus.GaugeVec // by task
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
@@ -39,10 +44,14 @@ func New() *M {
 			Help: "Rounds currently open."}),
 		AuditFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_audit_failures_total",
 			Help: "Events that could not be recorded in the audit log (each is also logged as an error)."}),
+		CommitFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_round_close_failures_total",
+			Help: "Failed attempts to close a round durably, by step (audit, store); each is logged and retried."}, []string{"step"}),
+		PlanFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_plan_failures_total",
+			Help: "Devices' reports that they could not carry out a round plan (recorded with the round)."}),
 		Epsilon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fleetlearn_dp_epsilon",
 			Help: "Differential privacy epsilon a task has spent, at its delta."}, []string{"task"}),
 	}
-	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.Epsilon,
+	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.CommitFailures, m.PlanFailures, m.Epsilon,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -7,15 +7,20 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -55,6 +60,13 @@ CREATE TABLE IF NOT EXISTS rounds (
 	model TEXT NOT NULL DEFAULT '',
 	reason TEXT NOT NULL DEFAULT '',
 	epsilon REAL NOT NULL DEFAULT 0, -- the task's cumulative DP epsilon after this round
+	failures BLOB,                   -- JSON object: device id -> why it did not contribute
+	PRIMARY KEY (task_id, round)
+);
+CREATE TABLE IF NOT EXISTS pending_closes ( -- a round's close between its audit record and its commit
+	task_id TEXT NOT NULL,
+	round INTEGER NOT NULL,
+	body BLOB NOT NULL, -- JSON: the round row, the new model row, the optimizer state
 	PRIMARY KEY (task_id, round)
 );
 CREATE TABLE IF NOT EXISTS participations ( -- rounds each device contributed to, for DP caps
@@ -105,6 +117,7 @@ CREATE TABLE IF NOT EXISTS devices (
 // Open opens (creating if needed) the database file at path.
 var migrations = []string{
 	`ALTER TABLE rounds ADD COLUMN epsilon REAL NOT NULL DEFAULT 0`,
+	`ALTER TABLE rounds ADD COLUMN failures BLOB`,
 }
 
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -293,6 +306,10 @@ type RoundRow struct {
 	Reason    string
 	// Epsilon is the task's cumulative DP epsilon after the round (0 without DP).
 	Epsilon float64
+	// Failures says, by device, why members of the cohort did not
+	// contribute. CloseRound keeps only devices of the round's cohort and
+	// shortens each reason to wire.MaxFailureReason bytes of UTF-8.
+	Failures map[string]string
 	// Participants are the devices whose updates a committed round counted;
 	// CloseRound adds one to each one's participations. Not stored in the row.
 	Participants []string
@@ -305,6 +322,9 @@ func (r *RoundRow) Proto() *pb.RoundSummary {
 		Dropped: r.Dropped, Reason: r.Reason, Metrics: &pb.Metrics{Values: r.Metrics}, EpsilonSpent: r.Epsilon}
 	if r.Model != "" {
 		s.Model = &pb.ModelRef{Sha256: r.Model, Version: r.Model, ParentVersion: r.BaseModel}
+	}
+	for _, d := range slices.Sorted(maps.Keys(r.Failures)) {
+		s.Failures = append(s.Failures, &pb.DeviceFailure{DeviceId: d, Reason: r.Failures[d]})
 	}
 	return s
 }
@@ -322,7 +342,7 @@ func (s *Store) OpenRound(ctx context.Context, r *RoundRow, now time.Time) error
 	})
 }
 
-const roundCols = `task_id, round, kind, state, seed, base_model, open_time, deadline, close_time, assigned, reported, dropped, metrics, model, reason, epsilon`
+const roundCols = `task_id, round, kind, state, seed, base_model, open_time, deadline, close_time, assigned, reported, dropped, metrics, model, reason, epsilon, failures`
 
 func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
 	var (
@@ -331,10 +351,10 @@ func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
 		kind, state            int32
 		open, dl, cl           int64
 		assigned, rep, dropped int64
-		metrics                []byte
+		metrics, failures      []byte
 	)
 	if err := sc.Scan(&r.TaskID, &round, &kind, &state, &seed, &r.BaseModel, &open, &dl, &cl, &assigned, &rep, &dropped,
-		&metrics, &r.Model, &r.Reason, &r.Epsilon); err != nil {
+		&metrics, &r.Model, &r.Reason, &r.Epsilon, &failures); err != nil {
 		return nil, err
 	}
 	r.Round, r.Kind, r.State, r.Seed = uint64(round), pb.RoundKind(kind), pb.RoundState(state), uint64(seed)
@@ -346,6 +366,11 @@ func scanRound(sc interface{ Scan(...any) error }) (*RoundRow, error) {
 			return nil, fmt.Errorf("store: round metrics: %w", err)
 		}
 		r.Metrics = m.Values
+	}
+	if len(failures) > 0 {
+		if err := json.Unmarshal(failures, &r.Failures); err != nil {
+			return nil, fmt.Errorf("store: round failures: %w", err)
+		}
 	}
 	return &r, nil
 }
@@ -397,11 +422,23 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 				return err
 			}
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE rounds SET state = ?, close_time = ?, assigned = ?, reported = ?, dropped = ?,
-			metrics = ?, model = ?, reason = ?, epsilon = ? WHERE task_id = ? AND round = ?`,
-			int32(r.State), ts(r.Close), r.Assigned, r.Reported, r.Dropped, marshalMetrics(r.Metrics), r.Model, r.Reason,
-			r.Epsilon, r.TaskID, int64(r.Round))
+		failures, err := cohortFailures(ctx, tx, r)
 		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE rounds SET state = ?, close_time = ?, assigned = ?, reported = ?, dropped = ?,
+			metrics = ?, model = ?, reason = ?, epsilon = ?, failures = ? WHERE task_id = ? AND round = ? AND state = ?`,
+			int32(r.State), ts(r.Close), r.Assigned, r.Reported, r.Dropped, marshalMetrics(r.Metrics), r.Model, r.Reason,
+			r.Epsilon, failures, r.TaskID, int64(r.Round), int32(pb.RoundState_ROUND_STATE_OPEN))
+		if err != nil {
+			return fmt.Errorf("store: close round: %w", err)
+		}
+		// A round closes once: a second close (a retry after a commit that
+		// did succeed) must not count its participants or progress twice.
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("store: close round %s/%d: %w", r.TaskID, r.Round, ErrRoundClosed)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM pending_closes WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round)); err != nil {
 			return fmt.Errorf("store: close round: %w", err)
 		}
 		for _, d := range r.Participants {
@@ -420,6 +457,109 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 		_, err = tx.ExecContext(ctx, `DELETE FROM assignments WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round))
 		return err
 	})
+}
+
+// ErrRoundClosed reports a close of a round that is not open.
+var ErrRoundClosed = errors.New("round is not open")
+
+// PendingClose is a round's close as prepared before its audit record: if
+// the server stops between recording the close and committing it, the
+// restarted coordinator finishes the commit from here (the log says it
+// happened) or drops it (the log does not).
+type PendingClose struct {
+	Row      *RoundRow
+	Model    *ModelRow // the new model of a committed training round, else nil
+	OptState []byte
+}
+
+// PrepareClose stores p for its round, replacing an earlier one.
+func (s *Store) PrepareClose(ctx context.Context, p *PendingClose) error {
+	body, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("store: prepare close: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO pending_closes (task_id, round, body) VALUES (?, ?, ?)
+		ON CONFLICT (task_id, round) DO UPDATE SET body = excluded.body`, p.Row.TaskID, int64(p.Row.Round), body)
+	if err != nil {
+		return fmt.Errorf("store: prepare close %s/%d: %w", p.Row.TaskID, p.Row.Round, err)
+	}
+	return nil
+}
+
+// Pending returns the round's prepared close, or nil.
+func (s *Store) Pending(ctx context.Context, task string, round uint64) (*PendingClose, error) {
+	var body []byte
+	err := s.db.QueryRowContext(ctx, `SELECT body FROM pending_closes WHERE task_id = ? AND round = ?`, task, int64(round)).Scan(&body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: pending close %s/%d: %w", task, round, err)
+	}
+	var p PendingClose
+	if err := json.Unmarshal(body, &p); err != nil || p.Row == nil {
+		return nil, fmt.Errorf("store: pending close %s/%d: undecodable (%v)", task, round, err)
+	}
+	return &p, nil
+}
+
+// DropPending forgets a round's prepared close.
+func (s *Store) DropPending(ctx context.Context, task string, round uint64) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM pending_closes WHERE task_id = ? AND round = ?`, task, int64(round)); err != nil {
+		return fmt.Errorf("store: drop pending close %s/%d: %w", task, round, err)
+	}
+	return nil
+}
+
+// cohortFailures encodes the failures of r's cohort, which the round's
+// assignments name (CloseRound deletes them after this): one entry per
+// assigned device at most, whatever the caller passed, each reason made
+// valid UTF-8 and cut to wire.MaxFailureReason bytes, since reasons come from
+// devices and end up in API responses, tables and logs. nil when none remain.
+func cohortFailures(ctx context.Context, tx *sql.Tx, r *RoundRow) ([]byte, error) {
+	if len(r.Failures) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT device_id FROM assignments WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round))
+	if err != nil {
+		return nil, fmt.Errorf("store: round failures: %w", err)
+	}
+	defer rows.Close()
+	kept := map[string]string{}
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			return nil, fmt.Errorf("store: round failures: %w", err)
+		}
+		if reason, ok := r.Failures[d]; ok {
+			kept[d] = failureReason(reason)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: round failures: %w", err)
+	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return nil, fmt.Errorf("store: round failures: %w", err)
+	}
+	return b, nil
+}
+
+// failureReason returns reason as a round stores it: valid UTF-8, at most
+// wire.MaxFailureReason bytes, cut at a character boundary.
+func failureReason(reason string) string {
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	if len(reason) <= wire.MaxFailureReason {
+		return reason
+	}
+	n := wire.MaxFailureReason
+	for n > 0 && !utf8.RuneStart(reason[n]) {
+		n--
+	}
+	return reason[:n]
 }
 
 // Participations returns how many committed rounds of the task each device

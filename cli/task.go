@@ -1,0 +1,538 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+func newTaskCommand(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "task",
+		Short: "Create, inspect, stop and watch federated training tasks",
+	}
+	cmd.AddCommand(
+		newTaskCreateCommand(a),
+		newTaskListCommand(a),
+		newTaskGetCommand(a),
+		newTaskStopCommand(a),
+		newTaskRoundsCommand(a),
+		newTaskWatchCommand(a),
+	)
+	return cmd
+}
+
+// rules maps --rule values to aggregation rules.
+var rules = map[string]pb.AggregationRule{
+	"fedavg":       pb.AggregationRule_AGGREGATION_RULE_FEDAVG,
+	"fedavgm":      pb.AggregationRule_AGGREGATION_RULE_FEDAVGM,
+	"fedadam":      pb.AggregationRule_AGGREGATION_RULE_FEDADAM,
+	"fedyogi":      pb.AggregationRule_AGGREGATION_RULE_FEDYOGI,
+	"fedadagrad":   pb.AggregationRule_AGGREGATION_RULE_FEDADAGRAD,
+	"median":       pb.AggregationRule_AGGREGATION_RULE_MEDIAN,
+	"trimmed-mean": pb.AggregationRule_AGGREGATION_RULE_TRIMMED_MEAN,
+}
+
+func ruleNames() string {
+	names := make([]string, 0, len(rules))
+	for n := range rules {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(x, y string) int { return int(rules[x]) - int(rules[y]) })
+	return strings.Join(names, "|")
+}
+
+// maxHyperBytes matches the API's limit on task hyperparameters.
+const maxHyperBytes = 1 << 20
+
+type createFlags struct {
+	name, model, module      string
+	hyper, hyperFile         string
+	cohort, reportGoal       uint32
+	rounds, evalEvery        uint32
+	overSelection            float64
+	selectionTimeout         time.Duration
+	reportTimeout            time.Duration
+	rule                     string
+	serverLR, momentum, trim float64
+	maxUpdateNorm            float64
+	unboundedUpdates         bool
+	maxExamples              uint64
+	minExamples              uint64
+	charging, idle, metered  bool
+	serverEvalDataset        string
+	memoryPages              uint32
+	callTimeout              time.Duration
+	format                   string
+}
+
+func newTaskCreateCommand(a *app) *cobra.Command {
+	var f createFlags
+	cmd := &cobra.Command{
+		Use:   "create --name NAME --model VERSION --module SHA256 [flags]",
+		Short: "Create a federated training task",
+		Example: `  fleetlearn task create --name mnist-ft --model mnist@1 --module 3f2a... \
+    --hyper '{"learning_rate":0.05,"batch_size":32,"epochs":1}' --cohort 20 --rounds 50`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(f.format); err != nil {
+				return err
+			}
+			t, err := f.task(cmd)
+			if err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				res, err := apiv1.NewTaskServiceClient(conn).CreateTask(ctx, &pb.CreateTaskRequest{Task: t})
+				if err != nil {
+					return err
+				}
+				return printTask(cmd.OutOrStdout(), f.format, res.GetTask())
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.name, "name", "", "task name (required)")
+	fl.StringVar(&f.model, "model", "", "model version the first round starts from (required)")
+	fl.StringVar(&f.module, "module", "", "SHA-256 of the registered WASM module (required)")
+	fl.StringVar(&f.hyper, "hyper", "", "module hyperparameters as a JSON object")
+	fl.StringVar(&f.hyperFile, "hyper-file", "", "file holding the hyperparameters JSON object")
+	fl.Uint32Var(&f.cohort, "cohort", 10, "reports each round aims for")
+	fl.Float64Var(&f.overSelection, "over-selection", 1.3, "devices selected per cohort slot, to absorb dropouts (1.3 selects 30% more)")
+	fl.Uint32Var(&f.reportGoal, "report-goal", 0, "minimum reports for a round to commit; 0 means 80% of --cohort (8 of 10)")
+	fl.Uint32Var(&f.rounds, "rounds", 20, "training rounds to run")
+	fl.DurationVar(&f.selectionTimeout, "selection-timeout", 30*time.Second, "how long a round may take to select its cohort")
+	fl.DurationVar(&f.reportTimeout, "report-timeout", 2*time.Minute, "how long selected devices have to report")
+	fl.StringVar(&f.rule, "rule", "fedavg", "aggregation rule: "+ruleNames())
+	fl.Float64Var(&f.serverLR, "server-lr", 1, "server learning rate applied to the aggregate")
+	fl.Float64Var(&f.momentum, "momentum", 0.9, "server momentum (fedavgm only)")
+	fl.Float64Var(&f.trim, "trim", 0.1, "fraction trimmed at each end (trimmed-mean only), in [0, 0.5)")
+	fl.Float64Var(&f.maxUpdateNorm, "max-update-norm", 0,
+		"L2 norm bound on each update: devices clip to it, the server refuses larger ones; 0 means the default, the base model's norm (at least 1)")
+	fl.BoolVar(&f.unboundedUpdates, "unbounded-updates", false,
+		"run without an update norm bound (recorded in the audit log): any enrolled device can then move the model arbitrarily far")
+	fl.Uint64Var(&f.maxExamples, "max-examples-per-report", 0,
+		"most examples one report weighs as in the average, so no device dominates a round; 0 means the default, 10000")
+	fl.Uint64Var(&f.minExamples, "min-examples", 0, "only devices with at least this many local examples")
+	fl.BoolVar(&f.charging, "require-charging", false, "only devices that are charging")
+	fl.BoolVar(&f.idle, "require-idle", false, "only idle devices")
+	fl.BoolVar(&f.metered, "require-unmetered", false, "only devices on an unmetered network")
+	fl.Uint32Var(&f.evalEvery, "eval-every", 0, "run an evaluation round after every N training rounds; 0 never")
+	fl.StringVar(&f.serverEvalDataset, "server-eval-dataset", "", "dataset directory on the server to evaluate each committed model on")
+	fl.Uint32Var(&f.memoryPages, "memory-pages", 0, "WASM memory limit per call in 64 KiB pages; 0 uses the agent default")
+	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "time limit per WASM call on devices; 0 uses the agent default")
+	addFormatFlag(cmd, &f.format)
+	for _, n := range []string{"name", "model", "module"} {
+		cmd.MarkFlagRequired(n)
+	}
+	cmd.MarkFlagsMutuallyExclusive("hyper", "hyper-file")
+	return cmd
+}
+
+// task builds the task from the flags, refusing values the server would
+// refuse anyway, with messages in terms of flags.
+func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
+	changed := cmd.Flags().Changed
+	usage := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrUsage}, args...)...)
+	}
+	module := strings.ToLower(strings.TrimSpace(f.module))
+	if !isSHA256Hex(module) {
+		return nil, usage("--module %q is not a SHA-256 (64 hexadecimal characters)", f.module)
+	}
+	hyper, err := f.hyperparameters()
+	if err != nil {
+		return nil, err
+	}
+	rule, ok := rules[f.rule]
+	if !ok {
+		return nil, usage("--rule %q (want %s)", f.rule, ruleNames())
+	}
+	for name, v := range map[string]float64{"over-selection": f.overSelection, "server-lr": f.serverLR,
+		"momentum": f.momentum, "trim": f.trim, "max-update-norm": f.maxUpdateNorm} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, usage("--%s must be finite", name)
+		}
+	}
+	goal := f.reportGoal
+	if goal == 0 {
+		goal = uint32((uint64(f.cohort)*4 + 4) / 5) // 80%, rounded up
+	}
+	switch {
+	case f.cohort == 0:
+		return nil, usage("--cohort must be at least 1")
+	case goal > f.cohort:
+		return nil, usage("--report-goal %d must be between 1 and --cohort %d", goal, f.cohort)
+	case f.rounds == 0:
+		return nil, usage("--rounds must be at least 1")
+	case f.overSelection < 1:
+		return nil, usage("--over-selection %g must be at least 1", f.overSelection)
+	case f.selectionTimeout <= 0 || f.reportTimeout <= 0:
+		return nil, usage("--selection-timeout and --report-timeout must be positive")
+	case f.callTimeout < 0:
+		return nil, usage("--call-timeout must not be negative")
+	case f.serverLR <= 0:
+		return nil, usage("--server-lr must be positive")
+	case f.maxUpdateNorm < 0:
+		return nil, usage("--max-update-norm must not be negative")
+	case f.unboundedUpdates && f.maxUpdateNorm > 0:
+		return nil, usage("--unbounded-updates and --max-update-norm contradict each other; give one")
+	case changed("momentum") && rule != pb.AggregationRule_AGGREGATION_RULE_FEDAVGM:
+		return nil, usage("--momentum applies only to --rule fedavgm")
+	case changed("trim") && rule != pb.AggregationRule_AGGREGATION_RULE_TRIMMED_MEAN:
+		return nil, usage("--trim applies only to --rule trimmed-mean")
+	case f.momentum < 0 || f.momentum >= 1:
+		return nil, usage("--momentum %g must be in [0, 1)", f.momentum)
+	case f.trim < 0 || f.trim >= 0.5:
+		return nil, usage("--trim %g must be in [0, 0.5)", f.trim)
+	}
+
+	agg := &pb.AggregationConfig{Rule: rule, ServerLearningRate: f.serverLR, MaxUpdateNorm: f.maxUpdateNorm,
+		UnboundedUpdates: f.unboundedUpdates, MaxExamplesPerReport: f.maxExamples}
+	switch rule {
+	case pb.AggregationRule_AGGREGATION_RULE_FEDAVGM:
+		agg.Momentum = f.momentum
+	case pb.AggregationRule_AGGREGATION_RULE_TRIMMED_MEAN:
+		agg.TrimFraction = f.trim
+	}
+	t := &pb.Task{
+		Name:            f.name,
+		Model:           &pb.ModelRef{Version: f.model},
+		Module:          &pb.ModuleRef{Sha256: module},
+		Hyperparameters: hyper,
+		CohortTarget:    f.cohort,
+		// The API counts the extra fraction; rounding drops the float noise of
+		// the subtraction (1.3 - 1 = 0.30000000000000004).
+		OverSelection:     math.Round((f.overSelection-1)*1e9) / 1e9,
+		ReportGoal:        goal,
+		SelectionTimeout:  durationpb.New(f.selectionTimeout),
+		ReportTimeout:     durationpb.New(f.reportTimeout),
+		Aggregation:       agg,
+		RoundsTotal:       f.rounds,
+		EvalEvery:         f.evalEvery,
+		ServerEvalDataset: f.serverEvalDataset,
+	}
+	if f.minExamples > 0 || f.charging || f.idle || f.metered {
+		t.Eligibility = &pb.Eligibility{MinExamples: f.minExamples, RequireCharging: f.charging,
+			RequireIdle: f.idle, RequireUnmetered: f.metered}
+	}
+	if f.memoryPages > 0 || f.callTimeout > 0 {
+		t.Limits = &pb.Limits{MemoryPages: f.memoryPages}
+		if f.callTimeout > 0 {
+			t.Limits.Timeout = durationpb.New(f.callTimeout)
+		}
+	}
+	return t, nil
+}
+
+// hyperparameters returns --hyper or the --hyper-file contents, compacted,
+// after checking that they are a JSON object.
+func (f *createFlags) hyperparameters() ([]byte, error) {
+	raw, src := []byte(f.hyper), "--hyper"
+	if f.hyperFile != "" {
+		file, err := os.Open(f.hyperFile)
+		if err != nil {
+			return nil, err
+		}
+		defer file.Close()
+		raw, err = io.ReadAll(io.LimitReader(file, maxHyperBytes+1))
+		if err != nil {
+			return nil, err
+		}
+		src = f.hyperFile
+	}
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if len(raw) > maxHyperBytes {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrInput, src, maxHyperBytes)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return nil, fmt.Errorf("%w: %s is not a JSON object", ErrInput, src)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInput, src, err)
+	}
+	return buf.Bytes(), nil
+}
+
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// taskStates maps --state values to task states.
+var taskStates = map[string]pb.TaskState{
+	"pending": pb.TaskState_TASK_STATE_PENDING, "running": pb.TaskState_TASK_STATE_RUNNING,
+	"completed": pb.TaskState_TASK_STATE_COMPLETED, "stopped": pb.TaskState_TASK_STATE_STOPPED,
+	"failed": pb.TaskState_TASK_STATE_FAILED,
+}
+
+func newTaskListCommand(a *app) *cobra.Command {
+	var format, state string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List tasks, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			var st pb.TaskState
+			if state != "" {
+				var ok bool
+				if st, ok = taskStates[state]; !ok {
+					return fmt.Errorf("%w: --state %q (want pending|running|completed|stopped|failed)", ErrUsage, state)
+				}
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := apiv1.NewTaskServiceClient(conn)
+				tasks, err := listAll(ctx, func(ctx context.Context, token string) ([]*pb.Task, string, error) {
+					res, err := c.ListTasks(ctx, &pb.ListTasksRequest{PageToken: token, State: st})
+					return res.GetTasks(), res.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				if format == formatJSON {
+					return writeJSON(w, &pb.ListTasksResponse{Tasks: tasks})
+				}
+				t := newTable(w, "ID", "NAME", "STATE", "ROUND", "MODEL", "CREATED")
+				for _, task := range tasks {
+					t.row(task.GetId(), task.GetName(), taskState(task.GetState()),
+						fmt.Sprintf("%d/%d", task.GetCurrentRound(), task.GetRoundsTotal()),
+						orDash(task.GetCurrentModel().GetVersion()), timeString(task.GetCreateTime()))
+				}
+				return t.flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only tasks in this state: pending|running|completed|stopped|failed")
+	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newTaskGetCommand(a *app) *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one task",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				res, err := apiv1.NewTaskServiceClient(conn).GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
+				if err != nil {
+					return err
+				}
+				return printTask(cmd.OutOrStdout(), format, res.GetTask())
+			})
+		},
+	}
+	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newTaskStopCommand(a *app) *cobra.Command {
+	var format, reason string
+	cmd := &cobra.Command{
+		Use:   "stop ID",
+		Short: "Stop a task; its open round is abandoned",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				res, err := apiv1.NewTaskServiceClient(conn).StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
+				if err != nil {
+					return err
+				}
+				return printTask(cmd.OutOrStdout(), format, res.GetTask())
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the task is stopped; recorded in the task and the audit log")
+	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newTaskRoundsCommand(a *app) *cobra.Command {
+	var format string
+	var failures bool
+	cmd := &cobra.Command{
+		Use:   "rounds ID",
+		Short: "List a task's rounds with their metrics and device failures, newest first",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := apiv1.NewTaskServiceClient(conn)
+				rounds, err := listAll(ctx, func(ctx context.Context, token string) ([]*pb.RoundSummary, string, error) {
+					res, err := c.ListRounds(ctx, &pb.ListRoundsRequest{TaskId: args[0], PageToken: token})
+					return res.GetRounds(), res.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				if format == formatJSON {
+					return writeJSON(w, &pb.ListRoundsResponse{Rounds: rounds})
+				}
+				return printRounds(w, rounds, failures)
+			})
+		},
+	}
+	addFormatFlag(cmd, &format)
+	cmd.Flags().BoolVar(&failures, "failures", false, "also list, for each round, the devices that failed and why (-o json always has them)")
+	return cmd
+}
+
+// printTask prints one task: its id first, then the settings an operator
+// checks most.
+func printTask(w io.Writer, format string, t *pb.Task) error {
+	if format == formatJSON {
+		return writeJSON(w, t)
+	}
+	tw := newTable(w)
+	tw.row("ID", t.GetId())
+	tw.row("NAME", t.GetName())
+	state := taskState(t.GetState())
+	if r := t.GetStateReason(); r != "" {
+		state += " (" + r + ")"
+	}
+	tw.row("STATE", state)
+	tw.row("ROUND", fmt.Sprintf("%d/%d", t.GetCurrentRound(), t.GetRoundsTotal()))
+	tw.row("MODEL", modelRef(t.GetModel()))
+	tw.row("CURRENT MODEL", modelRef(t.GetCurrentModel()))
+	tw.row("MODULE", moduleRef(t.GetModule()))
+	tw.row("COHORT", fmt.Sprintf("%d, report goal %d, over-selection %.2gx",
+		t.GetCohortTarget(), t.GetReportGoal(), 1+t.GetOverSelection()))
+	tw.row("TIMEOUTS", fmt.Sprintf("selection %v, report %v",
+		t.GetSelectionTimeout().AsDuration(), t.GetReportTimeout().AsDuration()))
+	tw.row("AGGREGATION", aggregation(t.GetAggregation()))
+	if e := eligibility(t.GetEligibility()); e != "" {
+		tw.row("ELIGIBILITY", e)
+	}
+	if n := t.GetEvalEvery(); n > 0 {
+		tw.row("EVALUATION", fmt.Sprintf("every %d rounds", n))
+	}
+	if d := t.GetServerEvalDataset(); d != "" {
+		tw.row("SERVER EVAL", d)
+	}
+	if l := t.GetLimits(); l != nil {
+		tw.row("LIMITS", limits(l))
+	}
+	if h := t.GetHyperparameters(); len(h) > 0 {
+		tw.row("HYPERPARAMETERS", string(h))
+	}
+	tw.row("CREATED", timeString(t.GetCreateTime()))
+	tw.row("UPDATED", timeString(t.GetUpdateTime()))
+	return tw.flush()
+}
+
+func modelRef(r *pb.ModelRef) string {
+	if r.GetVersion() == "" {
+		return "-"
+	}
+	if r.GetSha256() == "" {
+		return r.GetVersion()
+	}
+	return fmt.Sprintf("%s (sha256 %s)", r.GetVersion(), shortSHA(r.GetSha256()))
+}
+
+func moduleRef(r *pb.ModuleRef) string {
+	var details []string
+	if r.GetName() != "" {
+		details = append(details, r.GetName())
+	}
+	if r.GetAbiVersion() != 0 {
+		details = append(details, fmt.Sprintf("ABI %d", r.GetAbiVersion()))
+	}
+	if len(details) == 0 {
+		return orDash(r.GetSha256())
+	}
+	return fmt.Sprintf("%s (%s)", orDash(r.GetSha256()), strings.Join(details, ", "))
+}
+
+// limits describes WASM call limits, where zero means the agent default.
+func limits(l *pb.Limits) string {
+	orDefault := func(set bool, s string) string {
+		if !set {
+			return "agent default"
+		}
+		return s
+	}
+	return fmt.Sprintf("memory %s, call timeout %s",
+		orDefault(l.GetMemoryPages() > 0, fmt.Sprintf("%d pages", l.GetMemoryPages())),
+		orDefault(l.GetTimeout().AsDuration() > 0, l.GetTimeout().AsDuration().String()))
+}
+
+func aggregation(c *pb.AggregationConfig) string {
+	s := fmt.Sprintf("%s, server lr %g", ruleName(c.GetRule()), c.GetServerLearningRate())
+	if c.GetMomentum() != 0 {
+		s += fmt.Sprintf(", momentum %g", c.GetMomentum())
+	}
+	if c.GetTrimFraction() != 0 {
+		s += fmt.Sprintf(", trim %g", c.GetTrimFraction())
+	}
+	if c.GetMaxUpdateNorm() != 0 {
+		s += fmt.Sprintf(", max update norm %g", c.GetMaxUpdateNorm())
+	}
+	if c.GetUnboundedUpdates() {
+		s += ", updates unbounded"
+	}
+	if c.GetMaxExamplesPerReport() != 0 {
+		s += fmt.Sprintf(", at most %d examples per report", c.GetMaxExamplesPerReport())
+	}
+	return s
+}
+
+func eligibility(e *pb.Eligibility) string {
+	var parts []string
+	if n := e.GetMinExamples(); n > 0 {
+		parts = append(parts, fmt.Sprintf("at least %d examples", n))
+	}
+	if e.GetRequireCharging() {
+		parts = append(parts, "charging")
+	}
+	if e.GetRequireIdle() {
+		parts = append(parts, "idle")
+	}
+	if e.GetRequireUnmetered() {
+		parts = append(parts, "unmetered")
+	}
+	if len(e.GetDeviceClasses()) > 0 {
+		parts = append(parts, "classes "+strings.Join(e.GetDeviceClasses(), ","))
+	}
+	return strings.Join(parts, ", ")
+}

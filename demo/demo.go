@@ -1,0 +1,497 @@
+// Package demo runs Fleetlearn end to end in one process: the aggregator
+// (embedded NATS, SQLite), a fleet of real edge agents talking to it over NATS,
+// MNIST split non-IID across them, a base model pretrained in the cloud on a
+// small public slice, and federated fine-tuning rounds watched through the API.
+package demo
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/sgd"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/wasm"
+	"github.com/fleetlearn/fleetlearn/wasm/build"
+)
+
+// Config sizes the demo.
+type Config struct {
+	Edges  int     // simulated devices
+	Rounds int     // federated training rounds
+	Cohort int     // reports per round
+	Alpha  float64 // Dirichlet label-skew concentration
+	// OverSelection is the extra fraction of devices selected per round.
+	// Selection is first come, first served and a round closes at its target,
+	// so over-selected rounds drop their slowest devices, which under label
+	// skew are the ones with the most data; the demo selects exactly the cohort.
+	OverSelection float64
+	BaseExamples  int // public slice the cloud pretrains on
+	// SecureAggregation runs the training rounds through SecAgg+: the server
+	// learns only the sum of each round's updates.
+	SecureAggregation bool
+	// Dropout is the chance that a device selected for a secure round
+	// vanishes right after uploading its keys, to exercise dropout recovery.
+	Dropout float64
+	// DP adds differential privacy: "central" (the server noises the sum,
+	// DP-FedAvg) or "distributed" (each device adds discrete Gaussian noise
+	// under secure aggregation); "" runs without.
+	DP string
+	// NoiseMultiplier and ClipNorm are the DP noise multiplier z and the L2
+	// bound C of each device's update; DPDelta is δ. The task's ε target is
+	// the ε its Rounds rounds spend, so the budget ends the task exactly.
+	NoiseMultiplier float64
+	ClipNorm        float64
+	DPDelta         float64
+	Seed            uint64
+	DataDir         string // server state; "" uses a temporary directory
+	OutDir          string // where results.csv and accuracy.png go
+	Out             io.Writer
+	Log             *slog.Logger
+	Terminal        bool // draw the progress bar in place
+}
+
+// Defaults are the demo's standard scale.
+var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Dropout: 0.1,
+	NoiseMultiplier: 0.1, ClipNorm: 1, DPDelta: 1e-5, Seed: 1, OutDir: "."}
+
+// Secure aggregation settings of the demo's task: update elements are
+// clipped to ±SecAggClipRange and weights (example counts) capped at
+// SecAggMaxWeight inside the masked vector; a stage waits SecAggStageTimeout
+// for devices that dropped out.
+const (
+	SecAggClipRange    = 1.0
+	SecAggMaxWeight    = 4096
+	SecAggStageTimeout = 2 * time.Second
+)
+
+// Result is what the demo measured.
+type Result struct {
+	BaseAccuracy  float64
+	FinalAccuracy float64
+	Epsilon       float64 // DP ε spent at Config.DPDelta; 0 without DP
+	Rounds        []RoundResult
+	Elapsed       time.Duration
+}
+
+// RoundResult is one committed round.
+type RoundResult struct {
+	Round    uint64
+	Reports  uint32
+	Dropped  uint32
+	Accuracy float64
+	Loss     float64
+	Elapsed  time.Duration
+}
+
+// Hyper are the devices' local training hyper-parameters.
+var Hyper = sgd.Hyper{Epochs: 4, BatchSize: 32, LearningRate: 0.2, EvalBatchSize: 1000}
+
+// Run executes the demo.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Edges < 1 || cfg.Rounds < 1 || cfg.Cohort < 1 || cfg.Cohort > cfg.Edges {
+		return nil, fmt.Errorf("demo: need edges ≥ 1, rounds ≥ 1 and 1 ≤ cohort ≤ edges (got %d, %d, %d)", cfg.Edges, cfg.Rounds, cfg.Cohort)
+	}
+	out := cfg.Out
+	dataDir := cfg.DataDir
+	if dataDir == "" {
+		d, err := os.MkdirTemp("", "fleetlearn-demo-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dataDir = d
+	}
+
+	fmt.Fprintf(out, "Fleetlearn demo: %d edge agents, %d rounds of %d reports, MNIST split Dirichlet(α=%g)\n",
+		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.Alpha)
+	dir, err := data.MNISTDir()
+	if err != nil {
+		return nil, err
+	}
+	trainSet, testSet, err := data.LoadMNIST(dir)
+	if err != nil {
+		return nil, err
+	}
+
+	// The cloud holds a small public slice; the rest lives on devices only.
+	public := make([]int, cfg.BaseExamples)
+	for i := range public {
+		public[i] = i
+	}
+	base := trainSet.Subset(public)
+	rest := make([]int, trainSet.Len()-cfg.BaseExamples)
+	for i := range rest {
+		rest[i] = cfg.BaseExamples + i
+	}
+	private := trainSet.Subset(rest)
+	parts, err := data.Dirichlet(private.Labels, private.NumClasses, cfg.Edges, cfg.Alpha, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(out, "pretraining the base model in the cloud on %d public examples ...\n", base.Len())
+	init, err := train.InitMLP([]int{784, 128, 10}, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	baseModel, _, err := train.Train(init, base, sgd.Hyper{Epochs: 10, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000}, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	baseEval, err := train.Evaluate(baseModel, testSet, 1000)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "base model: %.2f%% test accuracy\n", 100*baseEval.Accuracy)
+
+	evalDir := filepath.Join(dataDir, "heldout")
+	if err := data.WriteDir(evalDir, testSet, "mnist-test"); err != nil {
+		return nil, err
+	}
+	publisher, publisherJWKS, err := newPublisher()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", PaceWindow: 300 * time.Millisecond,
+		ModulePublishersJWKS: publisherJWKS}, server.WithLogger(cfg.Log))
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer srv.Shutdown(context.WithoutCancel(ctx))
+	conn, err := client.Dial(srv.GRPCAddr(), client.WithCA(srv.CACertPEM()), client.WithToken(srv.AdminToken()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+
+	fmt.Fprintf(out, "building the MLP update module from source ...\n")
+	code, err := build.Module(ctx, "", build.MLP)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, baseModel); err != nil {
+		return nil, err
+	}
+	imported, err := client.ImportModel(ctx, apiv1.NewModelServiceClient(conn), &pb.ImportModelHeader{Name: "mnist-mlp",
+		Description: "784-128-10 MLP pretrained on a public MNIST slice"}, &buf)
+	if err != nil {
+		return nil, fmt.Errorf("demo: import model: %w", err)
+	}
+	sig, err := publisher.SignModule("mlp", code)
+	if err != nil {
+		return nil, err
+	}
+	mod, err := client.RegisterModule(ctx, apiv1.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
+		AbiVersion: wasm.ABIVersion, Signature: []byte(sig)}, bytes.NewReader(code))
+	if err != nil {
+		return nil, fmt.Errorf("demo: register module: %w", err)
+	}
+
+	// The fleet: real agents over NATS, sharing one sandbox's compiled code.
+	sb, err := wasm.New(wasm.WithCacheDir(filepath.Join(dataDir, "edge-wasm-cache")))
+	if err != nil {
+		return nil, err
+	}
+	defer sb.Close(context.WithoutCancel(ctx))
+	fleetCtx, stopFleet := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopFleet(); wg.Wait() }()
+	fmt.Fprintf(out, "enrolling %d edge agents ...\n", len(parts))
+	devices := apiv1.NewDeviceServiceClient(conn)
+	for i, idx := range parts {
+		id := fmt.Sprintf("edge-%03d", i)
+		dir := filepath.Join(dataDir, "edges", strconv.Itoa(i))
+		if err := enrollAgent(ctx, srv, devices, id, dir); err != nil {
+			return nil, err
+		}
+		opts := []edge.Option{edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log)}
+		if cfg.SecureAggregation && cfg.Dropout > 0 {
+			opts = append(opts, edge.WithDropout(dropout(cfg.Seed, id, cfg.Dropout)))
+		}
+		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: dir,
+			DeviceID: id, Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"}, opts...)
+		if err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(fleetCtx) }()
+	}
+
+	hyper, _ := json.Marshal(Hyper)
+	privacy, err := dpConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var secure *pb.SecAggConfig
+	if cfg.SecureAggregation || cfg.DP == "distributed" {
+		secure = &pb.SecAggConfig{ClipRange: SecAggClipRange, MaxWeight: SecAggMaxWeight,
+			StageTimeout: durationpb.New(SecAggStageTimeout)}
+	}
+	tasks := apiv1.NewTaskServiceClient(conn)
+	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
+		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
+		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: cfg.OverSelection,
+		ReportGoal: uint32(max(1, cfg.Cohort*3/4)), RoundsTotal: uint32(cfg.Rounds),
+		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(60 * time.Second),
+		Eligibility:       &pb.Eligibility{MinExamples: 1, RequireCharging: true},
+		Aggregation:       &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVGM, ServerLearningRate: 1, Momentum: 0.8},
+		ServerEvalDataset: evalDir,
+		Secagg:            secure,
+		Dp:                privacy,
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("demo: create task: %w", err)
+	}
+	fmt.Fprintf(out, "task %s created; rounds:\n", created.Task.Id)
+
+	res := &Result{BaseAccuracy: baseEval.Accuracy, FinalAccuracy: baseEval.Accuracy}
+	watch, err := tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: created.Task.Id})
+	if err != nil {
+		return nil, err
+	}
+	bar := &progress{w: out, total: cfg.Rounds, terminal: cfg.Terminal}
+	roundStart := time.Now()
+	for len(res.Rounds) < cfg.Rounds {
+		msg, err := watch.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("demo: watch: %w", err)
+		}
+		ev := msg.GetEvent()
+		switch ev.GetType() {
+		case pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED:
+			m := ev.GetMetrics().GetValues()
+			r := RoundResult{Round: ev.Round, Reports: ev.Reported, Dropped: ev.Dropped,
+				Accuracy: m["server_accuracy"], Loss: m["server_loss"], Elapsed: time.Since(roundStart)}
+			res.Rounds = append(res.Rounds, r)
+			res.FinalAccuracy, res.Epsilon = r.Accuracy, ev.GetEpsilonSpent()
+			bar.round(r)
+			roundStart = time.Now()
+		case pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED:
+			bar.note(fmt.Sprintf("round %d abandoned: %s; retrying", ev.Round, ev.Reason))
+		}
+	}
+	res.Elapsed = time.Since(start)
+	if err := writeResults(cfg.OutDir, res); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(cfg.OutDir, "results.csv"), filepath.Join(cfg.OutDir, "accuracy.png"))
+	if privacy != nil {
+		fmt.Fprintf(out, "differential privacy (%s, noise multiplier %g, clip norm %g): epsilon %.4g at delta %g, no amplification by sampling claimed\n",
+			cfg.DP, cfg.NoiseMultiplier, cfg.ClipNorm, res.Epsilon, cfg.DPDelta)
+	}
+	fmt.Fprintf(out, "done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)\n",
+		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
+	return res, nil
+}
+
+// Sweep runs the demo once without DP and once per noise multiplier with
+// cfg.DP, each in its own subdirectory of cfg.OutDir, and writes
+// privacy.csv and privacy.png there: final accuracy against ε.
+func Sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, error) {
+	if cfg.DP == "" || cfg.DP == "none" {
+		return nil, fmt.Errorf("demo: a privacy sweep needs --dp central or distributed")
+	}
+	if len(noise) == 0 {
+		return nil, fmt.Errorf("demo: a privacy sweep needs noise multipliers")
+	}
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	plainCfg := cfg
+	plainCfg.DP, plainCfg.OutDir = "", filepath.Join(cfg.OutDir, "no-dp")
+	fmt.Fprintf(out, "== without differential privacy\n")
+	plain, err := Run(ctx, plainCfg)
+	if err != nil {
+		return nil, err
+	}
+	var pts []PrivacyPoint
+	for _, z := range noise {
+		c := cfg
+		c.NoiseMultiplier, c.OutDir = z, filepath.Join(cfg.OutDir, fmt.Sprintf("%s-z%g", cfg.DP, z))
+		fmt.Fprintf(out, "== %s DP, noise multiplier %g\n", cfg.DP, z)
+		res, err := Run(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		pts = append(pts, PrivacyPoint{NoiseMultiplier: z, Epsilon: res.Epsilon, Accuracy: res.FinalAccuracy})
+	}
+	f, err := atomicfile.Create(filepath.Join(cfg.OutDir, "privacy.csv"), 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Abort()
+	w := csv.NewWriter(f)
+	w.Write([]string{"mechanism", "noise_multiplier", "clip_norm", "delta", "epsilon", "accuracy"})
+	w.Write([]string{"none", "", "", "", "", strconv.FormatFloat(plain.FinalAccuracy, 'f', 6, 64)})
+	for _, pt := range pts {
+		w.Write([]string{cfg.DP, strconv.FormatFloat(pt.NoiseMultiplier, 'g', -1, 64), strconv.FormatFloat(cfg.ClipNorm, 'g', -1, 64),
+			strconv.FormatFloat(cfg.DPDelta, 'g', -1, 64), strconv.FormatFloat(pt.Epsilon, 'g', 6, 64),
+			strconv.FormatFloat(pt.Accuracy, 'f', 6, 64)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return nil, err
+	}
+	if err := f.Commit(); err != nil {
+		return nil, err
+	}
+	if err := plotPrivacy(filepath.Join(cfg.OutDir, "privacy.png"), cfg.DP, pts, plain.FinalAccuracy, plain.BaseAccuracy); err != nil {
+		return nil, err
+	}
+	for _, pt := range pts {
+		fmt.Fprintf(out, "%s DP z=%g: epsilon %.4g at delta %g -> accuracy %.2f%% (without DP %.2f%%)\n",
+			cfg.DP, pt.NoiseMultiplier, pt.Epsilon, cfg.DPDelta, 100*pt.Accuracy, 100*plain.FinalAccuracy)
+	}
+	return pts, nil
+}
+
+// enrollAgent enrolls a simulated device the way a real one enrolls, with a
+// single-use token and the server's CA, unless its directory holds
+// credentials from an earlier run (--data-dir).
+func enrollAgent(ctx context.Context, srv *server.Server, devices apiv1.DeviceServiceClient, id, dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, edge.CredsFile)); err == nil {
+		return nil
+	}
+	tok, err := devices.CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{Ttl: durationpb.New(10 * time.Minute)})
+	if err != nil {
+		return fmt.Errorf("demo: enrollment token: %w", err)
+	}
+	if _, err := edge.Enroll(ctx, edge.EnrollConfig{API: srv.GRPCAddr(), CAPEM: srv.CACertPEM(), Token: tok.GetToken(),
+		DataDir: dir, DeviceID: id}); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	return nil
+}
+
+// dpConfig is the task's DP settings for cfg.DP, with an ε target that the
+// task's rounds spend exactly.
+func dpConfig(cfg Config) (*pb.DPConfig, error) {
+	var c *pb.DPConfig
+	switch cfg.DP {
+	case "", "none":
+		return nil, nil
+	case "central":
+		c = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN}
+	case "distributed":
+		c = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN}
+	default:
+		return nil, fmt.Errorf("demo: --dp %q: want none, central or distributed", cfg.DP)
+	}
+	c.ClipNorm, c.NoiseMultiplier, c.Delta = cfg.ClipNorm, cfg.NoiseMultiplier, cfg.DPDelta
+	eps, err := demoEpsilon(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	c.TargetEpsilon = eps * (1 + 1e-9)
+	return c, nil
+}
+
+// mlpParams is the size of the demo's 784-128-10 MLP.
+const mlpParams = 784*128 + 128 + 128*10 + 10
+
+// demoEpsilon is the ε the demo's rounds spend under cfg's DP settings.
+func demoEpsilon(cfg Config) (float64, error) {
+	if cfg.DP == "distributed" {
+		dist, err := dp.NewDistributed(dp.DiscreteGaussian, mlpParams, 32, max(1, cfg.Cohort*3/4), cfg.ClipNorm, cfg.NoiseMultiplier)
+		if err != nil {
+			return 0, err
+		}
+		return dist.Epsilon(cfg.Rounds, cfg.DPDelta)
+	}
+	return dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: cfg.NoiseMultiplier, Steps: cfg.Rounds}}, cfg.DPDelta)
+}
+
+// dropout decides, the same way for a device and round in every run, whether
+// the device vanishes from a secure round after uploading its keys.
+func dropout(seed uint64, device string, p float64) func(string, uint64, string) bool {
+	return func(task string, round uint64, stage string) bool {
+		if stage != edge.DropAfterAdvertise {
+			return false
+		}
+		h := sha256.Sum256(fmt.Appendf(nil, "%d/%s/%s/%d", seed, device, task, round))
+		return float64(binary.BigEndian.Uint64(h[:8])>>11)/(1<<53) < p
+	}
+}
+
+// progress draws one line per committed round with a bar for the task's progress.
+type progress struct {
+	w        io.Writer
+	total    int
+	done     int
+	terminal bool
+}
+
+func (p *progress) round(r RoundResult) {
+	p.done++
+	const width = 20
+	filled := p.done * width / p.total
+	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
+	fmt.Fprintf(p.w, "[%s] round %2d/%d  accuracy %6.2f%%  loss %.4f  reports %d  dropped %d  %v\n",
+		bar, p.done, p.total, 100*r.Accuracy, r.Loss, r.Reports, r.Dropped, r.Elapsed.Round(10*time.Millisecond))
+}
+
+func (p *progress) note(s string) { fmt.Fprintf(p.w, "  %s\n", s) }
+
+func writeResults(dir string, res *Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := atomicfile.Create(filepath.Join(dir, "results.csv"), 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Abort()
+	w := csv.NewWriter(f)
+	w.Write([]string{"round", "accuracy", "loss", "reports", "dropped", "seconds"})
+	w.Write([]string{"0", strconv.FormatFloat(res.BaseAccuracy, 'f', 6, 64), "", "", "", ""})
+	for _, r := range res.Rounds {
+		w.Write([]string{strconv.FormatUint(r.Round, 10), strconv.FormatFloat(r.Accuracy, 'f', 6, 64),
+			strconv.FormatFloat(r.Loss, 'f', 6, 64), strconv.Itoa(int(r.Reports)), strconv.Itoa(int(r.Dropped)),
+			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return err
+	}
+	if err := f.Commit(); err != nil {
+		return err
+	}
+	return plotAccuracy(filepath.Join(dir, "accuracy.png"), res)
+}

@@ -1,0 +1,545 @@
+// Package devproto is the device side of the round protocol (docs/PROTOCOL.md),
+// written once for the edge agent and the simulated fleet: check-ins on the
+// device's own subject, waits as the server steers them, wake-ups on round
+// announcements, supersession of work on a closed round, report publishing
+// into JetStream and the bounded retry of a plan that fails, which the
+// device then reports once with a PlanFailure.
+//
+// What a device does with a plan (fetch the model, run a module, build and
+// sign its report) is the caller's Work. All timing goes through an injected
+// clock.Clock and all randomness through an injected jitter, so tests drive
+// a device with a fake clock and never sleep.
+package devproto
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/internal/backoff"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// Timing. docs/PROTOCOL.md (Timeouts and defaults) lists these; keep both in step.
+const (
+	// RequestTimeout bounds a check-in and any other request a device makes.
+	RequestTimeout = 10 * time.Second
+	// PublishTimeout bounds one attempt to store a report.
+	PublishTimeout = 5 * time.Second
+	// FailureTimeout bounds the PlanFailure request, which is a courtesy.
+	FailureTimeout = 5 * time.Second
+	// MinRetryAfter and MaxRetryAfter clamp the server's RetryAfter.
+	MinRetryAfter = 50 * time.Millisecond
+	MaxRetryAfter = 10 * time.Minute
+	// MaxIdleWait bounds how long a device that is done with a round sleeps
+	// waiting for the next announcement, which can be missed across a
+	// reconnect.
+	MaxIdleWait = 30 * time.Second
+	// DefaultMaxAttempts is how often a device tries one round's plan.
+	DefaultMaxAttempts = 4
+)
+
+// Back-off schedules: initial step, cap.
+const (
+	checkInBackoff, checkInBackoffMax = 250 * time.Millisecond, 30 * time.Second
+	attemptBackoff, attemptBackoffMax = time.Second, 30 * time.Second
+	repeatBackoff, repeatBackoffMax   = 250 * time.Millisecond, 30 * time.Second
+	publishBackoff, publishBackoffMax = 100 * time.Millisecond, 5 * time.Second
+)
+
+// maxTasks bounds the per-task state a device keeps: the task ids come from
+// the server's plans.
+const maxTasks = 64
+
+var (
+	// ErrSuperseded is the cause with which a Work's context ends when a later
+	// round of the same task is announced: the plan's round has closed.
+	ErrSuperseded = errors.New("devproto: round closed before the report")
+	// ErrLeft is what a Work returns to leave a round on purpose (a simulated
+	// dropout): it is neither retried nor reported as a failure.
+	ErrLeft = errors.New("devproto: left the round")
+	// ErrTooLarge reports a report over the server's or the stream's size
+	// limit; it is not retried.
+	ErrTooLarge = errors.New("devproto: report too large")
+	// errDeadline is the cause with which work ends at the report deadline.
+	errDeadline = errors.New("report deadline passed")
+)
+
+// permanent marks an error that another attempt at the same plan would repeat.
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Permanent marks err as one that retrying the plan cannot cure (an
+// untrusted module, an invalid plan): the device gives up on the round at
+// once and reports it.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+func isPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p) || errors.Is(err, ErrTooLarge)
+}
+
+// Work carries out one attempt at a plan: it fetches what the plan names,
+// runs it, and stores its report with r.Publish. ctx ends at the report
+// deadline, when the device stops, or with cause ErrSuperseded when a later
+// round of the task is announced; r.Publish outlives the supersession. A
+// nil return means the device is done with the round.
+type Work func(ctx context.Context, r *Round) error
+
+// Observer is told what a device does; every field is optional. The calls
+// come from the device's Run goroutine.
+type Observer struct {
+	// CheckedIn is called with every check-in response.
+	CheckedIn func(resp *pb.CheckInResponse)
+	// GaveUp is called once per round the device stops trying, with the
+	// attempts made and the last error (which the server was sent).
+	GaveUp func(plan *pb.RoundPlan, attempts int, err error)
+}
+
+// Config describes a device.
+type Config struct {
+	// CheckIn is what the device says at every check-in. Its device_id names
+	// the device, and so the subject it checks in on; its task_ids, when set,
+	// also filter the announcements the device wakes up for.
+	CheckIn *pb.CheckIn
+	Work    Work
+	// Clock times everything (default: the system clock).
+	Clock clock.Clock
+	// Jitter returns a uniform duration in [0, d) (default: seeded from
+	// crypto/rand). It must be safe for concurrent use; see Jitter.
+	Jitter func(d time.Duration) time.Duration
+	// MaxAttempts bounds the attempts at one round's plan (default
+	// DefaultMaxAttempts).
+	MaxAttempts int
+	Log         *slog.Logger
+	Observer    Observer
+}
+
+// Jitter returns a concurrency-safe jitter function drawing from r.
+func Jitter(r *rand.Rand) func(time.Duration) time.Duration {
+	var mu sync.Mutex
+	return func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return 0
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(r.Int64N(int64(d)))
+	}
+}
+
+// Device is one device's protocol state. Run drives it; Announce feeds it
+// round announcements (SubscribeAnnouncements does so for a connection).
+type Device struct {
+	id          string
+	checkIn     []byte
+	filter      []string
+	work        Work
+	clk         clock.Clock
+	jitter      func(time.Duration) time.Duration
+	maxAttempts int
+	log         *slog.Logger
+	obs         Observer
+
+	wake chan time.Duration // check-in spread of an announcement
+
+	mu    sync.Mutex
+	cur   *current              // the attempt in progress, if any
+	tasks map[string]*taskState // by task id; Run's goroutine and Round.Publish
+}
+
+// current is the attempt in progress, which a later round's announcement cancels.
+type current struct {
+	task   string
+	round  uint64
+	cancel context.CancelCauseFunc
+}
+
+// taskState is what a device remembers of the latest round of a task it was
+// handed a plan for.
+type taskState struct {
+	round    uint64
+	reported bool // a report was stored
+	done     bool // no further attempts this round
+	attempts int
+	retry    *backoff.Backoff // between failed attempts
+	again    *backoff.Backoff // between plans of a round already done
+}
+
+// New checks cfg and returns a device; Run starts it.
+func New(cfg Config) (*Device, error) {
+	if cfg.CheckIn == nil || cfg.Work == nil {
+		return nil, errors.New("devproto: CheckIn and Work are required")
+	}
+	id := cfg.CheckIn.GetDeviceId()
+	if err := wire.CheckToken("device", id); err != nil {
+		return nil, fmt.Errorf("devproto: %w", err)
+	}
+	b, err := proto.Marshal(cfg.CheckIn)
+	if err != nil {
+		return nil, fmt.Errorf("devproto: check-in: %w", err)
+	}
+	d := &Device{id: id, checkIn: b, filter: slices.Clone(cfg.CheckIn.GetTaskIds()), work: cfg.Work,
+		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, maxAttempts: cfg.MaxAttempts, log: cfg.Log, obs: cfg.Observer,
+		wake: make(chan time.Duration, 1), tasks: map[string]*taskState{}}
+	if d.jitter == nil {
+		var seed [32]byte
+		crand.Read(seed[:])
+		d.jitter = Jitter(rand.New(rand.NewChaCha8(seed)))
+	}
+	if d.maxAttempts <= 0 {
+		d.maxAttempts = DefaultMaxAttempts
+	}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
+	return d, nil
+}
+
+// ID is the device's id.
+func (d *Device) ID() string { return d.id }
+
+// SubscribeAnnouncements feeds the round announcements nc receives to devs:
+// one subscription for all the devices sharing a connection.
+func SubscribeAnnouncements(nc *nats.Conn, devs ...*Device) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(wire.SubjectAnnounce, func(m *nats.Msg) {
+		var ann pb.RoundAnnouncement
+		if proto.Unmarshal(m.Data, &ann) != nil {
+			return
+		}
+		for _, d := range devs {
+			d.Announce(&ann)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("devproto: subscribe announcements: %w", err)
+	}
+	return sub, nil
+}
+
+// SubscribeReceipts calls f with every receipt the server sends device.
+func SubscribeReceipts(nc *nats.Conn, device string, f func(*pb.ReportReceipt)) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(wire.ReceiptSubject(device), func(m *nats.Msg) {
+		var r pb.ReportReceipt
+		if proto.Unmarshal(m.Data, &r) == nil {
+			f(&r)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("devproto: subscribe receipts: %w", err)
+	}
+	return sub, nil
+}
+
+// Announce tells the device a round opened: work on an earlier round of the
+// same task stops, and a waiting device checks in soon.
+func (d *Device) Announce(ann *pb.RoundAnnouncement) {
+	if len(d.filter) > 0 && !slices.Contains(d.filter, ann.GetTaskId()) {
+		return
+	}
+	d.supersede(ann.GetTaskId(), ann.GetRound())
+	spread := ann.GetCheckInSpread().AsDuration()
+	if spread <= 0 || spread > time.Minute {
+		spread = time.Second
+	}
+	select {
+	case d.wake <- spread:
+	default:
+	}
+}
+
+// supersede cancels work on a round of task older than round: the server
+// opens a round only after closing the previous one, so that work is moot.
+func (d *Device) supersede(task string, round uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cur != nil && d.cur.task == task && d.cur.round < round {
+		d.log.Info("round closed before this device reported; stopping", "device", d.id, "task", task, "round", d.cur.round)
+		d.cur.cancel(ErrSuperseded)
+		d.cur = nil
+	}
+}
+
+// Run checks in, works on the plans it is handed and waits as told, until
+// ctx ends. A failed check-in (the server or NATS away) is retried with
+// back-off; nc reconnects on its own.
+func (d *Device) Run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) {
+	fail := backoff.New(checkInBackoff, checkInBackoffMax, d.jitter)
+	for ctx.Err() == nil {
+		wait, err := d.cycle(ctx, nc, js)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.log.Debug("check-in cycle failed", "device", d.id, "err", err)
+			wait = fail.Next()
+		} else {
+			fail.Reset()
+		}
+		d.sleep(ctx, wait)
+	}
+}
+
+// sleep waits wait, or less once a round is announced: then the device checks
+// in after a random part of the announced spread, so that the fleet does not
+// arrive in lockstep.
+func (d *Device) sleep(ctx context.Context, wait time.Duration) {
+	if wait <= 0 {
+		return
+	}
+	end := d.clk.Now().Add(wait)
+	t := d.clk.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C():
+		return
+	case spread := <-d.wake:
+		if !t.Stop() {
+			select {
+			case <-t.C():
+			default:
+			}
+		}
+		t.Reset(d.jitter(min(end.Sub(d.clk.Now()), spread)))
+	}
+	select {
+	case <-ctx.Done():
+	case <-t.C():
+	}
+}
+
+// cycle is one check-in and what follows from its answer. It returns how
+// long to wait before the next one.
+func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (time.Duration, error) {
+	// An announcement before this check-in is answered by it.
+	select {
+	case <-d.wake:
+	default:
+	}
+	ans, err := checkIn(ctx, d.clk, nc, d.id, d.checkIn)
+	if err != nil {
+		return 0, err
+	}
+	if f := d.obs.CheckedIn; f != nil {
+		f(ans)
+	}
+	if r := ans.GetRetryAfter(); r != nil {
+		return min(max(r.GetDuration().AsDuration(), MinRetryAfter), MaxRetryAfter), nil
+	}
+	plan := ans.GetPlan()
+	if plan == nil {
+		return 0, errors.New("check-in response has neither plan nor retry")
+	}
+	// The task id goes into the subjects the device publishes on.
+	if err := wire.CheckToken("task", plan.TaskId); err != nil {
+		return 0, fmt.Errorf("check-in response: plan: %w", err)
+	}
+	st, stale := d.state(plan)
+	d.mu.Lock()
+	reported, done := st.reported, st.done
+	d.mu.Unlock()
+	switch {
+	case stale || reported:
+		// Reporting and the server counting the report are not atomic: a
+		// device that checks in right after publishing may get the same
+		// plan again (and again, if its report was refused).
+		return st.again.Next(), nil
+	case done:
+		return d.untilNextRound(plan), nil
+	}
+	st.attempts++
+	err = d.attempt(ctx, nc, js, plan, st)
+	switch {
+	case err == nil:
+		st.done = true
+		return d.untilNextRound(plan), nil
+	case ctx.Err() != nil:
+		return 0, nil
+	case errors.Is(err, ErrSuperseded):
+		return 0, nil // check in again at once: the next round wants devices
+	case errors.Is(err, ErrLeft):
+		st.done = true
+		return d.untilNextRound(plan), nil
+	}
+	deadline := plan.GetReportDeadline().AsTime()
+	retry := st.retry.Next()
+	if !isPermanent(err) && st.attempts < d.maxAttempts && d.clk.Now().Add(retry).Before(deadline) {
+		d.log.Warn("round attempt failed; retrying", "device", d.id, "task", plan.TaskId, "round", plan.Round,
+			"attempt", st.attempts, "retry_in", retry, "err", err)
+		return retry, nil
+	}
+	st.done = true
+	d.log.Warn("giving up on the round", "device", d.id, "task", plan.TaskId, "round", plan.Round, "attempts", st.attempts, "err", err)
+	d.reportFailure(ctx, nc, plan, st.attempts, err)
+	if f := d.obs.GaveUp; f != nil {
+		f(plan, st.attempts, err)
+	}
+	return d.untilNextRound(plan), nil
+}
+
+// state returns the task's state for plan's round, fresh for a new round;
+// stale says the plan is for a round older than one already seen.
+func (d *Device) state(plan *pb.RoundPlan) (st *taskState, stale bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st = d.tasks[plan.TaskId]
+	if st != nil && plan.Round < st.round {
+		return st, true
+	}
+	if st == nil || plan.Round > st.round {
+		if st == nil && len(d.tasks) >= maxTasks {
+			clear(d.tasks)
+		}
+		st = &taskState{round: plan.Round, retry: backoff.New(attemptBackoff, attemptBackoffMax, d.jitter),
+			again: backoff.New(repeatBackoff, repeatBackoffMax, d.jitter)}
+		d.tasks[plan.TaskId] = st
+	}
+	return st, false
+}
+
+// untilNextRound is how long a device done with a round waits for the next
+// round's announcement before checking in anyway.
+func (d *Device) untilNextRound(plan *pb.RoundPlan) time.Duration {
+	left := plan.GetReportDeadline().AsTime().Sub(d.clk.Now())
+	return min(max(left, time.Second), MaxIdleWait) + d.jitter(time.Second)
+}
+
+// attempt runs the Work once for plan, bounded by the report deadline and
+// cancelled by a later round's announcement.
+func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan, st *taskState) error {
+	deadline := plan.GetReportDeadline().AsTime()
+	left := deadline.Sub(d.clk.Now())
+	if left <= 0 {
+		return Permanent(fmt.Errorf("report deadline %v already passed on the device clock", deadline))
+	}
+	// A later round's announcement cancels the work, not a report in flight:
+	// the report may already be stored, and its acknowledgement on its way.
+	reportCtx, cancel := withTimeout(ctx, d.clk, left, errDeadline)
+	defer cancel()
+	workCtx, supersede := context.WithCancelCause(reportCtx)
+	defer supersede(nil)
+	d.mu.Lock()
+	d.cur = &current{task: plan.TaskId, round: plan.Round, cancel: supersede}
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.cur = nil
+		d.mu.Unlock()
+	}()
+	r := &Round{Plan: plan, Attempt: st.attempts, d: d, nc: nc, js: js, reportCtx: reportCtx, st: st}
+	err := d.work(workCtx, r)
+	if err == nil {
+		return nil
+	}
+	switch cause := context.Cause(workCtx); {
+	case errors.Is(cause, ErrSuperseded):
+		return ErrSuperseded
+	case errors.Is(cause, errDeadline):
+		return Permanent(fmt.Errorf("%w: %w", errDeadline, err))
+	}
+	return err
+}
+
+// reportFailure tells the server, once per round, why the device gave up on
+// it. The server may not answer (not listening, or away): the round goes on
+// without the reason, so that is only logged.
+func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.RoundPlan, attempts int, cause error) {
+	b, err := proto.Marshal(&pb.PlanFailure{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
+		Reason: Reason(cause.Error()), Attempts: uint32(min(attempts, math.MaxUint32))})
+	if err != nil {
+		d.log.Error("plan failure: marshal", "err", err)
+		return
+	}
+	m, err := Request(ctx, d.clk, nc, wire.FailureSubject(plan.TaskId, plan.Round, d.id), b, FailureTimeout)
+	if err != nil {
+		d.log.Debug("plan failure not delivered", "device", d.id, "task", plan.TaskId, "round", plan.Round, "err", err)
+		return
+	}
+	var ack pb.PlanFailureAck
+	if err := proto.Unmarshal(m.Data, &ack); err != nil || !ack.Accepted {
+		d.log.Debug("plan failure not recorded", "device", d.id, "task", plan.TaskId, "round", plan.Round,
+			"reason", Reason(ack.Reason), "err", err)
+	}
+}
+
+// Reason is s as a PlanFailure carries it: valid UTF-8 of at most
+// wire.MaxFailureReason bytes, cut on a character boundary.
+func Reason(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= wire.MaxFailureReason {
+		return s
+	}
+	i := wire.MaxFailureReason
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
+
+// errTimeout is the cause with which a request's context ends at its timeout.
+var errTimeout = errors.New("timed out")
+
+// Request is a NATS request whose timeout runs on clk.
+func Request(ctx context.Context, clk clock.Clock, nc *nats.Conn, subj string, data []byte, timeout time.Duration) (*nats.Msg, error) {
+	rctx, cancel := withTimeout(ctx, clk, timeout, fmt.Errorf("%w after %v", errTimeout, timeout))
+	defer cancel()
+	m, err := nc.RequestWithContext(rctx, subj, data)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		return nil, fmt.Errorf("request %s: %w", subj, context.Cause(rctx))
+	}
+	return m, err
+}
+
+// CheckIn sends one check-in on the device's own subject (ci.device_id
+// names it) and returns the server's answer.
+func CheckIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, ci *pb.CheckIn) (*pb.CheckInResponse, error) {
+	b, err := proto.Marshal(ci)
+	if err != nil {
+		return nil, fmt.Errorf("check-in: %w", err)
+	}
+	return checkIn(ctx, clk, nc, ci.GetDeviceId(), b)
+}
+
+func checkIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, device string, ci []byte) (*pb.CheckInResponse, error) {
+	m, err := Request(ctx, clk, nc, wire.CheckInSubject(device), ci, RequestTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("check-in: %w", err)
+	}
+	var resp pb.CheckInResponse
+	if err := proto.Unmarshal(m.Data, &resp); err != nil {
+		return nil, fmt.Errorf("check-in response: %w", err)
+	}
+	return &resp, nil
+}
+
+// withTimeout is context.WithTimeout on clk: ctx ends with cause once d has
+// passed on clk.
+func withTimeout(ctx context.Context, clk clock.Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := clk.AfterFunc(d, func() { cancel(cause) })
+	return ctx, func() { t.Stop(); cancel(nil) }
+}

@@ -1,0 +1,105 @@
+package simfleet_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/internal/simfleet"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+func TestStartRefusesBadConfig(t *testing.T) {
+	layout := []*pb.TensorSpec{{Name: "w", Shape: []uint64{2, 3}}}
+	delta := make([]float32, 6)
+	for _, tc := range []struct {
+		name string
+		cfg  simfleet.Config
+		want string
+	}{
+		{"no url", simfleet.Config{Devices: 1, Layout: layout, Delta: delta}, "NATSURL"},
+		{"no devices", simfleet.Config{NATSURL: "nats://x", Layout: layout, Delta: delta}, "0 devices"},
+		{"more conns than devices", simfleet.Config{NATSURL: "nats://x", Devices: 2, Conns: 3, Layout: layout, Delta: delta}, "connections"},
+		{"negative conns", simfleet.Config{NATSURL: "nats://x", Devices: 2, Conns: -1, Layout: layout, Delta: delta}, "connections"},
+		{"empty update", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout}, "empty update"},
+		{"no layout", simfleet.Config{NATSURL: "nats://x", Devices: 1, Delta: delta}, "does not hold"},
+		{"short update", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta[:5]}, "does not hold"},
+		{"overflowing shape", simfleet.Config{NATSURL: "nats://x", Devices: 1, Delta: delta,
+			Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{1 << 40, 1 << 40}}}}, "does not hold"},
+		{"bad id", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, IDPrefix: "a.b"}, "invalid identifier"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := simfleet.Start(tc.cfg)
+			if !errors.Is(err, simfleet.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFleetRunsRounds: simulated devices check in, fetch the model and report
+// through a real server; every round commits with their updates, which move
+// the model by the reported delta.
+func TestFleetRunsRounds(t *testing.T) {
+	h := servertest.New(t, servertest.WithPace(20*time.Millisecond))
+	m, err := model.New(model.Tensor{Name: "w", Shape: []int{2, 3}, Data: make([]float32, 6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "tiny", m)
+	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
+	task := h.CreateTask(t, &pb.Task{Name: "simfleet", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: 3, ReportGoal: 3, OverSelection: 0.01, RoundsTotal: 2,
+		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(20 * time.Second),
+		// The update below has norm 1.22: above the default bound for a
+		// model this small.
+		Aggregation: &pb.AggregationConfig{MaxUpdateNorm: 2}})
+	delta := []float32{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
+	lg := simfleet.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: 3, Conns: 2, FetchModel: true,
+		Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{2, 3}}}, Delta: delta}
+	lg.Keys = h.EnrollKeys(t, lg.DeviceIDs())
+	f, err := simfleet.Start(lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s (fleet %+v, %s)", done.State, done.StateReason, f.Stats(), f.LastFailure())
+	}
+	for _, r := range h.Rounds(t, task.Id) {
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED || r.Reported != 3 {
+			t.Fatalf("round %d: %v with %d reports: %s", r.Round, r.State, r.Reported, r.Reason)
+		}
+		tr, ok := f.Trace(task.Id, r.Round)
+		if !ok || tr.Plans < 3 || tr.Reports < 3 || tr.LastReport.Before(tr.FirstPlan) {
+			t.Fatalf("round %d trace %+v (found %v)", r.Round, tr, ok)
+		}
+	}
+	f.Stop()
+	st := f.Stats()
+	if st.Fetches < 6 || st.Reports < 6 || st.Failures != 0 || st.CheckIns < st.Plans {
+		t.Fatalf("stats %+v: %s", st, f.LastFailure())
+	}
+	// FedAvg of identical deltas is the delta: two rounds move every value by 1.
+	_, buf, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.DecodeSafetensors(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got.Flatten() {
+		if v < 0.999 || v > 1.001 {
+			t.Fatalf("value %d is %v after two rounds of +0.5", i, v)
+		}
+	}
+}

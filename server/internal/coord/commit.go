@@ -1,0 +1,410 @@
+package coord
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/backoff"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
+	"github.com/fleetlearn/fleetlearn/internal/sandboxlimits"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// A round closes in two durable steps, audit log first: the round's events
+// go into the log in one batch, then the round (and its model) into the
+// store in one transaction. A close the log cannot record does not happen;
+// either step failing is retried in place (the round's state is in memory,
+// and a secure round's cannot be rebuilt) with back-off, logged as an error
+// and counted, until it succeeds or the runner stops.
+
+func (t *taskRun) event(r *roundRun, typ pb.RoundEventType, metrics map[string]float64, reason string) *pb.RoundEvent {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := &pb.RoundEvent{TaskId: t.id, Round: r.row.Round, Type: typ, Kind: r.row.Kind, Time: timestamppb.New(t.c.now()),
+		Assigned: uint32(len(r.assigned)), Reported: uint32(len(r.reported)),
+		Dropped: uint32(len(r.assigned) - len(r.reported)), Metrics: &pb.Metrics{Values: metrics}, Reason: reason}
+	return ev
+}
+
+func (t *taskRun) closeRow(r *roundRun, state pb.RoundState, metrics map[string]float64, reason string) *store.RoundRow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	row := *r.row
+	row.State, row.Close, row.Metrics, row.Reason = state, t.c.now(), metrics, reason
+	row.Assigned, row.Reported = uint32(len(r.assigned)), uint32(len(r.reported))
+	row.Dropped = row.Assigned - row.Reported
+	row.Failures = map[string]string{}
+	for d, why := range r.failures {
+		if _, in := r.assigned[d]; in && !r.reported[d] {
+			row.Failures[d] = why
+		}
+	}
+	return &row
+}
+
+// durably runs a durable step until it succeeds, retrying with back-off.
+// An event the audit log refuses as invalid is not retried: errInvalidAudit.
+func (t *taskRun) durably(ctx context.Context, what string, step func() error) error {
+	retry := backoff.New(100*time.Millisecond, 10*time.Second, nil)
+	for {
+		err := step()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, audit.ErrInvalidEvent) {
+			return fmt.Errorf("%w: %w", errInvalidAudit, err)
+		}
+		if errors.Is(err, store.ErrRoundClosed) {
+			return err // closed already: nothing to retry
+		}
+		t.c.d.Metrics.CommitFailures.WithLabelValues(what).Inc()
+		wait := retry.Next()
+		t.log().Error("closing the round failed; retrying", "step", what, "err", err, "in", wait)
+		if !clock.Sleep(t.clock(), wait, ctx.Done()) {
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		}
+	}
+}
+
+var errInvalidAudit = errors.New("audit log refused the round's events")
+
+// closeDurably closes a round: it prepares the close in the store, records
+// events, then commits the close; see durably. The prepared close lets a
+// coordinator restarted between the last two steps finish what the log
+// already says happened (resumePending).
+func (t *taskRun) closeDurably(ctx context.Context, events []audit.Payload, row *store.RoundRow, newRow *store.ModelRow, optState []byte) error {
+	pending := &store.PendingClose{Row: row, Model: newRow, OptState: optState}
+	if err := t.durably(ctx, "store", func() error { return t.c.d.Store.PrepareClose(ctx, pending) }); err != nil {
+		return err
+	}
+	if err := t.durably(ctx, "audit", func() error { return t.c.record(events...) }); err != nil {
+		if errors.Is(err, errInvalidAudit) {
+			t.c.d.Store.DropPending(ctx, t.id, row.Round)
+		}
+		return err
+	}
+	return t.durably(ctx, "store", func() error { return t.c.d.Store.CloseRound(ctx, row, newRow, optState, t.c.now()) })
+}
+
+// resumePending finishes or forgets a round's close that was prepared but
+// not committed when the coordinator stopped. done reports that the round
+// is now closed.
+func (t *taskRun) resumePending(ctx context.Context, round uint64) (done bool, err error) {
+	p, err := t.c.d.Store.Pending(ctx, t.id, round)
+	if err != nil || p == nil {
+		return false, err
+	}
+	recorded := false
+	if t.c.d.Audited != nil {
+		if recorded, err = t.c.d.Audited(ctx, t.id, round); err != nil {
+			return false, fmt.Errorf("round %d: audit lookup: %w", round, err)
+		}
+	}
+	if !recorded {
+		// The log never showed the close: it did not happen. Replay.
+		return false, t.c.d.Store.DropPending(ctx, t.id, round)
+	}
+	var next *model.Model
+	if p.Model != nil {
+		if next, err = t.loadModel(ctx, p.Model.Version); err != nil {
+			return false, err
+		}
+		if err := t.rule.UnmarshalBinary(p.OptState); err != nil {
+			return false, fmt.Errorf("round %d: prepared optimizer state: %w", round, err)
+		}
+	}
+	if err := t.durably(ctx, "store", func() error { return t.c.d.Store.CloseRound(ctx, p.Row, p.Model, p.OptState, t.c.now()) }); err != nil {
+		return false, err
+	}
+	if next != nil {
+		t.global = next
+	}
+	t.log().Info("round close recorded before a restart committed", "round", round, "state", p.Row.State)
+	outcome := "committed"
+	if p.Row.State == pb.RoundState_ROUND_STATE_ABANDONED {
+		outcome = "abandoned"
+	}
+	t.finishRound(p.Row, outcome)
+	typ := map[string]pb.RoundEventType{"committed": pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED,
+		"abandoned": pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED}[outcome]
+	ev := &pb.RoundEvent{TaskId: t.id, Round: round, Type: typ, Kind: p.Row.Kind, Time: timestamppb.New(p.Row.Close),
+		Assigned: p.Row.Assigned, Reported: p.Row.Reported, Dropped: p.Row.Dropped, Metrics: &pb.Metrics{Values: p.Row.Metrics},
+		Reason: p.Row.Reason, EpsilonSpent: p.Row.Epsilon}
+	if p.Model != nil {
+		ev.Model = &pb.ModelRef{Sha256: p.Model.Version, Version: p.Model.Version, SizeBytes: uint64(p.Model.Size), ParentVersion: p.Model.Parent}
+	}
+	t.c.emit(ev)
+	return true, nil
+}
+
+func (t *taskRun) abandon(ctx context.Context, r *roundRun, reason string) error {
+	row := t.closeRow(r, pb.RoundState_ROUND_STATE_ABANDONED, nil, reason)
+	ev := audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundAbandoned, Reports: uint64(row.Reported),
+		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: reason}
+	if err := t.closeDurably(ctx, []audit.Payload{ev}, row, nil, nil); err != nil {
+		return err
+	}
+	t.log().Warn("round abandoned", "round", row.Round, "reason", reason)
+	t.finishRound(row, "abandoned")
+	t.c.emit(t.event(r, pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, nil, reason))
+	return nil
+}
+
+func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
+	kind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "train", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluate"}[row.Kind]
+	t.c.d.Metrics.Rounds.WithLabelValues(kind, outcome).Inc()
+	t.c.d.Metrics.RoundDuration.WithLabelValues(kind).Observe(row.Close.Sub(row.Open).Seconds())
+	t.c.d.Metrics.Dropouts.Add(float64(row.Dropped))
+	t.c.purgeRound(t.id, row.Round)
+}
+
+// commit turns a round's aggregation result into its close. col holds the
+// result either way — plaintext rounds added each update, secure rounds
+// the unmasked sum — and slack is how far the decoded mean may exceed the
+// norm bound through quantization (0 for plaintext rounds, +Inf where
+// device noise is part of the sum). The mean is checked against the bound,
+// noised once for central DP (std zC on the sum, so zC/W on the mean),
+// applied, and the new model checked before anything is written.
+func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean, reason string, slack float64) error {
+	prefix := "train_"
+	if r.row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
+		prefix = "eval_"
+	}
+	metrics := mm.means(prefix)
+	var newRow *store.ModelRow
+	var optState []byte
+	next := t.global
+	// Apply advances the optimizer state; until the round is durably
+	// closed, restore holds the state to go back to.
+	var restore []byte
+	defer func() {
+		if restore != nil {
+			t.rule.UnmarshalBinary(restore)
+		}
+	}()
+	if r.row.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		delta, err := col.Aggregate()
+		if err != nil {
+			return t.abandon(ctx, r, fmt.Sprintf("aggregation: %v", err))
+		}
+		if why := t.checkAggregate(delta, slack); why != "" {
+			return t.abandon(ctx, r, why)
+		}
+		if err := t.addCentralNoise(delta, col.TotalWeight()); err != nil {
+			return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
+		}
+		flat := t.global.Flatten()
+		if restore, err = t.rule.MarshalBinary(); err != nil {
+			return err
+		}
+		if err := t.rule.Apply(flat, delta); err != nil {
+			return t.abandon(ctx, r, fmt.Sprintf("aggregation: %v", err))
+		}
+		if i := floats.FirstNonFinite(flat); i >= 0 {
+			return t.abandon(ctx, r, fmt.Sprintf("the new model has a non-finite parameter at %d; the current model stays", i))
+		}
+		if optState, err = t.rule.MarshalBinary(); err != nil {
+			return err
+		}
+		if next, err = t.global.Layout().Unflatten(flat); err != nil {
+			return err
+		}
+		next.Lineage = model.Lineage{Parent: t.global.Lineage.Version, Task: t.id, Round: int64(r.row.Round), Source: "federated"}
+		var buf bytes.Buffer
+		if err := model.WriteSafetensors(&buf, next); err != nil {
+			return err
+		}
+		version, err := t.c.d.Blobs.Put(ctx, buf.Bytes())
+		if err != nil {
+			return err
+		}
+		next.Lineage.Version = version
+		newRow = &store.ModelRow{Version: version, Name: t.spec.GetName(), Parent: t.global.Lineage.Version,
+			TaskID: t.id, Round: r.row.Round, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
+			Tensors: len(next.Tensors), Params: len(flat), Size: int64(buf.Len()), Created: t.c.now()}
+		if t.evalSet != nil {
+			for k, v := range t.serverEval(ctx, next) {
+				metrics[k] = v
+			}
+		}
+	}
+	row := t.closeRow(r, pb.RoundState_ROUND_STATE_COMMITTED, metrics, reason)
+	if newRow != nil {
+		row.Model = newRow.Version
+	}
+	t.mu.Lock()
+	for d := range r.reported {
+		row.Participants = append(row.Participants, d)
+	}
+	t.mu.Unlock()
+	var epsBefore float64
+	if t.dp != nil {
+		task, err := t.c.d.Store.Task(ctx, t.id)
+		if err != nil {
+			return err
+		}
+		if epsBefore, err = t.dp.epsilonAfter(int(task.TrainRounds)); err != nil {
+			return err
+		}
+		row.Epsilon = epsBefore
+		if newRow != nil {
+			if row.Epsilon, err = t.dp.epsilonAfter(int(task.TrainRounds) + 1); err != nil {
+				return err
+			}
+		}
+	}
+	events := t.commitEvents(row, newRow, mm, metrics, epsBefore)
+	if err := t.closeDurably(ctx, events, row, newRow, optState); err != nil {
+		if errors.Is(err, errInvalidAudit) {
+			return t.abandon(ctx, r, err.Error())
+		}
+		return err
+	}
+	t.global, restore = next, nil
+	t.log().Info("round committed", "round", row.Round, "kind", row.Kind, "reports", row.Reported, "dropped", row.Dropped,
+		"model", row.Model, "metrics", metrics, "reason", reason)
+	if t.dp != nil && newRow != nil {
+		t.c.d.Metrics.Epsilon.WithLabelValues(t.id).Set(row.Epsilon)
+	}
+	t.finishRound(row, "committed")
+	ev := t.event(r, pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED, metrics, reason)
+	ev.EpsilonSpent = row.Epsilon
+	if newRow != nil {
+		ev.Model = &pb.ModelRef{Sha256: newRow.Version, Version: newRow.Version, SizeBytes: uint64(newRow.Size), ParentVersion: newRow.Parent}
+	}
+	t.c.emit(ev)
+	return nil
+}
+
+// checkAggregate refuses a combined update that no honest round produces:
+// a non-finite value, or (for the mean rules) a norm over the bound every
+// update was held to, plus slack. It returns why, or "".
+func (t *taskRun) checkAggregate(delta []float32, slack float64) string {
+	if i := floats.FirstNonFinite(delta); i >= 0 {
+		return fmt.Sprintf("aggregate update has a non-finite value at %d; the current model stays", i)
+	}
+	bound := t.normBound()
+	if bound == 0 || math.IsInf(slack, 1) || !aggregator.Kind(t.rule.Kind()).Streaming() {
+		// Local and distributed DP noise are part of the updates; the
+		// coordinate-wise rules can exceed a norm bound each input met.
+		return ""
+	}
+	var ss float64
+	for _, x := range delta {
+		ss += float64(x) * float64(x)
+	}
+	if norm, limit := math.Sqrt(ss), bound*(1+aggregator.NormTolerance)+slack; norm > limit {
+		return fmt.Sprintf("aggregate update norm %.6g exceeds the bound %.6g every update was held to; the current model stays", norm, limit)
+	}
+	return ""
+}
+
+// commitEvents are the audit events of a committed round, recorded in one
+// batch: its close, the model version it produced, the metrics it measured
+// (federated ones from the devices' reports, server_ ones on the server's
+// held-out set) and its privacy cost.
+func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, metrics map[string]float64, epsBefore float64) []audit.Payload {
+	evs := []audit.Payload{audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundCommitted, Reports: uint64(row.Reported),
+		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: row.Reason}}
+	evaluated := row.BaseModel
+	if newRow != nil {
+		evs = append(evs, audit.ModelCommitted{Task: t.id, Round: row.Round, Model: newRow.Version, SHA256: newRow.Version,
+			Parent: newRow.Parent})
+		evaluated = newRow.Version
+	}
+	fed, srv := map[string]float64{}, map[string]float64{}
+	for k, v := range metrics {
+		if s, ok := strings.CutPrefix(k, "server_"); ok {
+			srv[s] = v
+		} else {
+			fed[k] = v
+		}
+	}
+	// Training metrics describe the base model as the devices trained it;
+	// evaluation rounds measure the base model itself.
+	if len(fed) > 0 {
+		dataset := "federated:train"
+		if row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
+			dataset = "federated:evaluate"
+		}
+		evs = append(evs, audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: row.BaseModel, Dataset: dataset,
+			Samples: uint64(mm.examples), Metrics: fed})
+	}
+	if len(srv) > 0 {
+		evs = append(evs, audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: evaluated,
+			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv})
+	}
+	if t.dp != nil && newRow != nil {
+		evs = append(evs, t.spentEvent(row.Round, epsBefore, row.Epsilon))
+	}
+	return evs
+}
+
+// serverEval runs the task's module on the server's held-out set; metrics
+// that are not finite and in range are dropped (the module is the task's,
+// but its output is still checked before it is recorded).
+func (t *taskRun) serverEval(ctx context.Context, m *model.Model) map[string]float64 {
+	lim, err := sandboxlimits.FromProto(t.spec.GetLimits())
+	if err != nil {
+		t.log().Warn("server-side evaluation skipped", "err", err)
+		return nil
+	}
+	res, err := t.module.Evaluate(ctx, wasm.Call{Model: m, Data: t.evalSet, Hyper: t.spec.GetHyperparameters(), Limits: lim})
+	if err != nil {
+		t.log().Warn("server-side evaluation failed", "err", err)
+		return nil
+	}
+	out := map[string]float64{}
+	for k, v := range res.Metrics {
+		if err := checkMetrics(map[string]float64{k: v}); err != nil {
+			t.log().Warn("server-side evaluation metric dropped", "err", err)
+			continue
+		}
+		out["server_"+k] = v
+	}
+	return out
+}
+
+// metricMean is the weighted mean of reported metrics, kept as running
+// means: each stays within the range of the values it averages, so no
+// weight or value that passed checkMetrics can overflow it.
+type metricMean struct {
+	mean     map[string]float64
+	weight   map[string]float64
+	examples float64 // total weight over all reports, with or without metrics
+}
+
+func newMetricMean() *metricMean {
+	return &metricMean{mean: map[string]float64{}, weight: map[string]float64{}}
+}
+
+func (m *metricMean) add(vals map[string]float64, w float64) {
+	m.examples += w
+	for k, v := range vals {
+		total := m.weight[k] + w
+		m.mean[k] += (v - m.mean[k]) * (w / total)
+		m.weight[k] = total
+	}
+}
+
+func (m *metricMean) means(prefix string) map[string]float64 {
+	out := make(map[string]float64, len(m.mean))
+	for k, v := range m.mean {
+		out[prefix+k] = v
+	}
+	return out
+}

@@ -1,0 +1,80 @@
+package coord
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// maxFailureBytes bounds a PlanFailure message: ids and a short reason.
+const maxFailureBytes = 2 << 10
+
+// handleFailure records a device's report that it could not carry out its
+// plan, so the round can say why the device dropped. The subject names the
+// device (only it may publish there); the failure counts only for the open
+// round whose cohort holds the device, once, and only until it reports.
+func (c *Coordinator) handleFailure(m *nats.Msg) {
+	reply := func(reason string) {
+		b, _ := proto.Marshal(&pb.PlanFailureAck{Accepted: reason == "", Reason: reason})
+		m.Respond(b)
+	}
+	task, round, device, err := wire.ParseFailureSubject(m.Subject)
+	if err != nil {
+		reply(err.Error())
+		return
+	}
+	if len(m.Data) > maxFailureBytes {
+		reply(fmt.Sprintf("failure report of %d bytes exceeds %d", len(m.Data), maxFailureBytes))
+		return
+	}
+	var f pb.PlanFailure
+	if err := proto.Unmarshal(m.Data, &f); err != nil {
+		reply("malformed failure report: " + err.Error())
+		return
+	}
+	if f.TaskId != task || f.Round != round || f.DeviceId != device {
+		reply(fmt.Sprintf("failure report names %s/%d/%s, subject %s/%d/%s", f.TaskId, f.Round, f.DeviceId, task, round, device))
+		return
+	}
+	c.mu.Lock()
+	tr := c.tasks[task]
+	c.mu.Unlock()
+	if tr == nil {
+		reply(fmt.Sprintf("task %q has no open round", task))
+		return
+	}
+	tr.mu.Lock()
+	r := tr.round
+	tr.mu.Unlock()
+	if r == nil || r.row.Round != round {
+		reply(fmt.Sprintf("round %d of task %q is not open", round, task))
+		return
+	}
+	why := fmt.Sprintf("device failed after %d attempts: %s", f.Attempts, wire.FailureReason(f.Reason))
+	if !tr.noteFailure(r, device, wire.FailureReason(why)) {
+		reply(fmt.Sprintf("device %q is not in the cohort of round %d, or its failure is already recorded", device, round))
+		return
+	}
+	c.d.Metrics.PlanFailures.Inc()
+	tr.log().Info("device could not carry out its plan", "round", round, "device", device, "reason", why)
+	reply("")
+}
+
+// noteFailure keeps why a cohort device has not contributed, the first
+// reason only; it reports whether the reason was kept.
+func (t *taskRun) noteFailure(r *roundRun, device, why string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, in := r.assigned[device]; !in || r.reported[device] {
+		return false
+	}
+	if _, had := r.failures[device]; had {
+		return false
+	}
+	r.failures[device] = wire.FailureReason(why)
+	return true
+}

@@ -1,0 +1,220 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// Defaults for task fields left zero.
+const (
+	DefaultSelectionTimeout = 30 * time.Second
+	DefaultReportTimeout    = 2 * time.Minute
+	// DefaultMaxExamplesPerReport caps the weight one report carries in
+	// the example-weighted mean, so no device dominates a round by claiming
+	// a huge dataset.
+	DefaultMaxExamplesPerReport = 10000
+	// MaxExamplesPerReport is the largest cap a task may set.
+	MaxExamplesPerReport = 1 << 40
+	// MaxMetricAbs bounds the magnitude of every metric a device reports:
+	// far beyond any loss or accuracy, small enough that weighted sums of
+	// them stay finite.
+	MaxMetricAbs = 1e12
+)
+
+// Robustness is what bounds one device's influence on a task: the update
+// norm bound devices clip to and the server enforces, and the weight cap.
+type Robustness struct {
+	// MaxUpdateNorm is the L2 bound on each update; 0 only with Unbounded.
+	MaxUpdateNorm float64
+	// Unbounded is the operator's explicit opt-out of the bound.
+	Unbounded bool
+	// MaxExamples caps a report's example count as its weight.
+	MaxExamples uint64
+}
+
+// DefaultUpdateNorm is the update norm bound of a task that sets none: the
+// base model's L2 norm, at least 1. One update can then move the model by
+// at most its own size, which training never needs and which stops a
+// poisoned update from swamping a round.
+func DefaultUpdateNorm(base *model.Model) float64 {
+	var ss float64
+	for _, x := range base.Flatten() {
+		ss += float64(x) * float64(x)
+	}
+	if n := math.Sqrt(ss); n > 1 && !math.IsInf(n, 0) {
+		return n
+	}
+	return 1
+}
+
+// ResolveRobustness checks a task's robustness settings and fills in the
+// defaults; base is the model the default norm bound derives from. Task
+// creation stores the result in the task, so a running task keeps the
+// bound it was created with.
+func ResolveRobustness(task *pb.Task, base *model.Model) (Robustness, error) {
+	agg := task.GetAggregation()
+	r := Robustness{MaxUpdateNorm: agg.GetMaxUpdateNorm(), Unbounded: agg.GetUnboundedUpdates(), MaxExamples: agg.GetMaxExamplesPerReport()}
+	switch {
+	case !(r.MaxUpdateNorm >= 0) || math.IsInf(r.MaxUpdateNorm, 0):
+		return Robustness{}, fmt.Errorf("max_update_norm %v must be finite and not negative", r.MaxUpdateNorm)
+	case r.Unbounded && r.MaxUpdateNorm > 0:
+		return Robustness{}, fmt.Errorf("max_update_norm %v contradicts unbounded_updates; set one", r.MaxUpdateNorm)
+	case r.MaxExamples > MaxExamplesPerReport:
+		return Robustness{}, fmt.Errorf("max_examples_per_report %d exceeds %d", r.MaxExamples, uint64(MaxExamplesPerReport))
+	}
+	if r.MaxUpdateNorm == 0 && !r.Unbounded {
+		if base == nil {
+			return Robustness{}, fmt.Errorf("no update norm bound and no opt-out (unbounded_updates)")
+		}
+		r.MaxUpdateNorm = DefaultUpdateNorm(base)
+	}
+	if r.MaxExamples == 0 {
+		r.MaxExamples = DefaultMaxExamplesPerReport
+	}
+	return r, nil
+}
+
+// Apply writes the resolved settings into the task's aggregation config.
+func (r Robustness) Apply(task *pb.Task) {
+	if task.Aggregation == nil {
+		task.Aggregation = &pb.AggregationConfig{}
+	}
+	task.Aggregation.MaxUpdateNorm, task.Aggregation.UnboundedUpdates = r.MaxUpdateNorm, r.Unbounded
+	task.Aggregation.MaxExamplesPerReport = r.MaxExamples
+}
+
+func (t *taskRun) selectionTimeout() time.Duration {
+	if d := t.spec.GetSelectionTimeout().AsDuration(); d > 0 {
+		return d
+	}
+	return DefaultSelectionTimeout
+}
+
+func (t *taskRun) reportTimeout() time.Duration {
+	if d := t.spec.GetReportTimeout().AsDuration(); d > 0 {
+		return d
+	}
+	return DefaultReportTimeout
+}
+
+func (t *taskRun) wanted() int {
+	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * (1 + t.spec.GetOverSelection())))
+}
+
+func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*store.RoundRow, error) {
+	now := t.c.now()
+	rr := &store.RoundRow{TaskID: t.id, Round: round, Kind: kind, State: pb.RoundState_ROUND_STATE_OPEN,
+		Seed: t.c.seed(), BaseModel: t.global.Lineage.Version, Open: now,
+		Deadline: now.Add(t.selectionTimeout() + t.reportTimeout())}
+	if t.secure(kind) {
+		// Key advertisement and sharing before the masked input, consistency
+		// and unmasking after it.
+		rr.Deadline = rr.Deadline.Add(4 * secureStageTimeout(t.spec.GetSecagg()))
+	}
+	ev := audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
+		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())}
+	if t.secure(kind) {
+		// The parameters every participant derives, as the plans carry them.
+		if _, cfg, err := t.secureConfig(round, t.wanted(), rr.Seed); err == nil {
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cfg)
+			ev.SecAggSHA256 = wire.SHA256(b)
+		}
+	}
+	// Recorded before the round exists: a round the log does not show
+	// opened never takes devices.
+	if err := t.c.record(ev); err != nil {
+		return nil, fmt.Errorf("open round %d: audit: %w", round, err)
+	}
+	if err := t.c.d.Store.OpenRound(ctx, rr, now); err != nil {
+		return nil, err
+	}
+	t.log().Info("round opened", "round", round, "kind", kind)
+	return rr, nil
+}
+
+// eligibilityText states the round's kind and who could join it, for the audit log.
+func eligibilityText(kind pb.RoundKind, e *pb.Eligibility) string {
+	parts := []string{"kind=" + strings.ToLower(strings.TrimPrefix(kind.String(), "ROUND_KIND_")),
+		fmt.Sprintf("min_examples=%d", max(e.GetMinExamples(), 1)), fmt.Sprintf("abi=%d", wasm.ABIVersion)}
+	for _, c := range []struct {
+		on   bool
+		name string
+	}{{e.GetRequireCharging(), "charging"}, {e.GetRequireIdle(), "idle"}, {e.GetRequireUnmetered(), "unmetered"}} {
+		if c.on {
+			parts = append(parts, c.name)
+		}
+	}
+	if cls := e.GetDeviceClasses(); len(cls) > 0 {
+		parts = append(parts, "device_classes="+strings.Join(cls, "|"))
+	}
+	return strings.Join(parts, " ")
+}
+
+// normBound is the L2 norm bound the server holds plaintext updates, and
+// the aggregate of every round, to; 0 for none.
+func (t *taskRun) normBound() float64 {
+	if t.dp == nil {
+		return t.robust.MaxUpdateNorm
+	}
+	switch t.dp.cfg.GetMechanism() {
+	case pb.DPMechanism_DP_MECHANISM_LOCAL:
+		return 0 // the devices' own noise makes updates longer than the clip norm
+	default:
+		// Devices clip to C; the slack covers their float32 rounding.
+		return t.dp.cfg.GetClipNorm() * (1 + 1e-5)
+	}
+}
+
+// weight is how much a report counts in the average: its example count up
+// to the task's cap, or 1 under DP, where the clip norm bounds every
+// device's influence only if weights do not scale it.
+func (t *taskRun) weight(examples uint64) float64 {
+	if t.dp != nil {
+		return 1
+	}
+	return float64(min(examples, t.robust.MaxExamples))
+}
+
+// secure reports whether rounds of kind run through secure aggregation:
+// training rounds of a task with SecAgg settings. Evaluation rounds report
+// plaintext metrics only.
+func (t *taskRun) secure(kind pb.RoundKind) bool {
+	return kind == pb.RoundKind_ROUND_KIND_TRAIN && t.spec.GetSecagg() != nil
+}
+
+func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
+	m, err := t.c.d.Store.Model(context.Background(), rr.BaseModel)
+	size := uint64(0)
+	if err == nil {
+		size = uint64(m.Size)
+	}
+	p := &pb.RoundPlan{
+		TaskId: t.id, Round: rr.Round, Kind: rr.Kind,
+		Model:           &pb.ModelRef{Sha256: rr.BaseModel, Version: rr.BaseModel, SizeBytes: size},
+		Module:          t.spec.GetModule(),
+		Hyperparameters: t.spec.GetHyperparameters(),
+		Seed:            rr.Seed,
+		ReportDeadline:  timestamppb.New(rr.Deadline),
+		Limits:          t.spec.GetLimits(),
+		Secagg:          t.spec.GetSecagg(),
+		MaxUpdateNorm:   t.robust.MaxUpdateNorm,
+	}
+	if t.dp != nil && rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		// Devices clip to the DP bound; evaluation rounds release metrics only.
+		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.cfg.GetClipNorm()
+	}
+	return p
+}

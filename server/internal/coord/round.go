@@ -1,0 +1,229 @@
+package coord
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+)
+
+// runRound sets a round up (cohort, collector, report consumer), then runs
+// its plaintext or secure loop. It returns nil once the round is closed in
+// the store; an error leaves it open, to be resumed.
+func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
+	if done, err := t.resumePending(ctx, row.Round); done || err != nil {
+		return err
+	}
+	if t.global.Lineage.Version != row.BaseModel {
+		m, err := t.loadModel(ctx, row.BaseModel)
+		if err != nil {
+			return err
+		}
+		t.global = m
+	}
+	assigned, err := t.c.d.Store.Assignments(ctx, t.id, row.Round)
+	if err != nil {
+		return err
+	}
+	now := t.c.now()
+	keys := map[string]ed25519.PublicKey{}
+	for d := range assigned {
+		// A cohort resumed after a restart: its devices were vouched for
+		// when selected; one revoked since is refused now.
+		if k, _ := t.c.deviceKey(ctx, d); k != nil {
+			keys[d] = k
+		}
+	}
+	r := &roundRun{row: row, plan: t.plan(row), wanted: t.wanted(), assigned: assigned, reported: map[string]bool{},
+		capped: map[string]bool{}, failures: map[string]string{}, keys: keys,
+		selEnd: row.Open.Add(t.selectionTimeout()), kick: make(chan struct{}, 1)}
+	r.selecting = len(assigned) < r.wanted && now.Before(r.selEnd)
+
+	var col aggregator.Collector
+	if row.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		bound := t.normBound()
+		if t.secure(row.Kind) {
+			// Devices clip before masking; the sum's bound is checked at
+			// commit, past the quantization error.
+			bound = 0
+		}
+		if col, err = t.rule.NewCollector(bound); err != nil {
+			return fmt.Errorf("round %d: %w", row.Round, err)
+		}
+	}
+	if t.secure(row.Kind) {
+		if len(assigned) > 0 {
+			return t.abandon(ctx, r, errSecureResume.Error())
+		}
+		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.wanted, t.global.Layout().Size()); err != nil {
+			return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+		}
+		r.plan.Secagg = r.secure.cfg
+	}
+
+	// Reports: replay the round's subjects from the start of the stream, so a
+	// restart sees every report it had before plus the new ones.
+	msgs := make(chan jetstream.Msg, 256)
+	cons, err := t.c.d.JS.OrderedConsumer(ctx, wire.StreamReports, jetstream.OrderedConsumerConfig{
+		FilterSubjects: wire.RoundFilters(t.id, row.Round), DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return fmt.Errorf("round %d: consumer: %w", row.Round, err)
+	}
+	// Bound what is in flight: reports are ~400 KB each, and the default
+	// (500 messages) overruns the connection's pending limit at large cohorts.
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxBytes(8<<20))
+	if err != nil {
+		return fmt.Errorf("round %d: consume: %w", row.Round, err)
+	}
+	defer cc.Stop()
+
+	var parts map[string]int
+	if t.dp.maxRounds() > 0 {
+		if parts, err = t.c.d.Store.Participations(ctx, t.id); err != nil {
+			return err
+		}
+	}
+	t.mu.Lock()
+	t.round, t.loading, t.parts = r, false, parts
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.round = nil
+		t.mu.Unlock()
+	}()
+	t.c.d.Metrics.OpenRounds.Inc()
+	defer t.c.d.Metrics.OpenRounds.Dec()
+	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
+		Time: timestamppb.New(now), Assigned: uint32(len(assigned))})
+	t.announce(r)
+	if r.secure != nil {
+		return t.runSecure(ctx, r, col, msgs)
+	}
+	return t.runPlain(ctx, r, col, msgs)
+}
+
+// runPlain consumes a plaintext round's reports until a close condition,
+// then commits or abandons.
+func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Collector, msgs <-chan jetstream.Msg) error {
+	now := t.c.now()
+	selTimer := t.clock().NewTimer(max(0, r.selEnd.Sub(now)))
+	defer selTimer.Stop()
+	deadline := t.clock().NewTimer(max(0, r.row.Deadline.Sub(now)))
+	defer deadline.Stop()
+	target := int(t.spec.GetCohortTarget())
+	mm := newMetricMean()
+	reason := ""
+	for reason == "" {
+		select {
+		case <-ctx.Done():
+			return ctx.Err() // the round stays open, to be resumed
+		case m := <-msgs:
+			t.handleReport(r, col, mm, m)
+		case <-r.kick:
+		case <-selTimer.C():
+			if why := t.endSelection(r, 0); why != "" {
+				return t.abandon(ctx, r, why)
+			}
+		case <-deadline.C():
+			reason = "report deadline passed"
+			// Reports already delivered arrived in time; count them.
+			for drained := false; !drained; {
+				select {
+				case m := <-msgs:
+					t.handleReport(r, col, mm, m)
+				default:
+					drained = true
+				}
+			}
+		}
+		t.mu.Lock()
+		if len(r.assigned) >= r.wanted {
+			r.selecting = false
+		}
+		everyone := !r.selecting && len(r.reported) == len(r.assigned)
+		reported := len(r.reported)
+		t.mu.Unlock()
+		switch {
+		case reason != "":
+		case reported >= target && target > 0:
+			reason = fmt.Sprintf("cohort target %d reached", target)
+		case everyone && reported > 0:
+			reason = "every selected device reported"
+		}
+	}
+	if n := len(r.reported); n < int(t.spec.GetReportGoal()) || n == 0 {
+		return t.abandon(ctx, r, fmt.Sprintf("%s with %d reports, below the report goal %d", reason, n, t.spec.GetReportGoal()))
+	}
+	return t.commit(ctx, r, col, mm, reason, 0)
+}
+
+// endSelection closes selection when its timeout fires. It returns why the
+// round must be abandoned: fewer devices than the report goal (or, for
+// secure rounds, than minCohort) took a seat.
+func (t *taskRun) endSelection(r *roundRun, minCohort int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r.selecting = false
+	n, goal := len(r.assigned), int(t.spec.GetReportGoal())
+	if n >= goal && n >= minCohort {
+		return ""
+	}
+	why := fmt.Sprintf("selection closed with %d devices, below the report goal %d", n, goal)
+	if minCohort > goal {
+		why = fmt.Sprintf("selection closed with %d devices, below the report goal %d or the secure aggregation minimum %d", n, goal, minCohort)
+	}
+	if k := len(r.capped); k > 0 {
+		why += fmt.Sprintf("; %d devices checked in but had reached the task's cap of %d rounds each", k, t.dp.maxRounds())
+	}
+	return why
+}
+
+// announce wakes idle devices: a round wants members.
+func (t *taskRun) announce(r *roundRun) {
+	if !r.selecting {
+		return
+	}
+	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
+		Wanted: uint32(r.wanted - len(r.assigned)), CheckInSpread: durationpb.New(t.c.d.PaceWindow)})
+	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
+}
+
+// handleReport validates one report and counts it, or refuses it with a receipt.
+func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) {
+	kind := "update"
+	if wire.IsEvalSubject(m.Subject()) {
+		kind = "evaluation"
+	}
+	t.settle(r, m, kind, func() (string, error) { return t.acceptReport(r, col, mm, m, kind) })
+}
+
+// settle counts a report's bytes, runs accept, and answers the device with a
+// receipt: accepted, or refused with accept's reason, which the round keeps
+// as the device's failure (its first).
+func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
+	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
+	device, err := accept()
+	if err != nil {
+		t.c.d.Metrics.Reports.WithLabelValues(kind, "refused").Inc()
+		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
+		t.c.receipt(t.id, r.row.Round, device, err.Error())
+		t.noteFailure(r, device, "report refused: "+err.Error())
+		return
+	}
+	t.c.d.Metrics.Reports.WithLabelValues(kind, "accepted").Inc()
+	t.c.receipt(t.id, r.row.Round, device, "")
+}

@@ -1,0 +1,160 @@
+package coord
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+func TestRoundCommitsWeightedMean(t *testing.T) {
+	h := newHarness(t)
+	began := time.Now()
+	task := h.start(h.baseTask(nil))
+	ev := h.watch(task.Id)
+	a, b, c := h.enroll("dev-a", 10), h.enroll("dev-b", 30), h.enroll("dev-c", 60)
+	for i, d := range []*device{a, b, c} {
+		plan := d.join()
+		if plan.GetMaxUpdateNorm() <= 0 {
+			t.Fatalf("plan carries no update norm bound: %v", plan.GetMaxUpdateNorm())
+		}
+		d.update(plan, constant(8, float32(i+1)/10), d.examples, map[string]float64{"loss": float64(i + 1)})
+	}
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 3 {
+		t.Fatalf("round 1: %v", got)
+	}
+	// (10·0.1 + 30·0.2 + 60·0.3) / 100 = 0.25; loss (10·1 + 30·2 + 60·3) / 100 = 2.5
+	want := []float32{1.25, 2.25, 3.25, 4.25, 5.25, 6.25, 0.75, -0.25}
+	for i, x := range h.current(task.Id).Flatten() {
+		if math.Abs(float64(x-want[i])) > 1e-6 {
+			t.Fatalf("model[%d] = %v, want %v", i, x, want[i])
+		}
+	}
+	if l := got.GetMetrics().GetValues()["train_loss"]; math.Abs(l-2.5) > 1e-12 {
+		t.Fatalf("train_loss = %v", l)
+	}
+	for _, d := range []*device{a, b, c} {
+		if r := d.receipt(); !r.Accepted {
+			t.Fatalf("%s refused: %s", d.id, r.Reason)
+		}
+	}
+	t.Logf("a whole round on the fake clock took %v", time.Since(began))
+}
+
+func TestSelectionTimeoutAbandonsThenRetries(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(func(t *pb.Task) { t.CohortTarget, t.ReportGoal = 2, 2 }))
+	ev := h.watch(task.Id)
+	a := h.enroll("dev-a", 5)
+	a.join()
+	h.clk.Advance(10 * time.Second) // selection timeout
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
+		!containsAll(got.Reason, "selection closed with 1 devices, below the report goal 2") {
+		t.Fatalf("round 1: %v", got)
+	}
+	// The next round opens with a new number and takes the same device.
+	h.awaitOpen(task.Id, 2)
+	b := h.enroll("dev-b", 5)
+	for _, d := range []*device{a, b} {
+		plan := d.join()
+		if plan.Round != 2 {
+			t.Fatalf("plan for round %d", plan.Round)
+		}
+		d.update(plan, constant(8, 0.5), 5, nil)
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Round != 2 {
+		t.Fatalf("round 2: %v", got)
+	}
+}
+
+func TestReportDeadlineCommitsWithDropout(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(nil))
+	ev := h.watch(task.Id)
+	devs := []*device{h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)}
+	plans := make([]*pb.RoundPlan, 3)
+	for i, d := range devs {
+		plans[i] = d.join()
+	}
+	for i, d := range devs[:2] {
+		d.update(plans[i], constant(8, 0.1), 5, nil)
+		if r := d.receipt(); !r.Accepted {
+			t.Fatal(r.Reason)
+		}
+	}
+	h.clk.Advance(30 * time.Second) // the report deadline
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 2 || got.Dropped != 1 ||
+		got.Reason != "report deadline passed" {
+		t.Fatalf("round 1: %v", got)
+	}
+	// The dropped device is too late now.
+	devs[2].update(plans[2], constant(8, 0.1), 5, nil)
+	if r := devs[2].receipt(); r.Accepted {
+		t.Fatal("a report for a closed round was accepted")
+	}
+}
+
+func TestReportGoalMissedAbandons(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(nil))
+	ev := h.watch(task.Id)
+	devs := []*device{h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)}
+	var first *pb.RoundPlan
+	for i, d := range devs {
+		p := d.join()
+		if i == 0 {
+			first = p
+		}
+	}
+	devs[0].update(first, constant(8, 0.1), 5, nil)
+	devs[0].receipt()
+	before := h.current(task.Id).Flatten()
+	h.clk.Advance(30 * time.Second)
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
+		!containsAll(got.Reason, "report deadline passed with 1 reports, below the report goal 2") {
+		t.Fatalf("round 1: %v", got)
+	}
+	if after := h.current(task.Id).Flatten(); after[0] != before[0] {
+		t.Fatal("an abandoned round changed the model")
+	}
+	h.awaitOpen(task.Id, 2)
+}
+
+func TestDPParticipationCapOnFakeClock(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(func(t *pb.Task) {
+		t.CohortTarget, t.ReportGoal, t.RoundsTotal = 2, 2, 2
+		t.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 1,
+			TargetEpsilon: 1000, Delta: 1e-5, MaxRoundsPerDevice: 1}
+	}))
+	ev := h.watch(task.Id)
+	a, b := h.enroll("dev-a", 5), h.enroll("dev-b", 5)
+	for _, d := range []*device{a, b} {
+		plan := d.join()
+		if plan.GetDp() == nil || plan.GetMaxUpdateNorm() != 1 {
+			t.Fatalf("DP plan: %v", plan)
+		}
+		d.update(plan, constant(8, 0.1), 5, nil)
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.EpsilonSpent <= 0 {
+		t.Fatalf("round 1: %v", got)
+	}
+	h.awaitOpen(task.Id, 2)
+	for _, d := range []*device{a, b} {
+		r := d.checkIn().GetRetryAfter()
+		if r == nil || r.Reason != pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE || !containsAll(r.Detail, "cap of 1 rounds") {
+			t.Fatalf("%s at its cap: %v", d.id, r)
+		}
+	}
+	h.clk.Advance(10 * time.Second)
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
+		!containsAll(got.Reason, "2 devices checked in but had reached the task's cap of 1 rounds each") {
+		t.Fatalf("round 2: %v", got)
+	}
+}

@@ -1,0 +1,262 @@
+package coord
+
+import (
+	"crypto/ed25519"
+	crand "crypto/rand"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/privacy/secagg"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// secureDevice runs the device side of a secure round with the secagg
+// client, as an agent does, except that it can be told to go silent after
+// a stage. It reports what ended its round on done.
+// Each stage message the server accepted is reported on acked.
+func (d *device) secure(plan *pb.RoundPlan, delta []float32, weight float64, silentAfter string, acked chan<- string) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- d.runSecure(plan, delta, weight, silentAfter, acked) }()
+	return done
+}
+
+func (d *device) runSecure(plan *pb.RoundPlan, delta []float32, weight float64, silentAfter string, acked chan<- string) error {
+	cfg := plan.GetSecagg()
+	n := int(cfg.GetNumParticipants())
+	round, err := secagg.NewRound(privacyconf.SecAgg(cfg), plan.TaskId, plan.Round, n)
+	if err != nil {
+		return err
+	}
+	peers := map[uint32]ed25519.PublicKey{}
+	client, err := secagg.NewClient(round, secagg.ClientOptions{ParticipantID: plan.ParticipantId, Rand: crand.Reader,
+		Identity: d.key, KeyID: d.id, VerifyPeer: func(p uint32, _ string, msg, sig []byte) error {
+			if k, ok := peers[p]; ok && ed25519.Verify(k, msg, sig) {
+				return nil
+			}
+			return fmt.Errorf("participant %d: bad signature", p)
+		}})
+	if err != nil {
+		return err
+	}
+	down := make(chan *nats.Msg, 8)
+	sub, err := d.h.nc.ChanSubscribe(wire.SecAggDownSubject(plan.TaskId, plan.Round, d.id), down)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := d.h.nc.Flush(); err != nil {
+		return err
+	}
+	send := func(up *pb.SecAggUp) error {
+		up.TaskId, up.Round, up.DeviceId = plan.TaskId, plan.Round, d.id
+		b, _ := proto.Marshal(up)
+		m, err := d.h.nc.Request(wire.SecAggUpSubject(plan.TaskId, plan.Round, d.id), b, time.Minute)
+		if err != nil {
+			return err
+		}
+		var ack pb.SecAggAck
+		if err := proto.Unmarshal(m.Data, &ack); err != nil {
+			return err
+		}
+		if !ack.Accepted {
+			return fmt.Errorf("refused: %s", ack.Reason)
+		}
+		acked <- fmt.Sprintf("%T", up.Msg)
+		return nil
+	}
+	ak, err := client.Advertise()
+	if err != nil {
+		return err
+	}
+	ak.IdentityPublicKey = d.key.Public().(ed25519.PublicKey)
+	if silentAfter == "nothing" {
+		return nil
+	}
+	if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Advertise{Advertise: ak}}); err != nil {
+		return err
+	}
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-down:
+		case <-time.After(time.Minute):
+			return fmt.Errorf("%s: no message from the server", d.id)
+		}
+		var msg pb.SecAggDown
+		if err := proto.Unmarshal(m.Data, &msg); err != nil {
+			return err
+		}
+		switch x := msg.Msg.(type) {
+		case *pb.SecAggDown_PeerKeys:
+			for _, p := range x.PeerKeys.GetPeers() {
+				peers[p.GetParticipantId()] = ed25519.PublicKey(p.GetIdentityPublicKey())
+			}
+			sk, err := client.ShareKeys(x.PeerKeys)
+			if err != nil {
+				return err
+			}
+			if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Shares{Shares: sk}}); err != nil {
+				return err
+			}
+			if silentAfter == "shares" {
+				return nil
+			}
+		case *pb.SecAggDown_ForwardedShares:
+			q, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+			if err != nil {
+				return err
+			}
+			values, err := q.Quantize(delta, weight, mrand.New(mrand.NewPCG(1, 2)))
+			if err != nil {
+				return err
+			}
+			mu, err := client.MaskedInput(x.ForwardedShares, values)
+			if err != nil {
+				return err
+			}
+			rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id, ModelVersion: plan.GetModel().GetVersion(),
+				ModuleSha256: plan.GetModule().GetSha256(), Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu)}
+			if rep.Signature, err = identity.SignReport(d.key, identity.UpdateStatement(rep)); err != nil {
+				return err
+			}
+			d.publish(wire.ReportSubject(plan.TaskId, plan.Round, d.id), rep, wire.MsgID("update", plan.TaskId, plan.Round, d.id))
+		case *pb.SecAggDown_Survivors:
+			cc, err := client.Consistency(x.Survivors)
+			if err != nil {
+				return err
+			}
+			if err := send(&pb.SecAggUp{Msg: &pb.SecAggUp_Consistency{Consistency: cc}}); err != nil {
+				return err
+			}
+		case *pb.SecAggDown_Unmask:
+			ur, err := client.Unmask(x.Unmask)
+			if err != nil {
+				return err
+			}
+			return send(&pb.SecAggUp{Msg: &pb.SecAggUp_Unmask{Unmask: ur}})
+		case *pb.SecAggDown_Abort:
+			return fmt.Errorf("aborted: %s", x.Abort.GetReason())
+		}
+	}
+}
+
+func secureTask(h *harness) *pb.Task {
+	return h.baseTask(func(t *pb.Task) {
+		t.CohortTarget, t.ReportGoal = 6, 3
+		t.Secagg = &pb.SecAggConfig{ClipRange: 1, MaxWeight: 10, StageTimeout: durationpb.New(5 * time.Second)}
+	})
+}
+
+// TestSecureRoundStages drives every stage of a secure round on the fake
+// clock: a device that never advertises (the advertisement stage closes at
+// its timeout), one that vanishes after sharing its keys (the masked input
+// closes at its deadline and its mask is recovered from its neighbours'
+// shares), and four that see the round through. The committed model moves
+// by exactly the survivors' weighted mean, up to quantization.
+func TestSecureRoundStages(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(secureTask(h))
+	ev := h.watch(task.Id)
+	devs := make([]*device, 6)
+	plans := make([]*pb.RoundPlan, 6)
+	for i := range devs {
+		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
+		plans[i] = devs[i].join()
+		if plans[i].GetSecagg().GetNumParticipants() != 6 {
+			t.Fatalf("plan: %v", plans[i].GetSecagg())
+		}
+	}
+	silent := []string{"nothing", "shares", "", "", "", ""}
+	deltas := [][]float32{constant(8, 0.9), constant(8, 0.9), constant(8, 0.1), constant(8, 0.2), constant(8, 0.3), constant(8, 0)}
+	weights := []float64{1, 1, 1, 2, 3, 4}
+	acked := make(chan string, 64)
+	results := make([]<-chan error, 6)
+	for i, d := range devs {
+		results[i] = d.secure(plans[i], deltas[i], weights[i], silent[i], acked)
+	}
+	// Five advertise; the sixth's silence holds the stage to its timeout.
+	stage := 5 * time.Second
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 5)
+	h.clk.Advance(stage)
+	// Shares close early (all five shared); one device then vanishes, so the
+	// masked input closes at its deadline: the report deadline minus the
+	// two stages after it.
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Shares", 5)
+	for _, d := range devs[2:] {
+		if r := d.receipt(); !r.Accepted {
+			t.Fatalf("%s: masked input refused: %s", d.id, r.Reason)
+		}
+	}
+	plan := plans[2]
+	h.clk.Set(plan.GetReportDeadline().AsTime().Add(-2 * stage))
+	for i := 2; i < 6; i++ {
+		if err := <-results[i]; err != nil {
+			t.Fatalf("device %d: %v", i, err)
+		}
+	}
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 4 {
+		t.Fatalf("secure round: %v", got)
+	}
+	// (1·0.1 + 2·0.2 + 3·0.3 + 4·0) / 10
+	want := 1 + (0.1+0.4+0.9)/10
+	if m := h.current(task.Id).Flatten(); math.Abs(float64(m[0])-want) > 1e-4 {
+		t.Fatalf("model[0] = %v, want %v", m[0], want)
+	}
+}
+
+// TestSecureRoundTooFewAdvertise: selection ends with enough devices, but
+// too few advertise keys by the stage timeout for the threshold: the round
+// is aborted (every device told so) and abandoned.
+func TestSecureRoundTooFewAdvertise(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(secureTask(h))
+	ev := h.watch(task.Id)
+	var results []<-chan error
+	acked := make(chan string, 64)
+	for i := range 6 {
+		d := h.enroll(fmt.Sprintf("dev-%d", i), 10)
+		plan := d.join()
+		silent := "nothing"
+		if i < 2 {
+			silent = ""
+		}
+		results = append(results, d.secure(plan, constant(8, 0.1), 1, silent, acked))
+	}
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 2)
+	h.clk.Advance(5 * time.Second)
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED || !containsAll(got.Reason, "secure aggregation") {
+		t.Fatalf("round: %v", got)
+	}
+	for _, r := range results[:2] {
+		if err := <-r; err == nil || !containsAll(err.Error(), "aborted") {
+			t.Fatalf("advertiser: %v", err)
+		}
+	}
+}
+
+// awaitAcks waits for n accepted stage messages of type typ.
+func awaitAcks(t *testing.T, acked <-chan string, typ string, n int) {
+	t.Helper()
+	for n > 0 {
+		select {
+		case got := <-acked:
+			if got == typ {
+				n--
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("timed out waiting for %d more %s", n, typ)
+		}
+	}
+}
