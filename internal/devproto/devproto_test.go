@@ -1,9 +1,11 @@
 package devproto_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -76,8 +78,12 @@ func newFixture(t *testing.T, streamSubjects ...string) *fixture {
 	}
 	if _, err := f.srv.Subscribe(wire.SubjectCheckIns, func(m *nats.Msg) {
 		f.mu.Lock()
-		b, err := proto.Marshal(f.answer)
+		answer := f.answer
 		f.mu.Unlock()
+		if answer == nil {
+			t.Error("a check-in before the test set an answer")
+		}
+		b, err := proto.Marshal(answer)
 		if err != nil {
 			t.Error(err)
 			return
@@ -128,8 +134,14 @@ func (f *fixture) plan(task string, round uint64, deadline time.Duration) *pb.Ch
 // start runs a device dev-1 with work until the test ends.
 func (f *fixture) start(work devproto.Work, tasks ...string) *devproto.Device {
 	f.t.Helper()
+	log := &syncBuffer{}
+	f.t.Cleanup(func() {
+		if f.t.Failed() {
+			f.t.Logf("device log:\n%s", log.String())
+		}
+	})
 	d, err := devproto.New(devproto.Config{CheckIn: &pb.CheckIn{DeviceId: "dev-1", TaskIds: tasks}, Work: work,
-		Clock: f.clk, Jitter: half})
+		Clock: f.clk, Jitter: half, Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -142,7 +154,14 @@ func (f *fixture) start(work devproto.Work, tasks ...string) *devproto.Device {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx, f.nc, f.js) }()
-	f.t.Cleanup(func() { cancel(); <-done })
+	f.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(bound):
+			f.t.Error("the device did not stop")
+		}
+	})
 	return d
 }
 
@@ -225,6 +244,36 @@ func (f *fixture) sleeping(d time.Duration) {
 	f.clk.Advance(d)
 }
 
+// syncBuffer collects a device's log, shown when a test fails.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// recv receives from ch, within bound.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(bound):
+		t.Fatalf("no %s within %v", what, bound)
+		panic("unreachable")
+	}
+}
+
 func (f *fixture) failure() *pb.PlanFailure {
 	f.t.Helper()
 	select {
@@ -257,7 +306,7 @@ func (f *fixture) noFailure() {
 // the spread, for an announcement of a task it serves.
 func TestCheckInAndWake(t *testing.T) {
 	f := newFixture(t)
-	f.setAnswer(retryAfter(time.Hour))
+	f.setAnswer(retryAfter(time.Hour)) // before the device starts: its first check-in gets it
 	f.start(func(context.Context, *devproto.Round) error { return errors.New("no plan expected") }, "t-1")
 	if ci := f.checkIn(); !slices.Equal(ci.TaskIds, []string{"t-1"}) {
 		t.Errorf("check-in task filter %v", ci.TaskIds)
@@ -292,6 +341,7 @@ func TestSupersede(t *testing.T) {
 	results := make(chan result, 8)
 	ended := make(chan error, 8) // the cause with which round 2's work context ended
 	var works atomic.Int32
+	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.start(func(ctx context.Context, r *devproto.Round) error {
 		works.Add(1)
 		started <- r.Plan.Round
@@ -305,32 +355,35 @@ func TestSupersede(t *testing.T) {
 		results <- result{round: r.Plan.Round, publishErr: err, cause: context.Cause(ctx)}
 		return err
 	})
-	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.checkIn()
-	if r := <-started; r != 1 {
+	if r := recv(t, started, "work"); r != 1 {
 		t.Fatalf("working on round %d", r)
 	}
 	f.setAnswer(f.plan("t-1", 2, time.Hour))
 	f.announce("t-0", 5, time.Second) // another task: no effect on the work
 	f.announce("t-1", 2, 2*time.Second)
-	if r := <-results; !errors.Is(r.cause, devproto.ErrSuperseded) {
+	if r := recv(t, results, "result"); !errors.Is(r.cause, devproto.ErrSuperseded) {
 		t.Fatalf("round 1 work ended with cause %v", r.cause)
 	}
 	// Straight to the next check-in: no clock time passes.
 	f.checkIn()
-	if r := <-started; r != 2 {
+	if r := recv(t, started, "work"); r != 2 {
 		t.Fatalf("working on round %d", r)
 	}
 	// The publish finds no stream and backs off (100 ms + half): the round's
 	// deadline and that back-off are pending.
 	f.waitTimers(150*time.Millisecond, time.Hour)
 	f.announce("t-1", 3, 2*time.Second)
-	if cause := <-ended; !errors.Is(cause, devproto.ErrSuperseded) {
+	if cause := recv(t, ended, "end of the work's context"); !errors.Is(cause, devproto.ErrSuperseded) {
 		t.Fatalf("round 2's work ended with %v while publishing", cause)
 	}
 	f.stream("fl.eval.>", "fl.report.>")
+	// Once the stream stores updates for another device, it takes this one's.
+	if _, err := f.srvJS.Publish(context.Background(), wire.ReportSubject("t-1", 2, "dev-2"), nil); err != nil {
+		t.Fatal(err)
+	}
 	f.clk.Advance(150 * time.Millisecond)
-	r := <-results
+	r := recv(t, results, "result")
 	if r.publishErr != nil || !errors.Is(r.cause, devproto.ErrSuperseded) {
 		t.Fatalf("round 2: publish %v with the work's context ended by %v; want the publish through a supersession", r.publishErr, r.cause)
 	}
@@ -369,6 +422,7 @@ func TestFailingPlanBacksOff(t *testing.T) {
 	f := newFixture(t, "fl.report.>", "fl.eval.>")
 	var attempts atomic.Int32
 	reason := "fetch failed: " + strings.Repeat("€", 100) // a € straddles the limit
+	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.start(func(ctx context.Context, r *devproto.Round) error {
 		want := int(attempts.Add(1))
 		if r.Plan.Round == 2 {
@@ -379,7 +433,6 @@ func TestFailingPlanBacksOff(t *testing.T) {
 		}
 		return errors.New(reason)
 	})
-	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.checkIn()
 	for _, wait := range []time.Duration{1500 * time.Millisecond, 3 * time.Second, 6 * time.Second} {
 		f.sleeping(wait) // back-off 1 s doubling, plus half
@@ -420,11 +473,11 @@ func TestFailingPlanBacksOff(t *testing.T) {
 func TestFailingPlanStopsAtDeadline(t *testing.T) {
 	f := newFixture(t, "fl.report.>", "fl.eval.>")
 	var attempts atomic.Int32
+	f.setAnswer(f.plan("t-1", 1, 5*time.Second))
 	f.start(func(ctx context.Context, r *devproto.Round) error {
 		attempts.Add(1)
 		return errors.New("module trapped")
 	})
-	f.setAnswer(f.plan("t-1", 1, 5*time.Second))
 	f.checkIn()
 	f.sleeping(1500 * time.Millisecond)
 	f.checkIn()
@@ -454,15 +507,15 @@ func TestTooLargeNotRetried(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, "fl.report.>", "fl.eval.>")
 			errs := make(chan error, 8)
+			f.setAnswer(f.plan("t-1", 1, time.Hour))
 			f.start(func(ctx context.Context, r *devproto.Round) error {
 				err := r.Publish(make([]byte, tc.size))
 				errs <- err
 				return err
 			})
-			f.setAnswer(f.plan("t-1", 1, time.Hour))
 			f.checkIn()
 			// The publish returns without the clock moving: no back-off.
-			if err := <-errs; !errors.Is(err, devproto.ErrTooLarge) {
+			if err := recv(t, errs, "publish"); !errors.Is(err, devproto.ErrTooLarge) {
 				t.Fatalf("publish: %v, want ErrTooLarge", err)
 			}
 			pf := f.failure()
@@ -487,6 +540,7 @@ func TestTooLargeNotRetried(t *testing.T) {
 func TestLeftAndPermanent(t *testing.T) {
 	f := newFixture(t, "fl.report.>", "fl.eval.>")
 	var attempts atomic.Int32
+	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.start(func(ctx context.Context, r *devproto.Round) error {
 		attempts.Add(1)
 		if r.Plan.Round == 1 {
@@ -494,7 +548,6 @@ func TestLeftAndPermanent(t *testing.T) {
 		}
 		return devproto.Permanent(errors.New("module not signed by a trusted publisher"))
 	})
-	f.setAnswer(f.plan("t-1", 1, time.Hour))
 	f.checkIn()
 	f.setAnswer(f.plan("t-1", 2, time.Hour))
 	f.sleeping(devproto.MaxIdleWait + 500*time.Millisecond)

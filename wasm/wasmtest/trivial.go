@@ -16,7 +16,12 @@ const TrivialStep = 1e-3
 // runtime, so that measurements of the system are not dominated by
 // instantiating a Go-built module. It reports one example, so FedAvg weighs
 // every device equally.
-func Trivial() []byte {
+func Trivial() []byte { return Stepping(TrivialStep) }
+
+// Stepping is Trivial with train adding step instead: with a huge step
+// (3e38) it is a hostile module whose trained weights are finite but absurd,
+// the poisoning a device cannot tell from training by looking at the values.
+func Stepping(step float32) []byte {
 	const (
 		tI32toI32 = iota // (i32) -> i32
 		tVoidToI32
@@ -88,7 +93,7 @@ func Trivial() []byte {
 		get(1), get(0), []byte{opI32GeS, wasmbin.OpBrIf, 1},
 		get(1), wasmbin.Call(fParam), set(2),
 		get(2), wasmbin.Call(fRows), get(2), wasmbin.Call(fCols), wasmbin.Call(fNew), set(3),
-		get(3), f32(TrivialStep), wasmbin.Call(fFill),
+		get(3), f32(step), wasmbin.Call(fFill),
 		f32(1), get(3), get(2), wasmbin.Call(fAxpy),
 		get(3), wasmbin.Call(fFree),
 		get(1), wasmbin.I32Const(1), []byte{opI32Add}, set(1),
