@@ -57,18 +57,7 @@ func newFixture(t *testing.T, streamSubjects ...string) *fixture {
 	opts := natstest.Options(t)
 	opts.MaxPayload = 64 << 10
 	ns := natstest.Run(t, opts)
-	connect := func() (*nats.Conn, jetstream.JetStream) {
-		nc, err := nats.Connect(ns.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc, js
-	}
+	connect := func() (*nats.Conn, jetstream.JetStream) { return natstest.Connect(t, ns) }
 	f := &fixture{t: t, clk: clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)),
 		checkIns: make(chan *nats.Msg, 64), failures: make(chan *nats.Msg, 64)}
 	f.srv, f.srvJS = connect()

@@ -45,8 +45,15 @@ func Run(t testing.TB, opts *natsserver.Options) *natsserver.Server {
 // to it that closes with the test.
 func JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	ns := Start(t)
-	nc, err := nats.Connect(ns.ClientURL())
+	_, js := Connect(t, Start(t))
+	return js
+}
+
+// Connect opens a connection to ns, closed when the test ends, and a
+// JetStream context on it.
+func Connect(t testing.TB, ns *natsserver.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(ns.ClientURL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,5 +62,5 @@ func JetStream(t testing.TB) jetstream.JetStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js
+	return nc, js
 }

@@ -298,7 +298,7 @@ func (t *taskRun) checkAggregate(delta []float32, slack float64) string {
 		return fmt.Sprintf("aggregate update has a non-finite value at %d; the current model stays", i)
 	}
 	bound := t.normBound()
-	if bound == 0 || math.IsInf(slack, 1) || !aggregator.Kind(t.rule.Kind()).Streaming() {
+	if bound == 0 || math.IsInf(slack, 1) || !t.rule.Kind().Streaming() {
 		// Local and distributed DP noise are part of the updates; the
 		// coordinate-wise rules can exceed a norm bound each input met.
 		return ""

@@ -62,16 +62,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	ns := natstest.Start(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := natstest.Connect(t, natstest.Start(t))
 	ctx := t.Context()
 	stream, obs, err := natsx.Setup(ctx, js, wire.MaxMessageBytes, 1)
 	if err != nil {
