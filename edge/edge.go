@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
@@ -213,7 +215,12 @@ func loadOrCreateID(path string) (string, error) {
 	var r [8]byte
 	rand.Read(r[:])
 	id := "d-" + hex.EncodeToString(r[:])
-	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+	// Written whole or not at all, and never over an id another start
+	// wrote first: a device keeps one identity.
+	if err := atomicfile.WriteNew(path, []byte(id+"\n"), 0o600); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return loadOrCreateID(path)
+		}
 		return "", fmt.Errorf("edge: device id: %w", err)
 	}
 	return id, nil
@@ -422,9 +429,9 @@ func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha str
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("fetch %s: content hashes to %s", sha, got)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err == nil {
-		os.Rename(tmp, path)
+	// A cache: a failed write costs a download next time, nothing more.
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
+		a.o.log.Warn("module not cached", "sha256", sha, "err", err)
 	}
 	return b, nil
 }
