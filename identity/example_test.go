@@ -62,7 +62,8 @@ func Example_apiToken() {
 func ExampleSignReport() {
 	deviceKey, _ := identity.GenerateUserKey()
 	s := identity.ReportStatement{Kind: identity.ReportUpdate, Task: "mnist", Round: 4, Device: "dev-1",
-		ModelVersion: "v1", ModuleSHA256: wire.SHA256([]byte("module")), PayloadSHA256: wire.SHA256([]byte("update")), NumExamples: 600}
+		ModelVersion: "v1", ModuleSHA256: wire.SHA256([]byte("module")), PayloadSHA256: wire.SHA256([]byte("update")), NumExamples: 600,
+		MetricsSHA256: wire.MetricsSHA256(map[string]float64{"loss": 0.5})}
 	sig, _ := identity.SignReport(deviceKey.PrivateKey(), s)
 
 	pub, _ := identity.ParseUserKeyID(deviceKey.ID())

@@ -12,7 +12,8 @@ import (
 
 // reportLabel separates report signatures from every other use of a
 // device key (NATS nonces, SecAgg advertisements).
-const reportLabel = "fleetlearn/update-report/v1"
+// v2 added the metrics digest.
+const reportLabel = "fleetlearn/update-report/v2"
 
 // Report kinds.
 const (
@@ -22,8 +23,8 @@ const (
 
 // ReportStatement is what a device signs about a report it sends: which
 // round it answers, what it computed against, and a digest of the payload.
-// The device id and example count (the aggregation weight) are signed too,
-// so neither can be changed in transit.
+// The device id, example count (the aggregation weight) and metrics are
+// signed too, so none can be changed in transit.
 type ReportStatement struct {
 	Kind          string // ReportUpdate or ReportEval
 	Task          string
@@ -33,22 +34,25 @@ type ReportStatement struct {
 	ModuleSHA256  string
 	PayloadSHA256 string
 	NumExamples   uint64
+	// MetricsSHA256 is wire.MetricsSHA256 of the report's metrics: they
+	// reach the round's summary and the audit log.
+	MetricsSHA256 string
 }
 
 // UpdateStatement is what an update report claims, as its device signs it.
 func UpdateStatement(r *pb.UpdateReport) ReportStatement {
 	return ReportStatement{Kind: ReportUpdate, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
 		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), PayloadSHA256: r.GetPayloadSha256(),
-		NumExamples: r.GetNumExamples()}
+		NumExamples: r.GetNumExamples(), MetricsSHA256: wire.MetricsSHA256(r.GetMetrics().GetValues())}
 }
 
 // EvalStatement is what an evaluation report claims, as its device signs it.
-// Its payload is the metrics (wire.MetricsSHA256): they are what the report
-// releases, so the signature covers them.
+// Its payload is its metrics: they are what the report releases.
 func EvalStatement(r *pb.EvaluationReport) ReportStatement {
+	m := wire.MetricsSHA256(r.GetMetrics().GetValues())
 	return ReportStatement{Kind: ReportEval, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
-		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(),
-		PayloadSHA256: wire.MetricsSHA256(r.GetMetrics().GetValues()), NumExamples: r.GetNumExamples()}
+		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), PayloadSHA256: m,
+		NumExamples: r.GetNumExamples(), MetricsSHA256: m}
 }
 
 // Bytes is the canonical encoding signed: the label, then each field
@@ -67,7 +71,7 @@ func (s ReportStatement) Bytes() ([]byte, error) {
 	if s.ModelVersion == "" || len(s.ModelVersion) > 256 {
 		return nil, fmt.Errorf("%s: %w: model version must be 1-256 bytes", op, ErrBadInput)
 	}
-	for _, f := range []struct{ kind, v string }{{"module", s.ModuleSHA256}, {"payload", s.PayloadSHA256}} {
+	for _, f := range []struct{ kind, v string }{{"module", s.ModuleSHA256}, {"payload", s.PayloadSHA256}, {"metrics", s.MetricsSHA256}} {
 		if err := wire.CheckSHA256(f.kind, f.v); err != nil {
 			return nil, fmt.Errorf("%s: %w: %w", op, ErrBadInput, err)
 		}
@@ -86,6 +90,7 @@ func (s ReportStatement) Bytes() ([]byte, error) {
 	str(s.ModuleSHA256)
 	str(s.PayloadSHA256)
 	b = binary.BigEndian.AppendUint64(b, s.NumExamples)
+	str(s.MetricsSHA256)
 	return b, nil
 }
 

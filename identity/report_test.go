@@ -12,7 +12,8 @@ import (
 
 func statement() identity.ReportStatement {
 	return identity.ReportStatement{Kind: identity.ReportUpdate, Task: "task1", Round: 7, Device: "dev-1",
-		ModelVersion: "v3", ModuleSHA256: wire.SHA256([]byte("module")), PayloadSHA256: wire.SHA256([]byte("payload")), NumExamples: 600}
+		ModelVersion: "v3", ModuleSHA256: wire.SHA256([]byte("module")), PayloadSHA256: wire.SHA256([]byte("payload")), NumExamples: 600,
+		MetricsSHA256: wire.MetricsSHA256(map[string]float64{"loss": 0.5})}
 }
 
 func TestReportSignatures(t *testing.T) {
@@ -43,6 +44,9 @@ func TestReportSignatures(t *testing.T) {
 		"module":   func(s *identity.ReportStatement) { s.ModuleSHA256 = wire.SHA256([]byte("x")) },
 		"payload":  func(s *identity.ReportStatement) { s.PayloadSHA256 = wire.SHA256([]byte("y")) },
 		"examples": func(s *identity.ReportStatement) { s.NumExamples = 6000 },
+		"metrics": func(s *identity.ReportStatement) {
+			s.MetricsSHA256 = wire.MetricsSHA256(map[string]float64{"loss": 0.4})
+		},
 	} {
 		m := statement()
 		mut(&m)
@@ -62,7 +66,7 @@ func TestReportSignatures(t *testing.T) {
 	// A raw signature over the canonical bytes without the label fails: the
 	// label is part of what is signed.
 	b, _ := s.Bytes()
-	if !bytes.Contains(b, []byte("fleetlearn/update-report/v1")) {
+	if !bytes.Contains(b, []byte("fleetlearn/update-report/v2")) {
 		t.Fatal("label missing")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/floats"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // One enrolled device turned hostile, against honest ones: each attack of
@@ -93,9 +94,18 @@ func TestOutOfRangeMetricRefusedWithReceipt(t *testing.T) {
 	task := h.start(h.baseTask(nil))
 	ev := h.watch(task.Id)
 	mallory, a, b := h.enroll("mallory", 5), h.enroll("dev-a", 5), h.enroll("dev-b", 5)
-	mallory.update(mallory.join(), constant(8, 0.1), 5, map[string]float64{"loss": 1.7e308})
+	plan := mallory.join()
+	mallory.update(plan, constant(8, 0.1), 5, map[string]float64{"loss": 1.7e308})
 	if r := mallory.receipt(); r.Accepted || !containsAll(r.Reason, `metric "loss"`) {
 		t.Fatalf("1.7e308 loss: %v", r)
+	}
+	// Metrics are signed: changed after signing, the report is refused.
+	rep := mallory.signedUpdate(plan, constant(8, 0.1), 5, map[string]float64{"loss": 9})
+	rep.Metrics.Values["loss"] = 0.01
+	// Another message id: the stream would drop a second copy of the first.
+	mallory.publish(wire.ReportSubject(rep.TaskId, rep.Round, mallory.id), rep, "tampered")
+	if r := mallory.receipt(); r.Accepted || !containsAll(r.Reason, "signature does not verify") {
+		t.Fatalf("altered metrics: %v", r)
 	}
 	for _, d := range []*device{a, b} {
 		d.update(d.join(), constant(8, 0.1), 5, map[string]float64{"loss": 0.5})

@@ -329,6 +329,18 @@ func (d *device) join() *pb.RoundPlan {
 // update publishes a signed update report of delta for plan.
 func (d *device) update(plan *pb.RoundPlan, delta []float32, examples uint64, metrics map[string]float64) {
 	d.h.t.Helper()
+	d.send(d.signedUpdate(plan, delta, examples, metrics))
+}
+
+// send publishes an update report.
+func (d *device) send(rep *pb.UpdateReport) {
+	d.h.t.Helper()
+	d.publish(wire.ReportSubject(rep.TaskId, rep.Round, d.id), rep, wire.MsgID("update", rep.TaskId, rep.Round, d.id))
+}
+
+// signedUpdate is the device's signed update report of delta for plan.
+func (d *device) signedUpdate(plan *pb.RoundPlan, delta []float32, examples uint64, metrics map[string]float64) *pb.UpdateReport {
+	d.h.t.Helper()
 	values := wire.EncodeDense(delta)
 	layout := make([]*pb.TensorSpec, len(d.h.model.Tensors))
 	for i, t := range d.h.model.Tensors {
@@ -347,7 +359,7 @@ func (d *device) update(plan *pb.RoundPlan, delta []float32, examples uint64, me
 		d.h.t.Fatal(err)
 	}
 	rep.Signature = sig
-	d.publish(wire.ReportSubject(plan.TaskId, plan.Round, d.id), rep, wire.MsgID("update", plan.TaskId, plan.Round, d.id))
+	return rep
 }
 
 // evaluate publishes a signed evaluation report for plan.
