@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/internal/ident"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -151,7 +152,7 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 		return fmt.Errorf("%w: "+format, append([]any{ErrUsage}, args...)...)
 	}
 	module := strings.ToLower(strings.TrimSpace(f.module))
-	if !isSHA256Hex(module) {
+	if !ident.IsSHA256(module) {
 		return nil, usage("--module %q is not a SHA-256 (64 hexadecimal characters)", f.module)
 	}
 	hyper, err := f.hyperparameters()
@@ -270,19 +271,6 @@ func (f *createFlags) hyperparameters() ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s: %v", ErrInput, src, err)
 	}
 	return buf.Bytes(), nil
-}
-
-func isSHA256Hex(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // taskStates maps --state values to task states.
