@@ -36,14 +36,14 @@ func (s *Server) startCheckpoints(ctx context.Context) {
 	s.auditStop, s.auditDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(s.auditDone)
-		t := time.NewTicker(CheckpointInterval)
+		t := s.o.clock.NewTicker(CheckpointInterval)
 		defer t.Stop()
 		for {
 			s.checkpoint(ctx)
 			select {
 			case <-s.auditStop:
 				return
-			case <-t.C:
+			case <-t.C():
 			}
 		}
 	}()
