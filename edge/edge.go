@@ -317,8 +317,8 @@ func (a *Agent) onReceipt(r *pb.ReportReceipt) {
 		return
 	}
 	a.refused.Add(1)
-	a.lastReason.Store(devproto.Reason(r.Reason))
-	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", devproto.Reason(r.Reason))
+	a.lastReason.Store(wire.FailureReason(r.Reason))
+	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", wire.FailureReason(r.Reason))
 }
 
 // participate is the agent's part in a round (devproto.Work): it runs the

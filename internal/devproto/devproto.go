@@ -20,10 +20,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -469,7 +467,7 @@ func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 // without the reason, so that is only logged.
 func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.RoundPlan, attempts int, cause error) {
 	b, err := proto.Marshal(&pb.PlanFailure{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
-		Reason: Reason(cause.Error()), Attempts: uint32(min(attempts, math.MaxUint32))})
+		Reason: wire.FailureReason(cause.Error()), Attempts: uint32(min(attempts, math.MaxUint32))})
 	if err != nil {
 		d.log.Error("plan failure: marshal", "err", err)
 		return
@@ -482,22 +480,8 @@ func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.Roun
 	var ack pb.PlanFailureAck
 	if err := proto.Unmarshal(m.Data, &ack); err != nil || !ack.Accepted {
 		d.log.Debug("plan failure not recorded", "device", d.id, "task", plan.TaskId, "round", plan.Round,
-			"reason", Reason(ack.Reason), "err", err)
+			"reason", wire.FailureReason(ack.Reason), "err", err)
 	}
-}
-
-// Reason is s as a PlanFailure carries it: valid UTF-8 of at most
-// wire.MaxFailureReason bytes, cut on a character boundary.
-func Reason(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= wire.MaxFailureReason {
-		return s
-	}
-	i := wire.MaxFailureReason
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i]
 }
 
 // errTimeout is the cause with which a request's context ends at its timeout.

@@ -550,17 +550,3 @@ func TestLeftAndPermanent(t *testing.T) {
 	}
 	f.noFailure()
 }
-
-func TestReason(t *testing.T) {
-	long := strings.Repeat("a", wire.MaxFailureReason-1) + "é" // the é straddles the limit
-	for _, tc := range []struct{ in, want string }{
-		{"short", "short"},
-		{strings.Repeat("x", 300), strings.Repeat("x", wire.MaxFailureReason)},
-		{long, long[:wire.MaxFailureReason-1]},
-		{"bad \xff byte", "bad \uFFFD byte"},
-	} {
-		if got := devproto.Reason(tc.in); got != tc.want || !utf8.ValidString(got) {
-			t.Errorf("Reason(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}

@@ -339,7 +339,7 @@ func (f *Fleet) onReceipt(r *pb.ReportReceipt) {
 		return
 	}
 	f.refused.Add(1)
-	f.lastErr.Store(fmt.Sprintf("report of %s for %s/%d refused: %s", r.DeviceId, r.TaskId, r.Round, devproto.Reason(r.Reason)))
+	f.lastErr.Store(fmt.Sprintf("report of %s for %s/%d refused: %s", r.DeviceId, r.TaskId, r.Round, wire.FailureReason(r.Reason)))
 }
 
 // sign signs a report statement with the device's key, if it has one.

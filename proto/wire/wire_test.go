@@ -205,6 +205,10 @@ func TestFailureReason(t *testing.T) {
 	if len(got) > wire.MaxFailureReason || !utf8.ValidString(got) || !strings.HasPrefix(long, got) {
 		t.Fatalf("cut to %d bytes, valid %v", len(got), utf8.ValidString(got))
 	}
+	straddle := strings.Repeat("a", wire.MaxFailureReason-1) + "é" // the é crosses the limit
+	if got := wire.FailureReason(straddle); got != straddle[:wire.MaxFailureReason-1] {
+		t.Fatalf("cut to %q", got)
+	}
 	if got := wire.FailureReason("bad\x00\nline\xff"); got != "bad\uFFFD\uFFFDline\uFFFD" {
 		t.Fatalf("sanitized to %q", got)
 	}

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -532,7 +531,7 @@ func cohortFailures(ctx context.Context, tx *sql.Tx, r *RoundRow) ([]byte, error
 			return nil, fmt.Errorf("store: round failures: %w", err)
 		}
 		if reason, ok := r.Failures[d]; ok {
-			kept[d] = failureReason(reason)
+			kept[d] = wire.FailureReason(reason)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -546,20 +545,6 @@ func cohortFailures(ctx context.Context, tx *sql.Tx, r *RoundRow) ([]byte, error
 		return nil, fmt.Errorf("store: round failures: %w", err)
 	}
 	return b, nil
-}
-
-// failureReason returns reason as a round stores it: valid UTF-8, at most
-// wire.MaxFailureReason bytes, cut at a character boundary.
-func failureReason(reason string) string {
-	reason = strings.ToValidUTF8(reason, "\uFFFD")
-	if len(reason) <= wire.MaxFailureReason {
-		return reason
-	}
-	n := wire.MaxFailureReason
-	for n > 0 && !utf8.RuneStart(reason[n]) {
-		n--
-	}
-	return reason[:n]
 }
 
 // Participations returns how many committed rounds of the task each device
