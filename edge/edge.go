@@ -317,8 +317,9 @@ func (a *Agent) onReceipt(r *pb.ReportReceipt) {
 		return
 	}
 	a.refused.Add(1)
-	a.lastReason.Store(wire.FailureReason(r.Reason))
-	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", wire.FailureReason(r.Reason))
+	reason := wire.FailureReason(r.Reason)
+	a.lastReason.Store(reason)
+	a.o.log.Warn("report refused", "task", r.TaskId, "round", r.Round, "reason", reason)
 }
 
 // participate is the agent's part in a round (devproto.Work): it runs the
@@ -333,6 +334,12 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	if err := a.checkModule(plan.GetModule()); err != nil {
 		return devproto.Permanent(fmt.Errorf("plan: %w", err))
 	}
+	// Checked before anything is downloaded: a plan no sandbox can run
+	// costs no fetch.
+	lim, err := sandboxlimits.FromProto(plan.GetLimits())
+	if err != nil {
+		return devproto.Permanent(fmt.Errorf("plan: %w", err))
+	}
 	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
 	if err != nil {
 		return err
@@ -340,10 +347,6 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	mod, err := a.module(ctx, js, plan.GetModule().GetSha256())
 	if err != nil {
 		return err
-	}
-	lim, err := sandboxlimits.FromProto(plan.GetLimits())
-	if err != nil {
-		return devproto.Permanent(fmt.Errorf("plan: %w", err))
 	}
 	call := wasm.Call{Model: m, Data: a.data, Hyper: plan.Hyperparameters, Seed: wire.DeviceSeed(plan.Seed, a.cfg.DeviceID),
 		Limits: lim}

@@ -216,9 +216,6 @@ func New(cfg Config) (*Device, error) {
 	return d, nil
 }
 
-// ID is the device's id.
-func (d *Device) ID() string { return d.id }
-
 // SubscribeAnnouncements feeds the round announcements nc receives to devs:
 // one subscription for all the devices sharing a connection.
 func SubscribeAnnouncements(nc *nats.Conn, devs ...*Device) (*nats.Subscription, error) {
@@ -472,7 +469,7 @@ func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.Roun
 		d.log.Error("plan failure: marshal", "err", err)
 		return
 	}
-	m, err := Request(ctx, d.clk, nc, wire.FailureSubject(plan.TaskId, plan.Round, d.id), b, FailureTimeout)
+	m, err := request(ctx, d.clk, nc, wire.FailureSubject(plan.TaskId, plan.Round, d.id), b, FailureTimeout)
 	if err != nil {
 		d.log.Debug("plan failure not delivered", "device", d.id, "task", plan.TaskId, "round", plan.Round, "err", err)
 		return
@@ -487,8 +484,8 @@ func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.Roun
 // errTimeout is the cause with which a request's context ends at its timeout.
 var errTimeout = errors.New("timed out")
 
-// Request is a NATS request whose timeout runs on clk.
-func Request(ctx context.Context, clk clock.Clock, nc *nats.Conn, subj string, data []byte, timeout time.Duration) (*nats.Msg, error) {
+// request is a NATS request whose timeout runs on clk.
+func request(ctx context.Context, clk clock.Clock, nc *nats.Conn, subj string, data []byte, timeout time.Duration) (*nats.Msg, error) {
 	rctx, cancel := withTimeout(ctx, clk, timeout, fmt.Errorf("%w after %v", errTimeout, timeout))
 	defer cancel()
 	m, err := nc.RequestWithContext(rctx, subj, data)
@@ -509,7 +506,7 @@ func CheckIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, ci *pb.CheckIn
 }
 
 func checkIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, device string, ci []byte) (*pb.CheckInResponse, error) {
-	m, err := Request(ctx, clk, nc, wire.CheckInSubject(device), ci, RequestTimeout)
+	m, err := request(ctx, clk, nc, wire.CheckInSubject(device), ci, RequestTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("check-in: %w", err)
 	}

@@ -28,17 +28,11 @@ type Round struct {
 	st        *taskState
 }
 
-// Device is the id of the device working on the round.
-func (r *Round) Device() string { return r.d.id }
-
 // Conn is the device's NATS connection.
 func (r *Round) Conn() *nats.Conn { return r.nc }
 
 // JetStream is the device's JetStream context, for blobs and reports.
 func (r *Round) JetStream() jetstream.JetStream { return r.js }
-
-// Clock is the device's clock.
-func (r *Round) Clock() clock.Clock { return r.d.clk }
 
 // Publish stores the round's report (an UpdateReport for a training round,
 // an EvaluationReport for an evaluation round), as PublishReport does, until
@@ -58,7 +52,7 @@ func (r *Round) Publish(payload []byte) error {
 // Request is a NATS request on the device's connection bounded by
 // RequestTimeout on its clock.
 func (r *Round) Request(ctx context.Context, subj string, data []byte) (*nats.Msg, error) {
-	return Request(ctx, r.d.clk, r.nc, subj, data, RequestTimeout)
+	return request(ctx, r.d.clk, r.nc, subj, data, RequestTimeout)
 }
 
 // Flush waits, at most RequestTimeout, until the server has processed

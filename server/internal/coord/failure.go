@@ -40,28 +40,36 @@ func (c *Coordinator) handleFailure(m *nats.Msg) {
 		reply(fmt.Sprintf("failure report names %s/%d/%s, subject %s/%d/%s", f.TaskId, f.Round, f.DeviceId, task, round, device))
 		return
 	}
-	c.mu.Lock()
-	tr := c.tasks[task]
-	c.mu.Unlock()
-	if tr == nil {
-		reply(fmt.Sprintf("task %q has no open round", task))
-		return
-	}
-	tr.mu.Lock()
-	r := tr.round
-	tr.mu.Unlock()
-	if r == nil || r.row.Round != round {
+	tr, r := c.openRound(task, round)
+	if r == nil {
 		reply(fmt.Sprintf("round %d of task %q is not open", round, task))
 		return
 	}
-	why := fmt.Sprintf("device failed after %d attempts: %s", f.Attempts, wire.FailureReason(f.Reason))
-	if !tr.noteFailure(r, device, wire.FailureReason(why)) {
+	why := fmt.Sprintf("device failed after %d attempts: %s", f.Attempts, f.Reason)
+	if !tr.noteFailure(r, device, why) {
 		reply(fmt.Sprintf("device %q is not in the cohort of round %d, or its failure is already recorded", device, round))
 		return
 	}
 	c.d.Metrics.PlanFailures.Inc()
 	tr.log().Info("device could not carry out its plan", "round", round, "device", device, "reason", why)
 	reply("")
+}
+
+// openRound returns the runner of task and its round, if that round is
+// the one open; nil otherwise.
+func (c *Coordinator) openRound(task string, round uint64) (*taskRun, *roundRun) {
+	c.mu.Lock()
+	tr := c.tasks[task]
+	c.mu.Unlock()
+	if tr == nil {
+		return nil, nil
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if r := tr.round; r != nil && r.row.Round == round {
+		return tr, r
+	}
+	return nil, nil
 }
 
 // noteFailure keeps why a cohort device has not contributed, the first

@@ -129,16 +129,9 @@ func (c *Coordinator) handleSecAggUp(m *nats.Msg) {
 		reply(fmt.Sprintf("message names %s/%d/%s, subject %s/%d/%s", up.TaskId, up.Round, up.DeviceId, task, round, device))
 		return
 	}
-	c.mu.Lock()
-	tr := c.tasks[task]
-	c.mu.Unlock()
 	var sec *secureRun
-	if tr != nil {
-		tr.mu.Lock()
-		if r := tr.round; r != nil && r.row.Round == round {
-			sec = r.secure
-		}
-		tr.mu.Unlock()
+	if _, r := c.openRound(task, round); r != nil {
+		sec = r.secure
 	}
 	if sec == nil {
 		reply(fmt.Sprintf("round %d of task %q is not an open secure round", round, task))
