@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -56,7 +57,25 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
-func (t *table) row(cells ...string) { fmt.Fprintln(t.tw, strings.Join(cells, "\t")) }
+// row writes one line. Cells often hold text from the server or from
+// devices (reasons, names), so control characters in them are replaced:
+// they could break the columns or reach the terminal.
+func (t *table) row(cells ...string) {
+	for i, c := range cells {
+		cells[i] = printable(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
+}
+
+// printable replaces control characters with U+FFFD.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return unicode.ReplacementChar
+		}
+		return r
+	}, s)
+}
 func (t *table) flush() error        { return t.tw.Flush() }
 
 // enumName shortens a proto enum value name: TASK_STATE_RUNNING -> running.

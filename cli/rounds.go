@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
-	"unicode"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -24,7 +22,7 @@ func printRounds(w io.Writer, rounds []*pb.RoundSummary, withFailures bool) erro
 		failed += len(r.GetFailures())
 		t.row(fmt.Sprint(r.GetRound()), roundKind(r.GetKind()), roundState(r.GetState()),
 			fmt.Sprint(r.GetAssigned()), fmt.Sprint(r.GetReported()), fmt.Sprint(r.GetDropped()),
-			fmt.Sprint(len(r.GetFailures())), eps, printable(metricsString(r.GetMetrics())), orDash(printable(r.GetReason())))
+			fmt.Sprint(len(r.GetFailures())), eps, metricsString(r.GetMetrics()), orDash(r.GetReason()))
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -42,20 +40,9 @@ func printRounds(w io.Writer, rounds []*pb.RoundSummary, withFailures bool) erro
 	ft := newTable(w, "ROUND", "DEVICE", "FAILURE")
 	for _, r := range rounds {
 		for _, f := range r.GetFailures() {
-			ft.row(fmt.Sprint(r.GetRound()), printable(f.GetDeviceId()), orDash(printable(f.GetReason())))
+			ft.row(fmt.Sprint(r.GetRound()), f.GetDeviceId(), orDash(f.GetReason()))
 		}
 	}
 	return ft.flush()
 }
 
-// printable replaces control characters, tabs and newlines included, with
-// U+FFFD: reasons come from devices, and must neither break the table's
-// columns nor send escape sequences to the operator's terminal.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return unicode.ReplacementChar
-		}
-		return r
-	}, s)
-}

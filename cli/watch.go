@@ -128,7 +128,7 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 		b.WriteString("  model " + v)
 	}
 	if r := ev.GetReason(); r != "" {
-		b.WriteString("  (" + r + ")")
+		b.WriteString("  (" + printable(r) + ")")
 	}
 	return b.String()
 }
@@ -174,7 +174,7 @@ func (p *progress) final(t *pb.Task) error {
 			msg += ", model " + v
 		}
 		if r := t.GetStateReason(); r != "" {
-			msg += " (" + r + ")"
+			msg += " (" + printable(r) + ")"
 		}
 		fmt.Fprintln(p.w, msg)
 		return nil
