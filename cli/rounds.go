@@ -45,4 +45,3 @@ func printRounds(w io.Writer, rounds []*pb.RoundSummary, withFailures bool) erro
 	}
 	return ft.flush()
 }
-
