@@ -76,6 +76,7 @@ func printable(s string) string {
 		return r
 	}, s)
 }
+
 func (t *table) flush() error { return t.tw.Flush() }
 
 // enumName shortens a proto enum value name: TASK_STATE_RUNNING -> running.
