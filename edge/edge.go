@@ -32,6 +32,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/backoff"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
@@ -276,7 +277,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		CheckIn: &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
 			DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
 			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}},
-		Work: a.participate, Clock: a.o.clock, Jitter: devproto.Jitter(a.o.rand), Log: a.o.log,
+		Work: a.participate, Clock: a.o.clock, Jitter: backoff.Jitter(a.o.rand), Log: a.o.log,
 		Observer: devproto.Observer{
 			CheckedIn: func(*pb.CheckInResponse) { a.checkIns.Add(1) },
 			GaveUp:    func(*pb.RoundPlan, int, error) { a.failures.Add(1) },

@@ -2,7 +2,11 @@
 // retry schedule the agent, the simulated fleet and the coordinator share.
 package backoff
 
-import "time"
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
 
 // Backoff doubles a wait from Initial up to Max. It is not safe for
 // concurrent use; each retry loop owns one.
@@ -40,3 +44,17 @@ func (b *Backoff) Attempts() int { return b.attempts }
 
 // Reset starts over from Initial, after a success.
 func (b *Backoff) Reset() { b.cur, b.attempts = 0, 0 }
+
+// Jitter returns a jitter function for Backoff.Jitter drawing from r, safe
+// for concurrent use: uniform in [0, d), 0 for d <= 0.
+func Jitter(r *rand.Rand) func(time.Duration) time.Duration {
+	var mu sync.Mutex
+	return func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return 0
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(r.Int64N(int64(d)))
+	}
+}

@@ -135,19 +135,6 @@ type Config struct {
 	Observer    Observer
 }
 
-// Jitter returns a concurrency-safe jitter function drawing from r.
-func Jitter(r *rand.Rand) func(time.Duration) time.Duration {
-	var mu sync.Mutex
-	return func(d time.Duration) time.Duration {
-		if d <= 0 {
-			return 0
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		return time.Duration(r.Int64N(int64(d)))
-	}
-}
-
 // Device is one device's protocol state. Run drives it; Announce feeds it
 // round announcements (SubscribeAnnouncements does so for a connection).
 type Device struct {
@@ -205,7 +192,7 @@ func New(cfg Config) (*Device, error) {
 	if d.jitter == nil {
 		var seed [32]byte
 		crand.Read(seed[:])
-		d.jitter = Jitter(rand.New(rand.NewChaCha8(seed)))
+		d.jitter = backoff.Jitter(rand.New(rand.NewChaCha8(seed)))
 	}
 	if d.maxAttempts <= 0 {
 		d.maxAttempts = DefaultMaxAttempts

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/backoff"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
@@ -161,7 +162,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 		return nil, err
 	}
 	values := wire.EncodeDense(cfg.Delta)
-	f := &Fleet{cfg: cfg, o: o, jitter: devproto.Jitter(o.rand), values: values, sha: wire.SHA256(values),
+	f := &Fleet{cfg: cfg, o: o, jitter: backoff.Jitter(o.rand), values: values, sha: wire.SHA256(values),
 		traces: map[roundKey]*RoundTrace{}}
 
 	jss := make([]jetstream.JetStream, cfg.Conns)
