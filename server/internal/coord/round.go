@@ -194,11 +194,15 @@ func (t *taskRun) endSelection(r *roundRun, minCohort int) string {
 
 // announce wakes idle devices: a round wants members.
 func (t *taskRun) announce(r *roundRun) {
-	if !r.selecting {
+	// Check-ins may fill the cohort from the moment the round is open.
+	t.mu.Lock()
+	selecting, left := r.selecting, r.wanted-len(r.assigned)
+	t.mu.Unlock()
+	if !selecting || left <= 0 {
 		return
 	}
 	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
-		Wanted: uint32(r.wanted - len(r.assigned)), CheckInSpread: durationpb.New(t.c.d.PaceWindow)})
+		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.d.PaceWindow)})
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
 }
 
