@@ -426,7 +426,7 @@ func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha str
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
-	b, err := bk.Get(ctx, sha, maxBlobBytes)
+	b, err := bk.Get(ctx, sha, devproto.MaxBlobBytes)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", sha, err)
 	}
@@ -439,9 +439,6 @@ func (a *Agent) moduleBytes(ctx context.Context, js jetstream.JetStream, sha str
 	}
 	return b, nil
 }
-
-// maxBlobBytes bounds what the agent downloads for one model or module.
-const maxBlobBytes = 4 << 30
 
 // bucketFor returns the blob bucket, resolved once per connection.
 func (a *Agent) bucketFor(ctx context.Context, js jetstream.JetStream) (*objfetch.Bucket, error) {
@@ -476,7 +473,7 @@ func (a *Agent) model(ctx context.Context, js jetstream.JetStream, sha string) (
 	if err != nil {
 		return nil, fmt.Errorf("model: fetch %s: %w", sha, err)
 	}
-	r, err := bk.Open(ctx, sha, maxBlobBytes)
+	r, err := bk.Open(ctx, sha, devproto.MaxBlobBytes)
 	if err != nil {
 		return nil, fmt.Errorf("model: fetch %s: %w", sha, err)
 	}

@@ -468,6 +468,9 @@ func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.Roun
 	}
 }
 
+// MaxBlobBytes bounds what a device downloads for one model or module.
+const MaxBlobBytes = 4 << 30
+
 // errTimeout is the cause with which a request's context ends at its timeout.
 var errTimeout = errors.New("timed out")
 

@@ -403,9 +403,6 @@ func (d *device) work(ctx context.Context, r *devproto.Round) error {
 	return nil
 }
 
-// maxModelBytes bounds a model download, as the agent's blob limit does.
-const maxModelBytes = 4 << 30
-
 func (d *device) fetch(ctx context.Context, sha string, size uint64) error {
 	if err := wire.CheckSHA256("model", sha); err != nil {
 		return devproto.Permanent(fmt.Errorf("plan: %w", err))
@@ -417,7 +414,7 @@ func (d *device) fetch(ctx context.Context, sha string, size uint64) error {
 		}
 		d.bucket = bk
 	}
-	b, err := d.bucket.Get(ctx, sha, maxModelBytes)
+	b, err := d.bucket.Get(ctx, sha, devproto.MaxBlobBytes)
 	if err != nil {
 		return fmt.Errorf("fetch model %s: %w", sha, err)
 	}
