@@ -110,6 +110,42 @@ func TestImportRules(t *testing.T) {
 	}
 }
 
+// TestWitnessIsPure: the audit log's witness (audit/witness) is a library
+// that any program can embed to witness the log: it does no networking (its
+// caller fetches checkpoints and delivers cosignatures) and depends on no
+// service and no app.
+func TestWitnessIsPure(t *testing.T) {
+	const path = mod + "/audit/witness"
+	var found *pkg
+	for _, p := range listPackages(t) {
+		if p.path == path {
+			found = &p
+		}
+	}
+	if found == nil {
+		t.Fatalf("%s not found", path)
+	}
+	for _, imp := range found.imports {
+		for _, rule := range netImports {
+			if matches(imp, rule) {
+				t.Errorf("%s imports %s: the witness does no networking", path, imp)
+			}
+		}
+	}
+	for _, dep := range found.deps {
+		for _, rule := range netDeps {
+			if matches(dep, rule) {
+				t.Errorf("%s depends on %s: the witness does no networking", path, dep)
+			}
+		}
+		for _, top := range []string{"server", "edge", "worker", "cli", "demo", "cmd", "client"} {
+			if under(dep, top) {
+				t.Errorf("%s depends on %s: the witness imports no service, app or client", path, dep)
+			}
+		}
+	}
+}
+
 // apps are the programs' front ends: nothing but cmd/ may import them.
 var apps = []string{"cli", "demo"}
 

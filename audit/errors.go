@@ -81,3 +81,28 @@ var (
 	// expected one.
 	ErrRootMismatch = merkle.ErrRootMismatch
 )
+
+// Completeness and the query index.
+var (
+	// ErrIncomplete reports a committed round whose record misses an event
+	// the server writes with every such round (its close, the model it
+	// committed, its evaluation, its privacy cost), or an event of a round
+	// that has no close: the *VerifyError names the round's entry.
+	ErrIncomplete = errors.New("round record incomplete")
+	// ErrIndexMismatch reports a row of the query index (the type, time,
+	// actor, task or round columns) that differs from its signed entry.
+	ErrIndexMismatch = errors.New("query index differs from the signed entries")
+)
+
+// Witnesses and their cosignatures.
+var (
+	// ErrNotCosigned reports a checkpoint note without a cosignature of the
+	// expected witness.
+	ErrNotCosigned = errors.New("checkpoint not cosigned by the witness")
+	// ErrBadCosignature reports a witness's cosignature that does not
+	// verify, or whose time the log cannot accept.
+	ErrBadCosignature = errors.New("bad cosignature")
+	// ErrUnknownWitness reports a cosignature from no witness the log is
+	// configured to accept (WithWitnesses).
+	ErrUnknownWitness = errors.New("unknown witness")
+)

@@ -504,8 +504,10 @@ func (p ModelEvaluated) validate() error {
 	var c checks
 	c.field("task", p.Task, false)
 	c.hex("model", p.Model, true)
-	c.field("dataset", p.Dataset, false)
-	if c.err == nil && (len(p.Metrics) == 0 || len(p.Metrics) > 256) {
+	c.field("dataset", p.Dataset, true) // what it was measured on is the point
+	// No metrics is a fact worth recording too: an evaluation whose every
+	// metric was refused as out of range still happened.
+	if c.err == nil && len(p.Metrics) > 256 {
 		c.err = fmt.Errorf("%d metrics: %w", len(p.Metrics), ErrInvalidEvent)
 	}
 	for k, v := range p.Metrics {

@@ -36,6 +36,7 @@ func Example() {
 	// Model versions and modules are named by SHA-256 digests.
 	base := fmt.Sprintf("%x", sha256.Sum256([]byte("base model safetensors bytes")))
 	module := fmt.Sprintf("%x", sha256.Sum256([]byte("training module wasm bytes")))
+	next := fmt.Sprintf("%x", sha256.Sum256([]byte("round 1 model safetensors bytes")))
 	device, _ := lg.PseudonymizeDevice("edge-0042") // raw device ids never enter the log
 	events := []struct {
 		actor audit.Actor
@@ -47,6 +48,11 @@ func Example() {
 		{audit.Service("coordinator"), audit.RoundOpened{Task: "t-1", Round: 1, Model: base, Module: module, CohortSize: 26}},
 		{audit.Service("coordinator"), audit.RoundClosed{Task: "t-1", Round: 1, Outcome: audit.RoundCommitted,
 			Reports: 19, Dropouts: 7, AggregationRule: "fedavg"}},
+		// A committed round's record: the model it made and, with DP on,
+		// what it spent. The verifier fails on a round that lacks either.
+		{audit.Service("coordinator"), audit.ModelCommitted{Task: "t-1", Round: 1, Model: next, SHA256: next, Parent: base}},
+		{audit.Service("coordinator"), audit.PrivacySpent{Task: "t-1", Round: 1, Mechanism: "gaussian", Accountant: "rdp",
+			ClipNorm: 1, NoiseMultiplier: 1.1, SamplingRate: 0.01, Delta: 1e-5, Epsilon: 0.2, CumulativeEpsilon: 0.2, EpsilonBudget: 8}},
 	}
 	for _, e := range events {
 		if _, err := lg.Record(ctx, e.actor, e.p); err != nil {
@@ -83,11 +89,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("verified %d entries against checkpoint %d; keys pinned: %v\n",
-		report.Entries, report.Checkpoint.Size, report.KeysPinned)
+	fmt.Printf("verified %d entries against checkpoint %d; keys pinned: %v; complete rounds: %d\n",
+		report.Entries, report.Checkpoint.Size, report.KeysPinned, len(report.Rounds))
 	// Output:
-	// checkpoint: 4 entries
+	// checkpoint: 6 entries
 	// entry 2 included: true
 	// found: 3 round.closed 2026-03-01T12:00:04Z
-	// verified 4 entries against checkpoint 4; keys pinned: true
+	// verified 6 entries against checkpoint 6; keys pinned: true; complete rounds: 1
 }

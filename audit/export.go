@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"math"
 
 	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
+	"github.com/fleetlearn/fleetlearn/audit/internal/note"
 )
 
 // ExportFormat is the "format" of an export's header line.
@@ -24,15 +26,21 @@ const ExportVersion = 1
 //
 //	{"kind":"header","format":"fleetlearn-audit-export","version":1,"origin":...,
 //	 "entry_keys":<JWKS>,"checkpoint_vkey":...,"entries":N,"checkpoints":K,"proofs":P}
-//	K × {"kind":"checkpoint","note":<signed note>}                    oldest first; the last is the latest
+//	K × {"kind":"checkpoint","note":<signed note>,"consistency":{"from_size":a,"proof":[<hex>...]}}
+//	                                          oldest first; the last is the latest
 //	P × {"kind":"inclusion","index":i,"size":s,"proof":[<hex>...]}
 //	  or {"kind":"consistency","size1":a,"size2":b,"proof":[<hex>...]}
-//	N × {"kind":"entry","index":i,"jws":<compact JWS>,"leaf_hash":<hex>}   in index order
+//	N × {"kind":"entry","index":i,"jws":<compact JWS>,"leaf_hash":<hex>,
+//	     "inclusion":{"tree_size":s,"proof":[<hex>...]}}                in index order
 //	{"kind":"end","entries":N,"checkpoints":K,"proofs":P}
 //
 // leaf_hash is the hash the log stored when it appended the entry (absent
 // if the store has none); the verifier recomputes it and names the first
-// entry whose bytes no longer match. docs/AUDIT.md describes the format.
+// entry whose bytes no longer match. With WithProofs every checkpoint but
+// the first carries the consistency proof from the one before it, and
+// every entry its inclusion proof in the tree of the latest checkpoint, so
+// that a verifier written from RFC 9162 alone can check any one entry or
+// checkpoint on its own. docs/AUDIT.md describes the format.
 
 type exportHeader struct {
 	Kind           string          `json:"kind"`
@@ -47,8 +55,18 @@ type exportHeader struct {
 }
 
 type exportCheckpoint struct {
-	Kind string `json:"kind"`
-	Note string `json:"note"`
+	Kind        string       `json:"kind"`
+	Note        string       `json:"note"`
+	Consistency *inlineProof `json:"consistency,omitempty"`
+}
+
+// inlineProof is a proof carried by the record it is about: a consistency
+// proof from the previous checkpoint (FromSize) on a checkpoint record, an
+// inclusion proof in the tree of TreeSize leaves on an entry record.
+type inlineProof struct {
+	FromSize *uint64  `json:"from_size,omitempty"`
+	TreeSize *uint64  `json:"tree_size,omitempty"`
+	Proof    []string `json:"proof"`
 }
 
 type exportProof struct {
@@ -61,10 +79,11 @@ type exportProof struct {
 }
 
 type exportEntry struct {
-	Kind     string `json:"kind"`
-	Index    uint64 `json:"index"`
-	JWS      string `json:"jws"`
-	LeafHash string `json:"leaf_hash,omitempty"`
+	Kind      string       `json:"kind"`
+	Index     uint64       `json:"index"`
+	JWS       string       `json:"jws"`
+	LeafHash  string       `json:"leaf_hash,omitempty"`
+	Inclusion *inlineProof `json:"inclusion,omitempty"`
 }
 
 type exportEnd struct {
@@ -80,6 +99,7 @@ type ExportOption func(*exportConfig)
 type exportConfig struct {
 	coveredOnly bool // stop at the latest checkpoint (a live log keeps growing)
 	latestOnly  bool
+	allProofs   bool
 	inclusion   []uint64
 	consistency []uint64
 }
@@ -88,6 +108,16 @@ type exportConfig struct {
 // all of them.
 func WithLatestCheckpointOnly() ExportOption {
 	return func(c *exportConfig) { c.latestOnly = true }
+}
+
+// WithProofs adds to every checkpoint but the first the consistency proof
+// from the checkpoint before it, and to every entry its inclusion proof in
+// the tree of the latest checkpoint. The proofs are computed from the
+// stored entries, whatever the stored tree says, so a damaged log exports
+// proofs that fail where it is damaged. Memory grows by about 64 bytes per
+// entry.
+func WithProofs() ExportOption {
+	return func(c *exportConfig) { c.allProofs = true }
 }
 
 // WithInclusionProofs adds inclusion proofs of these entries in the tree of
@@ -149,6 +179,9 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 	if err != nil {
 		return err
 	}
+	if notes, err = l.withCosignatures(ctx, tx, notes); err != nil {
+		return err
+	}
 	var latest *Checkpoint
 	if len(notes) > 0 {
 		cp, err := openCheckpoint(notes[len(notes)-1], l.verifier)
@@ -170,6 +203,15 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM entries WHERE idx < ?", limit).Scan(&entries); err != nil {
 		return err
 	}
+	var tree *merkle.Tree
+	if cfg.allProofs {
+		if latest == nil {
+			return fmt.Errorf("proofs need a checkpoint: %w", ErrNotFound)
+		}
+		if tree, err = leafTree(ctx, tx, limit, entries); err != nil {
+			return err
+		}
+	}
 	var proofs []exportProof
 	if len(cfg.inclusion)+len(cfg.consistency) > 0 {
 		if latest == nil {
@@ -190,8 +232,20 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 		Checkpoints: uint64(len(notes)), Proofs: uint64(len(proofs))}); err != nil {
 		return err
 	}
+	prev := uint64(0)
 	for _, n := range notes {
-		if err := enc.Encode(exportCheckpoint{Kind: "checkpoint", Note: string(n)}); err != nil {
+		rec := exportCheckpoint{Kind: "checkpoint", Note: string(n)}
+		if tree != nil {
+			// A note that does not open is exported as it is, without a
+			// proof, for the verifier to name.
+			if cp, err := openCheckpoint(n, l.verifier); err == nil {
+				if p, ok := tree.ConsistencyProof(prev, cp.Size); ok && prev < cp.Size {
+					rec.Consistency = &inlineProof{FromSize: ptr(prev), Proof: hexList(p)}
+				}
+				prev = cp.Size
+			}
+		}
+		if err := enc.Encode(rec); err != nil {
 			return err
 		}
 	}
@@ -217,6 +271,11 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 		if leaf != nil {
 			rec.LeafHash = hex.EncodeToString(leaf)
 		}
+		if tree != nil {
+			if p, ok := tree.InclusionProof(uint64(idx), latest.Size); ok {
+				rec.Inclusion = &inlineProof{TreeSize: ptr(latest.Size), Proof: hexList(p)}
+			}
+		}
 		if err := enc.Encode(rec); err != nil {
 			return err
 		}
@@ -229,6 +288,76 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 		return fmt.Errorf("%d entry rows, counted %d: %w", n, entries, ErrCorrupt)
 	}
 	return enc.Encode(exportEnd{Kind: "end", Entries: entries, Checkpoints: uint64(len(notes)), Proofs: uint64(len(proofs))})
+}
+
+// withCosignatures appends to each checkpoint note the witnesses'
+// cosignatures stored for it, as CosignedNote does, with one read for all.
+func (l *Log) withCosignatures(ctx context.Context, tx *sql.Tx, notes [][]byte) ([][]byte, error) {
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'cosignatures'").Scan(&n); err != nil || n == 0 {
+		return notes, err // a database from before cosignatures has none
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT size, root, name, sig FROM cosignatures ORDER BY size, witness")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	type cosig struct {
+		root      []byte
+		name      string
+		signature []byte
+	}
+	bySize := map[uint64][]cosig{}
+	for rows.Next() {
+		var size int64
+		var c cosig
+		if err := rows.Scan(&size, &c.root, &c.name, &c.signature); err != nil {
+			return nil, err
+		}
+		bySize[uint64(size)] = append(bySize[uint64(size)], c)
+	}
+	if err := rows.Err(); err != nil || len(bySize) == 0 {
+		return notes, err
+	}
+	out := make([][]byte, len(notes))
+	for i, msg := range notes {
+		out[i] = msg
+		cp, err := openCheckpoint(msg, l.verifier)
+		if err != nil {
+			continue // exported as it is, for the verifier to name
+		}
+		for _, c := range bySize[cp.Size] {
+			if !bytes.Equal(c.root, cp.Root[:]) {
+				continue
+			}
+			if out[i], err = note.AddSignature(out[i], c.name, c.signature); err != nil {
+				return nil, fmt.Errorf("cosignature of %s at size %d: %w: %w", c.name, cp.Size, ErrCorrupt, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// leafTree hashes the first entries below limit into a tree, in the
+// export's snapshot.
+func leafTree(ctx context.Context, tx *sql.Tx, limit int64, entries uint64) (*merkle.Tree, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT data FROM entries WHERE idx < ? ORDER BY idx", limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	leaves := make([]merkle.Hash, 0, entries)
+	for rows.Next() {
+		var data []byte
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		leaves = append(leaves, merkle.LeafHash(data))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return merkle.NewTree(leaves), nil
 }
 
 func queryBlobs(ctx context.Context, tx *sql.Tx, q string) ([][]byte, error) {

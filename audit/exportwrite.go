@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
+	"github.com/fleetlearn/fleetlearn/audit/internal/note"
 )
 
 // ExportWriter writes the export format from parts, for a client that
@@ -19,13 +22,39 @@ type ExportWriter struct {
 	entries     uint64 // announced in the header
 	written     uint64
 	checkpoints uint64
-	err         error // sticky: a writer that failed once writes nothing more
+	tree        *merkle.Tree // with WithLeafHashes: proofs for every entry
+	proveSize   uint64       // tree size of the latest checkpoint
+	err         error        // sticky: a writer that failed once writes nothing more
+}
+
+// WriterOption configures an ExportWriter.
+type WriterOption func(*writerConfig)
+
+type writerConfig struct {
+	leaves []merkle.Hash
+	proofs bool
+}
+
+// WithLeafHashes makes the writer add proofs as (*Log).Export does with
+// WithProofs: consistency between consecutive checkpoints, and each
+// entry's inclusion in the tree of the latest checkpoint. leaves are the
+// hashes of all entries to be written (LeafHash of each entry's bytes, as
+// a first pass over the entries computes them); WriteEntry refuses an entry
+// whose hash differs, as it would if the source changed between passes.
+func WithLeafHashes(leaves [][32]byte) WriterOption {
+	return func(c *writerConfig) { c.leaves, c.proofs = leaves, true }
 }
 
 // NewExportWriter writes the header for an export of the given number of
 // entries with keys pub, followed by the checkpoint notes, oldest first
 // (the last is the latest). The export has no proofs.
-func NewExportWriter(w io.Writer, pub PublicKeys, checkpoints [][]byte, entries uint64) (*ExportWriter, error) {
+func NewExportWriter(w io.Writer, pub PublicKeys, checkpoints [][]byte, entries uint64, opts ...WriterOption) (*ExportWriter, error) {
+	var cfg writerConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
 	jwks, err := pub.JWKS()
 	if err != nil {
 		return nil, fmt.Errorf("audit: export writer: %w", err)
@@ -37,6 +66,27 @@ func NewExportWriter(w io.Writer, pub PublicKeys, checkpoints [][]byte, entries 
 		return nil, fmt.Errorf("audit: export writer: %d entries: %w", entries, ErrTooLarge)
 	}
 	x := &ExportWriter{bw: bufio.NewWriterSize(w, 1<<16), entries: entries, checkpoints: uint64(len(checkpoints))}
+	var sizes []uint64
+	if cfg.proofs {
+		if uint64(len(cfg.leaves)) != entries {
+			return nil, fmt.Errorf("audit: export writer: %d leaf hashes for %d entries: %w", len(cfg.leaves), entries, ErrExportFormat)
+		}
+		v, err := note.ParseVerifier(pub.VerifierKey)
+		if err != nil {
+			return nil, fmt.Errorf("audit: export writer: %w: %w", ErrInvalidKeys, err)
+		}
+		for i, n := range checkpoints {
+			cp, err := openCheckpoint(n, v)
+			if err != nil {
+				return nil, fmt.Errorf("audit: export writer: checkpoint %d: %w", i, err)
+			}
+			sizes = append(sizes, cp.Size)
+		}
+		if len(sizes) == 0 || sizes[len(sizes)-1] > entries {
+			return nil, fmt.Errorf("audit: export writer: proofs need a latest checkpoint within the %d entries: %w", entries, ErrExportFormat)
+		}
+		x.tree, x.proveSize = merkle.NewTree(cfg.leaves), sizes[len(sizes)-1]
+	}
 	x.enc = json.NewEncoder(x.bw)
 	x.enc.SetEscapeHTML(false)
 	err = x.enc.Encode(exportHeader{Kind: "header", Format: ExportFormat, Version: ExportVersion, Origin: pub.Origin,
@@ -48,7 +98,13 @@ func NewExportWriter(w io.Writer, pub PublicKeys, checkpoints [][]byte, entries 
 		if len(n) == 0 {
 			return nil, fmt.Errorf("audit: export writer: checkpoint %d is empty: %w", i, ErrExportFormat)
 		}
-		err = x.enc.Encode(exportCheckpoint{Kind: "checkpoint", Note: string(n)})
+		rec := exportCheckpoint{Kind: "checkpoint", Note: string(n)}
+		if x.tree != nil && i > 0 {
+			if p, ok := x.tree.ConsistencyProof(sizes[i-1], sizes[i]); ok && sizes[i-1] < sizes[i] {
+				rec.Consistency = &inlineProof{FromSize: ptr(sizes[i-1]), Proof: hexList(p)}
+			}
+		}
+		err = x.enc.Encode(rec)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("audit: export writer: %w", err)
@@ -76,6 +132,14 @@ func (x *ExportWriter) WriteEntry(e Entry, leafHash []byte) error {
 	rec := exportEntry{Kind: "entry", Index: e.Index, JWS: string(e.Data)}
 	if leafHash != nil {
 		rec.LeafHash = hex.EncodeToString(leafHash)
+	}
+	if x.tree != nil {
+		if merkle.LeafHash(e.Data) != x.tree.Leaf(e.Index) {
+			return x.fail(fmt.Errorf("entry %d differs from the one its proofs were computed from: %w", e.Index, ErrExportFormat))
+		}
+		if p, ok := x.tree.InclusionProof(e.Index, x.proveSize); ok {
+			rec.Inclusion = &inlineProof{TreeSize: ptr(x.proveSize), Proof: hexList(p)}
+		}
 	}
 	if err := x.enc.Encode(rec); err != nil {
 		return x.fail(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
 	"github.com/fleetlearn/fleetlearn/audit/internal/note"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/filelock"
 )
 
 // Log is an append-only, tamper-evident audit log kept in one SQLite file.
@@ -38,6 +39,8 @@ type Log struct {
 	signer   entrySigner // zero when read-only
 	cpSigner note.Signer // zero when read-only
 	pseudo   []byte      // nil when read-only
+	// witnesses are those whose cosignatures AddCosignature accepts.
+	witnesses []note.CosigVerifier
 
 	closeMu sync.RWMutex // guards closed; held shared while handing work to the sequencer
 	closed  bool
@@ -75,10 +78,17 @@ type appendResult struct {
 // matches the latest checkpoint; it refuses a log that fails any of these.
 func Open(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 	cfg := newConfig(opts)
+	witnesses, err := parseWitnesses(cfg.witnesses)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
-	lock, err := lockDir(filepath.Join(dir, LockFile))
+	lock, err := filelock.Lock(filepath.Join(dir, LockFile))
+	if errors.Is(err, filelock.ErrLocked) {
+		return nil, fmt.Errorf("audit: open: another process has the log open for writing: %w", ErrLocked)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
@@ -88,7 +98,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 		lock.Close()
 		return nil, err
 	}
-	l := &Log{cfg: cfg, pseudo: keys.Pseudonym, lock: lock, reqs: make(chan *appendReq, 256),
+	l := &Log{cfg: cfg, pseudo: keys.Pseudonym, lock: lock, witnesses: witnesses, reqs: make(chan *appendReq, 256),
 		signed: make(chan *signedBatch, 1), writerDone: make(chan struct{})}
 	if l.wdb, err = openDB(dbPath, dbWriter, 1); err != nil {
 		lock.Close()
@@ -915,10 +925,27 @@ func (l *Log) checkpoint(ctx context.Context) (Checkpoint, error) {
 	return cp, nil
 }
 
+// sqlValue prints a column value with its SQLite storage class.
+func sqlValue(v any) string {
+	switch v := v.(type) {
+	case string:
+		return fmt.Sprintf("%q", v)
+	case int64:
+		return fmt.Sprint(v)
+	case []byte:
+		return fmt.Sprintf("the BLOB %q", v)
+	case nil:
+		return "NULL"
+	}
+	return fmt.Sprintf("the %T %v", v, v)
+}
+
 // VerifyIndex re-derives the query columns of every entry from its bytes
-// and reports the first row whose columns disagree (ErrCorrupt): queries
+// and reports the first row whose columns disagree, as a *VerifyError
+// naming the entry and the column (ErrIndexMismatch, ErrCorrupt): queries
 // read the columns, so an edited column could hide an entry from a query
-// even though the entry itself is intact.
+// even though the entry itself is intact. An entry whose bytes do not
+// parse is left to VerifyExport, which names it.
 func (l *Log) VerifyIndex(ctx context.Context) error {
 	if err := l.live(); err != nil {
 		return fmt.Errorf("audit: verify index: %w", err)
@@ -930,19 +957,30 @@ func (l *Log) VerifyIndex(ctx context.Context) error {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var idx, ts, round int64
+		// Scanned untyped: a column rewritten as a BLOB or REAL reads back
+		// equal as a Go string or number, yet SQLite never matches it
+		// against the TEXT or INTEGER a query binds.
+		var idx int64
 		var data []byte
-		var typ, kind, actor, task string
+		var ts, typ, kind, actor, task, round any
 		if err := rows.Scan(&idx, &data, &ts, &typ, &kind, &actor, &task, &round); err != nil {
 			return fmt.Errorf("audit: verify index: %w", err)
 		}
 		ev, err := Entry{Index: uint64(idx), Data: data}.Event()
 		if err != nil {
-			return fmt.Errorf("audit: verify index: entry %d: %w", idx, err)
+			continue
 		}
-		if ts != unixNano(ev.Time) || typ != string(ev.Type) || kind != string(ev.Actor.Kind) ||
-			actor != ev.Actor.ID || task != ev.Subject.Task || round != int64(ev.Subject.Round) {
-			return fmt.Errorf("audit: verify index: entry %d: columns differ from its bytes: %w", idx, ErrCorrupt)
+		for _, c := range []struct {
+			name      string
+			got, want any
+		}{
+			{"type", typ, string(ev.Type)}, {"actor_kind", kind, string(ev.Actor.Kind)}, {"actor", actor, ev.Actor.ID},
+			{"task", task, ev.Subject.Task}, {"round", round, int64(ev.Subject.Round)}, {"ts", ts, unixNano(ev.Time)},
+		} {
+			if c.got != c.want {
+				return &VerifyError{Index: idx, Checkpoint: -1, Err: fmt.Errorf("%w: query index column %s is %s where the signed entry says %s, so queries by it return the wrong entries: %w: %w",
+					ErrTampered, c.name, sqlValue(c.got), sqlValue(c.want), ErrIndexMismatch, ErrCorrupt)}
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -22,6 +22,8 @@ type config struct {
 	keys     *Keys
 	origin   string
 	maxBatch int
+	// witnesses are the witness verifier keys of WithWitnesses.
+	witnesses []string
 }
 
 func newConfig(opts []Option) config {
@@ -81,4 +83,12 @@ func WithMaxBatch(n int) Option {
 			c.maxBatch = n
 		}
 	}
+}
+
+// WithWitnesses names the witnesses whose cosignatures of its checkpoints
+// the log accepts and stores (AddCosignature), by their verifier keys
+// ("<name>+<hex key id>+<base64 of 0x04 and the Ed25519 public key>", as
+// WitnessKey.VerifierKey writes them). Open refuses a malformed key.
+func WithWitnesses(vkeys ...string) Option {
+	return func(c *config) { c.witnesses = append(c.witnesses, vkeys...) }
 }

@@ -27,7 +27,12 @@ const storeFormat = "fleetlearn-audit-store/1"
 // The schema. Entries keep the signed bytes verbatim; the other columns are
 // copies taken from them at append time for querying only. Nodes hold every
 // complete subtree hash, keyed by id = level<<56 | index, so any proof is a
-// handful of point reads. Checkpoints keep every signed note.
+// handful of point reads. Checkpoints keep every signed note. Cosignatures
+// keep the newest cosignature of each witness per checkpoint (a checkpoint
+// is its size: the log signs one per size): the witness's verifier key and
+// key name, the checkpoint's root, the cosignature's time (Unix seconds)
+// and its bytes as in the note line (key id, timestamp, signature). The
+// table came after the first logs; Open adds it to those.
 const schema = `
 CREATE TABLE IF NOT EXISTS meta (
 	key   TEXT PRIMARY KEY,
@@ -57,6 +62,15 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 	root      BLOB NOT NULL,
 	note      BLOB NOT NULL,
 	signed_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cosignatures (
+	witness TEXT NOT NULL,
+	size    INTEGER NOT NULL,
+	root    BLOB NOT NULL,
+	name    TEXT NOT NULL,
+	time    INTEGER NOT NULL,
+	sig     BLOB NOT NULL,
+	PRIMARY KEY (witness, size)
 );
 `
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,10 @@ type verifyConfig struct {
 	trusted        [][]byte
 	allowUncovered bool
 	workers        int
+	origin         string   // pinned origin, or ""
+	witnesses      []string // cosignature verifier keys the latest checkpoint must carry
+	witnessMaxAge  time.Duration
+	now            func() time.Time
 }
 
 // WithEntryKey pins the entry key: the export must carry this key. Without
@@ -42,6 +47,40 @@ func WithEntryKey(pub ed25519.PublicKey) VerifyOption {
 // WithVerifierKey pins the checkpoint key (a note verifier key string).
 func WithVerifierKey(vkey string) VerifyOption {
 	return func(c *verifyConfig) { c.vkey = vkey }
+}
+
+// WithPin pins everything a pin file (`fleetlearn audit keys`) names: the
+// origin, both keys and any witnesses.
+func WithPin(p Pin) VerifyOption {
+	return func(c *verifyConfig) {
+		c.origin, c.entryKey, c.vkey = p.Origin, p.Entry, p.VerifierKey
+		for _, w := range p.Witnesses {
+			if !slices.Contains(c.witnesses, w) {
+				c.witnesses = append(c.witnesses, w)
+			}
+		}
+	}
+}
+
+// WithWitness requires the export's latest checkpoint to carry a valid
+// cosignature (c2sp.org/tlog-cosignature) of the witness with this
+// verifier key. A witness cosigns only checkpoints consistent with every
+// one it cosigned before, so a log rolled back, truncated or showing
+// another history to someone else cannot get one for what it shows now.
+func WithWitness(vkey string) VerifyOption {
+	return func(c *verifyConfig) {
+		if !slices.Contains(c.witnesses, vkey) {
+			c.witnesses = append(c.witnesses, vkey)
+		}
+	}
+}
+
+// WithWitnessMaxAge bounds how old, by now(), the witnesses' cosignatures
+// may be. Witnesses re-cosign an unchanged checkpoint as they poll, so a
+// live log always has a fresh cosignature; one rolled back and frozen
+// keeps only old ones. 0 accepts any age.
+func WithWitnessMaxAge(d time.Duration, now func() time.Time) VerifyOption {
+	return func(c *verifyConfig) { c.witnessMaxAge, c.now = d, now }
 }
 
 // WithTrustedCheckpoint adds a checkpoint note the auditor obtained
@@ -81,10 +120,23 @@ type Report struct {
 	Uncovered   uint64 // entries after the latest checkpoint (WithUncoveredTail)
 	First, Last time.Time
 	Types       map[EventType]uint64
+	// Rounds are the committed rounds, each with every event the server
+	// records for such a round (see ErrIncomplete).
+	Rounds []RoundRecord
+	// UncheckedTasks have rounds in the export but no task.created, so
+	// what their rounds need is unknown (a log continued under new keys).
+	UncheckedTasks []string
+	// Witnessed are the pinned witnesses' cosignatures of the latest
+	// checkpoint.
+	Witnessed []WitnessCosignature
+	// IndexChecked is true when the query index was checked against the
+	// entries too (VerifyDataDir); an export carries no index.
+	IndexChecked bool
 }
 
 // VerifyError says where an export failed to verify. Err wraps ErrTampered
-// (the contents are wrong) or ErrExportFormat (the file is malformed), and
+// (the contents are wrong), ErrExportFormat (the file is malformed) or
+// ErrIncomplete (every entry verifies, but a round's record has a gap), and
 // a more specific sentinel such as ErrBadSignature, ErrRootMismatch or
 // ErrUncovered.
 type VerifyError struct {
@@ -111,7 +163,7 @@ func (e *VerifyError) Error() string {
 	if e.Line > 0 {
 		where = append(where, fmt.Sprintf("line %d", e.Line))
 	}
-	return "audit: verify export: " + strings.Join(where, ", ") + ": " + e.Err.Error()
+	return "audit: verify: " + strings.Join(where, ", ") + ": " + e.Err.Error()
 }
 
 func (e *VerifyError) Unwrap() error { return e.Err }
@@ -121,6 +173,9 @@ type verifier struct {
 	sc   *bufio.Scanner
 	line int
 	rep  Report
+
+	cpBySize map[uint64]int // checkpoint position by tree size
+	comp     *completeness
 }
 
 func (v *verifier) fail(index int64, cp int, err error) error {
@@ -187,7 +242,7 @@ func VerifyExport(r io.Reader, opts ...VerifyOption) (Report, error) {
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), MaxExportLine)
-	v := &verifier{cfg: cfg, sc: sc, rep: Report{Types: map[EventType]uint64{}}}
+	v := &verifier{cfg: cfg, sc: sc, rep: Report{Types: map[EventType]uint64{}}, cpBySize: map[uint64]int{}, comp: newCompleteness()}
 	if err := v.run(); err != nil {
 		return v.rep, err
 	}
@@ -218,6 +273,9 @@ func (v *verifier) run() error {
 	nv, err := note.ParseVerifier(h.CheckpointVKey)
 	if err != nil {
 		return v.fail(-1, -1, malformed("checkpoint key: %v", err))
+	}
+	if v.cfg.origin != "" && v.cfg.origin != h.Origin {
+		return v.fail(-1, -1, tampered("export of log %q, pinned log is %q: %w", h.Origin, v.cfg.origin, ErrKeyMismatch))
 	}
 	if v.cfg.entryKey != nil && !v.cfg.entryKey.Equal(pub) {
 		return v.fail(-1, -1, tampered("entry key is not the pinned one: %w", ErrKeyMismatch))
@@ -267,7 +325,11 @@ func (v *verifier) run() error {
 			return v.fail(int64(prev.Size), k, tampered("checkpoint of size %d after one of size %d: an older checkpoint stands where a newer one was, so entries from %d on are not vouched for: %w",
 				cp.Size, prev.Size, prev.Size, ErrInconsistent))
 		}
+		if err := v.checkInlineConsistency(rec.Consistency, cps, cp, k); err != nil {
+			return err
+		}
 		cps = append(cps, cp)
+		v.cpBySize[cp.Size] = k
 		w := want(cp.Size)
 		w.checkFor = append(w.checkFor, k)
 	}
@@ -379,12 +441,16 @@ func (v *verifier) run() error {
 			if _, ok := leaves[i]; ok {
 				leaves[i] = leaf
 			}
+			if err := v.checkInlineInclusion(rec.Inclusion, cps, i, leaf); err != nil {
+				return err
+			}
 			lastTime = res.ev.Time
 			if v.rep.First.IsZero() {
 				v.rep.First = res.ev.Time
 			}
 			v.rep.Last = res.ev.Time
 			v.rep.Types[res.ev.Type]++
+			v.comp.observe(int64(i), res.ev)
 			f.Append(leaf, func(merkle.NodeID, merkle.Hash) {})
 			if err := reached(f.Size(), f.Root()); err != nil {
 				return err
@@ -420,6 +486,9 @@ func (v *verifier) run() error {
 		}
 		v.rep.Uncovered = n - covered
 	}
+	if err := v.checkWitnesses(cps, h.CheckpointVKey); err != nil {
+		return err
+	}
 	for i, cp := range trusted {
 		if cp.Size > n {
 			return v.fail(int64(n), -1, tampered("trusted checkpoint %d covers %d entries but the export has %d: the log lost entries or was rolled back: %w",
@@ -436,6 +505,95 @@ func (v *verifier) run() error {
 			return v.fail(-1, -1, tampered("proof %d: %w", k, err))
 		}
 		v.rep.Proofs++
+	}
+	v.line = 0
+	rounds, unchecked, at, err := v.comp.check()
+	if err != nil {
+		return v.fail(at, -1, err)
+	}
+	v.rep.Rounds, v.rep.UncheckedTasks = rounds, unchecked
+	return nil
+}
+
+// checkInlineConsistency checks the proof a checkpoint record carries that
+// it extends the checkpoint before it, against both signed roots.
+func (v *verifier) checkInlineConsistency(p *inlineProof, cps []Checkpoint, cp Checkpoint, k int) error {
+	if p == nil {
+		return nil
+	}
+	if p.FromSize == nil || p.TreeSize != nil {
+		return v.fail(-1, k, malformed("checkpoint %d: a consistency proof needs from_size only", k))
+	}
+	if k == 0 || *p.FromSize != cps[k-1].Size {
+		return v.fail(-1, k, malformed("checkpoint %d: consistency proof from size %d, not from the checkpoint before it", k, *p.FromSize))
+	}
+	proof, err := DecodeProof(p.Proof)
+	if err == nil {
+		prev := cps[k-1]
+		err = VerifyConsistency(prev.Size, cp.Size, proof, prev.Root[:], cp.Root[:])
+	}
+	if err != nil {
+		return v.fail(int64(cps[k-1].Size), k, tampered("checkpoint %d does not provably extend checkpoint %d: %w", k, k-1, err))
+	}
+	v.rep.Proofs++
+	return nil
+}
+
+// checkInlineInclusion checks the proof an entry record carries that the
+// entry is in the tree a checkpoint of the export signed.
+func (v *verifier) checkInlineInclusion(p *inlineProof, cps []Checkpoint, index uint64, leaf merkle.Hash) error {
+	if p == nil {
+		return nil
+	}
+	if p.TreeSize == nil || p.FromSize != nil {
+		return v.fail(int64(index), -1, malformed("entry %d: an inclusion proof needs tree_size only", index))
+	}
+	k, ok := v.cpBySize[*p.TreeSize]
+	if !ok {
+		return v.fail(int64(index), -1, malformed("entry %d: inclusion proof in a tree of %d entries, which no checkpoint of the export signs", index, *p.TreeSize))
+	}
+	proof, err := DecodeProof(p.Proof)
+	if err == nil {
+		err = VerifyInclusion(index, cps[k].Size, leaf[:], proof, cps[k].Root[:])
+	}
+	if err != nil {
+		return v.fail(int64(index), k, tampered("entry %d is not provably in the tree checkpoint %d signed: %w", index, k, err))
+	}
+	v.rep.Proofs++
+	return nil
+}
+
+// WitnessCosignature is a witness's cosignature the verifier checked.
+type WitnessCosignature struct {
+	Witness string // verifier key
+	Size    uint64 // tree size of the checkpoint it cosigned
+	Time    time.Time
+}
+
+// checkWitnesses requires each pinned witness's cosignature on the latest
+// checkpoint, which covers every entry.
+func (v *verifier) checkWitnesses(cps []Checkpoint, logVKey string) error {
+	if len(v.cfg.witnesses) == 0 {
+		return nil
+	}
+	if len(cps) == 0 {
+		return v.fail(-1, -1, tampered("no checkpoint for the witnesses to vouch for: %w", ErrNotCosigned))
+	}
+	k := len(cps) - 1
+	latest := cps[k]
+	for _, w := range v.cfg.witnesses {
+		_, t, err := VerifyCosignature(latest.Note, logVKey, w)
+		if err != nil {
+			return v.fail(int64(latest.Size), k, tampered("the latest checkpoint (size %d) has no valid cosignature of witness %s: the log may have been rolled back or be showing another history, or the witness has not seen it yet (export again once it has): %w",
+				latest.Size, w, err))
+		}
+		if v.cfg.witnessMaxAge > 0 && v.cfg.now != nil {
+			if age := v.cfg.now().Sub(t); age > v.cfg.witnessMaxAge {
+				return v.fail(int64(latest.Size), k, tampered("witness %s last cosigned the latest checkpoint %s ago (at %s), more than the %s allowed: a live log is re-cosigned as the witness polls, so this one may have been rolled back and frozen, or the witness stopped: %w",
+					w, age.Round(time.Second), t.UTC().Format(time.RFC3339), v.cfg.witnessMaxAge, ErrNotCosigned))
+			}
+		}
+		v.rep.Witnessed = append(v.rep.Witnessed, WitnessCosignature{Witness: w, Size: latest.Size, Time: t})
 	}
 	return nil
 }

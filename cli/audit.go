@@ -29,6 +29,7 @@ import (
 const (
 	maxJWKSFile       = 64 << 10
 	maxCheckpointFile = 64 << 10
+	maxPinFile        = 64 << 10
 )
 
 func newAuditCommand(a *app) *cobra.Command {
@@ -44,6 +45,8 @@ func newAuditCommand(a *app) *cobra.Command {
 		newAuditCheckpointCommand(a),
 		newAuditExportCommand(a),
 		newAuditVerifyCommand(a),
+		newAuditKeysCommand(a),
+		newAuditWitnessCommand(a),
 	)
 	return cmd
 }
@@ -273,7 +276,12 @@ func newAuditCheckpointCommand(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				note := res.GetCheckpoint().GetNote()
+				// With the witnesses' cosignatures, which every signed-note
+				// reader skips unless it knows the witness.
+				note := res.GetCheckpoint().GetCosignedNote()
+				if len(note) == 0 {
+					note = res.GetCheckpoint().GetNote()
+				}
 				if len(note) == 0 {
 					return fmt.Errorf("%w: empty checkpoint", ErrProtocol)
 				}
@@ -286,15 +294,19 @@ func newAuditCheckpointCommand(a *app) *cobra.Command {
 
 func newAuditExportCommand(a *app) *cobra.Command {
 	var output, dataDir string
+	var proofs bool
 	cmd := &cobra.Command{
-		Use:   "export [-o FILE] [--server ADDR | --data-dir DIR]",
+		Use:   "export [-o FILE] [--server ADDR | --data-dir DIR] [--proofs]",
 		Short: "Write the audit log in its export format, for offline verification",
 		Long: "export writes the public keys, checkpoints and entries as JSON lines. From a running server\n" +
-			"it takes the latest checkpoint and the entries it covers; with --data-dir it reads a stopped\n" +
-			"server's data directory (read-only; copy audit.db together with its -wal file) and writes\n" +
-			"every stored entry and checkpoint as they are, for verify to judge.",
+			"it takes the latest checkpoint (with the witnesses' cosignatures) and the entries it covers;\n" +
+			"with --data-dir it reads a stopped server's data directory (read-only; copy audit.db together\n" +
+			"with its -wal file) and writes every stored entry and checkpoint as they are, for verify to\n" +
+			"judge. --proofs adds RFC 9162 proofs that a verifier written from the RFC alone can check:\n" +
+			"each entry's inclusion in the tree of the latest checkpoint, and each checkpoint's\n" +
+			"consistency with the one before it (docs/AUDIT.md, \"Verifying without Fleetlearn's code\").",
 		Example: `  fleetlearn audit export -o audit.jsonl
-  fleetlearn audit export --data-dir /var/lib/fleetlearn -o audit.jsonl`,
+  fleetlearn audit export --data-dir /var/lib/fleetlearn --proofs -o audit.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dataDir != "" && cmd.Flag("server").Changed {
@@ -302,43 +314,48 @@ func newAuditExportCommand(a *app) *cobra.Command {
 			}
 			return writeOutput(cmd, output, func(w io.Writer) error {
 				if dataDir != "" {
-					return exportDataDir(cmd.Context(), w, dataDir)
+					return exportDataDir(cmd.Context(), w, dataDir, proofs)
 				}
 				return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
-					return exportServer(ctx, w, apiv1.NewAuditServiceClient(conn))
+					return exportServer(ctx, w, apiv1.NewAuditServiceClient(conn), proofs)
 				})
 			})
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "file to write; standard output when empty or -")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "read the log of a stopped server from this data directory instead")
+	cmd.Flags().BoolVar(&proofs, "proofs", false, "add an inclusion proof to every entry and a consistency proof to every checkpoint")
 	return cmd
 }
 
-// writeOutput runs write into a file that appears under its name only once
-// complete, or into standard output.
+// writeOutput writes an export: 0600, since it lists who did what and
+// sharing it is the operator's decision.
 func writeOutput(cmd *cobra.Command, path string, write func(io.Writer) error) error {
+	return writeFile(cmd, path, 0o600, write)
+}
+
+// writeFile runs write into a file that appears under its name only once
+// complete, or into standard output.
+func writeFile(cmd *cobra.Command, path string, mode os.FileMode, write func(io.Writer) error) error {
 	if path == "" || path == "-" {
 		return write(cmd.OutOrStdout())
 	}
-	// 0600: an export lists who did what; sharing it is the operator's
-	// decision.
-	f, err := atomicfile.Create(path, 0o600)
+	f, err := atomicfile.Create(path, mode)
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	defer f.Abort()
 	if err := write(f); err != nil {
 		return err
 	}
 	if err := f.Commit(); err != nil {
-		return fmt.Errorf("export: %w", err)
+		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", path)
 	return nil
 }
 
-func exportDataDir(ctx context.Context, w io.Writer, dir string) error {
+func exportDataDir(ctx context.Context, w io.Writer, dir string, proofs bool) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -347,13 +364,18 @@ func exportDataDir(ctx context.Context, w io.Writer, dir string) error {
 		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	defer lg.Close()
-	return lg.Export(ctx, w)
+	var opts []audit.ExportOption
+	if proofs {
+		opts = append(opts, audit.WithProofs())
+	}
+	return lg.Export(ctx, w, opts...)
 }
 
 // exportServer assembles an export from the API: the keys, the latest
 // checkpoint and exactly the entries it covers. Nothing the server sends
-// is trusted here; verify checks it all.
-func exportServer(ctx context.Context, w io.Writer, c apiv1.AuditServiceClient) error {
+// is trusted here; verify checks it all. With proofs the entries are read
+// twice: once for their leaf hashes, once to write them with their proofs.
+func exportServer(ctx context.Context, w io.Writer, c apiv1.AuditServiceClient, proofs bool) error {
 	keys, err := c.GetPublicKeys(ctx, &pb.GetPublicKeysRequest{})
 	if err != nil {
 		return err
@@ -366,35 +388,45 @@ func exportServer(ctx context.Context, w io.Writer, c apiv1.AuditServiceClient) 
 	if err != nil {
 		return err
 	}
-	cp, err := audit.ParseCheckpoint(res.GetCheckpoint().GetNote(), keys.GetCheckpointVerifierKey())
+	// The cosigned note is the log's note with the witnesses' lines added;
+	// a server from before witnesses sends only the note.
+	msg := res.GetCheckpoint().GetCosignedNote()
+	if len(msg) == 0 {
+		msg = res.GetCheckpoint().GetNote()
+	}
+	cp, err := audit.ParseCheckpoint(msg, keys.GetCheckpointVerifierKey())
 	if err != nil {
 		return fmt.Errorf("%w: server's checkpoint: %w", ErrProtocol, err)
 	}
 	pub := audit.PublicKeys{Origin: keys.GetOrigin(), Entry: entryKey, EntryKeyID: keys.GetEntryKeyId(),
 		VerifierKey: keys.GetCheckpointVerifierKey()}
-	x, err := audit.NewExportWriter(w, pub, [][]byte{cp.Note}, cp.Size)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrProtocol, err)
-	}
-	if cp.Size > 0 { // an end_index of 0 would mean the current size
-		st, err := c.ExportEntries(ctx, &pb.ExportEntriesRequest{StartIndex: 0, EndIndex: cp.Size})
+	var opts []audit.WriterOption
+	if proofs {
+		leaves := make([][32]byte, 0, min(cp.Size, 1<<20))
+		err := streamEntries(ctx, c, cp.Size, func(pe *pb.AuditEntry) error {
+			if uint64(len(leaves)) != pe.GetIndex() {
+				return fmt.Errorf("%w: entry %d where %d belongs", ErrProtocol, pe.GetIndex(), len(leaves))
+			}
+			leaves = append(leaves, audit.LeafHash(pe.GetJws()))
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		for {
-			msg, err := st.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			for _, pe := range msg.GetEntries() {
-				if err := x.WriteEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, pe.GetLeafHash()); err != nil {
-					return fmt.Errorf("%w: %w", ErrProtocol, err)
-				}
-			}
+		opts = append(opts, audit.WithLeafHashes(leaves))
+	}
+	x, err := audit.NewExportWriter(w, pub, [][]byte{cp.Note}, cp.Size, opts...)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	err = streamEntries(ctx, c, cp.Size, func(pe *pb.AuditEntry) error {
+		if err := x.WriteEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, pe.GetLeafHash()); err != nil {
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := x.Close(); err != nil {
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
@@ -402,32 +434,90 @@ func exportServer(ctx context.Context, w io.Writer, c apiv1.AuditServiceClient) 
 	return nil
 }
 
-type auditVerifyFlags struct {
-	jwks        string
-	verifierKey string
-	trusted     []string
-	uncovered   bool
+// streamEntries calls f for each of the first n entries the server sends.
+func streamEntries(ctx context.Context, c apiv1.AuditServiceClient, n uint64, f func(*pb.AuditEntry) error) error {
+	if n == 0 { // an end_index of 0 would mean the current size
+		return nil
+	}
+	st, err := c.ExportEntries(ctx, &pb.ExportEntriesRequest{StartIndex: 0, EndIndex: n})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, pe := range msg.GetEntries() {
+			if err := f(pe); err != nil {
+				return err
+			}
+		}
+	}
 }
+
+type auditVerifyFlags struct {
+	jwks          string
+	verifierKey   string
+	pin           string
+	dataDir       string
+	trusted       []string
+	witnesses     []string
+	witnessMaxAge time.Duration
+	uncovered     bool
+}
+
+// defaultWitnessMaxAge is how stale a witness cosignature may be by
+// default: witnesses poll every few seconds, so an hour of silence means a
+// log rolled back and frozen, or a witness that stopped.
+const defaultWitnessMaxAge = time.Hour
 
 func newAuditVerifyCommand(_ *app) *cobra.Command {
 	var f auditVerifyFlags
 	cmd := &cobra.Command{
-		Use:   "verify EXPORT [--jwks FILE] [--verifier-key KEY] [--trusted-checkpoint FILE]...",
-		Short: "Verify an audit export offline",
-		Long: "verify checks an export without trusting the server: every entry's signature, index and\n" +
+		Use:   "verify (EXPORT | --data-dir DIR) [--pin FILE | --jwks FILE --verifier-key KEY] [--witness KEY]... [--trusted-checkpoint FILE]...",
+		Short: "Verify an audit export, or a server's data directory, offline",
+		Long: "verify checks the log without trusting the server: every entry's signature, index and\n" +
 			"canonical form, the Merkle tree against every checkpoint, the checkpoints' signatures and\n" +
-			"growth, and any proofs. Pin the keys published for the log with --jwks and --verifier-key;\n" +
-			"without them the export's own keys are used and only reported. --trusted-checkpoint adds a\n" +
-			"checkpoint kept earlier (from audit checkpoint or a witness): the export must still hold\n" +
-			"that tree. On failure it names the first bad entry and exits non-zero. EXPORT - reads\n" +
+			"growth, any proofs, and that every committed round has all its events. Pin the log's keys\n" +
+			"with --pin (a file from audit keys, checked with the operator over a second channel) or\n" +
+			"--jwks and --verifier-key; without them the export's own keys are used and only reported.\n" +
+			"--witness requires the latest checkpoint to carry a fresh cosignature of that witness,\n" +
+			"which catches a log rolled back or showing another history without any old checkpoint of\n" +
+			"yours; --trusted-checkpoint adds a checkpoint kept earlier. --data-dir verifies a stopped\n" +
+			"server's directory in place and checks the query index too, which an export does not\n" +
+			"carry. On failure it names the first bad entry and exits non-zero. EXPORT - reads\n" +
 			"standard input.",
-		Example: `  fleetlearn audit verify audit.jsonl --jwks audit-keys.jwks \
-    --verifier-key 'fleetlearn/audit+1a2b3c4d+AbC...' --trusted-checkpoint last-week.checkpoint`,
-		Args: cobra.ExactArgs(1),
+		Example: `  fleetlearn audit keys > audit.pin        # once; compare the fingerprints with the operator
+  fleetlearn audit verify audit.jsonl --pin audit.pin --witness 'witness.example.org+5b1d0c2e+BMw...'
+  fleetlearn audit verify --data-dir /var/lib/fleetlearn --pin audit.pin`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case f.dataDir != "" && len(args) > 0:
+				return fmt.Errorf("%w: give an EXPORT file or --data-dir, not both", ErrUsage)
+			case f.dataDir == "" && len(args) != 1:
+				return fmt.Errorf("%w: verify needs an EXPORT file (from audit export) or --data-dir DIR", ErrUsage)
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := f.options()
 			if err != nil {
 				return err
+			}
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			if f.dataDir != "" {
+				rep, err := audit.VerifyDataDir(ctx, f.dataDir, opts...)
+				if err != nil {
+					return fmt.Errorf("the audit log in %s does not verify: %w", f.dataDir, err)
+				}
+				return printReport(cmd.OutOrStdout(), rep, f)
 			}
 			in, name := cmd.InOrStdin(), "standard input"
 			if args[0] != "-" {
@@ -446,16 +536,37 @@ func newAuditVerifyCommand(_ *app) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
+	fl.StringVar(&f.pin, "pin", "", "file with the log's public keys and witnesses, as audit keys prints them")
 	fl.StringVar(&f.jwks, "jwks", "", "file with the published entry key (a JWKS with one Ed25519 key)")
 	fl.StringVar(&f.verifierKey, "verifier-key", "", "the published checkpoint verifier key")
+	fl.StringVar(&f.dataDir, "data-dir", "", "verify a stopped server's data directory (read-only) instead of an export")
+	fl.StringArrayVar(&f.witnesses, "witness", nil, "verifier key of a witness whose cosignature the latest checkpoint must carry; repeatable")
+	fl.DurationVar(&f.witnessMaxAge, "witness-max-age", defaultWitnessMaxAge,
+		"oldest witness cosignature accepted (0: any age, which no longer rules out a log rolled back and frozen)")
 	fl.StringArrayVar(&f.trusted, "trusted-checkpoint", nil, "file with a checkpoint note kept earlier; repeatable")
 	fl.BoolVar(&f.uncovered, "allow-uncovered", false,
-		"accept entries after the latest checkpoint, as a server killed before its next checkpoint leaves them")
+		"accept entries after the latest checkpoint, as a server killed before its next checkpoint leaves them;\n"+
+			"nothing signed vouches for those, so their removal or change cannot be detected")
 	return cmd
 }
 
 func (f *auditVerifyFlags) options() ([]audit.VerifyOption, error) {
 	var opts []audit.VerifyOption
+	if f.pin != "" {
+		if f.jwks != "" || f.verifierKey != "" {
+			return nil, fmt.Errorf("%w: --pin already names the keys; drop --jwks and --verifier-key", ErrUsage)
+		}
+		b, err := readSmallFile(f.pin, maxPinFile)
+		if err != nil {
+			return nil, err
+		}
+		p, err := audit.ParsePin(b)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --pin %s: %w", ErrInput, f.pin, err)
+		}
+		opts = append(opts, audit.WithPin(p))
+		f.witnesses = append(f.witnesses, p.Witnesses...)
+	}
 	if f.jwks != "" {
 		b, err := readSmallFile(f.jwks, maxJWKSFile)
 		if err != nil {
@@ -482,6 +593,16 @@ func (f *auditVerifyFlags) options() ([]audit.VerifyOption, error) {
 		}
 		opts = append(opts, audit.WithTrustedCheckpoint(b))
 	}
+	for _, w := range f.witnesses {
+		if err := audit.CheckWitnessKey(w); err != nil {
+			return nil, fmt.Errorf("%w: --witness %q: %w", ErrUsage, w, err)
+		}
+		opts = append(opts, audit.WithWitness(w))
+	}
+	if f.witnessMaxAge < 0 {
+		return nil, fmt.Errorf("%w: --witness-max-age %s is negative", ErrUsage, f.witnessMaxAge)
+	}
+	opts = append(opts, audit.WithWitnessMaxAge(f.witnessMaxAge, time.Now))
 	if f.uncovered {
 		opts = append(opts, audit.WithUncoveredTail())
 	}
@@ -506,7 +627,11 @@ func readSmallFile(path string, limit int64) ([]byte, error) {
 
 func printReport(w io.Writer, rep audit.Report, f auditVerifyFlags) error {
 	tab := newTable(w)
-	tab.row("verified:", "export of "+rep.Origin)
+	what := "export of " + rep.Origin
+	if f.dataDir != "" {
+		what = "data directory " + f.dataDir + " (" + rep.Origin + ")"
+	}
+	tab.row("verified:", what)
 	times := "-"
 	if rep.Entries > 0 {
 		times = rep.First.UTC().Format(time.RFC3339) + " to " + rep.Last.UTC().Format(time.RFC3339)
@@ -518,23 +643,64 @@ func printReport(w io.Writer, rep audit.Report, f auditVerifyFlags) error {
 		tab.row("trusted:", fmt.Sprintf("%d checkpoints matched", rep.Trusted))
 	}
 	tab.row("proofs:", fmt.Sprintf("%d checked", rep.Proofs))
+	for _, c := range rep.Witnessed {
+		tab.row("witness:", fmt.Sprintf("%s cosigned size %d at %s", c.Witness, c.Size, c.Time.UTC().Format(time.RFC3339)))
+	}
+	if len(rep.Witnessed) == 0 {
+		tab.row("witness:", "none required: a rollback to an earlier checkpoint would pass (use --witness or --trusted-checkpoint)")
+	}
 	if f.uncovered {
 		tab.row("uncovered:", fmt.Sprintf("%d entries after the latest checkpoint", rep.Uncovered))
 	}
 	entryKey, vkey := "from the export: compare with the published key", "from the export: compare with the published key"
-	if f.jwks != "" {
+	if f.jwks != "" || f.pin != "" {
 		entryKey = "pinned"
 	}
-	if f.verifierKey != "" {
+	if f.verifierKey != "" || f.pin != "" {
 		vkey = "pinned"
 	}
 	tab.row("entry key:", rep.EntryKeyID+" ("+entryKey+")")
 	tab.row("verifier key:", rep.VerifierKey+" ("+vkey+")")
+	index := "not in an export; verify the server's data directory with --data-dir to check it"
+	if rep.IndexChecked {
+		index = "every row matches its signed entry"
+	}
+	tab.row("query index:", index)
+	tab.row("rounds:", roundSummary(rep))
 	types := make([]string, 0, len(rep.Types))
 	for t, n := range rep.Types {
 		types = append(types, fmt.Sprintf("%s=%d", t, n))
 	}
 	slices.Sort(types)
 	tab.row("events:", orDash(strings.Join(types, " ")))
-	return tab.flush()
+	if err := tab.flush(); err != nil {
+		return err
+	}
+	if rep.Uncovered > 0 {
+		fmt.Fprintf(w, "WARNING: %d entries from %d on are after the latest checkpoint: nothing signed vouches for them, so entries\n"+
+			"removed from or changed in that tail cannot be detected. Restart the server (it signs a checkpoint on start)\n"+
+			"and export again to have them covered.\n", rep.Uncovered, rep.Checkpoint.Size)
+	}
+	return nil
+}
+
+// roundSummary says how many committed rounds the completeness check
+// covered, per task.
+func roundSummary(rep audit.Report) string {
+	per := map[string]int{}
+	var tasks []string
+	for _, r := range rep.Rounds {
+		if per[r.Task] == 0 {
+			tasks = append(tasks, r.Task)
+		}
+		per[r.Task]++
+	}
+	parts := []string{fmt.Sprintf("%d committed, each with all its events", len(rep.Rounds))}
+	for _, t := range tasks {
+		parts = append(parts, fmt.Sprintf("%s: %d", t, per[t]))
+	}
+	if n := len(rep.UncheckedTasks); n > 0 {
+		parts = append(parts, fmt.Sprintf("not checked (created before this log began): %s", strings.Join(rep.UncheckedTasks, " ")))
+	}
+	return strings.Join(parts, "; ")
 }

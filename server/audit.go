@@ -18,7 +18,7 @@ const CheckpointInterval = time.Second
 // keys on first start.
 func (s *Server) openAudit(ctx context.Context) error {
 	lg, err := audit.Open(ctx, s.cfg.DataDir, audit.WithOrigin(s.cfg.AuditOrigin), audit.WithClock(s.o.now),
-		audit.WithLogger(s.o.log.With("component", "audit")))
+		audit.WithLogger(s.o.log.With("component", "audit")), audit.WithWitnesses(s.cfg.AuditWitnesses...))
 	if err != nil {
 		return fmt.Errorf("server: audit log: %w", err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
 // Files and directories the server keeps its credentials in, under DataDir.
@@ -216,7 +217,7 @@ func (s *Server) loadAdminToken() error {
 // newGRPCServer builds the API server: TLS unless Config.GRPCInsecure,
 // bearer-token authentication, the audit interceptor, then the role policy,
 // so that refused calls by known callers are recorded under their names.
-func (s *Server) newGRPCServer(bl *blobs.Store) (*grpc.Server, error) {
+func (s *Server) newGRPCServer(bl *blobs.Store, m *metrics.M) (*grpc.Server, error) {
 	az, err := authz.New(s.apiVerifier, identity.DefaultPolicy())
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -233,7 +234,8 @@ func (s *Server) newGRPCServer(bl *blobs.Store) (*grpc.Server, error) {
 	}
 	srv := grpc.NewServer(opts...)
 	api.Register(srv, &service{s: s, blobs: bl}, api.WithLogger(log), api.WithAudit(s.audit),
-		api.WithDevices(&devices{s: s}))
+		api.WithDevices(&devices{s: s}),
+		api.WithCosignatureCounter(func(result string) { m.Cosignatures.WithLabelValues(result).Inc() }))
 	return srv, nil
 }
 

@@ -61,6 +61,12 @@ type Config struct {
 	// the deployment, such as "fleetlearn.example.com/audit". An existing
 	// log keeps the origin it was created with.
 	AuditOrigin string
+	// AuditWitnesses are the verifier keys of the witnesses whose
+	// cosignatures of the audit log's checkpoints the server accepts
+	// (AuditService.AddCosignature) and serves with them (GetCheckpoint):
+	// "<name>+<hex key id>+<base64 of 0x04 and the Ed25519 public key>", as
+	// fleetlearn audit witness init prints them. Empty accepts none.
+	AuditWitnesses []string
 
 	// Fleet is the fleet devices enroll into (default DefaultFleet).
 	Fleet string
@@ -277,7 +283,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: grpc listen: %w", err)
 	}
-	if s.grpc, err = s.newGRPCServer(bl); err != nil {
+	if s.grpc, err = s.newGRPCServer(bl, m); err != nil {
 		return err
 	}
 	go s.grpc.Serve(s.grpcLn)

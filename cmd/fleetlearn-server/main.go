@@ -37,6 +37,8 @@ func main() {
 	flag.BoolVar(&cfg.NATSTLS, "nats-tls", false, "serve the embedded NATS server over TLS with the server's CA")
 	flag.BoolVar(&cfg.InsecureNATS, "insecure-nats", false, "run NATS without authorization: any client may use any subject, devices need no enrollment")
 	flag.StringVar(&cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin, `name of the audit log, first line of its checkpoints (e.g. "fleetlearn.example.com/audit")`)
+	flag.Func("audit-witness", "verifier key of a witness whose cosignatures of audit checkpoints to accept and serve (fleetlearn audit witness init prints it); repeatable",
+		func(v string) error { cfg.AuditWitnesses = append(cfg.AuditWitnesses, v); return nil })
 	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&cfg.Fleet, "fleet", server.DefaultFleet, "fleet that devices enroll into")
 	flag.BoolVar(&cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")

@@ -227,53 +227,22 @@ type Signature struct {
 // ErrMalformed for a note that breaks the format, ErrInvalidSignature if a
 // known key's signature is wrong, and ErrUnverified if no known key signed.
 func Open(msg []byte, known ...Verifier) (text []byte, sigs []Signature, err error) {
-	if len(msg) > MaxNoteSize {
-		return nil, nil, fmt.Errorf("note: %d bytes: %w", len(msg), ErrMalformed)
-	}
-	split := bytes.LastIndex(msg, []byte("\n\n"))
-	if split < 0 {
-		return nil, nil, fmt.Errorf("note: no signature block: %w", ErrMalformed)
-	}
-	text, block := msg[:split+1], msg[split+2:]
-	if err := checkText(text); err != nil {
-		return nil, nil, fmt.Errorf("note: %w", err)
-	}
-	if len(block) == 0 || block[len(block)-1] != '\n' {
-		return nil, nil, fmt.Errorf("note: signature block must be non-empty and end in a newline: %w", ErrMalformed)
-	}
-	if !utf8.Valid(block) {
-		return nil, nil, fmt.Errorf("note: signature block is not UTF-8: %w", ErrMalformed)
-	}
-	lines := strings.Split(string(block[:len(block)-1]), "\n")
-	const maxSigs = 100
-	if len(lines) > maxSigs {
-		return nil, nil, fmt.Errorf("note: %d signatures: %w", len(lines), ErrMalformed)
+	text, lines, err := split(msg)
+	if err != nil {
+		return nil, nil, err
 	}
 	var bad []string
 	for _, line := range lines {
-		rest, ok := strings.CutPrefix(line, "— ")
-		if !ok {
-			return nil, nil, fmt.Errorf("note: signature line %q: %w", line, ErrMalformed)
-		}
-		name, b64, ok := strings.Cut(rest, " ")
-		if !ok || !validName(name) {
-			return nil, nil, fmt.Errorf("note: signature line %q: %w", line, ErrMalformed)
-		}
-		raw, err := base64.StdEncoding.Strict().DecodeString(b64)
-		if err != nil || len(raw) < 5 {
-			return nil, nil, fmt.Errorf("note: signature line %q: %w", line, ErrMalformed)
-		}
-		id := binary.BigEndian.Uint32(raw)
 		for _, v := range known {
-			if v.name != name || v.id != id {
+			if v.name != line.name || v.id != line.id {
 				continue
 			}
-			if len(raw[4:]) == ed25519.SignatureSize && ed25519.Verify(v.pub, text, raw[4:]) {
-				if !contains(sigs, name, id) {
-					sigs = append(sigs, Signature{Name: name, KeyID: id})
+			if len(line.sig) == ed25519.SignatureSize && ed25519.Verify(v.pub, text, line.sig) {
+				if !contains(sigs, line.name, line.id) {
+					sigs = append(sigs, Signature{Name: line.name, KeyID: line.id})
 				}
 			} else {
-				bad = append(bad, name)
+				bad = append(bad, line.name)
 			}
 		}
 	}
@@ -284,6 +253,73 @@ func Open(msg []byte, known ...Verifier) (text []byte, sigs []Signature, err err
 		return nil, nil, fmt.Errorf("note: %w", ErrUnverified)
 	}
 	return text, sigs, nil
+}
+
+// maxSigs bounds the signature lines of a note.
+const maxSigs = 100
+
+// short cuts a line quoted in an error to a readable length.
+func short(line string) string {
+	const n = 80
+	if len(line) <= n {
+		return line
+	}
+	for i := n; i > 0; i-- {
+		if utf8.RuneStart(line[i]) {
+			return line[:i] + "..."
+		}
+	}
+	return "..."
+}
+
+// sigLine is one parsed signature line: "— <name> base64(<id> || <sig>)".
+type sigLine struct {
+	name string
+	id   uint32
+	sig  []byte // what follows the key id
+}
+
+// split checks a note's format and splits it into its text (up to and
+// including the newline before the blank line) and its signature lines.
+func split(msg []byte) (text []byte, lines []sigLine, err error) {
+	if len(msg) > MaxNoteSize {
+		return nil, nil, fmt.Errorf("note: %d bytes: %w", len(msg), ErrMalformed)
+	}
+	at := bytes.LastIndex(msg, []byte("\n\n"))
+	if at < 0 {
+		return nil, nil, fmt.Errorf("note: no signature block: %w", ErrMalformed)
+	}
+	text, block := msg[:at+1], msg[at+2:]
+	if err := checkText(text); err != nil {
+		return nil, nil, fmt.Errorf("note: %w", err)
+	}
+	if len(block) == 0 || block[len(block)-1] != '\n' {
+		return nil, nil, fmt.Errorf("note: signature block must be non-empty and end in a newline: %w", ErrMalformed)
+	}
+	if !utf8.Valid(block) {
+		return nil, nil, fmt.Errorf("note: signature block is not UTF-8: %w", ErrMalformed)
+	}
+	raw := strings.Split(string(block[:len(block)-1]), "\n")
+	if len(raw) > maxSigs {
+		return nil, nil, fmt.Errorf("note: %d signatures: %w", len(raw), ErrMalformed)
+	}
+	lines = make([]sigLine, 0, len(raw))
+	for _, line := range raw {
+		rest, ok := strings.CutPrefix(line, "— ")
+		if !ok {
+			return nil, nil, fmt.Errorf("note: signature line %q: %w", short(line), ErrMalformed)
+		}
+		name, b64, ok := strings.Cut(rest, " ")
+		if !ok || !validName(name) {
+			return nil, nil, fmt.Errorf("note: signature line %q: %w", short(line), ErrMalformed)
+		}
+		sig, err := base64.StdEncoding.Strict().DecodeString(b64)
+		if err != nil || len(sig) < 5 {
+			return nil, nil, fmt.Errorf("note: signature line %q: %w", short(line), ErrMalformed)
+		}
+		lines = append(lines, sigLine{name: name, id: binary.BigEndian.Uint32(sig), sig: sig[4:]})
+	}
+	return text, lines, nil
 }
 
 func contains(sigs []Signature, name string, id uint32) bool {

@@ -93,7 +93,14 @@ type Checkpoint struct {
 	// C2SP signed note: a body with the log origin, the tree size and the
 	// base64 root hash on separate lines, then a blank line and one or more
 	// signature lines. Clients must verify a signature before trusting it.
-	Note          []byte `protobuf:"bytes,1,opt,name=note,proto3" json:"note,omitempty"`
+	// This is the note exactly as the log signed it, without cosignatures.
+	Note []byte `protobuf:"bytes,1,opt,name=note,proto3" json:"note,omitempty"`
+	// The same note with every cosignature the server holds for it appended
+	// to its signature block (c2sp.org/tlog-cosignature, cosignature/v1
+	// lines from the witnesses the server accepts); equal to note while no
+	// witness has cosigned it. Verifiers that know no witness ignore the
+	// extra lines.
+	CosignedNote  []byte `protobuf:"bytes,2,opt,name=cosigned_note,json=cosignedNote,proto3" json:"cosigned_note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +138,13 @@ func (*Checkpoint) Descriptor() ([]byte, []int) {
 func (x *Checkpoint) GetNote() []byte {
 	if x != nil {
 		return x.Note
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetCosignedNote() []byte {
+	if x != nil {
+		return x.CosignedNote
 	}
 	return nil
 }
@@ -369,10 +383,11 @@ const file_fleetlearn_v1_audit_proto_rawDesc = "" +
 	"AuditEntry\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x10\n" +
 	"\x03jws\x18\x02 \x01(\fR\x03jws\x12\x1b\n" +
-	"\tleaf_hash\x18\x03 \x01(\fR\bleafHash\" \n" +
+	"\tleaf_hash\x18\x03 \x01(\fR\bleafHash\"E\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
-	"\x04note\x18\x01 \x01(\fR\x04note\"d\n" +
+	"\x04note\x18\x01 \x01(\fR\x04note\x12#\n" +
+	"\rcosigned_note\x18\x02 \x01(\fR\fcosignedNote\"d\n" +
 	"\x0eInclusionProof\x12\x1d\n" +
 	"\n" +
 	"leaf_index\x18\x01 \x01(\x04R\tleafIndex\x12\x1b\n" +

@@ -13,6 +13,7 @@ package fleetlearnv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -592,8 +593,11 @@ type GetPublicKeysResponse struct {
 	// The checkpoint key as a note verifier key,
 	// "<origin>+<hex key id>+<base64 of 0x01 and the Ed25519 public key>".
 	CheckpointVerifierKey string `protobuf:"bytes,4,opt,name=checkpoint_verifier_key,json=checkpointVerifierKey,proto3" json:"checkpoint_verifier_key,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The verifier keys of the witnesses whose cosignatures the server
+	// accepts and serves (c2sp.org/tlog-cosignature, cosignature/v1).
+	WitnessVerifierKeys []string `protobuf:"bytes,5,rep,name=witness_verifier_keys,json=witnessVerifierKeys,proto3" json:"witness_verifier_keys,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GetPublicKeysResponse) Reset() {
@@ -654,11 +658,136 @@ func (x *GetPublicKeysResponse) GetCheckpointVerifierKey() string {
 	return ""
 }
 
+func (x *GetPublicKeysResponse) GetWitnessVerifierKeys() []string {
+	if x != nil {
+		return x.WitnessVerifierKeys
+	}
+	return nil
+}
+
+// AddCosignatureRequest is the input of AuditService.AddCosignature.
+type AddCosignatureRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A checkpoint note the log signed, with the witness's cosignature line
+	// (c2sp.org/tlog-cosignature, cosignature/v1) in its signature block; at
+	// most 1 MiB.
+	Note          []byte `protobuf:"bytes,1,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddCosignatureRequest) Reset() {
+	*x = AddCosignatureRequest{}
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddCosignatureRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddCosignatureRequest) ProtoMessage() {}
+
+func (x *AddCosignatureRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddCosignatureRequest.ProtoReflect.Descriptor instead.
+func (*AddCosignatureRequest) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_audit_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AddCosignatureRequest) GetNote() []byte {
+	if x != nil {
+		return x.Note
+	}
+	return nil
+}
+
+// AddCosignatureResponse is the output of AuditService.AddCosignature. The
+// call fails with INVALID_ARGUMENT for a malformed note or a signature that
+// does not verify, PERMISSION_DENIED when no witness the server accepts
+// cosigned it, and FAILED_PRECONDITION for a checkpoint the log never
+// issued.
+type AddCosignatureResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The witness's verifier key, "<name>+<hex key id>+<base64 of 0x04 and
+	// the Ed25519 public key>".
+	Witness string `protobuf:"bytes,1,opt,name=witness,proto3" json:"witness,omitempty"`
+	// Tree size of the cosigned checkpoint.
+	TreeSize uint64 `protobuf:"varint,2,opt,name=tree_size,json=treeSize,proto3" json:"tree_size,omitempty"`
+	// When the witness cosigned it, as the witness's clock read (whole
+	// seconds).
+	Time          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddCosignatureResponse) Reset() {
+	*x = AddCosignatureResponse{}
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddCosignatureResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddCosignatureResponse) ProtoMessage() {}
+
+func (x *AddCosignatureResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_audit_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddCosignatureResponse.ProtoReflect.Descriptor instead.
+func (*AddCosignatureResponse) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_audit_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AddCosignatureResponse) GetWitness() string {
+	if x != nil {
+		return x.Witness
+	}
+	return ""
+}
+
+func (x *AddCosignatureResponse) GetTreeSize() uint64 {
+	if x != nil {
+		return x.TreeSize
+	}
+	return 0
+}
+
+func (x *AddCosignatureResponse) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
 var File_fleetlearn_v1_audit_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_audit_service_proto_rawDesc = "" +
 	"\n" +
-	"!fleetlearn/v1/audit_service.proto\x12\rfleetlearn.v1\x1a\x19fleetlearn/v1/audit.proto\"\x85\x01\n" +
+	"!fleetlearn/v1/audit_service.proto\x12\rfleetlearn.v1\x1a\x19fleetlearn/v1/audit.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x01\n" +
 	"\x13QueryEntriesRequest\x122\n" +
 	"\x06filter\x18\x01 \x01(\v2\x1a.fleetlearn.v1.AuditFilterR\x06filter\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -689,14 +818,21 @@ const file_fleetlearn_v1_audit_service_proto_rawDesc = "" +
 	"\tend_index\x18\x02 \x01(\x04R\bendIndex\"L\n" +
 	"\x15ExportEntriesResponse\x123\n" +
 	"\aentries\x18\x01 \x03(\v2\x19.fleetlearn.v1.AuditEntryR\aentries\"\x16\n" +
-	"\x14GetPublicKeysRequest\"\xa8\x01\n" +
+	"\x14GetPublicKeysRequest\"\xdc\x01\n" +
 	"\x15GetPublicKeysResponse\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x1d\n" +
 	"\n" +
 	"entry_jwks\x18\x02 \x01(\fR\tentryJwks\x12 \n" +
 	"\fentry_key_id\x18\x03 \x01(\tR\n" +
 	"entryKeyId\x126\n" +
-	"\x17checkpoint_verifier_key\x18\x04 \x01(\tR\x15checkpointVerifierKeyBCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\x17checkpoint_verifier_key\x18\x04 \x01(\tR\x15checkpointVerifierKey\x122\n" +
+	"\x15witness_verifier_keys\x18\x05 \x03(\tR\x13witnessVerifierKeys\"+\n" +
+	"\x15AddCosignatureRequest\x12\x12\n" +
+	"\x04note\x18\x01 \x01(\fR\x04note\"\x7f\n" +
+	"\x16AddCosignatureResponse\x12\x18\n" +
+	"\awitness\x18\x01 \x01(\tR\awitness\x12\x1b\n" +
+	"\ttree_size\x18\x02 \x01(\x04R\btreeSize\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04timeBCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_audit_service_proto_rawDescOnce sync.Once
@@ -710,7 +846,7 @@ func file_fleetlearn_v1_audit_service_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_audit_service_proto_rawDescData
 }
 
-var file_fleetlearn_v1_audit_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_fleetlearn_v1_audit_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_fleetlearn_v1_audit_service_proto_goTypes = []any{
 	(*QueryEntriesRequest)(nil),         // 0: fleetlearn.v1.QueryEntriesRequest
 	(*QueryEntriesResponse)(nil),        // 1: fleetlearn.v1.QueryEntriesResponse
@@ -724,24 +860,28 @@ var file_fleetlearn_v1_audit_service_proto_goTypes = []any{
 	(*ExportEntriesResponse)(nil),       // 9: fleetlearn.v1.ExportEntriesResponse
 	(*GetPublicKeysRequest)(nil),        // 10: fleetlearn.v1.GetPublicKeysRequest
 	(*GetPublicKeysResponse)(nil),       // 11: fleetlearn.v1.GetPublicKeysResponse
-	(*AuditFilter)(nil),                 // 12: fleetlearn.v1.AuditFilter
-	(*AuditEntry)(nil),                  // 13: fleetlearn.v1.AuditEntry
-	(*Checkpoint)(nil),                  // 14: fleetlearn.v1.Checkpoint
-	(*InclusionProof)(nil),              // 15: fleetlearn.v1.InclusionProof
-	(*ConsistencyProof)(nil),            // 16: fleetlearn.v1.ConsistencyProof
+	(*AddCosignatureRequest)(nil),       // 12: fleetlearn.v1.AddCosignatureRequest
+	(*AddCosignatureResponse)(nil),      // 13: fleetlearn.v1.AddCosignatureResponse
+	(*AuditFilter)(nil),                 // 14: fleetlearn.v1.AuditFilter
+	(*AuditEntry)(nil),                  // 15: fleetlearn.v1.AuditEntry
+	(*Checkpoint)(nil),                  // 16: fleetlearn.v1.Checkpoint
+	(*InclusionProof)(nil),              // 17: fleetlearn.v1.InclusionProof
+	(*ConsistencyProof)(nil),            // 18: fleetlearn.v1.ConsistencyProof
+	(*timestamppb.Timestamp)(nil),       // 19: google.protobuf.Timestamp
 }
 var file_fleetlearn_v1_audit_service_proto_depIdxs = []int32{
-	12, // 0: fleetlearn.v1.QueryEntriesRequest.filter:type_name -> fleetlearn.v1.AuditFilter
-	13, // 1: fleetlearn.v1.QueryEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
-	14, // 2: fleetlearn.v1.GetCheckpointResponse.checkpoint:type_name -> fleetlearn.v1.Checkpoint
-	15, // 3: fleetlearn.v1.GetInclusionProofResponse.proof:type_name -> fleetlearn.v1.InclusionProof
-	16, // 4: fleetlearn.v1.GetConsistencyProofResponse.proof:type_name -> fleetlearn.v1.ConsistencyProof
-	13, // 5: fleetlearn.v1.ExportEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	14, // 0: fleetlearn.v1.QueryEntriesRequest.filter:type_name -> fleetlearn.v1.AuditFilter
+	15, // 1: fleetlearn.v1.QueryEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
+	16, // 2: fleetlearn.v1.GetCheckpointResponse.checkpoint:type_name -> fleetlearn.v1.Checkpoint
+	17, // 3: fleetlearn.v1.GetInclusionProofResponse.proof:type_name -> fleetlearn.v1.InclusionProof
+	18, // 4: fleetlearn.v1.GetConsistencyProofResponse.proof:type_name -> fleetlearn.v1.ConsistencyProof
+	15, // 5: fleetlearn.v1.ExportEntriesResponse.entries:type_name -> fleetlearn.v1.AuditEntry
+	19, // 6: fleetlearn.v1.AddCosignatureResponse.time:type_name -> google.protobuf.Timestamp
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_audit_service_proto_init() }
@@ -756,7 +896,7 @@ func file_fleetlearn_v1_audit_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_audit_service_proto_rawDesc), len(file_fleetlearn_v1_audit_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -34,6 +34,7 @@ type config struct {
 	health         *health.Server
 	audit          *audit.Log
 	devices        backend.Devices
+	cosignatures   func(result string) // WithCosignatureCounter
 }
 
 func newConfig(opts []Option) config {

@@ -24,14 +24,16 @@ const (
 	ExportChunkBytes   = 1 << 20
 )
 
-// WithAudit serves AuditService, read-only, over lg. Without it the service
-// is not registered and clients get UNIMPLEMENTED.
+// WithAudit serves AuditService over lg: reads, and the witnesses'
+// cosignatures (AddCosignature). Without it the service is not registered
+// and clients get UNIMPLEMENTED.
 func WithAudit(lg *audit.Log) Option {
 	return func(c *config) { c.audit = lg }
 }
 
-// auditServer implements AuditService over an audit log. It only reads;
-// entries are recorded by the server's components and by AuditInterceptor.
+// auditServer implements AuditService over an audit log. It only reads
+// and stores cosignatures; entries are recorded by the server's components
+// and by AuditInterceptor.
 type auditServer struct {
 	apiv1.UnimplementedAuditServiceServer
 	service *service
@@ -68,7 +70,67 @@ func (s *auditServer) GetCheckpoint(ctx context.Context, _ *pb.GetCheckpointRequ
 	if err != nil {
 		return nil, s.status(ctx, op, err)
 	}
-	return &pb.GetCheckpointResponse{Checkpoint: &pb.Checkpoint{Note: cp.Note}}, nil
+	cosigned, err := s.lg.CosignedNote(ctx, cp)
+	if err != nil {
+		return nil, s.status(ctx, op, err)
+	}
+	return &pb.GetCheckpointResponse{Checkpoint: &pb.Checkpoint{Note: cp.Note, CosignedNote: cosigned}}, nil
+}
+
+// Results of AddCosignature, the label of the cosignature counter.
+const (
+	CosignatureAccepted       = "accepted"
+	CosignatureInvalid        = "invalid"
+	CosignatureUnknownWitness = "unknown_witness"
+	CosignatureNotIssued      = "not_issued"
+	CosignatureError          = "error"
+)
+
+// WithCosignatureCounter has AddCosignature call count with the result of
+// every call (one of the Cosignature* constants), for a metric.
+func WithCosignatureCounter(count func(result string)) Option {
+	return func(c *config) { c.cosignatures = count }
+}
+
+// AddCosignature stores a witness's cosignature of one of the log's
+// checkpoints. It is public (the witness's signature is the credential)
+// and records nothing in the log: cosignatures are not events.
+func (s *auditServer) AddCosignature(ctx context.Context, req *pb.AddCosignatureRequest) (*pb.AddCosignatureResponse, error) {
+	const op = "add audit cosignature"
+	res, result, err := s.addCosignature(ctx, op, req.GetNote())
+	if count := s.service.cfg.cosignatures; count != nil {
+		count(result)
+	}
+	log := s.service.cfg.log
+	if err != nil {
+		log.DebugContext(ctx, "audit cosignature refused", "result", result, "err", err)
+		return nil, err
+	}
+	log.DebugContext(ctx, "audit cosignature", "witness", res.GetWitness(), "size", res.GetTreeSize(), "time", res.GetTime().AsTime())
+	return res, nil
+}
+
+func (s *auditServer) addCosignature(ctx context.Context, op string, note []byte) (*pb.AddCosignatureResponse, string, error) {
+	switch {
+	case len(note) == 0:
+		return nil, CosignatureInvalid, invalid(op, "note is required: a checkpoint note of this log with the witness's cosignature line")
+	case len(note) > audit.MaxNoteBytes:
+		return nil, CosignatureInvalid, invalid(op, fmt.Sprintf("note of %d bytes is longer than %d", len(note), audit.MaxNoteBytes))
+	}
+	cs, err := s.lg.AddCosignature(ctx, note)
+	switch {
+	case err == nil:
+		return &pb.AddCosignatureResponse{Witness: cs.Witness, TreeSize: cs.Size, Time: timestamppb.New(cs.Time)}, CosignatureAccepted, nil
+	case errors.Is(err, audit.ErrUnknownWitness):
+		return nil, CosignatureUnknownWitness, status.Error(codes.PermissionDenied,
+			op+": this server does not accept the witness (fleetlearn-server --audit-witness names those it does): "+err.Error())
+	case errors.Is(err, audit.ErrNotFound):
+		return nil, CosignatureNotIssued, status.Error(codes.FailedPrecondition,
+			op+": the log never issued this checkpoint: "+err.Error())
+	case errors.Is(err, audit.ErrBadCheckpoint), errors.Is(err, audit.ErrBadCosignature), errors.Is(err, audit.ErrTooLarge):
+		return nil, CosignatureInvalid, invalid(op, err.Error())
+	}
+	return nil, CosignatureError, s.status(ctx, op, err)
 }
 
 func (s *auditServer) GetInclusionProof(ctx context.Context, req *pb.GetInclusionProofRequest) (*pb.GetInclusionProofResponse, error) {
@@ -152,7 +214,7 @@ func (s *auditServer) GetPublicKeys(ctx context.Context, _ *pb.GetPublicKeysRequ
 		return nil, s.status(ctx, op, err)
 	}
 	return &pb.GetPublicKeysResponse{Origin: pub.Origin, EntryJwks: jwks, EntryKeyId: pub.EntryKeyID,
-		CheckpointVerifierKey: pub.VerifierKey}, nil
+		CheckpointVerifierKey: pub.VerifierKey, WitnessVerifierKeys: s.lg.Witnesses()}, nil
 }
 
 func auditEntry(e audit.Entry) *pb.AuditEntry {

@@ -8,6 +8,10 @@
 // them); Authorize then applies the policy (PERMISSION_DENIED), so that a
 // refused call by a known operator is recorded under that operator's name.
 //
+// Besides the policy's public services, AuditService/AddCosignature needs
+// no token: a witness's signature authenticates it, checked by the handler.
+// Its request is bounded to one checkpoint note.
+//
 //	grpc.ChainUnaryInterceptor(az.AuthenticateUnary, audit.Unary, az.AuthorizeUnary)
 //	grpc.ChainStreamInterceptor(az.AuthenticateStream, audit.Stream, az.AuthorizeStream)
 package authz
@@ -21,9 +25,46 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/identity"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 )
+
+// publicMethods are the methods of otherwise token-protected services that
+// anyone may call, each with the most bytes its request may hold: the
+// request carries its own credential, which the handler checks.
+// AddCosignature is authenticated by the witness's signature over a
+// checkpoint the log signed, and the server accepts only the witnesses it
+// is configured with. A token presented to one is still checked.
+var publicMethods = map[string]int{
+	// One note and its field header.
+	apiv1.AuditService_AddCosignature_FullMethodName: audit.MaxNoteBytes + 16,
+}
+
+// public reports whether method may be called without a token.
+func (i *Interceptors) public(method string) bool {
+	_, ok := publicMethods[method]
+	return ok || i.policy.Public(method)
+}
+
+// checkSize refuses an oversized request to a public method before any
+// handler works on it.
+func checkSize(method string, req any) error {
+	limit, ok := publicMethods[method]
+	if !ok {
+		return nil
+	}
+	m, ok := req.(proto.Message)
+	if !ok {
+		return status.Error(codes.Internal, "authz: request is not a protocol buffer")
+	}
+	if n := proto.Size(m); n > limit {
+		return status.Errorf(codes.ResourceExhausted, "authz: request of %d bytes, at most %d for %s", n, limit, method)
+	}
+	return nil
+}
 
 // Verifier checks a bearer token; *identity.APIVerifier is one.
 type Verifier interface {
@@ -67,7 +108,7 @@ func (i *Interceptors) authenticate(ctx context.Context, method string) (context
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
-		if i.policy.Public(method) {
+		if i.public(method) {
 			return ctx, nil
 		}
 		return nil, status.Error(codes.Unauthenticated, "authz: missing bearer token")
@@ -107,11 +148,14 @@ func reason(err error) string {
 func (i *Interceptors) authorize(ctx context.Context, method string) error {
 	p, ok := Principal(ctx)
 	if !ok {
-		if i.policy.Public(method) {
+		if i.public(method) {
 			return nil
 		}
 		// Authenticate did not run before this interceptor: fail closed.
 		return status.Error(codes.Unauthenticated, "authz: caller not authenticated")
+	}
+	if _, public := publicMethods[method]; public {
+		return nil
 	}
 	if err := i.policy.Authorize(method, p); err != nil {
 		return status.Errorf(codes.PermissionDenied, "authz: %s may not call %s", p.Subject, method)
@@ -123,6 +167,9 @@ func (i *Interceptors) authorize(ctx context.Context, method string) error {
 func (i *Interceptors) AuthenticateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, err := i.authenticate(ctx, info.FullMethod)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkSize(info.FullMethod, req); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)

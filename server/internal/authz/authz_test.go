@@ -22,8 +22,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/identity"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
 )
 
@@ -60,11 +62,16 @@ var allowed = map[string][]identity.Role{
 	"AuditService/GetInclusionProof":   {"admin", "operator", "auditor"},
 	"AuditService/GetConsistencyProof": {"admin", "operator", "auditor"},
 	"AuditService/GetPublicKeys":       {"admin", "operator", "auditor"},
+	"AuditService/AddCosignature":      {"admin", "operator", "auditor", "pool-worker"}, // and anyone: public
 
 	"DeviceService/CreateEnrollmentToken": {"admin", "operator"},
 	"DeviceService/ListDevices":           {"admin", "operator", "auditor"},
 	"DeviceService/RevokeDevice":          {"admin", "operator"},
 }
+
+// public are the methods of those services that need no token (their
+// request carries its own credential); any valid token is accepted too.
+var public = []string{"AuditService/AddCosignature"}
 
 type method struct {
 	full                    string
@@ -265,12 +272,14 @@ func TestTableMatchesServicesAndPolicy(t *testing.T) {
 	for m := range allowed {
 		fromTable = append(fromTable, m)
 	}
-	var fromPolicy []string
+	// The public methods are authz's own, not the policy's.
+	fromPolicy := slices.Clone(public)
 	for _, r := range identity.DefaultPolicy().Rules() {
 		fromPolicy = append(fromPolicy, r.Method[len("/"+apiPackage):])
 	}
 	slices.Sort(fromDescs)
 	slices.Sort(fromTable)
+	slices.Sort(fromPolicy)
 	if !slices.Equal(fromDescs, fromTable) || !slices.Equal(fromDescs, fromPolicy) {
 		t.Fatalf("methods differ:\nservices %v\ntable    %v\npolicy   %v", fromDescs, fromTable, fromPolicy)
 	}
@@ -300,7 +309,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 	for _, m := range allMethods() {
 		for _, c := range callers {
-			ok := c.role != "" && slices.Contains(allowed[m.short], c.role)
+			ok := c.role != "" && slices.Contains(allowed[m.short], c.role) || c.name == "no token" && slices.Contains(public, m.short)
 			want := codes.OK
 			if !ok {
 				want = c.want
@@ -350,6 +359,42 @@ func TestEnrollmentIsPublic(t *testing.T) {
 	}
 	if reached := e.h.take(); len(reached) != 0 {
 		t.Fatalf("handler reached %v", reached)
+	}
+}
+
+// TestAddCosignatureIsPublic: a witness hands in cosignatures with no API
+// token (its signature is checked by the service), a bad token is still
+// refused, and the request is bounded to one note.
+func TestAddCosignatureIsPublic(t *testing.T) {
+	e := start(t, combined)
+	ctx := t.Context()
+	m := method{full: apiv1.AuditService_AddCosignature_FullMethodName, short: "AuditService/AddCosignature"}
+	if got := e.call(ctx, m, ""); got != codes.OK {
+		t.Fatalf("without a token: %v", got)
+	}
+	if reached := e.h.take(); len(reached) != 1 {
+		t.Fatalf("handler reached %v", reached)
+	}
+	if got := e.call(ctx, m, "Bearer "+mint(t, e.rogue, "x", identity.RoleAdmin)); got != codes.Unauthenticated {
+		t.Fatalf("with a bad token: %v", got)
+	}
+	// Its neighbours are not public.
+	if got := e.call(ctx, method{full: apiv1.AuditService_GetCheckpoint_FullMethodName}, ""); got != codes.Unauthenticated {
+		t.Fatalf("GetCheckpoint without a token: %v", got)
+	}
+	call := func(n int) codes.Code {
+		req := &pb.AddCosignatureRequest{Note: make([]byte, n)}
+		return status.Code(e.conn.Invoke(ctx, m.full, req, &emptypb.Empty{}))
+	}
+	if got := call(audit.MaxNoteBytes); got != codes.OK {
+		t.Fatalf("a note of the largest size: %v", got)
+	}
+	e.h.take()
+	if got := call(audit.MaxNoteBytes + 64); got != codes.ResourceExhausted {
+		t.Fatalf("an oversized note: %v", got)
+	}
+	if reached := e.h.take(); len(reached) != 0 {
+		t.Fatalf("an oversized request reached %v", reached)
 	}
 }
 
@@ -462,8 +507,12 @@ func TestAuthorizeAloneFailsClosed(t *testing.T) {
 	})
 	tok := "Bearer " + mint(t, e.admin, "alice", identity.RoleAdmin)
 	for _, m := range allMethods() {
-		if got := e.call(t.Context(), m, tok); got != codes.Unauthenticated {
-			t.Errorf("%s: %v", m.short, got)
+		want := codes.Unauthenticated
+		if slices.Contains(public, m.short) {
+			want = codes.OK // as if called without a token, which it may be
+		}
+		if got := e.call(t.Context(), m, tok); got != want {
+			t.Errorf("%s: %v, want %v", m.short, got, want)
 		}
 	}
 	if _, err := healthpb.NewHealthClient(e.conn).Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {

@@ -335,8 +335,11 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 		}
 	}
 	// Training metrics describe the base model as the devices trained it;
-	// evaluation rounds measure the base model itself.
-	if len(fed) > 0 {
+	// evaluation rounds measure the base model itself. An evaluation round
+	// and a server evaluation are recorded even when no metric survived
+	// the checks: the verifier holds every committed round to the
+	// evaluation its task asks for.
+	if len(fed) > 0 || row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
 		dataset := "federated:train"
 		if row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
 			dataset = "federated:evaluate"
@@ -344,7 +347,7 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 		evs = append(evs, audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: row.BaseModel, Dataset: dataset,
 			Samples: uint64(mm.examples), Metrics: fed})
 	}
-	if len(srv) > 0 {
+	if t.evalSet != nil && newRow != nil {
 		evs = append(evs, audit.ModelEvaluated{Task: t.id, Round: row.Round, Model: evaluated,
 			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv})
 	}

@@ -21,6 +21,9 @@ type M struct {
 	// PlanFailures counts devices' reports that they could not carry out a plan.
 	PlanFailures prometheus.Counter
 	Epsilon      *prometheus.GaugeVec // by task
+	// Cosignatures counts witnesses' AddCosignature calls, by result
+	// (accepted, invalid, unknown_witness, not_issued, error).
+	Cosignatures *prometheus.CounterVec
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
@@ -50,8 +53,10 @@ func New() *M {
 			Help: "Devices' reports that they could not carry out a round plan (recorded with the round)."}),
 		Epsilon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fleetlearn_dp_epsilon",
 			Help: "Differential privacy epsilon a task has spent, at its delta."}, []string{"task"}),
+		Cosignatures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_audit_cosignatures_total",
+			Help: "Witnesses' cosignatures of audit checkpoints handed in, by result (accepted, invalid, unknown_witness, not_issued, error)."}, []string{"result"}),
 	}
-	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.CommitFailures, m.PlanFailures, m.Epsilon,
+	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.CommitFailures, m.PlanFailures, m.Epsilon, m.Cosignatures,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

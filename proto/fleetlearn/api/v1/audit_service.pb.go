@@ -25,14 +25,15 @@ var File_fleetlearn_api_v1_audit_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_api_v1_audit_service_proto_rawDesc = "" +
 	"\n" +
-	"%fleetlearn/api/v1/audit_service.proto\x12\x11fleetlearn.api.v1\x1a!fleetlearn/v1/audit_service.proto2\xd3\x04\n" +
+	"%fleetlearn/api/v1/audit_service.proto\x12\x11fleetlearn.api.v1\x1a!fleetlearn/v1/audit_service.proto2\xb2\x05\n" +
 	"\fAuditService\x12W\n" +
 	"\fQueryEntries\x12\".fleetlearn.v1.QueryEntriesRequest\x1a#.fleetlearn.v1.QueryEntriesResponse\x12Z\n" +
 	"\rGetCheckpoint\x12#.fleetlearn.v1.GetCheckpointRequest\x1a$.fleetlearn.v1.GetCheckpointResponse\x12f\n" +
 	"\x11GetInclusionProof\x12'.fleetlearn.v1.GetInclusionProofRequest\x1a(.fleetlearn.v1.GetInclusionProofResponse\x12l\n" +
 	"\x13GetConsistencyProof\x12).fleetlearn.v1.GetConsistencyProofRequest\x1a*.fleetlearn.v1.GetConsistencyProofResponse\x12\\\n" +
 	"\rExportEntries\x12#.fleetlearn.v1.ExportEntriesRequest\x1a$.fleetlearn.v1.ExportEntriesResponse0\x01\x12Z\n" +
-	"\rGetPublicKeys\x12#.fleetlearn.v1.GetPublicKeysRequest\x1a$.fleetlearn.v1.GetPublicKeysResponseB@Z>github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1;apiv1b\x06proto3"
+	"\rGetPublicKeys\x12#.fleetlearn.v1.GetPublicKeysRequest\x1a$.fleetlearn.v1.GetPublicKeysResponse\x12]\n" +
+	"\x0eAddCosignature\x12$.fleetlearn.v1.AddCosignatureRequest\x1a%.fleetlearn.v1.AddCosignatureResponseB@Z>github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1;apiv1b\x06proto3"
 
 var file_fleetlearn_api_v1_audit_service_proto_goTypes = []any{
 	(*v1.QueryEntriesRequest)(nil),         // 0: fleetlearn.v1.QueryEntriesRequest
@@ -41,12 +42,14 @@ var file_fleetlearn_api_v1_audit_service_proto_goTypes = []any{
 	(*v1.GetConsistencyProofRequest)(nil),  // 3: fleetlearn.v1.GetConsistencyProofRequest
 	(*v1.ExportEntriesRequest)(nil),        // 4: fleetlearn.v1.ExportEntriesRequest
 	(*v1.GetPublicKeysRequest)(nil),        // 5: fleetlearn.v1.GetPublicKeysRequest
-	(*v1.QueryEntriesResponse)(nil),        // 6: fleetlearn.v1.QueryEntriesResponse
-	(*v1.GetCheckpointResponse)(nil),       // 7: fleetlearn.v1.GetCheckpointResponse
-	(*v1.GetInclusionProofResponse)(nil),   // 8: fleetlearn.v1.GetInclusionProofResponse
-	(*v1.GetConsistencyProofResponse)(nil), // 9: fleetlearn.v1.GetConsistencyProofResponse
-	(*v1.ExportEntriesResponse)(nil),       // 10: fleetlearn.v1.ExportEntriesResponse
-	(*v1.GetPublicKeysResponse)(nil),       // 11: fleetlearn.v1.GetPublicKeysResponse
+	(*v1.AddCosignatureRequest)(nil),       // 6: fleetlearn.v1.AddCosignatureRequest
+	(*v1.QueryEntriesResponse)(nil),        // 7: fleetlearn.v1.QueryEntriesResponse
+	(*v1.GetCheckpointResponse)(nil),       // 8: fleetlearn.v1.GetCheckpointResponse
+	(*v1.GetInclusionProofResponse)(nil),   // 9: fleetlearn.v1.GetInclusionProofResponse
+	(*v1.GetConsistencyProofResponse)(nil), // 10: fleetlearn.v1.GetConsistencyProofResponse
+	(*v1.ExportEntriesResponse)(nil),       // 11: fleetlearn.v1.ExportEntriesResponse
+	(*v1.GetPublicKeysResponse)(nil),       // 12: fleetlearn.v1.GetPublicKeysResponse
+	(*v1.AddCosignatureResponse)(nil),      // 13: fleetlearn.v1.AddCosignatureResponse
 }
 var file_fleetlearn_api_v1_audit_service_proto_depIdxs = []int32{
 	0,  // 0: fleetlearn.api.v1.AuditService.QueryEntries:input_type -> fleetlearn.v1.QueryEntriesRequest
@@ -55,14 +58,16 @@ var file_fleetlearn_api_v1_audit_service_proto_depIdxs = []int32{
 	3,  // 3: fleetlearn.api.v1.AuditService.GetConsistencyProof:input_type -> fleetlearn.v1.GetConsistencyProofRequest
 	4,  // 4: fleetlearn.api.v1.AuditService.ExportEntries:input_type -> fleetlearn.v1.ExportEntriesRequest
 	5,  // 5: fleetlearn.api.v1.AuditService.GetPublicKeys:input_type -> fleetlearn.v1.GetPublicKeysRequest
-	6,  // 6: fleetlearn.api.v1.AuditService.QueryEntries:output_type -> fleetlearn.v1.QueryEntriesResponse
-	7,  // 7: fleetlearn.api.v1.AuditService.GetCheckpoint:output_type -> fleetlearn.v1.GetCheckpointResponse
-	8,  // 8: fleetlearn.api.v1.AuditService.GetInclusionProof:output_type -> fleetlearn.v1.GetInclusionProofResponse
-	9,  // 9: fleetlearn.api.v1.AuditService.GetConsistencyProof:output_type -> fleetlearn.v1.GetConsistencyProofResponse
-	10, // 10: fleetlearn.api.v1.AuditService.ExportEntries:output_type -> fleetlearn.v1.ExportEntriesResponse
-	11, // 11: fleetlearn.api.v1.AuditService.GetPublicKeys:output_type -> fleetlearn.v1.GetPublicKeysResponse
-	6,  // [6:12] is the sub-list for method output_type
-	0,  // [0:6] is the sub-list for method input_type
+	6,  // 6: fleetlearn.api.v1.AuditService.AddCosignature:input_type -> fleetlearn.v1.AddCosignatureRequest
+	7,  // 7: fleetlearn.api.v1.AuditService.QueryEntries:output_type -> fleetlearn.v1.QueryEntriesResponse
+	8,  // 8: fleetlearn.api.v1.AuditService.GetCheckpoint:output_type -> fleetlearn.v1.GetCheckpointResponse
+	9,  // 9: fleetlearn.api.v1.AuditService.GetInclusionProof:output_type -> fleetlearn.v1.GetInclusionProofResponse
+	10, // 10: fleetlearn.api.v1.AuditService.GetConsistencyProof:output_type -> fleetlearn.v1.GetConsistencyProofResponse
+	11, // 11: fleetlearn.api.v1.AuditService.ExportEntries:output_type -> fleetlearn.v1.ExportEntriesResponse
+	12, // 12: fleetlearn.api.v1.AuditService.GetPublicKeys:output_type -> fleetlearn.v1.GetPublicKeysResponse
+	13, // 13: fleetlearn.api.v1.AuditService.AddCosignature:output_type -> fleetlearn.v1.AddCosignatureResponse
+	7,  // [7:14] is the sub-list for method output_type
+	0,  // [0:7] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

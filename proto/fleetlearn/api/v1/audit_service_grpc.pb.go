@@ -26,6 +26,7 @@ const (
 	AuditService_GetConsistencyProof_FullMethodName = "/fleetlearn.api.v1.AuditService/GetConsistencyProof"
 	AuditService_ExportEntries_FullMethodName       = "/fleetlearn.api.v1.AuditService/ExportEntries"
 	AuditService_GetPublicKeys_FullMethodName       = "/fleetlearn.api.v1.AuditService/GetPublicKeys"
+	AuditService_AddCosignature_FullMethodName      = "/fleetlearn.api.v1.AuditService/AddCosignature"
 )
 
 // AuditServiceClient is the client API for AuditService service.
@@ -33,7 +34,8 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AuditService gives read access to the tamper-evident audit log and the
-// proofs needed to verify it.
+// proofs needed to verify it, and takes witnesses' cosignatures of its
+// checkpoints.
 type AuditServiceClient interface {
 	// QueryEntries returns entries matching a filter, oldest first, one page
 	// at a time.
@@ -50,6 +52,10 @@ type AuditServiceClient interface {
 	// GetPublicKeys returns the keys that verify the log. Auditors should pin
 	// keys published out of band and use these only to compare against them.
 	GetPublicKeys(ctx context.Context, in *v1.GetPublicKeysRequest, opts ...grpc.CallOption) (*v1.GetPublicKeysResponse, error)
+	// AddCosignature hands the server a checkpoint it signed, cosigned by a
+	// witness it is configured to accept, for GetCheckpoint to serve. The
+	// witness's signature is the credential: the call needs no bearer token.
+	AddCosignature(ctx context.Context, in *v1.AddCosignatureRequest, opts ...grpc.CallOption) (*v1.AddCosignatureResponse, error)
 }
 
 type auditServiceClient struct {
@@ -129,12 +135,23 @@ func (c *auditServiceClient) GetPublicKeys(ctx context.Context, in *v1.GetPublic
 	return out, nil
 }
 
+func (c *auditServiceClient) AddCosignature(ctx context.Context, in *v1.AddCosignatureRequest, opts ...grpc.CallOption) (*v1.AddCosignatureResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(v1.AddCosignatureResponse)
+	err := c.cc.Invoke(ctx, AuditService_AddCosignature_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuditServiceServer is the server API for AuditService service.
 // All implementations must embed UnimplementedAuditServiceServer
 // for forward compatibility.
 //
 // AuditService gives read access to the tamper-evident audit log and the
-// proofs needed to verify it.
+// proofs needed to verify it, and takes witnesses' cosignatures of its
+// checkpoints.
 type AuditServiceServer interface {
 	// QueryEntries returns entries matching a filter, oldest first, one page
 	// at a time.
@@ -151,6 +168,10 @@ type AuditServiceServer interface {
 	// GetPublicKeys returns the keys that verify the log. Auditors should pin
 	// keys published out of band and use these only to compare against them.
 	GetPublicKeys(context.Context, *v1.GetPublicKeysRequest) (*v1.GetPublicKeysResponse, error)
+	// AddCosignature hands the server a checkpoint it signed, cosigned by a
+	// witness it is configured to accept, for GetCheckpoint to serve. The
+	// witness's signature is the credential: the call needs no bearer token.
+	AddCosignature(context.Context, *v1.AddCosignatureRequest) (*v1.AddCosignatureResponse, error)
 	mustEmbedUnimplementedAuditServiceServer()
 }
 
@@ -178,6 +199,9 @@ func (UnimplementedAuditServiceServer) ExportEntries(*v1.ExportEntriesRequest, g
 }
 func (UnimplementedAuditServiceServer) GetPublicKeys(context.Context, *v1.GetPublicKeysRequest) (*v1.GetPublicKeysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetPublicKeys not implemented")
+}
+func (UnimplementedAuditServiceServer) AddCosignature(context.Context, *v1.AddCosignatureRequest) (*v1.AddCosignatureResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddCosignature not implemented")
 }
 func (UnimplementedAuditServiceServer) mustEmbedUnimplementedAuditServiceServer() {}
 func (UnimplementedAuditServiceServer) testEmbeddedByValue()                      {}
@@ -301,6 +325,24 @@ func _AuditService_GetPublicKeys_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuditService_AddCosignature_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(v1.AddCosignatureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuditServiceServer).AddCosignature(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuditService_AddCosignature_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuditServiceServer).AddCosignature(ctx, req.(*v1.AddCosignatureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuditService_ServiceDesc is the grpc.ServiceDesc for AuditService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -327,6 +369,10 @@ var AuditService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetPublicKeys",
 			Handler:    _AuditService_GetPublicKeys_Handler,
+		},
+		{
+			MethodName: "AddCosignature",
+			Handler:    _AuditService_AddCosignature_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,18 +1,17 @@
 //go:build unix
 
-package audit
+package filelock
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"syscall"
 )
 
-// lockDir takes an exclusive advisory lock on the log's folder, so that
-// only one process at a time writes the log. The kernel drops it when the
-// process dies.
-func lockDir(path string) (*os.File, error) {
+// Lock creates path if needed and locks it without waiting; it fails with
+// ErrLocked when another process holds the lock. Closing the file releases
+// it.
+func Lock(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
@@ -20,7 +19,7 @@ func lockDir(path string) (*os.File, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another process has the log open for writing: %w", ErrLocked)
+			return nil, ErrLocked
 		}
 		return nil, err
 	}
