@@ -139,7 +139,9 @@ func OpenReadOnly(ctx context.Context, dir string, opts ...Option) (*Log, error)
 	} else if st.IsDir() {
 		path = filepath.Join(dir, DBFile)
 	}
-	if _, err := os.Stat(path); err != nil {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && path != dir {
+		return nil, fmt.Errorf("audit: open read-only: %s holds no audit log (%s); give the folder the server keeps it in, its --data-dir: %w", dir, DBFile, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("audit: open read-only: %w", err)
 	}
 	db, err := openDB(path, dbReadOnly, max(2, runtime.GOMAXPROCS(0)))

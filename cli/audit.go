@@ -514,8 +514,12 @@ func newAuditVerifyCommand(_ *app) *cobra.Command {
 			}
 			if f.dataDir != "" {
 				rep, err := audit.VerifyDataDir(ctx, f.dataDir, opts...)
-				if err != nil {
+				var ve *audit.VerifyError
+				if errors.As(err, &ve) {
 					return fmt.Errorf("the audit log in %s does not verify: %w", f.dataDir, err)
+				}
+				if err != nil { // not a verdict: the log could not be read
+					return fmt.Errorf("%w: %w", ErrInput, err)
 				}
 				return printReport(cmd.OutOrStdout(), rep, f)
 			}
@@ -652,7 +656,11 @@ func printReport(w io.Writer, rep audit.Report, f auditVerifyFlags) error {
 	if f.uncovered {
 		tab.row("uncovered:", fmt.Sprintf("%d entries after the latest checkpoint", rep.Uncovered))
 	}
-	entryKey, vkey := "from the export: compare with the published key", "from the export: compare with the published key"
+	from := "from the export: compare with the published key"
+	if f.dataDir != "" {
+		from = "from the log: compare with the published key"
+	}
+	entryKey, vkey := from, from
 	if f.jwks != "" || f.pin != "" {
 		entryKey = "pinned"
 	}
