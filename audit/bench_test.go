@@ -203,3 +203,47 @@ func BenchmarkVerifyExport(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "entries/s")
 }
+
+// BenchmarkExportProofs measures an export of 20,000 entries in 5
+// checkpoints, without proofs and with a proof for every entry and
+// checkpoint, and the verification of each.
+func BenchmarkExportProofs(b *testing.B) {
+	const n = 20_000
+	lg, _, _ := openTest(b)
+	evs := make([]Event, 4000)
+	for i := range evs {
+		evs[i] = sampleEvent(b, i)
+	}
+	for range n / len(evs) {
+		if _, err := lg.AppendBatch(context.Background(), evs); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := lg.Checkpoint(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		opts []ExportOption
+	}{{"plain", nil}, {"proofs", []ExportOption{WithProofs()}}} {
+		exp := exportBytes(b, lg, c.opts...)
+		b.Run("export/"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(exp)))
+			var buf bytes.Buffer
+			for b.Loop() {
+				buf.Reset()
+				if err := lg.Export(context.Background(), &buf, c.opts...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("verify/"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(exp)))
+			for b.Loop() {
+				if rep, err := VerifyExport(bytes.NewReader(exp)); err != nil || rep.Entries != n {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -17,8 +17,11 @@ const (
 	// 2019) at a fixed set of orders. Fast, and the bound TF-Privacy and
 	// Opacus report.
 	RDP Accountant = iota + 1
-	// PLD is privacy loss distribution accounting (Koskela et al. 2020),
-	// tighter than RDP, and slower.
+	// PLD is privacy loss distribution accounting (Koskela et al. 2020;
+	// connect-the-dots discretization, Doroshenko et al. 2022, as in
+	// dp_accounting): a pessimistic ε, exact where a closed form exists and
+	// at the default discretization within about 0.02% of the true ε
+	// elsewhere; tighter than RDP, and slower.
 	PLD
 )
 
@@ -77,8 +80,11 @@ func ParseOrders(name string) ([]float64, error) {
 	return nil, fmt.Errorf("dp: orders: %w: %q, want tfp or opacus", ErrInvalid, name)
 }
 
-// DefaultDiscretization is the PLD grid spacing in nats, as in
-// dp_accounting; it is widened automatically for long compositions.
+// DefaultDiscretization is the PLD grid spacing in nats to start from, as
+// dp_accounting's value_discretization_interval. It is refined (to as
+// little as 1/128 of it) where one round's privacy loss is narrower than
+// it, and widened where the composed range would need more than 2¹⁹ grid
+// points.
 const DefaultDiscretization = 1e-4
 
 // maxOrders bounds a custom order set.
@@ -101,7 +107,8 @@ func WithOrders(orders []float64) Option {
 	return func(c *config) { c.orders = append([]float64(nil), orders...) }
 }
 
-// WithDiscretization sets the PLD grid spacing in nats.
+// WithDiscretization sets the PLD grid spacing in nats to start from (see
+// DefaultDiscretization).
 func WithDiscretization(interval float64) Option {
 	return func(c *config) { c.discretization = interval }
 }
