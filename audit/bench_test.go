@@ -175,10 +175,9 @@ func BenchmarkInclusionProof1M(b *testing.B) {
 	}
 }
 
-// BenchmarkVerifyExport measures offline verification of an export of
-// 20,000 signed entries.
-func BenchmarkVerifyExport(b *testing.B) {
-	const n = 20_000
+// exportFixture is a log of n signed sample entries with a checkpoint after
+// every 4,000.
+func exportFixture(b *testing.B, n int) *Log {
 	lg, _, _ := openTest(b)
 	evs := make([]Event, 4000)
 	for i := range evs {
@@ -192,6 +191,14 @@ func BenchmarkVerifyExport(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	return lg
+}
+
+// BenchmarkVerifyExport measures offline verification of an export of
+// 20,000 signed entries.
+func BenchmarkVerifyExport(b *testing.B) {
+	const n = 20_000
+	lg := exportFixture(b, n)
 	exp := exportBytes(b, lg)
 	b.SetBytes(int64(len(exp)))
 	b.ResetTimer()
@@ -209,19 +216,7 @@ func BenchmarkVerifyExport(b *testing.B) {
 // checkpoint, and the verification of each.
 func BenchmarkExportProofs(b *testing.B) {
 	const n = 20_000
-	lg, _, _ := openTest(b)
-	evs := make([]Event, 4000)
-	for i := range evs {
-		evs[i] = sampleEvent(b, i)
-	}
-	for range n / len(evs) {
-		if _, err := lg.AppendBatch(context.Background(), evs); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := lg.Checkpoint(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-	}
+	lg := exportFixture(b, n)
 	for _, c := range []struct {
 		name string
 		opts []ExportOption
