@@ -55,6 +55,7 @@ func TestServices(t *testing.T) {
 			{name: "GetConsistencyProof"},
 			{name: "ExportEntries", serverStream: true},
 			{name: "GetPublicKeys"},
+			{name: "AddCosignature"},
 		}},
 		{"fleetlearn.api.v1.DeviceService", []method{
 			{name: "CreateEnrollmentToken"},
