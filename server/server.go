@@ -250,7 +250,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.natsAuth = s.natsAuthority
 	}
 	s.startCheckpoints(ctx)
-	js, err := jetstream.New(s.nc)
+	// Creating the stream fsyncs, and a cluster may be electing a leader:
+	// nats.go's default of 5 s per API call fails a start on a busy disk.
+	js, err := jetstream.New(s.nc, jetstream.WithDefaultTimeout(30*time.Second))
 	if err != nil {
 		return fmt.Errorf("server: jetstream: %w", err)
 	}

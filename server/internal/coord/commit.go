@@ -165,6 +165,14 @@ func (t *taskRun) abandon(ctx context.Context, r *roundRun, reason string) error
 }
 
 func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
+	// The round stops being open here, before anyone hears it closed: a
+	// report stored from now on is refused with a receipt by handleStored,
+	// instead of being left to a runner that has stopped reading.
+	t.mu.Lock()
+	if t.round != nil && t.round.row.Round == row.Round {
+		t.round = nil
+	}
+	t.mu.Unlock()
 	kind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "train", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluate"}[row.Kind]
 	t.c.d.Metrics.Rounds.WithLabelValues(kind, outcome).Inc()
 	t.c.d.Metrics.RoundDuration.WithLabelValues(kind).Observe(row.Close.Sub(row.Open).Seconds())
