@@ -217,5 +217,10 @@ func ParseJWKS(b []byte) (ed25519.PublicKey, error) {
 	if !ok {
 		return nil, fmt.Errorf("audit: jwks: not an Ed25519 public key: %w", ErrInvalidKeys)
 	}
+	// jwx takes x at any length; crypto/ed25519 panics on the wrong one,
+	// in a verifier goroutine no caller could recover.
+	if len(pub) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("audit: jwks: Ed25519 key of %d bytes, want %d: %w", len(pub), ed25519.PublicKeySize, ErrInvalidKeys)
+	}
 	return pub, nil
 }

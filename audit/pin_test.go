@@ -263,3 +263,17 @@ func TestVerifyWithPin(t *testing.T) {
 	_, err = VerifyExport(bytes.NewReader(assemble(cp.Note)), WithPin(wpin))
 	wantVerifyError(t, err, int64(cp.Size), ErrTampered, ErrNotCosigned)
 }
+
+// A JWKS key of the wrong length is refused where it is read: verifying
+// with it would panic in crypto/ed25519.
+func TestParseJWKSKeyLength(t *testing.T) {
+	for _, x := range []string{
+		"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",     // 31 bytes
+		"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", // 34 bytes
+	} {
+		jwks := []byte(`{"keys":[{"kty":"OKP","crv":"Ed25519","x":"` + x + `"}]}`)
+		if _, err := ParseJWKS(jwks); !errors.Is(err, ErrInvalidKeys) {
+			t.Errorf("x of %d characters: %v", len(x), err)
+		}
+	}
+}
