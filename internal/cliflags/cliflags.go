@@ -1,0 +1,45 @@
+// Package cliflags keeps the Go flag package's spelling working for
+// commands that moved to cobra: "-data-dir x" and "-data-dir=x" were long
+// flags there, while pflag reads "-data-dir" as the shorthands d, a, t, ….
+// Scripts and unit files written for the old binaries keep working.
+package cliflags
+
+import (
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// SingleDash rewrites each "-name" or "-name=value" in args to "--name…"
+// where name (two characters or more) is a long flag of root or of any
+// command below it. Everything after "--" is left alone, as are negative
+// numbers and unknown names.
+func SingleDash(root *cobra.Command, args []string) []string {
+	long := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		add := func(f *pflag.Flag) { long[f.Name] = true }
+		c.Flags().VisitAll(add)
+		c.PersistentFlags().VisitAll(add)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	out := make([]string, len(args))
+	copy(out, args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if len(name) >= 2 && long[name] {
+			out[i] = "-" + a
+		}
+	}
+	return out
+}
