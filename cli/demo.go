@@ -1,11 +1,11 @@
 package cli
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fleetlearn/fleetlearn/demo"
 )
@@ -22,30 +22,32 @@ func newDemoCommand(a *app) *cobra.Command {
 		Long: "demo starts an aggregator (embedded NATS, SQLite), a fleet of edge agents that talk to it\n" +
 			"over NATS, splits MNIST non-IID across them, pretrains a base model in the cloud on a\n" +
 			"small public slice and runs federated fine-tuning rounds, printing test accuracy per\n" +
-			"round. It writes results.csv and accuracy.png to --out-dir.",
+			"round. It needs no Go toolchain and no source tree: the update module ships inside\n" +
+			"fleetlearn. It writes results.csv and accuracy.png (privacy.csv and privacy.png with\n" +
+			"--dp-sweep) into the directory --out, which it creates.",
+		Example: "  fleetlearn demo\n  fleetlearn demo --edges 20 --rounds 5 --cohort 10 --out /tmp/demo\n" +
+			"  fleetlearn demo --secure-aggregation --dp distributed",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Out = cmd.OutOrStdout()
-			cfg.Terminal = a.isTerminal(cmd.OutOrStdout())
+			// Log lines on the same terminal would tear the redrawn bars.
+			cfg.Terminal = a.isTerminal(cmd.OutOrStdout()) && !verbose
 			if verbose {
 				cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			}
+			// The demo's errors name it already.
 			if len(sweep) > 0 {
-				if _, err := demo.Sweep(cmd.Context(), cfg, sweep); err != nil {
-					return fmt.Errorf("demo: %w", err)
-				}
-				return nil
+				_, err := demo.Sweep(cmd.Context(), cfg, sweep)
+				return err
 			}
-			if _, err := demo.Run(cmd.Context(), cfg); err != nil {
-				return fmt.Errorf("demo: %w", err)
-			}
-			return nil
+			_, err := demo.Run(cmd.Context(), cfg)
+			return err
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Edges, "edges", cfg.Edges, "edge agents in the simulated fleet")
 	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "federated training rounds")
-	f.IntVar(&cfg.Cohort, "cohort", cfg.Cohort, "reports per round (devices selected: 30% more)")
+	f.IntVar(&cfg.Cohort, "cohort", cfg.Cohort, "devices selected per round (a round can commit with 3/4 of them reporting)")
 	f.Float64Var(&cfg.Alpha, "alpha", cfg.Alpha, "Dirichlet concentration of the label skew (smaller is more skewed)")
 	f.IntVar(&cfg.BaseExamples, "base-examples", cfg.BaseExamples, "public examples the cloud pretrains the base model on")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for the data split, initialisation and training")
@@ -57,7 +59,32 @@ func newDemoCommand(a *app) *cobra.Command {
 	f.Float64Var(&cfg.DPDelta, "dp-delta", cfg.DPDelta, "with --dp, delta of the (epsilon, delta) guarantee")
 	f.Float64SliceVar(&sweep, "dp-sweep", nil, "with --dp, run once without DP and once per noise multiplier listed, and plot accuracy against epsilon (privacy.png)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "keep the server's state (SQLite, JetStream, blobs) here instead of a temporary directory")
-	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for results.csv and accuracy.png")
+	f.StringVar(&cfg.OutDir, "out", cfg.OutDir, "directory for all of the demo's results, created if missing")
+	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for all of the demo's results")
+	f.MarkDeprecated("out-dir", "use --out")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log the server's and agents' events to stderr")
+	hideGlobalFlags(cmd)
 	return cmd
+}
+
+// hideGlobalFlags leaves the root's flags (--server, --token-file, ...) out
+// of the usage of a command that never talks to a server. The flags are
+// shared with every other command, so they are hidden only while the usage
+// is drawn.
+func hideGlobalFlags(cmd *cobra.Command) {
+	cmd.SetUsageFunc(func(c *cobra.Command) error {
+		var hidden []*pflag.Flag
+		c.InheritedFlags().VisitAll(func(f *pflag.Flag) {
+			if !f.Hidden {
+				f.Hidden = true
+				hidden = append(hidden, f)
+			}
+		})
+		defer func() {
+			for _, f := range hidden {
+				f.Hidden = false
+			}
+		}()
+		return c.Parent().UsageFunc()(c)
+	})
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -14,8 +16,10 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/wasm/examples/embedded"
 )
 
 // maxSignatureBytes matches the API's limit on a module signature.
@@ -33,6 +37,7 @@ func newModuleCommand(a *app) *cobra.Command {
 		newModuleKeygenCommand(),
 		newModulePublisherJWKSCommand(),
 		newModuleSignCommand(),
+		newModuleExampleCommand(a),
 	)
 	return cmd
 }
@@ -302,5 +307,73 @@ func newModuleGetCommand(a *app) *cobra.Command {
 		},
 	}
 	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newModuleExampleCommand(a *app) *cobra.Command {
+	var out string
+	var force bool
+	var names []string
+	var list strings.Builder
+	for _, m := range embedded.List() {
+		names = append(names, m.Name)
+		fmt.Fprintf(&list, "  %-8s %s\n", m.Name, m.Description)
+	}
+	cmd := &cobra.Command{
+		Use:   "example [NAME] [-o FILE.wasm] [--force]",
+		Short: "Write an example update module that ships inside fleetlearn, or list them",
+		Long: "example writes one of the example update modules built into fleetlearn, the same bytes\n" +
+			"that go generate builds reproducibly from wasm/examples, and prints its SHA-256 as\n" +
+			"sha256sum does. Sign and upload it with module register. Without NAME it lists them:\n\n" +
+			list.String(),
+		Example:   "  fleetlearn module example mlp -o mlp.wasm\n  fleetlearn module register mlp.wasm --name mlp --signing-key publisher.pem",
+		Args:      cobra.MaximumNArgs(1),
+		ValidArgs: names,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			w := cmd.OutOrStdout()
+			if len(args) == 0 {
+				if out != "" {
+					return fmt.Errorf("%w: module example: -o needs a module NAME (one of %s)", ErrUsage, strings.Join(names, ", "))
+				}
+				t := newTable(w, "NAME", "SIZE", "SHA256", "DESCRIPTION")
+				for _, m := range embedded.List() {
+					t.row(m.Name, byteSize(uint64(m.Size)), m.SHA256, m.Description)
+				}
+				return t.flush()
+			}
+			m, err := embedded.Lookup(args[0])
+			if err != nil {
+				return fmt.Errorf("%w: module example: %w (available: %s)", ErrUsage, err, strings.Join(names, ", "))
+			}
+			code, err := m.Code()
+			if err != nil {
+				return fmt.Errorf("module example: %w", err)
+			}
+			path := out
+			if path == "" {
+				path = m.Name + ".wasm"
+			}
+			if path == "-" {
+				if a.isTerminal(w) {
+					return fmt.Errorf("%w: module example: not writing a binary module to a terminal; redirect it or pass -o FILE", ErrUsage)
+				}
+				_, err := w.Write(code)
+				return err
+			}
+			if force {
+				err = atomicfile.WriteFile(path, code, 0o644)
+			} else if err = atomicfile.WriteNew(path, code, 0o644); errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("%w: module example: %s exists; pass --force to replace it", ErrUsage, path)
+			}
+			if err != nil {
+				return fmt.Errorf("module example: %w", err)
+			}
+			_, err = fmt.Fprintf(w, "%s  %s\n", m.SHA256, path)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", `file to write ("-" for standard output); default NAME.wasm`)
+	cmd.Flags().BoolVar(&force, "force", false, "replace the file if it exists")
+	hideGlobalFlags(cmd)
 	return cmd
 }

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,7 +34,7 @@ import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm"
-	"github.com/fleetlearn/fleetlearn/wasm/build"
+	"github.com/fleetlearn/fleetlearn/wasm/examples/embedded"
 )
 
 // Config sizes the demo.
@@ -68,15 +67,25 @@ type Config struct {
 	DPDelta         float64
 	Seed            uint64
 	DataDir         string // server state; "" uses a temporary directory
-	OutDir          string // where results.csv and accuracy.png go
-	Out             io.Writer
-	Log             *slog.Logger
-	Terminal        bool // draw the progress bar in place
+	// OutDir is the one directory the demo writes its results to
+	// (results.csv, accuracy.png; privacy.csv and privacy.png for a sweep),
+	// created if missing; "" is DefaultOutDir.
+	OutDir   string
+	Out      io.Writer
+	Log      *slog.Logger
+	Terminal bool // Out is a terminal: redraw progress bars in place
 }
+
+// DefaultOutDir is where the demo writes its results unless told otherwise,
+// relative to the working directory.
+const DefaultOutDir = "fleetlearn-demo-out"
+
+// pretrainEpochs are the epochs of the base model's pretraining.
+const pretrainEpochs = 10
 
 // Defaults are the demo's standard scale.
 var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExamples: 5000, Dropout: 0.1,
-	NoiseMultiplier: 0.1, ClipNorm: 1, DPDelta: 1e-5, Seed: 1, OutDir: "."}
+	NoiseMultiplier: 0.1, ClipNorm: 1, DPDelta: 1e-5, Seed: 1, OutDir: DefaultOutDir}
 
 // Secure aggregation settings of the demo's task: update elements are
 // clipped to ±SecAggClipRange and weights (example counts) capped at
@@ -110,8 +119,16 @@ type RoundResult struct {
 // Hyper are the devices' local training hyper-parameters.
 var Hyper = sgd.Hyper{Epochs: 4, BatchSize: 32, LearningRate: 0.2, EvalBatchSize: 1000}
 
-// Run executes the demo.
+// Run executes the demo. Its errors start with "demo: ", once.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	res, err := run(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	return res, nil
+}
+
+func run(ctx context.Context, cfg Config) (*Result, error) {
 	start := time.Now()
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
@@ -120,9 +137,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Edges < 1 || cfg.Rounds < 1 || cfg.Cohort < 1 || cfg.Cohort > cfg.Edges {
-		return nil, fmt.Errorf("demo: need edges ≥ 1, rounds ≥ 1 and 1 ≤ cohort ≤ edges (got %d, %d, %d)", cfg.Edges, cfg.Rounds, cfg.Cohort)
+		return nil, fmt.Errorf("need edges ≥ 1, rounds ≥ 1 and 1 ≤ cohort ≤ edges (got %d, %d, %d)", cfg.Edges, cfg.Rounds, cfg.Cohort)
 	}
-	out := cfg.Out
+	privacy, err := dpConfig(cfg) // checked before minutes of work
+	if err != nil {
+		return nil, err
+	}
+	if cfg.OutDir == "" {
+		cfg.OutDir = DefaultOutDir
+	}
+	// Made first, so that a directory the demo cannot write fails it before
+	// minutes of training rather than after.
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, fmt.Errorf("output directory: %w", err)
+	}
 	dataDir := cfg.DataDir
 	if dataDir == "" {
 		d, err := os.MkdirTemp("", "fleetlearn-demo-")
@@ -132,9 +160,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer os.RemoveAll(d)
 		dataDir = d
 	}
+	pr := &progress{w: cfg.Out, terminal: cfg.Terminal}
+	defer pr.end()
 
-	fmt.Fprintf(out, "Fleetlearn demo: %d edge agents, %d rounds of %d reports, MNIST split Dirichlet(α=%g)\n",
-		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.Alpha)
+	pr.printf("Fleetlearn demo: %d edge agents, %d rounds of %d reports, MNIST split Dirichlet(α=%g); results go to %s",
+		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.Alpha, cfg.OutDir)
+	ph := pr.start("loading MNIST", 1, "loading MNIST")
 	dir, err := data.MNISTDir()
 	if err != nil {
 		return nil, err
@@ -143,8 +174,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	ph.step(fmt.Sprintf("%d+%d examples", trainSet.Len(), testSet.Len()))
+	if cfg.BaseExamples < 1 || cfg.BaseExamples >= trainSet.Len() {
+		return nil, fmt.Errorf("base examples %d: want 1 to %d", cfg.BaseExamples, trainSet.Len()-1)
+	}
 
 	// The cloud holds a small public slice; the rest lives on devices only.
+	ph = pr.start("splitting the dataset", 2, fmt.Sprintf("splitting %d examples across %d devices, Dirichlet(α=%g)",
+		trainSet.Len()-cfg.BaseExamples, cfg.Edges, cfg.Alpha))
 	public := make([]int, cfg.BaseExamples)
 	for i := range public {
 		public[i] = i
@@ -159,26 +196,37 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	ph.step(fmt.Sprintf("%d devices", len(parts)))
+	evalDir := filepath.Join(dataDir, "heldout")
+	if err := data.WriteDir(evalDir, testSet, "mnist-test"); err != nil {
+		return nil, err
+	}
+	ph.step("held-out set written")
 
-	fmt.Fprintf(out, "pretraining the base model in the cloud on %d public examples ...\n", base.Len())
-	init, err := train.InitMLP([]int{784, 128, 10}, cfg.Seed)
+	// Pretraining runs an epoch at a time, each with its own seed, so that
+	// the bar can move.
+	ph = pr.start("pretraining", pretrainEpochs, fmt.Sprintf("pretraining the base model in the cloud on %d public examples (%d epochs)",
+		base.Len(), pretrainEpochs))
+	baseModel, err := train.InitMLP([]int{784, 128, 10}, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
-	baseModel, _, err := train.Train(init, base, sgd.Hyper{Epochs: 10, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000}, cfg.Seed)
-	if err != nil {
-		return nil, err
+	for epoch := range pretrainEpochs {
+		var met train.Metrics
+		baseModel, met, err = train.Train(baseModel, base, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000},
+			cfg.Seed+uint64(epoch))
+		if err != nil {
+			return nil, err
+		}
+		ph.step(fmt.Sprintf("loss %.4f", met.Loss))
 	}
 	baseEval, err := train.Evaluate(baseModel, testSet, 1000)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "base model: %.2f%% test accuracy\n", 100*baseEval.Accuracy)
+	pr.end()
+	pr.printf("base model: %.2f%% test accuracy", 100*baseEval.Accuracy)
 
-	evalDir := filepath.Join(dataDir, "heldout")
-	if err := data.WriteDir(evalDir, testSet, "mnist-test"); err != nil {
-		return nil, err
-	}
 	publisher, publisherJWKS, err := newPublisher()
 	if err != nil {
 		return nil, err
@@ -199,11 +247,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer conn.Close()
 
-	fmt.Fprintf(out, "building the MLP update module from source ...\n")
-	code, err := build.Module(ctx, "", build.MLP)
+	// The module ships inside the binary, built reproducibly from
+	// wasm/examples/mlp: the demo needs neither a Go toolchain nor the source.
+	mlp, err := embedded.Lookup("mlp")
 	if err != nil {
 		return nil, err
 	}
+	code, err := mlp.Code()
+	if err != nil {
+		return nil, err
+	}
+	pr.printf("update module: mlp, sha256 %s (embedded)", mlp.SHA256)
 	var buf bytes.Buffer
 	if err := model.WriteSafetensors(&buf, baseModel); err != nil {
 		return nil, err
@@ -211,7 +265,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	imported, err := client.ImportModel(ctx, apiv1.NewModelServiceClient(conn), &pb.ImportModelHeader{Name: "mnist-mlp",
 		Description: "784-128-10 MLP pretrained on a public MNIST slice"}, &buf)
 	if err != nil {
-		return nil, fmt.Errorf("demo: import model: %w", err)
+		return nil, fmt.Errorf("import model: %w", err)
 	}
 	sig, err := publisher.SignModule("mlp", code)
 	if err != nil {
@@ -220,7 +274,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	mod, err := client.RegisterModule(ctx, apiv1.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
 		AbiVersion: wasm.ABIVersion, Signature: []byte(sig)}, bytes.NewReader(code))
 	if err != nil {
-		return nil, fmt.Errorf("demo: register module: %w", err)
+		return nil, fmt.Errorf("register module: %w", err)
 	}
 
 	// The fleet: real agents over NATS, sharing one sandbox's compiled code.
@@ -232,7 +286,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	fleetCtx, stopFleet := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stopFleet(); wg.Wait() }()
-	fmt.Fprintf(out, "enrolling %d edge agents ...\n", len(parts))
+	ph = pr.start("enrolling agents", len(parts), fmt.Sprintf("enrolling %d edge agents", len(parts)))
 	devices := apiv1.NewDeviceServiceClient(conn)
 	for i, idx := range parts {
 		id := fmt.Sprintf("edge-%03d", i)
@@ -251,13 +305,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Run(fleetCtx) }()
+		ph.step(id)
 	}
+	pr.end()
 
 	hyper, _ := json.Marshal(Hyper)
-	privacy, err := dpConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
 	var secure *pb.SecAggConfig
 	if cfg.SecureAggregation || cfg.DP == "distributed" {
 		secure = &pb.SecAggConfig{ClipRange: SecAggClipRange, MaxWeight: SecAggMaxWeight,
@@ -276,21 +328,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Dp:                privacy,
 	}})
 	if err != nil {
-		return nil, fmt.Errorf("demo: create task: %w", err)
+		return nil, fmt.Errorf("create task: %w", err)
 	}
-	fmt.Fprintf(out, "task %s created; rounds:\n", created.Task.Id)
+	pr.printf("task %s created", created.Task.Id)
 
 	res := &Result{BaseAccuracy: baseEval.Accuracy, FinalAccuracy: baseEval.Accuracy}
 	watch, err := tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: created.Task.Id})
 	if err != nil {
 		return nil, err
 	}
-	bar := &progress{w: out, total: cfg.Rounds, terminal: cfg.Terminal}
+	pr.start("training rounds", cfg.Rounds, fmt.Sprintf("training %d rounds", cfg.Rounds))
 	roundStart := time.Now()
 	for len(res.Rounds) < cfg.Rounds {
 		msg, err := watch.Recv()
 		if err != nil {
-			return nil, fmt.Errorf("demo: watch: %w", err)
+			return nil, fmt.Errorf("watch: %w", err)
 		}
 		ev := msg.GetEvent()
 		switch ev.GetType() {
@@ -300,22 +352,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				Accuracy: m["server_accuracy"], Loss: m["server_loss"], Elapsed: time.Since(roundStart)}
 			res.Rounds = append(res.Rounds, r)
 			res.FinalAccuracy, res.Epsilon = r.Accuracy, ev.GetEpsilonSpent()
-			bar.round(r)
+			pr.round(r)
 			roundStart = time.Now()
+		case pb.RoundEventType_ROUND_EVENT_TYPE_OPENED:
+			pr.status("selecting devices")
+		case pb.RoundEventType_ROUND_EVENT_TYPE_CLOSED:
+			pr.status("aggregating")
 		case pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED:
-			bar.note(fmt.Sprintf("round %d abandoned: %s; retrying", ev.Round, ev.Reason))
+			pr.printf("  round %d abandoned: %s; retrying", ev.Round, ev.Reason)
 		}
 	}
+	pr.end()
 	res.Elapsed = time.Since(start)
 	if err := writeResults(cfg.OutDir, res); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(cfg.OutDir, "results.csv"), filepath.Join(cfg.OutDir, "accuracy.png"))
+	pr.printf("wrote %s and %s", filepath.Join(cfg.OutDir, "results.csv"), filepath.Join(cfg.OutDir, "accuracy.png"))
 	if privacy != nil {
-		fmt.Fprintf(out, "differential privacy (%s, noise multiplier %g, clip norm %g): epsilon %.4g at delta %g, no amplification by sampling claimed\n",
+		pr.printf("differential privacy (%s, noise multiplier %g, clip norm %g): epsilon %.4g at delta %g, no amplification by sampling claimed",
 			cfg.DP, cfg.NoiseMultiplier, cfg.ClipNorm, res.Epsilon, cfg.DPDelta)
 	}
-	fmt.Fprintf(out, "done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)\n",
+	pr.printf("done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)",
 		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
 	return res, nil
 }
@@ -324,20 +381,31 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 // cfg.DP, each in its own subdirectory of cfg.OutDir, and writes
 // privacy.csv and privacy.png there: final accuracy against ε.
 func Sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, error) {
+	pts, err := sweep(ctx, cfg, noise)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	return pts, nil
+}
+
+func sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, error) {
 	if cfg.DP == "" || cfg.DP == "none" {
-		return nil, fmt.Errorf("demo: a privacy sweep needs --dp central or distributed")
+		return nil, fmt.Errorf("a privacy sweep needs --dp central or distributed")
 	}
 	if len(noise) == 0 {
-		return nil, fmt.Errorf("demo: a privacy sweep needs noise multipliers")
+		return nil, fmt.Errorf("a privacy sweep needs noise multipliers")
 	}
 	out := cfg.Out
 	if out == nil {
 		out = io.Discard
 	}
+	if cfg.OutDir == "" {
+		cfg.OutDir = DefaultOutDir
+	}
 	plainCfg := cfg
 	plainCfg.DP, plainCfg.OutDir = "", filepath.Join(cfg.OutDir, "no-dp")
 	fmt.Fprintf(out, "== without differential privacy\n")
-	plain, err := Run(ctx, plainCfg)
+	plain, err := run(ctx, plainCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +414,7 @@ func Sweep(ctx context.Context, cfg Config, noise []float64) ([]PrivacyPoint, er
 		c := cfg
 		c.NoiseMultiplier, c.OutDir = z, filepath.Join(cfg.OutDir, fmt.Sprintf("%s-z%g", cfg.DP, z))
 		fmt.Fprintf(out, "== %s DP, noise multiplier %g\n", cfg.DP, z)
-		res, err := Run(ctx, c)
+		res, err := run(ctx, c)
 		if err != nil {
 			return nil, err
 		}
@@ -391,11 +459,11 @@ func enrollAgent(ctx context.Context, srv *server.Server, devices apiv1.DeviceSe
 	}
 	tok, err := devices.CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{Ttl: durationpb.New(10 * time.Minute)})
 	if err != nil {
-		return fmt.Errorf("demo: enrollment token: %w", err)
+		return fmt.Errorf("enrollment token: %w", err)
 	}
 	if _, err := edge.Enroll(ctx, edge.EnrollConfig{API: srv.GRPCAddr(), CAPEM: srv.CACertPEM(), Token: tok.GetToken(),
 		DataDir: dir, DeviceID: id}); err != nil {
-		return fmt.Errorf("demo: %w", err)
+		return err
 	}
 	return nil
 }
@@ -412,12 +480,12 @@ func dpConfig(cfg Config) (*pb.DPConfig, error) {
 	case "distributed":
 		c = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN}
 	default:
-		return nil, fmt.Errorf("demo: --dp %q: want none, central or distributed", cfg.DP)
+		return nil, fmt.Errorf("--dp %q: want none, central or distributed", cfg.DP)
 	}
 	c.ClipNorm, c.NoiseMultiplier, c.Delta = cfg.ClipNorm, cfg.NoiseMultiplier, cfg.DPDelta
 	eps, err := demoEpsilon(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("demo: %w", err)
+		return nil, err
 	}
 	c.TargetEpsilon = eps * (1 + 1e-9)
 	return c, nil
@@ -449,25 +517,6 @@ func dropout(seed uint64, device string, p float64) func(string, uint64, string)
 		return float64(binary.BigEndian.Uint64(h[:8])>>11)/(1<<53) < p
 	}
 }
-
-// progress draws one line per committed round with a bar for the task's progress.
-type progress struct {
-	w        io.Writer
-	total    int
-	done     int
-	terminal bool
-}
-
-func (p *progress) round(r RoundResult) {
-	p.done++
-	const width = 20
-	filled := p.done * width / p.total
-	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
-	fmt.Fprintf(p.w, "[%s] round %2d/%d  accuracy %6.2f%%  loss %.4f  reports %d  dropped %d  %v\n",
-		bar, p.done, p.total, 100*r.Accuracy, r.Loss, r.Reports, r.Dropped, r.Elapsed.Round(10*time.Millisecond))
-}
-
-func (p *progress) note(s string) { fmt.Fprintf(p.w, "  %s\n", s) }
 
 func writeResults(dir string, res *Result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // TestDemoSmall runs the demo end to end at a small scale: real server, real
-// agents over NATS, the MLP module built from source.
+// agents over NATS, the MLP module embedded in the binary.
 func TestDemoSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains on MNIST through the whole system")
@@ -23,7 +23,7 @@ func TestDemoSmall(t *testing.T) {
 	if _, err := data.MNISTDir(); errors.Is(err, data.ErrMNISTNotFound) {
 		t.Skipf("MNIST not in the module cache: %v", err)
 	}
-	out := t.TempDir()
+	out := filepath.Join(t.TempDir(), "results", "small") // made by the demo
 	var log bytes.Buffer
 	cfg := demo.Defaults
 	cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.BaseExamples = 8, 3, 4, 2000
@@ -38,6 +38,14 @@ func TestDemoSmall(t *testing.T) {
 	for _, r := range res.Rounds {
 		if r.Reports != 4 || !(r.Accuracy > 0.5) {
 			t.Fatalf("round %+v", r)
+		}
+	}
+	if strings.Contains(log.String(), "\x1b[") {
+		t.Errorf("escape sequences in output that is no terminal:\n%q", log.String())
+	}
+	for _, want := range []string{"pretraining the base model", "enrolling 8 edge agents", "(embedded)", "round  3/3", "results go to " + out} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, log.String())
 		}
 	}
 	lines := strings.Split(strings.TrimSpace(log.String()), "\n")

@@ -93,18 +93,18 @@ func plotPrivacy(path, mechanism string, pts []PrivacyPoint, plain, base float64
 func savePNG(p *plot.Plot, path string) error {
 	wt, err := p.WriterTo(6*vg.Inch, 4*vg.Inch, "png")
 	if err != nil {
-		return fmt.Errorf("demo: plot %s: %w", path, err)
+		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	f, err := atomicfile.Create(path, 0o644)
 	if err != nil {
-		return fmt.Errorf("demo: plot: %w", err)
+		return fmt.Errorf("plot: %w", err)
 	}
 	defer f.Abort()
 	if _, err := wt.WriteTo(f); err != nil {
-		return fmt.Errorf("demo: plot %s: %w", path, err)
+		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	if err := f.Commit(); err != nil {
-		return fmt.Errorf("demo: plot: %w", err)
+		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
 }

@@ -12,15 +12,15 @@ import (
 func newPublisher() (*identity.Publisher, []byte, error) {
 	key, err := identity.GenerateSigningKey()
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo: publisher key: %w", err)
+		return nil, nil, fmt.Errorf("publisher key: %w", err)
 	}
 	p, err := identity.NewPublisher(key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo: publisher: %w", err)
+		return nil, nil, fmt.Errorf("publisher: %w", err)
 	}
 	jwks, err := identity.PublicJWKS(key.Public().(ed25519.PublicKey))
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo: publisher: %w", err)
+		return nil, nil, fmt.Errorf("publisher: %w", err)
 	}
 	return p, jwks, nil
 }

@@ -1,7 +1,8 @@
 // Package build compiles Go update modules from source with the local Go
-// toolchain (GOOS=wasip1 GOARCH=wasm -buildmode=c-shared), so Fleetlearn
-// never ships or commits module binaries. It needs the go command, which the
-// demo and the tests have; deployed agents never build anything.
+// toolchain (GOOS=wasip1 GOARCH=wasm -buildmode=c-shared), for tests and
+// module authors; Fleetlearn's own example modules ship prebuilt in
+// wasm/examples/embedded. It needs the go command; deployed agents never
+// build anything.
 package build
 
 import (

@@ -1,5 +1,5 @@
-// Package wasmtest builds Fleetlearn update modules from Go source for tests, so
-// that no module binary is committed. Builds are cached per process and per
+// Package wasmtest builds Fleetlearn update modules from Go source for tests
+// (the shipped examples are prebuilt in wasm/examples/embedded). Builds are cached per process and per
 // package; the go build cache makes repeat builds across processes cheap.
 package wasmtest
 

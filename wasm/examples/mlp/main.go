@@ -6,6 +6,9 @@
 // It mirrors the native reference trainer (package train) call for call, so both
 // produce the same weights from the same inputs.
 //
+// fleetlearn ships it built (`fleetlearn module example mlp`, from
+// wasm/examples/embedded); to build it yourself:
+//
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o mlp.wasm ./wasm/examples/mlp
 package main
 

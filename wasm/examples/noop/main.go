@@ -6,6 +6,9 @@
 // evaluate reports an accuracy of 0. It still runs through the full ABI: the
 // request handshake, host tensors and kernels, and the result document.
 //
+// fleetlearn ships it built (`fleetlearn module example noop`, from
+// wasm/examples/embedded); to build it yourself:
+//
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o noop.wasm ./wasm/examples/noop
 package main
 

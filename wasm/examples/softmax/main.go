@@ -5,6 +5,9 @@
 // mini-batch SGD. It also reports the L2 norm of its weight change, computed
 // host-side, as the metric "update_norm".
 //
+// fleetlearn ships it built (`fleetlearn module example softmax`, from
+// wasm/examples/embedded); to build it yourself:
+//
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o softmax.wasm ./wasm/examples/softmax
 package main
 

@@ -1,0 +1,122 @@
+package embedded
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+func TestListIsSortedAndComplete(t *testing.T) {
+	var names []string
+	for _, m := range List() {
+		names = append(names, m.Name)
+		if m.Description == "" || !strings.HasPrefix(m.Package, "github.com/fleetlearn/fleetlearn/wasm/examples/") {
+			t.Errorf("%s: description %q, package %q", m.Name, m.Description, m.Package)
+		}
+	}
+	if !slices.IsSorted(names) || !slices.Contains(names, "mlp") || !slices.Contains(names, "softmax") {
+		t.Errorf("names %v: want sorted, with mlp and softmax", names)
+	}
+	if !strings.HasPrefix(GoVersion, "go1.") {
+		t.Errorf("GoVersion %q", GoVersion)
+	}
+}
+
+func TestCodeMatchesRecordedDigest(t *testing.T) {
+	for _, m := range List() {
+		code, err := m.Code()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(code)
+		if hex.EncodeToString(sum[:]) != m.SHA256 || len(code) != m.Size || !strings.HasPrefix(string(code), "\x00asm") {
+			t.Errorf("%s: %d bytes, want %d with sha256 %s", m.Name, len(code), m.Size, m.SHA256)
+		}
+		if m.Size < 100_000 || m.Size > 16<<20 {
+			t.Errorf("%s: %d bytes: not a Go-built module?", m.Name, m.Size)
+		}
+	}
+}
+
+func TestLookup(t *testing.T) {
+	m, err := Lookup("mlp")
+	if err != nil || m.Name != "mlp" {
+		t.Fatalf("Lookup(mlp) = %+v, %v", m, err)
+	}
+	if _, err := Lookup("resnet"); !errors.Is(err, ErrUnknown) || !strings.Contains(err.Error(), "resnet") {
+		t.Errorf("Lookup(resnet): %v", err)
+	}
+}
+
+func TestCodeRefusesCorruption(t *testing.T) {
+	m, err := Lookup("noop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := m
+	flipped.SHA256 = strings.Repeat("0", 64)
+	if _, err := flipped.Code(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("wrong digest: %v", err)
+	}
+	truncated := m
+	truncated.gz = m.gz[:len(m.gz)/2]
+	if _, err := truncated.Code(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("truncated stream: %v", err)
+	}
+	short := m
+	short.Size--
+	if _, err := short.Code(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("longer than recorded: %v", err)
+	}
+}
+
+// TestModulesRunInTheSandbox loads each module the way an agent does, under
+// its digest, and evaluates a tiny model: the call goes through the ABI
+// version handshake and the module's own evaluate.
+func TestModulesRunInTheSandbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiling a Go-built module takes minutes under the race detector on a loaded machine")
+	}
+	ctx := context.Background()
+	sb, err := wasm.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close(ctx)
+	d := &data.Dataset{Features: []float32{0, 1, 0, 1, 1, 0, 1, 0, 0.5, 0.5, 0, 0}, Labels: []uint8{0, 1, 1}, Dim: 4, NumClasses: 2}
+	archs := map[string][]int{"mlp": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}}
+	for _, m := range List() {
+		arch, ok := archs[m.Name]
+		if !ok {
+			t.Fatalf("%s: no test model for it", m.Name)
+		}
+		code, err := m.Code()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mod, err := sb.Load(ctx, code, m.SHA256)
+		if err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		init, err := train.InitMLP(arch, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := mod.Evaluate(ctx, wasm.Call{Model: init, Data: d})
+		if err != nil {
+			t.Fatalf("%s: evaluate: %v", m.Name, err)
+		}
+		if _, ok := res.Metrics["accuracy"]; !ok {
+			t.Errorf("%s: metrics %v lack accuracy", m.Name, res.Metrics)
+		}
+		mod.Close(ctx)
+	}
+}
