@@ -49,7 +49,7 @@ func TestBlobIntegrity(t *testing.T) {
 	}
 
 	d := &data.Dataset{Dim: 1, NumClasses: 2, Features: []float32{0, 1}, Labels: []uint8{0, 1}}
-	a, err := New(Config{DataDir: t.TempDir(), DeviceID: "dev-1"}, WithDataset(d))
+	a, err := New(Config{DataDir: t.TempDir(), DeviceID: "dev-1", InsecureNATS: true}, WithDataset(d))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,8 +59,13 @@ type Config struct {
 	Idle        bool
 	Unmetered   bool
 	// Credentials is a NATS creds file; empty uses DataDir's device.creds
-	// from enrollment when there is one, else connects without credentials.
+	// from enrollment. Without either, New fails with ErrNotEnrolled unless
+	// InsecureNATS is set.
 	Credentials string
+	// InsecureNATS lets an agent without credentials connect anyway, to an
+	// aggregator whose NATS runs without authorization
+	// (fleetlearn-server --insecure-nats).
+	InsecureNATS bool
 	// ModulePublishers is a JWKS of trusted module publishers; empty uses
 	// DataDir's publishers.jwks from enrollment when there is one. With
 	// publishers set the agent runs only modules they signed.
@@ -112,7 +117,8 @@ type Agent struct {
 	identity   ed25519.PrivateKey // key's private key: signs reports and secure aggregation messages
 	key        *identity.UserKey
 	publishers *identity.TrustedPublishers
-	creds      string // NATS creds file, or ""
+	creds      string                            // NATS creds file, or ""
+	jitter     func(time.Duration) time.Duration // from o.rand, for every back-off
 
 	mu       sync.Mutex
 	modules  map[string]*wasm.Module
@@ -134,7 +140,9 @@ type Agent struct {
 	lastReason                                   atomic.Value // string: last refusal reason
 }
 
-// New prepares an agent: reads its identity and dataset. Run connects.
+// New prepares an agent: reads its identity and dataset. Run connects. An
+// agent that is not enrolled is refused with ErrNotEnrolled before anything
+// is written to its data directory.
 func New(cfg Config, opts ...Option) (*Agent, error) {
 	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real()}
 	for _, opt := range opts {
@@ -147,6 +155,10 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("edge: DataDir is required")
+	}
+	creds, err := credsFile(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "blobs"), 0o700); err != nil {
 		return nil, fmt.Errorf("edge: data dir: %w", err)
@@ -177,13 +189,8 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 			return nil, fmt.Errorf("edge: module publishers: %w", err)
 		}
 	}
-	creds := cfg.Credentials
-	if creds == "" {
-		if _, err := os.Stat(filepath.Join(cfg.DataDir, CredsFile)); err == nil {
-			creds = filepath.Join(cfg.DataDir, CredsFile)
-		}
-	}
-	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: key.PrivateKey(), key: key, publishers: publishers, creds: creds, modules: map[string]*wasm.Module{}, models: map[string]*model.Model{}}
+	a := &Agent{cfg: cfg, o: o, data: o.dataset, identity: key.PrivateKey(), key: key, publishers: publishers, creds: creds,
+		jitter: backoff.Jitter(o.rand), modules: map[string]*wasm.Module{}, models: map[string]*model.Model{}}
 	if a.data == nil {
 		d, err := data.ReadDir(cfg.DatasetDir)
 		if err != nil {
@@ -202,6 +209,27 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		a.o.sandbox, a.own = s, true
 	}
 	return a, nil
+}
+
+// credsFile returns the creds file the agent connects with: the one
+// named, else the one enrollment stored, else "" when cfg allows none.
+func credsFile(cfg Config) (string, error) {
+	if cfg.Credentials != "" {
+		if _, err := os.Stat(cfg.Credentials); err != nil {
+			return "", fmt.Errorf("edge: credentials: %w", err)
+		}
+		return cfg.Credentials, nil
+	}
+	path := filepath.Join(cfg.DataDir, CredsFile)
+	switch _, err := os.Stat(path); {
+	case err == nil:
+		return path, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("edge: credentials: %w", err)
+	case cfg.InsecureNATS:
+		return "", nil
+	}
+	return "", fmt.Errorf("%w: %s holds no NATS credentials (%s)", ErrNotEnrolled, cfg.DataDir, CredsFile)
 }
 
 // loadOrCreateID returns the device's pseudonymous id, creating it once.
@@ -243,15 +271,20 @@ func (a *Agent) LastRefusal() string {
 }
 
 // Run works until ctx ends: check in, train when selected, report, repeat.
-// It survives server and NATS restarts by reconnecting with back-off.
+// It waits for an unreachable NATS server with back-off, warning as it does,
+// and survives server and NATS restarts by reconnecting. It stops with an
+// error when the agent cannot go on without the operator: ErrRevoked when
+// NATS refuses or revokes its credentials, ErrNotEnrolled when NATS wants
+// credentials the agent does not have. It returns nil when ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.close()
+	ctx, st := newStopper(ctx)
+	defer st.cancel()
 	opts := []nats.Option{
 		nats.Name("fleetlearn-edge/" + a.cfg.DeviceID),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
-		nats.RetryOnFailedConnect(true),
 	}
 	if a.creds != "" {
 		// The device's user JWT lets it reply only on its own inbox prefix.
@@ -264,20 +297,31 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		opts = append(opts, nats.Secure(tc))
 	}
-	nc, err := nats.Connect(a.cfg.NATSURL, opts...)
+	nc, err := a.connect(ctx, st, opts)
 	if err != nil {
-		return fmt.Errorf("edge: connect: %w", err)
+		return err
+	}
+	if nc == nil {
+		return nil // ctx ended while waiting for the server
 	}
 	defer nc.Close()
+	// A connection the handlers stopped fails what follows: their reason
+	// is the one to give.
+	failed := func(err error) error {
+		if why := st.err(); why != nil {
+			return why
+		}
+		return err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return fmt.Errorf("edge: jetstream: %w", err)
+		return failed(fmt.Errorf("edge: jetstream: %w", err))
 	}
 	dev, err := devproto.New(devproto.Config{
 		CheckIn: &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
 			DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
 			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}},
-		Work: a.participate, Clock: a.o.clock, Jitter: backoff.Jitter(a.o.rand), Log: a.o.log,
+		Work: a.participate, Clock: a.o.clock, Jitter: a.jitter, Log: a.o.log,
 		Observer: devproto.Observer{
 			CheckedIn: func(*pb.CheckInResponse) { a.checkIns.Add(1) },
 			GaveUp:    func(*pb.RoundPlan, int, error) { a.failures.Add(1) },
@@ -288,17 +332,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	announce, err := devproto.SubscribeAnnouncements(nc, dev)
 	if err != nil {
-		return fmt.Errorf("edge: %w", err)
+		return failed(fmt.Errorf("edge: %w", err))
 	}
 	defer announce.Unsubscribe()
 	receipts, err := devproto.SubscribeReceipts(nc, a.cfg.DeviceID, a.onReceipt)
 	if err != nil {
-		return fmt.Errorf("edge: %w", err)
+		return failed(fmt.Errorf("edge: %w", err))
 	}
 	defer receipts.Unsubscribe()
 	a.o.log.Info("edge agent running", "device", a.cfg.DeviceID, "examples", a.data.Len(), "nats", a.cfg.NATSURL)
 	dev.Run(ctx, nc, js)
-	return nil
+	return st.err() // set when the connection's handlers stopped the agent
 }
 
 func (a *Agent) close() {

@@ -1,18 +1,21 @@
 // Command fleetlearn-edge is the Fleetlearn device agent: it joins federated
 // rounds over NATS and trains WASM update modules on the local dataset in
-// --dataset (format: docs/DATASET.md). SIGTERM stops it cleanly.
+// --dataset (format: docs/DATASET.md). A device enrolls once:
 //
-//	fleetlearn-edge enroll --api HOST:PORT --ca ca.pem --token TOKEN --data-dir DIR
+//	fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file token --data-dir DIR
 //	fleetlearn-edge --data-dir DIR --dataset DATA
 //
-// enroll presents a one-time token from an operator and stores the device's
-// NATS credentials, NATS URL and trusted module publishers in DIR.
+// enroll presents a single-use token from an operator and stores the
+// device's key, NATS credentials, NATS URL and trusted module publishers in
+// DIR. Run "fleetlearn-edge --help" for every flag. SIGINT or SIGTERM stops
+// the agent cleanly.
 package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -21,116 +24,122 @@ import (
 	"syscall"
 
 	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 )
 
-func flagSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
-}
+// Exit statuses.
+const (
+	exitError = 1
+	exitUsage = 2
+	// exitOperator says that running the command again will not help until
+	// the operator acts: the device is not enrolled, was revoked, or the
+	// server refused its enrollment token or key.
+	exitOperator = 3
+)
 
 func main() {
 	// Heap profiling samples every 512 KB allocated and keeps a 1.4 MB table of
 	// stacks; the agent serves no profiles, and its model-sized buffers would be
 	// sampled almost every round.
 	runtime.MemProfileRate = 0
-	if len(os.Args) > 1 && os.Args[1] == "enroll" {
-		os.Exit(enroll(os.Args[2:]))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, runAgent)
+	stop()
+	os.Exit(code)
+}
+
+// run executes the command line args and returns the exit status, having
+// printed any error to stderr.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, agent agentFunc) int {
+	root := newRootCommand(agent)
+	root.SetArgs(cliflags.SingleDash(root, args))
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
-	var cfg edge.Config
-	var tasks, level, publishers string
-	var procs int
-	flag.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL of the aggregator (default: the one enrollment stored, else nats://127.0.0.1:4222)")
-	flag.StringVar(&cfg.Credentials, "creds", "", "NATS creds file (default: the one enrollment stored in --data-dir)")
-	flag.StringVar(&publishers, "module-publishers", "", "JWKS file of trusted module publishers (default: the one enrollment stored)")
-	flag.StringVar(&cfg.DataDir, "data-dir", "fleetlearn-edge", "directory for the device id and caches")
-	flag.StringVar(&cfg.DatasetDir, "dataset", "", "local dataset directory (required)")
-	flag.StringVar(&cfg.DeviceID, "device-id", "", "pseudonymous device id (default: generated once and kept in --data-dir)")
-	flag.StringVar(&tasks, "tasks", "", "comma-separated task ids to join (default: any)")
-	flag.StringVar(&cfg.DeviceClass, "device-class", "", "device class reported at check-in")
-	flag.BoolVar(&cfg.Charging, "charging", true, "report the device as charging")
-	flag.BoolVar(&cfg.Idle, "idle", true, "report the device as idle")
-	flag.BoolVar(&cfg.Unmetered, "unmetered", true, "report the network as unmetered")
-	flag.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	flag.IntVar(&procs, "max-procs", 1, "threads running the agent's Go code at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
-	flag.Parse()
-	// The agent trains one step at a time on single-threaded kernels; more Ps
-	// only add scheduler and collector overhead and take the owner's cores.
-	if procs > 0 && !flagSet("max-procs") && os.Getenv("GOMAXPROCS") != "" {
-		procs = 0 // an explicit environment wins over the default
+	fmt.Fprintln(stderr, "fleetlearn-edge:", message(err))
+	switch {
+	case isUsage(err):
+		return exitUsage
+	case errors.Is(err, edge.ErrNotEnrolled), errors.Is(err, edge.ErrRevoked),
+		errors.Is(err, edge.ErrTokenRefused), errors.Is(err, edge.ErrKeyRefused):
+		return exitOperator
+	}
+	return exitError
+}
+
+// message is err as the user reads it: the program's name stands in for
+// the agent package's "edge: " prefix, and the errors that need the
+// operator say what to do.
+func message(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "edge: ")
+	var e *hinted
+	if errors.As(err, &e) {
+		msg += "\n" + e.hint
+	}
+	return msg
+}
+
+// hinted is an error with advice for the user, printed on lines of its own.
+type hinted struct {
+	err  error
+	hint string
+}
+
+func (h *hinted) Error() string { return h.err.Error() }
+func (h *hinted) Unwrap() error { return h.err }
+
+// agentFunc runs an agent with cfg until ctx ends; procs is the
+// GOMAXPROCS to run it with (0: leave it).
+type agentFunc func(ctx context.Context, cfg edge.Config, procs int, log *slog.Logger) error
+
+// runAgent is the agent: it refuses a device that is not enrolled before
+// touching its data directory, and stops with an error when it cannot go on.
+func runAgent(ctx context.Context, cfg edge.Config, procs int, log *slog.Logger) error {
+	a, err := edge.New(cfg, edge.WithLogger(log))
+	if err != nil {
+		return advise(err, cfg.DataDir)
 	}
 	if procs > 0 {
 		runtime.GOMAXPROCS(procs)
 	}
-	if tasks != "" {
-		cfg.TaskIDs = strings.Split(tasks, ",")
-	}
-	if cfg.NATSURL == "" {
-		cfg.NATSURL = edge.SavedNATSURL(cfg.DataDir)
-	}
-	if cfg.NATSURL == "" {
-		cfg.NATSURL = "nats://127.0.0.1:4222"
-	}
-	if publishers != "" {
-		b, err := os.ReadFile(publishers)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "fleetlearn-edge:", err)
-			os.Exit(1)
-		}
-		cfg.ModulePublishers = b
-	}
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil || cfg.DatasetDir == "" || procs < 0 {
-		fmt.Fprintln(os.Stderr, "usage: fleetlearn-edge -dataset DIR [flags]; see -help")
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	a, err := edge.New(cfg, edge.WithLogger(log))
-	if err != nil {
-		log.Error("start failed", "err", err)
-		os.Exit(1)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := a.Run(ctx); err != nil {
-		log.Error("agent stopped", "err", err)
-		os.Exit(1)
-	}
+	err = a.Run(ctx)
 	log.Info("agent stopped", "stats", fmt.Sprintf("%+v", a.Stats()))
+	return advise(err, cfg.DataDir)
 }
 
-// enroll runs the enroll subcommand and returns the exit status.
-func enroll(args []string) int {
-	fs := flag.NewFlagSet("enroll", flag.ContinueOnError)
-	var cfg edge.EnrollConfig
-	var ca string
-	fs.StringVar(&cfg.API, "api", "", "aggregator gRPC address (host:port)")
-	fs.StringVar(&ca, "ca", "", "the aggregator's CA certificate (PEM), from its data directory's tls/ca.pem")
-	fs.StringVar(&cfg.Token, "token", "", "one-time enrollment token from 'fleetlearn device token'")
-	fs.StringVar(&cfg.DataDir, "data-dir", "fleetlearn-edge", "directory for the device key, credentials and caches")
-	fs.StringVar(&cfg.DeviceID, "device-id", "", "requested device id (default: the server assigns one)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+// advise adds what to do to the errors that need the operator.
+func advise(err error, dataDir string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, edge.ErrNotEnrolled):
+		return &hinted{err, "Enroll this device first, with the server's tls/ca.crt and a token from 'fleetlearn device token':\n" +
+			"  " + enrollCommand(dataDir) + "\n" +
+			"then start the agent again with the same --data-dir (or name a creds file with --creds; " +
+			"a server run with --insecure-nats needs none: --insecure-nats)."}
+	case errors.Is(err, edge.ErrRevoked):
+		return &hinted{err, "The reason the operator gave is not sent to devices: 'fleetlearn device list --all' shows it.\n" +
+			"To rejoin, ask the operator for a new enrollment token and enroll into a new, empty --data-dir " +
+			"(a revoked key never enrolls again):\n  " + enrollCommand("NEW_DIR")}
 	}
-	if cfg.API == "" || ca == "" || cfg.Token == "" {
-		fmt.Fprintln(os.Stderr, "usage: fleetlearn-edge enroll --api HOST:PORT --ca FILE --token TOKEN [--data-dir DIR]")
-		return 2
+	return err
+}
+
+// enrollCommand is the enroll command line for dataDir.
+func enrollCommand(dataDir string) string {
+	return "fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file FILE --data-dir " + shellQuote(dataDir)
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r))
+	}) < 0 {
+		return s
 	}
-	pem, err := os.ReadFile(ca)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleetlearn-edge enroll:", err)
-		return 1
-	}
-	cfg.CAPEM = pem
-	e, err := edge.Enroll(context.Background(), cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleetlearn-edge enroll:", err)
-		return 1
-	}
-	fmt.Printf("enrolled as %s (key %s)", e.DeviceID, e.KeyID)
-	if e.NATSURL != "" {
-		fmt.Printf(", NATS %s", e.NATSURL)
-	}
-	fmt.Printf("; credentials in %s\n", cfg.DataDir)
-	return 0
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
