@@ -15,8 +15,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +35,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+	"github.com/fleetlearn/fleetlearn/server/internal/natsembed"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -43,8 +46,8 @@ import (
 type Config struct {
 	DataDir     string // required: SQLite, JetStream store and the WASM compilation cache live here
 	NATSURL     string // external NATS cluster; empty starts an embedded server
-	NATSListen  string // embedded server's client address (default 127.0.0.1:4222; port 0 picks one)
-	GRPCAddr    string // default 127.0.0.1:7070; port 0 picks one
+	NATSListen  string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
+	GRPCAddr    string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
 	MetricsAddr string // Prometheus /metrics; default 127.0.0.1:9464; "off" disables
 	// MaxMessageBytes is the embedded server's max_payload and the reports
 	// stream's message size limit (default wire.MaxMessageBytes).
@@ -91,6 +94,21 @@ type Config struct {
 	// publisher keys whose module signatures RegisterModule accepts; empty
 	// refuses every module.
 	ModulePublishersJWKS []byte
+	// PublicHost is the DNS name or IP address (no port) by which devices
+	// and operators on other hosts reach the server. It opens the service
+	// beyond loopback: GRPCAddr and NATSListen default to every interface
+	// (both are authenticated: TLS and bearer tokens, NATS user JWTs), the
+	// server certificate covers it, and enrollment gives devices the
+	// embedded NATS server's URL with it as the host (with NATSURL, that
+	// URL). Empty keeps the defaults on loopback; metrics stay on loopback
+	// either way.
+	PublicHost string
+	// NATSMonitor is the "host:port" on which the embedded NATS server
+	// serves its HTTP monitoring endpoints (/varz, /jsz, /connz …), for the
+	// nats CLI and exporters; empty serves none. They are unauthenticated
+	// and show connections (device ids, addresses): keep them on loopback
+	// or behind a firewall. An external cluster (NATSURL) serves its own.
+	NATSMonitor string
 }
 
 // Option injects a collaborator.
@@ -149,11 +167,20 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("server: DataDir is required")
 	}
+	if err := checkPublicConfig(&cfg); err != nil {
+		return nil, err
+	}
 	if cfg.NATSListen == "" {
 		cfg.NATSListen = "127.0.0.1:4222"
+		if cfg.PublicHost != "" {
+			cfg.NATSListen = anyHost(cfg.PublicHost) + ":4222"
+		}
 	}
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "127.0.0.1:7070"
+		if cfg.PublicHost != "" {
+			cfg.GRPCAddr = ":7070" // every interface, IPv4 and IPv6
+		}
 	}
 	if cfg.MetricsAddr == "" {
 		cfg.MetricsAddr = "127.0.0.1:9464"
@@ -215,8 +242,23 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		natsOpts = append(natsOpts, user)
 	}
+	// connectURL is where the server itself reaches NATS; s.natsURL, what
+	// devices are told, differs for an embedded server on every interface.
+	connectURL := s.cfg.NATSURL
 	s.natsURL = s.cfg.NATSURL
 	if s.natsURL == "" {
+		if s.cfg.NATSMonitor != "" {
+			prev := configure
+			configure = func(o *natsserver.Options) error {
+				if err := natsembed.Monitor(o, s.cfg.NATSMonitor); err != nil {
+					return err
+				}
+				if prev != nil {
+					return prev(o)
+				}
+				return nil
+			}
+		}
 		if s.cfg.NATSTLS {
 			auth := configure
 			configure = func(o *natsserver.Options) error {
@@ -233,18 +275,16 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		s.natsURL = s.embedded.ClientURL()
-		if s.cfg.NATSTLS {
-			// The scheme tells clients, enrolled agents included, to insist on TLS.
-			s.natsURL = "tls://" + strings.TrimPrefix(strings.TrimPrefix(s.natsURL, "nats://"), "tls://")
+		if connectURL, s.natsURL, err = s.embeddedNATSURLs(s.embedded.ClientURL()); err != nil {
+			return err
 		}
 	}
 	natsOpts = append(natsOpts, s.natsTLSOptions()...)
-	if s.nc, err = natsx.Connect(s.natsURL, "fleetlearn-server", s.o.log, natsOpts...); err != nil {
+	if s.nc, err = natsx.Connect(connectURL, "fleetlearn-server", s.o.log, natsOpts...); err != nil {
 		return err
 	}
 	if s.natsAuthority != nil {
-		if err := s.natsAuthority.connectSystem(s.natsURL); err != nil {
+		if err := s.natsAuthority.connectSystem(connectURL); err != nil {
 			return err
 		}
 		s.natsAuth = s.natsAuthority
@@ -300,6 +340,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go s.http.Serve(s.httpLn)
 	}
+	s.warnUnreachable()
 	s.o.log.Info("aggregator started", "grpc", s.GRPCAddr(), "nats", s.natsURL, "metrics", s.MetricsAddr(), "data", s.cfg.DataDir)
 	return nil
 }
@@ -365,4 +406,103 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.err = errors.Join(errs...)
 	})
 	return s.err
+}
+
+// checkPublicConfig refuses a PublicHost or NATSMonitor that cannot work
+// before anything is created, and adds PublicHost to the certificate's
+// names.
+func checkPublicConfig(cfg *Config) error {
+	if h := cfg.PublicHost; h != "" {
+		ip := net.ParseIP(h)
+		if ip == nil && !isDNSName(h) || ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("server: public host %q: give the DNS name or IP address devices reach the server by, without a port", h)
+		}
+		cfg.TLSHosts = append(slices.Clone(cfg.TLSHosts), h)
+	}
+	if cfg.NATSMonitor != "" {
+		if cfg.NATSURL != "" {
+			return errors.New("server: NATS monitoring (NATSMonitor) is served by the embedded NATS server; " +
+				"with an external cluster (NATSURL), enable http_port in the cluster's own configuration")
+		}
+		if err := natsembed.Monitor(new(natsserver.Options), cfg.NATSMonitor); err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+	}
+	return nil
+}
+
+// isDNSName reports whether h looks like a host name: letters, digits,
+// hyphens and dots, at most 253 characters.
+func isDNSName(h string) bool {
+	return len(h) <= 253 && strings.Trim(h, ".") != "" && !strings.ContainsFunc(h, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.')
+	})
+}
+
+// anyHost is the listen host for every interface of publicHost's family:
+// nats-server listens on one address family (an IPv4 "0.0.0.0" unless told
+// "::").
+func anyHost(publicHost string) string {
+	if ip := net.ParseIP(publicHost); ip != nil && ip.To4() == nil {
+		return "[::]"
+	}
+	return "0.0.0.0"
+}
+
+// embeddedNATSURLs returns the URL the server dials its embedded NATS
+// server at and the one devices get at enrollment (Server.NATSURL), from
+// the server's client URL. On every interface ("0.0.0.0", "::") the server
+// dials loopback, which its certificate covers, while devices get
+// PublicHost, else the machine's host name (also in the certificate); a
+// loopback listener is offered as it is. The tls scheme tells clients,
+// enrolled agents included, to insist on TLS.
+func (s *Server) embeddedNATSURLs(clientURL string) (connect, devices string, err error) {
+	u, err := url.Parse(clientURL)
+	if err != nil {
+		return "", "", fmt.Errorf("server: embedded NATS URL %q: %w", clientURL, err)
+	}
+	if s.cfg.NATSTLS {
+		u.Scheme = "tls"
+	}
+	host, port := u.Hostname(), u.Port()
+	ip := net.ParseIP(host)
+	local := host
+	if ip != nil && ip.IsUnspecified() {
+		local = "127.0.0.1"
+		if ip.To4() == nil {
+			local = "::1"
+		}
+	}
+	public := local
+	switch {
+	case ip != nil && ip.IsLoopback():
+	case s.cfg.PublicHost != "":
+		public = s.cfg.PublicHost
+	case ip != nil && ip.IsUnspecified():
+		if name, err := os.Hostname(); err == nil && isDNSName(name) {
+			public = strings.ToLower(name)
+		}
+	}
+	c, d := *u, *u
+	c.Host, d.Host = net.JoinHostPort(local, port), net.JoinHostPort(public, port)
+	return c.String(), d.String(), nil
+}
+
+// warnUnreachable says when PublicHost promises what a loopback listener
+// cannot keep.
+func (s *Server) warnUnreachable() {
+	if s.cfg.PublicHost == "" {
+		return
+	}
+	addrs := map[string]string{"grpc": s.GRPCAddr()}
+	if s.embedded != nil {
+		addrs["nats"] = s.cfg.NATSListen
+	}
+	for what, addr := range addrs {
+		h, _, err := net.SplitHostPort(addr)
+		if ip := net.ParseIP(h); err == nil && (h == "localhost" || ip != nil && ip.IsLoopback()) {
+			s.o.log.Warn("the public host is set but this listener is on loopback: other hosts cannot reach it",
+				"public_host", s.cfg.PublicHost, what, addr)
+		}
+	}
 }

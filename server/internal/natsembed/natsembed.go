@@ -11,6 +11,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 
 	natsjwt "github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
@@ -21,6 +23,10 @@ import (
 
 // ErrUpdateRefused reports a server that did not accept an account JWT.
 var ErrUpdateRefused = errors.New("natsembed: account update refused")
+
+// ErrMonitorAddr reports a monitoring address that is not "host:port"
+// with a port from 1 to 65535.
+var ErrMonitorAddr = errors.New("natsembed: monitoring address must be host:port, the port from 1 to 65535")
 
 // Configure puts opts in operator mode under a: it trusts a's operator,
 // names its system account, and installs an in-memory resolver preloaded
@@ -108,5 +114,28 @@ func PushAccount(ctx context.Context, sys *nats.Conn, accountJWT string) error {
 	case r.Data == nil || r.Data.Code != 200:
 		return fmt.Errorf("%w: %s: unexpected reply %q", ErrUpdateRefused, ac.Subject, msg.Data)
 	}
+	return nil
+}
+
+// Monitor makes opts serve nats-server's HTTP monitoring endpoints (/varz,
+// /jsz, /connz, /healthz …) on addr, "host:port". An empty host listens on
+// every interface, as net.Listen would (nats-server itself would take the
+// client listen host). Port 0 is refused: nats-server reads it as "off",
+// and a port picked at random would be one nobody can find. The endpoints
+// have no authentication and show connections, with device ids and
+// addresses.
+func Monitor(opts *server.Options, addr string) error {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: %q", ErrMonitorAddr, addr)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return fmt.Errorf("%w: %q", ErrMonitorAddr, addr)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	opts.HTTPHost, opts.HTTPPort = host, port
 	return nil
 }

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/version"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/wasm"
+)
+
+// usageError is a command line that cannot work as given (exit status 2).
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usage makes a usage error.
+func usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+
+// isUsage reports whether err is the command line's fault.
+func isUsage(err error) bool {
+	var u *usageError
+	return errors.As(err, &u)
+}
+
+// serveFunc runs the aggregator with cfg until ctx ends.
+type serveFunc func(ctx context.Context, cfg server.Config, log *slog.Logger) error
+
+// flags are the command line: the server configuration and what becomes it.
+type flags struct {
+	cfg         server.Config
+	level       string
+	tlsHosts    string
+	publishers  string
+	writeNATS   string
+	resolverDir string
+}
+
+func versionLine() string {
+	return version.Get().String("fleetlearn-server", fmt.Sprintf("module ABI %d", wasm.ABIVersion))
+}
+
+const long = `fleetlearn-server is the Fleetlearn aggregator: it runs federated training
+rounds for a fleet of devices running fleetlearn-edge. One process holds
+  - an embedded NATS server with JetStream, which carries the round protocol,
+    models and modules (or a connection to an external cluster, --nats-url);
+  - SQLite (tasks, model versions, modules, enrolled devices), the round
+    coordinator and the WASM sandbox;
+  - the gRPC API, for the fleetlearn CLI and for device enrollment, over TLS
+    with bearer tokens;
+  - Prometheus /metrics on loopback, and the tamper-evident audit log.
+
+All state lives under --data-dir: fleetlearn.db, audit.db, jetstream/,
+wasm-cache/, keys/ (token signing keys), nats-auth/ (the NATS operator and
+account keys) and tls/. On first start the server writes there
+  tls/ca.crt    the CA of its TLS certificate: the CLI trusts it with --ca or
+                $FLEETLEARN_CA, devices with fleetlearn-edge enroll --ca
+  admin.token   an admin API token (mode 0600), for the CLI on this host:
+                $FLEETLEARN_TOKEN_FILE
+Whoever can read the directory can mint any token: keep it private.
+
+By default the API and NATS listen on loopback only. --public-host NAME puts
+both on every interface (:7070 and :4222), adds NAME to the certificate and
+tells enrolling devices to reach NATS at NAME; devices then enroll with
+"fleetlearn-edge enroll --api NAME:7070". NATS admits only enrolled devices,
+each limited to its own subjects; --nats-tls encrypts it too.
+
+Flags may also be written with one dash (-data-dir DIR), as in earlier
+releases. The server stops cleanly on SIGINT or SIGTERM.`
+
+const examples = `  # one machine: the server, the CLI and devices on loopback
+  fleetlearn-server --data-dir fleetlearn-data --module-publishers publishers.jwks
+
+  # devices on other hosts enroll with --api aggregator.example.net:7070
+  fleetlearn-server --data-dir /var/lib/fleetlearn --public-host aggregator.example.net \
+    --nats-tls --module-publishers publishers.jwks
+
+  # the embedded NATS server's monitoring, for nats-top and exporters
+  fleetlearn-server --data-dir /var/lib/fleetlearn --nats-monitor 127.0.0.1:8222
+
+  # an external NATS cluster: make it trust this server's operator, then use it
+  fleetlearn-server --data-dir /var/lib/fleetlearn --write-nats-config fleetlearn-nats.conf
+  fleetlearn-server --data-dir /var/lib/fleetlearn --nats-url nats://nats-1:4222,nats://nats-2:4222`
+
+// newRootCommand is the fleetlearn-server command; serve runs the server.
+// Errors are returned from Execute, not printed; isUsage tells those that
+// are the command line's fault.
+func newRootCommand(serve serveFunc) *cobra.Command {
+	f := &flags{}
+	root := &cobra.Command{
+		Use:           "fleetlearn-server",
+		Short:         "Run the Fleetlearn aggregator: federated rounds, device enrollment and the operator API",
+		Long:          long,
+		Example:       examples,
+		Version:       versionLine(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usage("unexpected argument %q: fleetlearn-server takes only flags", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.writeNATS != "" {
+				if err := server.WriteNATSResolverConfig(cmd.Context(), f.cfg.DataDir, f.resolverDir, f.writeNATS); err != nil {
+					return fmt.Errorf("--write-nats-config: %w", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: include it in each NATS server's configuration, then run the aggregator with --nats-url and --data-dir %s\n",
+					f.writeNATS, f.cfg.DataDir)
+				return nil
+			}
+			cfg, level, err := f.config(cmd)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			return serve(cmd.Context(), cfg, log)
+		},
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return &usageError{fmt.Errorf("%w\nRun '%s --help' for usage", err, c.CommandPath())}
+	})
+
+	fl := root.Flags()
+	fl.SortFlags = false
+	fl.StringVar(&f.cfg.DataDir, "data-dir", "fleetlearn-data", "keep SQLite, JetStream, keys, the TLS CA and caches in `DIR`")
+	fl.StringVar(&f.cfg.PublicHost, "public-host", "",
+		"the DNS name or IP address (`HOST`) by which devices and operators elsewhere reach this server: serves the API and NATS "+
+			"on every interface, puts HOST in the TLS certificate and in the NATS URL enrollment gives devices")
+	fl.StringVar(&f.cfg.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "serve the gRPC API on `ADDR`; with --public-host, :7070 (every interface) unless given")
+	fl.StringVar(&f.cfg.NATSURL, "nats-url", "", "use the external NATS cluster at `URL` (comma-separated for several servers) instead of the embedded server")
+	fl.StringVar(&f.cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address `ADDR`; with --public-host, 0.0.0.0:4222 unless given")
+	fl.BoolVar(&f.cfg.NATSTLS, "nats-tls", false, "serve the embedded NATS server over TLS with the server's CA")
+	fl.StringVar(&f.cfg.NATSMonitor, "nats-monitor", "",
+		"serve the embedded NATS server's HTTP monitoring (/varz, /jsz, /connz …) on `ADDR` (host:port); unauthenticated: keep it on loopback")
+	fl.StringVar(&f.cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "serve Prometheus /metrics on `ADDR`, or \"off\"")
+	fl.StringVar(&f.tlsHosts, "tls-hosts", "", "extra comma-separated DNS names or IPs (`HOSTS`) for the server certificate")
+	fl.BoolVar(&f.cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")
+	fl.BoolVar(&f.cfg.InsecureNATS, "insecure-nats", false, "run NATS without authorization: any client may use any subject, devices need no enrollment")
+	fl.StringVar(&f.cfg.Fleet, "fleet", server.DefaultFleet, "the `NAME` of the fleet that devices enroll into")
+	fl.StringVar(&f.publishers, "module-publishers", "", "trust the module publisher keys in the JWK Set `FILE` (fleetlearn module publisher-jwks)")
+	fl.DurationVar(&f.cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
+	fl.IntVar(&f.cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
+	fl.StringVar(&f.cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin,
+		"the `NAME` of the audit log, first line of its checkpoints (e.g. \"fleetlearn.example.com/audit\")")
+	fl.StringArrayVar(&f.cfg.AuditWitnesses, "audit-witness", nil,
+		"accept and serve the cosignatures of audit checkpoints by the witness with verifier `KEY` (fleetlearn audit witness init prints it); repeatable")
+	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
+	fl.StringVar(&f.writeNATS, "write-nats-config", "",
+		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE`, and exit")
+	fl.StringVar(&f.resolverDir, "nats-resolver-dir", "/var/lib/nats/jwt", "with --write-nats-config: the resolver's JWT directory `DIR` on the NATS servers")
+
+	root.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print the version, commit, Go version and module ABI",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())
+			return err
+		},
+	})
+	// Known before Execute, so that cliflags.SingleDash rewrites -help and
+	// -version too.
+	root.InitDefaultHelpFlag()
+	root.InitDefaultVersionFlag()
+	return root
+}
+
+// config turns the parsed flags into the server configuration and log
+// level, reading the files they name. Listen addresses left at their
+// defaults are left to the server when --public-host is given, which then
+// opens them on every interface.
+func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
+	cfg := f.cfg
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.level)); err != nil {
+		return cfg, 0, usage("--log-level: %v", err)
+	}
+	if cfg.NATSMonitor != "" && cfg.NATSURL != "" {
+		return cfg, 0, usage("--nats-monitor serves the embedded NATS server's monitoring and cannot be used with --nats-url: " +
+			"enable http_port in the external cluster's own configuration")
+	}
+	if cfg.PublicHost != "" {
+		if !cmd.Flags().Changed("grpc-addr") {
+			cfg.GRPCAddr = ""
+		}
+		if !cmd.Flags().Changed("nats-listen") {
+			cfg.NATSListen = ""
+		}
+	}
+	if f.tlsHosts != "" {
+		cfg.TLSHosts = strings.Split(f.tlsHosts, ",")
+	}
+	if f.publishers != "" {
+		b, err := os.ReadFile(f.publishers)
+		if err != nil {
+			return cfg, 0, usage("--module-publishers: %v", err)
+		}
+		cfg.ModulePublishersJWKS = b
+	}
+	return cfg, level, nil
+}
