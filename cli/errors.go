@@ -20,8 +20,14 @@ var (
 	ErrProtocol = errors.New("protocol error")
 	// ErrTaskFailed reports that a watched task ended in the FAILED state.
 	ErrTaskFailed = errors.New("task failed")
+	// ErrTaskPaused reports that a watched task was paused by the server:
+	// it waits for an operator to resume it.
+	ErrTaskPaused = errors.New("task paused")
 	// ErrWatchEnded reports a watch the server ended before the task did.
 	ErrWatchEnded = errors.New("watch ended before the task")
+	// ErrUnknownModel reports a model reference (NAME, NAME@N or a sha256
+	// prefix) that names no model version, or more than one.
+	ErrUnknownModel = errors.New("unknown model")
 )
 
 // rpcError rewrites a gRPC status error into a message for an operator,
@@ -68,3 +74,13 @@ type rpcErr struct {
 
 func (e *rpcErr) Error() string { return e.msg }
 func (e *rpcErr) Unwrap() error { return e.err }
+
+// sentence is an error whose message is a whole sentence for an operator,
+// naming each thing once, while errors.Is still finds the sentinel.
+type sentence struct {
+	msg string
+	is  error
+}
+
+func (e *sentence) Error() string { return e.msg }
+func (e *sentence) Unwrap() error { return e.is }

@@ -17,12 +17,15 @@ func ExampleNewRootCommand() {
 	}
 	// Output:
 	// audit
+	// data
 	// demo
 	// device
 	// dp
 	// model
 	// module
+	// nats
 	// pool
 	// task
 	// token
+	// version
 }

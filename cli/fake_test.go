@@ -35,9 +35,13 @@ type fake struct {
 	pageSize int
 	tasks    []*pb.Task
 	rounds   map[string][]*pb.RoundSummary
-	models   []*pb.Model
-	data     map[string][]byte
-	modules  []*pb.Module
+	// later[id], when set, is what ListRounds answers after its first call
+	// for the task: the rounds recorded meanwhile.
+	later     map[string][]*pb.RoundSummary
+	roundsHit map[string]int
+	models    []*pb.Model
+	data      map[string][]byte
+	modules   []*pb.Module
 
 	// Scripted watches: WatchTask sends events[id], then moves the task to
 	// final[id] and ends the stream. hang makes it wait for the client.
@@ -46,6 +50,8 @@ type fake struct {
 	hang   bool
 
 	corruptExport bool // send one byte more than announced
+
+	createWarnings []string // CreateTask answers with these
 
 	created      *pb.Task
 	importHeader *pb.ImportModelHeader
@@ -58,6 +64,7 @@ var created = timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 
 func newFake() *fake {
 	return &fake{pageSize: 2, rounds: map[string][]*pb.RoundSummary{}, data: map[string][]byte{},
+		later: map[string][]*pb.RoundSummary{}, roundsHit: map[string]int{},
 		events: map[string][]*pb.RoundEvent{}, final: map[string]pb.TaskState{}}
 }
 
@@ -90,10 +97,13 @@ func (f *fake) addTask(t *pb.Task) *pb.Task {
 	return proto.CloneOf(t)
 }
 
-func (f *fake) addModel(name, version string, data []byte) *pb.Model {
+// addModel stores data as a version of name. As on the real server, the
+// version is the data's sha256.
+func (f *fake) addModel(name string, data []byte) *pb.Model {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := &pb.Model{Ref: &pb.ModelRef{Version: version, Sha256: digest(data), SizeBytes: uint64(len(data))},
+	version := digest(data)
+	m := &pb.Model{Ref: &pb.ModelRef{Version: version, Sha256: version, SizeBytes: uint64(len(data))},
 		Name: name, Source: pb.ModelSource_MODEL_SOURCE_IMPORTED, TensorCount: 2, ParameterCount: 7850, CreateTime: created}
 	f.models = append(f.models, m)
 	f.data[version] = data
@@ -151,8 +161,9 @@ type fakeTasks struct {
 func (s *fakeTasks) CreateTask(_ context.Context, req *pb.CreateTaskRequest) (*pb.CreateTaskResponse, error) {
 	s.f.mu.Lock()
 	s.f.created = proto.CloneOf(req.GetTask())
+	warnings := s.f.createWarnings
 	s.f.mu.Unlock()
-	return &pb.CreateTaskResponse{Task: s.f.addTask(req.GetTask())}, nil
+	return &pb.CreateTaskResponse{Task: s.f.addTask(req.GetTask()), Warnings: warnings}, nil
 }
 
 func (s *fakeTasks) GetTask(_ context.Context, req *pb.GetTaskRequest) (*pb.GetTaskResponse, error) {
@@ -215,8 +226,13 @@ func (s *fakeTasks) WatchTask(req *pb.WatchTaskRequest, stream grpc.ServerStream
 		}
 	}
 	t.State = final
-	if final == pb.TaskState_TASK_STATE_FAILED {
+	switch final {
+	case pb.TaskState_TASK_STATE_FAILED:
 		t.StateReason = "privacy budget accountant crashed"
+	case pb.TaskState_TASK_STATE_PAUSED:
+		// As the server does: the paused task, then the end of the stream.
+		t.StateReason = "3 rounds in a row abandoned: 2 of 8 devices took a seat"
+		return stream.Send(&pb.WatchTaskResponse{Task: proto.CloneOf(t)})
 	}
 	return nil
 }
@@ -227,7 +243,13 @@ func (s *fakeTasks) ListRounds(_ context.Context, req *pb.ListRoundsRequest) (*p
 	if s.f.task(req.GetTaskId()) == nil {
 		return nil, status.Errorf(codes.NotFound, "list rounds: task %q: not found", req.GetTaskId())
 	}
-	rs, next, err := page(s.f, s.f.rounds[req.GetTaskId()], req.GetPageToken())
+	rounds := s.f.rounds[req.GetTaskId()]
+	if later, ok := s.f.later[req.GetTaskId()]; ok && req.GetPageToken() == "" {
+		if s.f.roundsHit[req.GetTaskId()]++; s.f.roundsHit[req.GetTaskId()] > 1 {
+			s.f.rounds[req.GetTaskId()], rounds = later, later
+		}
+	}
+	rs, next, err := page(s.f, rounds, req.GetPageToken())
 	return &pb.ListRoundsResponse{Rounds: rs, NextPageToken: next}, err
 }
 
@@ -261,17 +283,13 @@ func (s *fakeModels) ImportModel(stream grpc.ClientStreamingServer[pb.ImportMode
 	s.f.mu.Lock()
 	s.f.importHeader, s.f.importChunks = h, chunks
 	for _, m := range s.f.models {
-		if m.GetRef().GetVersion() == h.GetVersion() {
+		if m.GetRef().GetVersion() == digest(data) {
 			s.f.mu.Unlock()
-			return status.Errorf(codes.AlreadyExists, "import model: model %q: already exists", h.GetVersion())
+			return status.Errorf(codes.AlreadyExists, "import model: model %s: already exists", digest(data))
 		}
 	}
 	s.f.mu.Unlock()
-	version := h.GetVersion()
-	if version == "" {
-		version = h.GetName() + "@1"
-	}
-	m := s.f.addModel(h.GetName(), version, data)
+	m := s.f.addModel(h.GetName(), data)
 	return stream.SendAndClose(&pb.ImportModelResponse{Model: m})
 }
 
@@ -393,6 +411,18 @@ func runServer(t *testing.T, h *servertest.Harness, args ...string) (string, err
 
 func runWith(t *testing.T, opts []cli.Option, addr string, args ...string) (string, error) {
 	t.Helper()
+	out, _, err := runAll(t, opts, addr, args...)
+	return out, err
+}
+
+// runErr is run that also returns what the CLI wrote to standard error.
+func runErr(t *testing.T, addr string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	return runAll(t, []cli.Option{cli.WithTerminal(false)}, addr, args...)
+}
+
+func runAll(t *testing.T, opts []cli.Option, addr string, args ...string) (string, string, error) {
+	t.Helper()
 	opts = append([]cli.Option{cli.WithGetenv(func(string) string { return "" })}, opts...)
 	root := cli.NewRootCommand(opts...)
 	var out, errOut bytes.Buffer
@@ -407,5 +437,5 @@ func runWith(t *testing.T, opts []cli.Option, addr string, args ...string) (stri
 	// again after this, and the last one wins.
 	root.SetArgs(append([]string{"--timeout", "0"}, args...))
 	err := root.ExecuteContext(t.Context())
-	return out.String(), err
+	return out.String(), errOut.String(), err
 }

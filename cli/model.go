@@ -26,6 +26,7 @@ func newModelCommand(a *app) *cobra.Command {
 		newModelExportCommand(a),
 		newModelListCommand(a),
 		newModelGetCommand(a),
+		newModelInitCommand(a),
 	)
 	return cmd
 }
@@ -35,8 +36,14 @@ func newModelImportCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "import FILE.safetensors --name NAME",
 		Short: "Upload a safetensors file as a new model version and print the version",
-		Args:  cobra.ExactArgs(1),
+		Long: "import uploads a safetensors file and prints the version (sha256) the server\n" +
+			"stored it under. It is also NAME@N, the N-th version of NAME (fleetlearn model list),\n" +
+			"and NAME while it is the newest.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkModelName("--name", name); err != nil {
+				return err
+			}
 			file, err := openUpload(args[0])
 			if err != nil {
 				return fmt.Errorf("model import: %w", err)
@@ -46,8 +53,16 @@ func newModelImportCommand(a *app) *cobra.Command {
 				return fmt.Errorf("model import: %s: %w", args[0], err)
 			}
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
-				m, err := client.ImportModel(ctx, apiv1.NewModelServiceClient(conn), &pb.ImportModelHeader{
-					Name: name, Version: version, ParentVersion: parent, Description: description,
+				c := apiv1.NewModelServiceClient(conn)
+				parentVersion := ""
+				if parent != "" {
+					var err error
+					if parentVersion, err = resolveModel(ctx, c, parent); err != nil {
+						return fmt.Errorf("--parent: %w", err)
+					}
+				}
+				m, err := client.ImportModel(ctx, c, &pb.ImportModelHeader{
+					Name: name, Version: version, ParentVersion: parentVersion, Description: description,
 					Sha256: file.sha256, SizeBytes: uint64(file.size),
 				}, file.f)
 				if err != nil {
@@ -59,8 +74,9 @@ func newModelImportCommand(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "model family name (required)")
-	cmd.Flags().StringVar(&parent, "parent", "", "version this model was derived from")
-	cmd.Flags().StringVar(&version, "version", "", "version name to store it under (default: assigned by the server)")
+	cmd.Flags().StringVar(&parent, "parent", "", "model this one was derived from: NAME, NAME@N or a sha256 (prefix)")
+	cmd.Flags().StringVar(&version, "version", "", "ignored: the server names every version by its sha256")
+	cmd.Flags().MarkDeprecated("version", "the server names every version by its sha256; refer to it as NAME@N or NAME")
 	cmd.Flags().StringVar(&description, "description", "", "free-form description")
 	cmd.MarkFlagRequired("name")
 	return cmd
@@ -90,16 +106,28 @@ func checkSafetensorsPrefix(l *localFile) error {
 func newModelExportCommand(a *app) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "export VERSION -o FILE",
+		Use:   "export MODEL -o FILE",
 		Short: "Download a model version to a safetensors file",
-		Args:  cobra.ExactArgs(1),
+		Long: "export downloads MODEL: NAME (its newest version), NAME@N (its N-th), a\n" +
+			"version's sha256, or 12 or more leading digits of one.",
+		Example: "  fleetlearn model export ft -o final.safetensors   # the newest model task ft committed",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
-				m, err := exportModel(ctx, apiv1.NewModelServiceClient(conn), args[0], out)
+				c := apiv1.NewModelServiceClient(conn)
+				version, err := resolveModel(ctx, c, args[0])
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s (%s, sha256 %s)\n", m.GetRef().GetVersion(), out,
+				m, err := exportModel(ctx, c, version, out)
+				if err != nil {
+					return err
+				}
+				label, err := modelLabel(ctx, c, m)
+				if err != nil || label == "" {
+					label = m.GetRef().GetVersion()
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s (%s, sha256 %s)\n", label, out,
 					byteSize(m.GetRef().GetSizeBytes()), m.GetRef().GetSha256())
 				return err
 			})
@@ -135,7 +163,7 @@ func newModelListCommand(a *app) *cobra.Command {
 	var format, name string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List model versions, newest first",
+		Short: "List model versions, newest first, each as NAME@N and its version (sha256)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
@@ -154,15 +182,22 @@ func newModelListCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, &pb.ListModelsResponse{Models: models})
 				}
-				t := newTable(w, "VERSION", "NAME", "SOURCE", "SIZE", "PARAMS", "PARENT", "TASK", "ROUND", "CREATED")
+				// Every version of each listed name is in the listing, so
+				// each can be numbered.
+				labels := modelLabels(models)
+				t := newTable(w, "MODEL", "VERSION", "SOURCE", "SIZE", "PARAMS", "PARENT", "TASK", "ROUND", "CREATED")
 				for _, m := range models {
 					r := m.GetRef()
 					round := "-"
 					if m.GetRound() > 0 {
 						round = fmt.Sprint(m.GetRound())
 					}
-					t.row(r.GetVersion(), m.GetName(), modelSource(m.GetSource()), byteSize(r.GetSizeBytes()),
-						fmt.Sprint(m.GetParameterCount()), orDash(shortSHA(r.GetParentVersion())), orDash(m.GetTaskId()),
+					parent := labels[r.GetParentVersion()]
+					if parent == "" {
+						parent = shortSHA(r.GetParentVersion())
+					}
+					t.row(labels[r.GetVersion()], r.GetVersion(), modelSource(m.GetSource()), byteSize(r.GetSizeBytes()),
+						fmt.Sprint(m.GetParameterCount()), orDash(parent), orDash(m.GetTaskId()),
 						round, timeString(m.GetCreateTime()))
 				}
 				return t.flush()
@@ -177,15 +212,20 @@ func newModelListCommand(a *app) *cobra.Command {
 func newModelGetCommand(a *app) *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "get VERSION",
-		Short: "Show one model version",
+		Use:   "get MODEL",
+		Short: "Show one model version: NAME (the newest), NAME@N, or a sha256 (prefix)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				res, err := apiv1.NewModelServiceClient(conn).GetModel(ctx, &pb.GetModelRequest{Version: args[0]})
+				c := apiv1.NewModelServiceClient(conn)
+				version, err := resolveModel(ctx, c, args[0])
+				if err != nil {
+					return err
+				}
+				res, err := c.GetModel(ctx, &pb.GetModelRequest{Version: version})
 				if err != nil {
 					return err
 				}
@@ -194,8 +234,13 @@ func newModelGetCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, m)
 				}
+				label, err := modelLabel(ctx, c, m)
+				if err != nil {
+					return err
+				}
 				r := m.GetRef()
 				t := newTable(w)
+				t.row("MODEL", orDash(label))
 				t.row("VERSION", r.GetVersion())
 				t.row("SHA256", orDash(r.GetSha256()))
 				t.row("NAME", m.GetName())

@@ -111,7 +111,12 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 		newAuditCommand(a),
 		newDeviceCommand(a),
 		newTokenCommand(a),
+		newNATSCommand(a),
+		newDataCommand(a),
+		newVersionCommand(),
 	)
+	root.Version = versionLine()
+	root.SetVersionTemplate("{{.Version}}\n")
 	return root
 }
 

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -24,7 +25,11 @@ func TestTaskRoundsFailures(t *testing.T) {
 				{DeviceId: "d-2", Reason: "evil\x1b[2J\nsecond line\tcell"},
 			}},
 	}
-	f.rounds["task-1"] = rounds
+	// The fake lists what it holds last first: held so, the rounds come
+	// oldest first, as the real server sends them. The CLI puts the newest
+	// first whatever the order.
+	f.rounds["task-1"] = slices.Clone(rounds)
+	slices.Reverse(f.rounds["task-1"])
 
 	// The table keeps an abandoned round's metrics beside its reason and
 	// counts its failures; the reasons themselves need --failures.
@@ -33,9 +38,9 @@ func TestTaskRoundsFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"ROUND  KIND   STATE      ASSIGNED  REPORTED  DROPPED  FAILURES  EPSILON  METRICS    REASON",
-		"2      train  abandoned  3         1         2        2         -        loss=0.75  too few reports",
-		"1      train  committed  3         3         0        0         -        loss=0.5   -",
+		"ROUND  KIND   STATE      ASSIGNED  REPORTED  DROPPED  FAILURES  EPSILON  LOSS  MODEL  REASON",
+		"2      train  abandoned  3         1         2        2         -        0.75  -      too few reports",
+		"1      train  committed  3         3         0        0         -        0.5   -      -",
 	}
 	if got := strings.TrimSpace(out); got != strings.Join(want, "\n") {
 		t.Errorf("task rounds:\n%s\nwant:\n%s", out, strings.Join(want, "\n"))
@@ -83,5 +88,25 @@ func TestTaskRoundsNoFailures(t *testing.T) {
 	}
 	if !strings.HasSuffix(out, "\nno device failures\n") {
 		t.Errorf("task rounds --failures without failures:\n%s", out)
+	}
+}
+
+// TestTaskRoundsManyMetrics: past a few metrics, they share one column.
+func TestTaskRoundsManyMetrics(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	f.addTask(&pb.Task{Id: "task-1", Name: "ft", State: pb.TaskState_TASK_STATE_RUNNING})
+	vals := map[string]float64{}
+	for _, k := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+		vals[k] = 1
+	}
+	f.rounds["task-1"] = []*pb.RoundSummary{{TaskId: "task-1", Round: 1, Kind: pb.RoundKind_ROUND_KIND_EVALUATE,
+		State: pb.RoundState_ROUND_STATE_COMMITTED, Metrics: &pb.Metrics{Values: vals}}}
+	out, err := run(t, addr, "task", "rounds", "task-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, " METRICS ") || !strings.Contains(out, "a=1 b=1 c=1 d=1 e=1 f=1 g=1") {
+		t.Errorf("task rounds:\n%s", out)
 	}
 }

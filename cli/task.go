@@ -31,6 +31,7 @@ func newTaskCommand(a *app) *cobra.Command {
 		newTaskListCommand(a),
 		newTaskGetCommand(a),
 		newTaskStopCommand(a),
+		newTaskResumeCommand(a),
 		newTaskRoundsCommand(a),
 		newTaskWatchCommand(a),
 	)
@@ -84,8 +85,11 @@ type createFlags struct {
 func newTaskCreateCommand(a *app) *cobra.Command {
 	var f createFlags
 	cmd := &cobra.Command{
-		Use:   "create --name NAME --model VERSION --module SHA256 [flags]",
+		Use:   "create --name NAME --model MODEL --module SHA256 [flags]",
 		Short: "Create a federated training task",
+		Long: "create starts a task from MODEL: NAME (its newest version), NAME@N (its N-th,\n" +
+			"as fleetlearn model list numbers them), a version's sha256, or 12 or more of its\n" +
+			"leading digits. The models the task commits are stored under the task's name.",
 		Example: `  fleetlearn task create --name mnist-ft --model mnist@1 --module 3f2a... \
     --hyper '{"learning_rate":0.05,"batch_size":32,"epochs":1}' --cohort 20 --rounds 50`,
 		Args: cobra.NoArgs,
@@ -98,17 +102,26 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 				return err
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				version, err := resolveModel(ctx, apiv1.NewModelServiceClient(conn), f.model)
+				if err != nil {
+					return fmt.Errorf("--model: %w", err)
+				}
+				t.Model = &pb.ModelRef{Version: version}
 				res, err := apiv1.NewTaskServiceClient(conn).CreateTask(ctx, &pb.CreateTaskRequest{Task: t})
 				if err != nil {
 					return err
 				}
-				return printTask(cmd.OutOrStdout(), f.format, res.GetTask())
+				// Warnings go to standard error, so that -o json stays one document.
+				for _, w := range res.GetWarnings() {
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+printable(w))
+				}
+				return printTask(cmd.OutOrStdout(), f.format, res.GetTask(), 0)
 			})
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.name, "name", "", "task name (required)")
-	fl.StringVar(&f.model, "model", "", "model version the first round starts from (required)")
+	fl.StringVar(&f.model, "model", "", "model the first round starts from: NAME, NAME@N or a sha256 (prefix) (required)")
 	fl.StringVar(&f.module, "module", "", "SHA-256 of the registered WASM module (required)")
 	fl.StringVar(&f.hyper, "hyper", "", "module hyperparameters as a JSON object")
 	fl.StringVar(&f.hyperFile, "hyper-file", "", "file holding the hyperparameters JSON object")
@@ -150,6 +163,9 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	changed := cmd.Flags().Changed
 	usage := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrUsage}, args...)...)
+	}
+	if err := checkModelName("--name", f.name); err != nil {
+		return nil, err
 	}
 	module := strings.ToLower(strings.TrimSpace(f.module))
 	if !ident.IsSHA256(module) {
@@ -212,7 +228,6 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	}
 	t := &pb.Task{
 		Name:            f.name,
-		Model:           &pb.ModelRef{Version: f.model},
 		Module:          &pb.ModuleRef{Sha256: module},
 		Hyperparameters: hyper,
 		CohortTarget:    f.cohort,
@@ -277,8 +292,11 @@ func (f *createFlags) hyperparameters() ([]byte, error) {
 var taskStates = map[string]pb.TaskState{
 	"pending": pb.TaskState_TASK_STATE_PENDING, "running": pb.TaskState_TASK_STATE_RUNNING,
 	"completed": pb.TaskState_TASK_STATE_COMPLETED, "stopped": pb.TaskState_TASK_STATE_STOPPED,
-	"failed": pb.TaskState_TASK_STATE_FAILED,
+	"failed": pb.TaskState_TASK_STATE_FAILED, "paused": pb.TaskState_TASK_STATE_PAUSED,
 }
+
+// taskStateNames lists the --state values for help and errors.
+const taskStateNames = "pending|running|paused|completed|stopped|failed"
 
 func newTaskListCommand(a *app) *cobra.Command {
 	var format, state string
@@ -294,7 +312,7 @@ func newTaskListCommand(a *app) *cobra.Command {
 			if state != "" {
 				var ok bool
 				if st, ok = taskStates[state]; !ok {
-					return fmt.Errorf("%w: --state %q (want pending|running|completed|stopped|failed)", ErrUsage, state)
+					return fmt.Errorf("%w: --state %q (want %s)", ErrUsage, state, taskStateNames)
 				}
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -310,17 +328,21 @@ func newTaskListCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, &pb.ListTasksResponse{Tasks: tasks})
 				}
-				t := newTable(w, "ID", "NAME", "STATE", "ROUND", "MODEL", "CREATED")
+				t := newTable(w, "ID", "NAME", "STATE", "TRAINED", "ROUND", "MODEL", "CREATED")
 				for _, task := range tasks {
+					trained, err := trainedRounds(ctx, c, task)
+					if err != nil {
+						return err
+					}
 					t.row(task.GetId(), task.GetName(), taskState(task.GetState()),
-						fmt.Sprintf("%d/%d", task.GetCurrentRound(), task.GetRoundsTotal()),
+						fmt.Sprintf("%d/%d", trained, task.GetRoundsTotal()), latestRound(task),
 						orDash(task.GetCurrentModel().GetVersion()), timeString(task.GetCreateTime()))
 				}
 				return t.flush()
 			})
 		},
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only tasks in this state: pending|running|completed|stopped|failed")
+	cmd.Flags().StringVar(&state, "state", "", "only tasks in this state: "+taskStateNames)
 	addFormatFlag(cmd, &format)
 	return cmd
 }
@@ -336,11 +358,12 @@ func newTaskGetCommand(a *app) *cobra.Command {
 				return err
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				res, err := apiv1.NewTaskServiceClient(conn).GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
+				c := apiv1.NewTaskServiceClient(conn)
+				res, err := c.GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
 				if err != nil {
 					return err
 				}
-				return printTask(cmd.OutOrStdout(), format, res.GetTask())
+				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
 			})
 		},
 	}
@@ -359,15 +382,43 @@ func newTaskStopCommand(a *app) *cobra.Command {
 				return err
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				res, err := apiv1.NewTaskServiceClient(conn).StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
+				c := apiv1.NewTaskServiceClient(conn)
+				res, err := c.StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
 				if err != nil {
 					return err
 				}
-				return printTask(cmd.OutOrStdout(), format, res.GetTask())
+				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
 			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why the task is stopped; recorded in the task and the audit log")
+	addFormatFlag(cmd, &format)
+	return cmd
+}
+
+func newTaskResumeCommand(a *app) *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "resume ID",
+		Short: "Run a paused task's rounds again",
+		Long: "The server pauses a task after several rounds in a row were abandoned for want\n" +
+			"of devices; fleetlearn task get shows why. Resume it once enough devices are\n" +
+			"enrolled and online, or stop it.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := apiv1.NewTaskServiceClient(conn)
+				res, err := c.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: args[0]})
+				if err != nil {
+					return err
+				}
+				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
+			})
+		},
+	}
 	addFormatFlag(cmd, &format)
 	return cmd
 }
@@ -384,15 +435,12 @@ func newTaskRoundsCommand(a *app) *cobra.Command {
 				return err
 			}
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				c := apiv1.NewTaskServiceClient(conn)
-				rounds, err := listAll(ctx, func(ctx context.Context, token string) ([]*pb.RoundSummary, string, error) {
-					res, err := c.ListRounds(ctx, &pb.ListRoundsRequest{TaskId: args[0], PageToken: token})
-					return res.GetRounds(), res.GetNextPageToken(), err
-				})
+				rounds, err := listRounds(ctx, apiv1.NewTaskServiceClient(conn), args[0])
 				if err != nil {
 					return err
 				}
 				w := cmd.OutOrStdout()
+				sortRounds(rounds)
 				if format == formatJSON {
 					return writeJSON(w, &pb.ListRoundsResponse{Rounds: rounds})
 				}
@@ -405,9 +453,48 @@ func newTaskRoundsCommand(a *app) *cobra.Command {
 	return cmd
 }
 
+// trainedRounds counts a task's committed training rounds, its progress
+// towards rounds_total. The task's current_round is no count of them: it
+// numbers evaluation rounds and abandoned tries too.
+func trainedRounds(ctx context.Context, c apiv1.TaskServiceClient, t *pb.Task) (uint32, error) {
+	if t.GetCurrentRound() == 0 {
+		return 0, nil
+	}
+	rounds, err := listRounds(ctx, c, t.GetId())
+	if err != nil {
+		return 0, err
+	}
+	var n uint32
+	for _, r := range rounds {
+		if r.GetKind() == pb.RoundKind_ROUND_KIND_TRAIN && r.GetState() == pb.RoundState_ROUND_STATE_COMMITTED {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func latestRound(t *pb.Task) string {
+	if t.GetCurrentRound() == 0 {
+		return "-"
+	}
+	return fmt.Sprint(t.GetCurrentRound())
+}
+
+// printTaskOf prints t with its training progress.
+func printTaskOf(ctx context.Context, c apiv1.TaskServiceClient, w io.Writer, format string, t *pb.Task) error {
+	if format == formatJSON {
+		return writeJSON(w, t)
+	}
+	trained, err := trainedRounds(ctx, c, t)
+	if err != nil {
+		return err
+	}
+	return printTask(w, format, t, trained)
+}
+
 // printTask prints one task: its id first, then the settings an operator
-// checks most.
-func printTask(w io.Writer, format string, t *pb.Task) error {
+// checks most. trained is its committed training rounds.
+func printTask(w io.Writer, format string, t *pb.Task, trained uint32) error {
 	if format == formatJSON {
 		return writeJSON(w, t)
 	}
@@ -419,7 +506,8 @@ func printTask(w io.Writer, format string, t *pb.Task) error {
 		state += " (" + r + ")"
 	}
 	tw.row("STATE", state)
-	tw.row("ROUND", fmt.Sprintf("%d/%d", t.GetCurrentRound(), t.GetRoundsTotal()))
+	tw.row("TRAINED", fmt.Sprintf("%d/%d rounds", trained, t.GetRoundsTotal()))
+	tw.row("ROUND", latestRound(t))
 	tw.row("MODEL", modelRef(t.GetModel()))
 	tw.row("CURRENT MODEL", modelRef(t.GetCurrentModel()))
 	tw.row("MODULE", moduleRef(t.GetModule()))

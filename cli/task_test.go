@@ -24,6 +24,8 @@ var moduleSHA = strings.Repeat("ab", 32)
 func TestTaskCreate(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)
+	first := f.addModel("mnist", safetensors(1)).GetRef().GetVersion()
+	f.addModel("mnist", safetensors(2))
 	out, err := run(t, addr, "task", "create", "--name", "mnist-ft", "--model", "mnist@1",
 		"--module", strings.ToUpper(moduleSHA), "--hyper", `{ "lr": 0.05, "batch": 32 }`,
 		"--cohort", "20", "--over-selection", "1.5", "--rounds", "50", "--selection-timeout", "1m",
@@ -34,7 +36,7 @@ func TestTaskCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &pb.Task{
-		Name: "mnist-ft", Model: &pb.ModelRef{Version: "mnist@1"}, Module: &pb.ModuleRef{Sha256: moduleSHA},
+		Name: "mnist-ft", Model: &pb.ModelRef{Version: first}, Module: &pb.ModuleRef{Sha256: moduleSHA},
 		Hyperparameters: []byte(`{"lr":0.05,"batch":32}`),
 		CohortTarget:    20, OverSelection: 0.5, ReportGoal: 16, RoundsTotal: 50,
 		SelectionTimeout: durationpb.New(time.Minute), ReportTimeout: durationpb.New(5 * time.Minute),
@@ -63,12 +65,15 @@ func TestTaskCreate(t *testing.T) {
 func TestTaskCreateDefaults(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)
-	out, err := run(t, addr, "task", "create", "--name", "n", "--model", "m@1", "--module", moduleSHA, "-o", "json")
+	f.addModel("m", safetensors(1))
+	latest := f.addModel("m", safetensors(2)).GetRef().GetVersion()
+	f.createWarnings = []string{"the fleet has 3 enrolled devices; cohort 10 selects 13"}
+	out, stderr, err := runErr(t, addr, "task", "create", "--name", "n", "--model", "m", "--module", moduleSHA, "-o", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &pb.Task{
-		Name: "n", Model: &pb.ModelRef{Version: "m@1"}, Module: &pb.ModuleRef{Sha256: moduleSHA},
+		Name: "n", Model: &pb.ModelRef{Version: latest}, Module: &pb.ModuleRef{Sha256: moduleSHA},
 		CohortTarget: 10, OverSelection: 0.3, ReportGoal: 8, RoundsTotal: 20,
 		SelectionTimeout: durationpb.New(30 * time.Second), ReportTimeout: durationpb.New(2 * time.Minute),
 		Aggregation: &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_FEDAVG, ServerLearningRate: 1},
@@ -83,11 +88,36 @@ func TestTaskCreateDefaults(t *testing.T) {
 	if got.ID != "task-1" || got.State != "TASK_STATE_PENDING" {
 		t.Errorf("json = %+v", got)
 	}
+	// The server's warnings go to standard error, out of the JSON.
+	if stderr != "warning: the fleet has 3 enrolled devices; cohort 10 selects 13\n" {
+		t.Errorf("stderr = %q", stderr)
+	}
+}
+
+// TestTaskCreateUnknownModel: a model reference that names nothing is
+// refused with what to do, and no task is created.
+func TestTaskCreateUnknownModel(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	f.addModel("mnist", safetensors(1))
+	for ref, want := range map[string]string{
+		"cifar":   "--model: no model named cifar; fleetlearn model list shows the models",
+		"mnist@2": "--model: mnist has 1 version; mnist@2 does not exist",
+	} {
+		_, err := run(t, addr, "task", "create", "--name", "n", "--model", ref, "--module", moduleSHA)
+		if !errors.Is(err, cli.ErrUnknownModel) || err.Error() != want {
+			t.Errorf("--model %s: %v, want %q", ref, err, want)
+		}
+	}
+	if f.created != nil {
+		t.Errorf("a task was created: %v", f.created)
+	}
 }
 
 func TestTaskCreateHyperFile(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)
+	f.addModel("m", safetensors(1))
 	path := filepath.Join(t.TempDir(), "hyper.json")
 	if err := os.WriteFile(path, []byte("{\n  \"epochs\": 2\n}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -135,6 +165,7 @@ func TestTaskCreateRefusesBadFlags(t *testing.T) {
 		{"zero report timeout", []string{"--module", moduleSHA, "--report-timeout", "0s"}, "--report-timeout"},
 		{"bad output format", []string{"--module", moduleSHA, "-o", "yaml"}, `output format "yaml"`},
 		{"positional argument", []string{"--module", moduleSHA, "extra"}, "unknown command"},
+		{"@ in the name", []string{"--module", moduleSHA, "--name", "ft@2"}, "may not contain @"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := run(t, addr, append(base, tc.args...)...)
@@ -198,25 +229,52 @@ func TestTaskListGetStopRounds(t *testing.T) {
 		t.Errorf("task get:\n%s", out)
 	}
 
+	model := strings.Repeat("9f", 32)
 	f.rounds["task-1"] = []*pb.RoundSummary{
 		{TaskId: "task-1", Round: 1, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_COMMITTED, EpsilonSpent: 1.25,
-			Assigned: 13, Reported: 10, Dropped: 3, Metrics: &pb.Metrics{Values: map[string]float64{"loss": 0.5, "accuracy": 0.875}}},
+			Assigned: 13, Reported: 10, Dropped: 3, Metrics: &pb.Metrics{Values: map[string]float64{"train_loss": 0.5, "train_accuracy": 0.875}},
+			Model: &pb.ModelRef{Version: model}},
 		{TaskId: "task-1", Round: 2, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_ABANDONED,
 			Assigned: 13, Reported: 2, Dropped: 11, Reason: "too few reports"},
 		{TaskId: "task-1", Round: 3, Kind: pb.RoundKind_ROUND_KIND_EVALUATE, State: pb.RoundState_ROUND_STATE_OPEN, Assigned: 5},
 	}
+	f.mu.Lock()
+	f.task("task-1").CurrentRound = 3
+	f.mu.Unlock()
 	out, err = run(t, addr, "task", "rounds", "task-1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A column per metric, the model a round committed, newest first.
 	want := []string{
-		"ROUND  KIND      STATE      ASSIGNED  REPORTED  DROPPED  FAILURES  EPSILON  METRICS                  REASON",
-		"3      evaluate  open       5         0         0        0         -        -                        -",
-		"2      train     abandoned  13        2         11       0         -        -                        too few reports",
-		"1      train     committed  13        10        3        0         1.25     accuracy=0.875 loss=0.5  -",
+		"ROUND  KIND      STATE      ASSIGNED  REPORTED  DROPPED  FAILURES  EPSILON  TRAIN_ACCURACY  TRAIN_LOSS  MODEL         REASON",
+		"3      evaluate  open       5         0         0        0         -        -               -           -             -",
+		"2      train     abandoned  13        2         11       0         -        -               -           -             too few reports",
+		"1      train     committed  13        10        3        0         1.25     0.875           0.5         9f9f9f9f9f9f  -",
 	}
 	if got := strings.Split(strings.TrimSpace(out), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("task rounds:\n%s\nwant:\n%s", out, strings.Join(want, "\n"))
+	}
+	// Progress counts committed training rounds, not round numbers.
+	out, err = run(t, addr, "task", "get", "task-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(l, "  "); ok {
+			rows[k] = strings.TrimSpace(v)
+		}
+	}
+	if rows["TRAINED"] != "1/10 rounds" || rows["ROUND"] != "3" {
+		t.Errorf("task get:\n%s", out)
+	}
+	out, err = run(t, addr, "task", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "task-1  a     running  1/10     3  ") {
+		t.Errorf("task list:\n%s", out)
 	}
 }
 
@@ -277,6 +335,7 @@ func freePort(t *testing.T) string {
 func TestTaskCreateUnbounded(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)
+	f.addModel("mnist", safetensors(1))
 	base := []string{"task", "create", "--name", "open", "--model", "mnist@1", "--module", moduleSHA}
 	if _, err := run(t, addr, append(base, "--unbounded-updates", "--max-update-norm", "3")...); !errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("--unbounded-updates with a bound: %v", err)

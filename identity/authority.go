@@ -118,7 +118,7 @@ func LoadOrCreateAuthority(name, dir string, opts ...Option) (*Authority, error)
 			b, err = keyfile.Read(path)
 		}
 		if err != nil {
-			return nil, keyFileErr(path, err)
+			return nil, fmt.Errorf("identity: nats authority: %w", err) // keyfile's errors name the file
 		}
 		seeds[i] = b
 	}

@@ -183,7 +183,7 @@ func NewEnrollmentVerifier(fleet string, used UsedTokens, keys []ed25519.PublicK
 // scope) and then claims its id, so that it is accepted at most once. A
 // token that fails any check is not claimed and stays usable.
 func (v *EnrollmentVerifier) Redeem(ctx context.Context, token string) (EnrollmentClaims, error) {
-	const op = "identity: redeem enrollment token"
+	const op = "identity: redeem" // the sentinels name the enrollment token
 	tok, kid, err := v.cfg.verifyToken(token, typEnroll, audEnroll, v.keys)
 	if err != nil {
 		return EnrollmentClaims{}, fmt.Errorf("%s: %w", op, err)

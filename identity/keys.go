@@ -48,6 +48,7 @@ func newEd25519(r io.Reader) (ed25519.PrivateKey, error) {
 // readable by group or others is refused with ErrKeyFileMode. Issuers of
 // enrollment and API tokens and module publishers keep their keys this way.
 func LoadOrCreateSigningKey(path string, opts ...Option) (ed25519.PrivateKey, error) {
+	const op = "identity: signing key"
 	b, err := keyfile.Read(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		key, gerr := GenerateSigningKey(opts...)
@@ -56,21 +57,25 @@ func LoadOrCreateSigningKey(path string, opts ...Option) (ed25519.PrivateKey, er
 		}
 		der, merr := x509.MarshalPKCS8PrivateKey(key)
 		if merr != nil {
-			return nil, fmt.Errorf("identity: key %s: %w", path, merr)
+			return nil, fmt.Errorf("%s %s: %w", op, path, merr)
 		}
 		werr := keyfile.Create(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
 		if werr == nil {
 			return key, nil
 		}
 		if !errors.Is(werr, fs.ErrExist) {
-			return nil, fmt.Errorf("identity: key %s: %w", path, werr)
+			return nil, fmt.Errorf("%s: %w", op, werr)
 		}
 		b, err = keyfile.Read(path) // lost a creation race: use the winner's key
 	}
 	if err != nil {
-		return nil, keyFileErr(path, err)
+		return nil, fmt.Errorf("%s: %w", op, err) // keyfile's errors name the file
 	}
-	return ParseSigningKey(b)
+	key, err := ParseSigningKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", op, path, err)
+	}
+	return key, nil
 }
 
 // ParseSigningKey decodes an Ed25519 private key from a PKCS #8 PEM block.
@@ -88,13 +93,6 @@ func ParseSigningKey(pemBytes []byte) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("%w: %T is not an Ed25519 key", ErrBadKey, k)
 	}
 	return ek, nil
-}
-
-func keyFileErr(path string, err error) error {
-	if errors.Is(err, keyfile.ErrMode) {
-		return fmt.Errorf("%w: %w", ErrKeyFileMode, err)
-	}
-	return fmt.Errorf("identity: key %s: %w", path, err)
 }
 
 // publicKeyOf returns the public half of an Ed25519 private key, checking its length.

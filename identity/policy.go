@@ -44,11 +44,13 @@ const (
 	svcModule = "/fleetlearn.api.v1.ModuleService/"
 	svcAudit  = "/fleetlearn.api.v1.AuditService/"
 	svcDevice = "/fleetlearn.api.v1.DeviceService/"
+	svcNATS   = "/fleetlearn.api.v1.NATSService/"
 )
 
 // DefaultPolicy is Fleetlearn's role table:
 //
-//   - admin: every method.
+//   - admin: every method; alone NATS credentials for tools
+//     (NATSService).
 //   - operator: tasks, models, modules and devices (enrollment tokens,
 //     revocation), read and write; audit checkpoints, proofs and public
 //     keys (what any witness sees), not the entries themselves.
@@ -66,6 +68,7 @@ func DefaultPolicy() *Policy {
 		{svcTask + "GetTask", []Role{a, o, au}},
 		{svcTask + "ListTasks", []Role{a, o, au}},
 		{svcTask + "StopTask", []Role{a, o}},
+		{svcTask + "ResumeTask", []Role{a, o}},
 		{svcTask + "WatchTask", []Role{a, o, au}},
 		{svcTask + "ListRounds", []Role{a, o, au}},
 
@@ -88,6 +91,10 @@ func DefaultPolicy() *Policy {
 		{svcDevice + "CreateEnrollmentToken", []Role{a, o}},
 		{svcDevice + "ListDevices", []Role{a, o, au}},
 		{svcDevice + "RevokeDevice", []Role{a, o}},
+
+		// NATS credentials reach past the API's roles (the system account,
+		// every device's messages): only admins hand them out.
+		{svcNATS + "IssueCredentials", []Role{a}},
 	}
 	p, err := NewPolicy(rules, []string{HealthService, EnrollmentService}, []string{ReflectionService, ReflectionAlphaService})
 	if err != nil {

@@ -132,7 +132,7 @@ func (t *TLS) loadOrCreateCA(dir string) error {
 	case certErr != nil:
 		return certErr
 	case keyErr != nil:
-		return keyFileErr(keyPath, keyErr)
+		return keyErr // keyfile's errors name the file
 	}
 	blk, _ := pem.Decode(certPEM)
 	if blk == nil || blk.Type != "CERTIFICATE" {

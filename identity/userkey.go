@@ -65,6 +65,7 @@ func ParseUserKey(seed []byte) (*UserKey, error) {
 // path, creating one (mode 0600, directory 0700) when there is none. A seed
 // file readable by group or others is refused with ErrKeyFileMode.
 func LoadOrCreateUserKey(path string, opts ...Option) (*UserKey, error) {
+	const op = "identity: user key"
 	b, err := keyfile.Read(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		k, gerr := GenerateUserKey(opts...)
@@ -76,14 +77,18 @@ func LoadOrCreateUserKey(path string, opts ...Option) (*UserKey, error) {
 			return k, nil
 		}
 		if !errors.Is(werr, fs.ErrExist) {
-			return nil, fmt.Errorf("identity: user key %s: %w", path, werr)
+			return nil, fmt.Errorf("%s: %w", op, werr)
 		}
 		b, err = keyfile.Read(path)
 	}
 	if err != nil {
-		return nil, keyFileErr(path, err)
+		return nil, fmt.Errorf("%s: %w", op, err) // keyfile's errors name the file
 	}
-	return ParseUserKey(b)
+	k, err := ParseUserKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", op, path, err)
+	}
+	return k, nil
 }
 
 // ID is the nkey public key, "U" and 55 more characters: the device's key id.

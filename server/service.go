@@ -200,10 +200,10 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	return nil
 }
 
-func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, error) {
+func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, []string, error) {
 	t := proto.Clone(in).(*pb.Task)
 	if err := v.checkTask(ctx, t); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mod, _ := v.s.store.Module(ctx, t.GetModule().GetSha256())
 	t.Module = mod.Ref
@@ -212,19 +212,31 @@ func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, error)
 	t.CurrentRound, t.CurrentModel, t.StateReason, t.CreateTime, t.UpdateTime = 0, nil, "", nil, nil
 	ev, err := taskCreatedEvent(t)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	// A fleet too small for the cohort is worth a warning, not a refusal:
+	// devices may enroll before the first round ends.
+	var warnings []string
+	if fleet, err := v.s.coord.Fleet(ctx); err != nil {
+		v.s.o.log.Warn("counting the fleet for a new task", "err", err)
+	} else {
+		warnings = coord.CohortWarnings(t, fleet)
 	}
 	if err := v.s.store.InsertTask(ctx, t, v.s.o.now()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Recorded before the first round can open, so the log shows the task
 	// before any of its rounds.
 	recErr := v.recorded(ctx, ev)
 	v.s.coord.StartTask(t.Id)
 	if recErr != nil {
-		return nil, recErr
+		return nil, nil, recErr
 	}
-	return v.GetTask(ctx, t.Id)
+	created, err := v.GetTask(ctx, t.Id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return created, warnings, nil
 }
 
 func (v *service) GetTask(ctx context.Context, id string) (*pb.Task, error) {
@@ -258,7 +270,7 @@ func (v *service) StopTask(ctx context.Context, id, reason string) (*pb.Task, er
 	if err != nil {
 		return nil, err
 	}
-	if r.State != pb.TaskState_TASK_STATE_RUNNING {
+	if r.State != pb.TaskState_TASK_STATE_RUNNING && r.State != pb.TaskState_TASK_STATE_PAUSED {
 		return nil, fmt.Errorf("task %s is %v: %w", id, r.State, backend.ErrPrecondition)
 	}
 	if reason == "" {
@@ -277,9 +289,41 @@ func (v *service) StopTask(ctx context.Context, id, reason string) (*pb.Task, er
 	return v.GetTask(ctx, id)
 }
 
-func (v *service) WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEvent, error) {
-	if _, err := v.s.store.Task(ctx, id); err != nil {
+// ResumeTask marks a paused task running, records the change and starts
+// its runner.
+func (v *service) ResumeTask(ctx context.Context, id string) (*pb.Task, error) {
+	r, err := v.s.store.Task(ctx, id)
+	if err != nil {
 		return nil, err
+	}
+	if err := v.s.store.ResumeTask(ctx, id, v.s.o.now()); err != nil {
+		return nil, err
+	}
+	// Recorded before the runner starts, so the log shows the resumption
+	// before the rounds it opens.
+	recErr := v.recorded(ctx, audit.TaskChanged{Task: id, Changes: []audit.Change{
+		{Field: "state", Old: store.StateName(pb.TaskState_TASK_STATE_PAUSED), New: store.StateName(pb.TaskState_TASK_STATE_RUNNING)},
+		{Field: "state_reason", Old: r.Reason, New: ""}}})
+	if err := v.s.coord.ResumeTask(ctx, id); err != nil {
+		return nil, err
+	}
+	if recErr != nil {
+		return nil, recErr
+	}
+	return v.GetTask(ctx, id)
+}
+
+func (v *service) WatchTask(ctx context.Context, id string) (<-chan *pb.WatchTaskResponse, error) {
+	task, err := v.s.store.Task(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if task.State == pb.TaskState_TASK_STATE_PAUSED {
+		// A watch of a paused task says why it is paused, and ends.
+		ch := make(chan *pb.WatchTaskResponse, 1)
+		ch <- &pb.WatchTaskResponse{Task: task.Proto()}
+		close(ch)
+		return ch, nil
 	}
 	ch, cancel := v.s.coord.Watch(id)
 	if !v.s.coord.Running(id) {

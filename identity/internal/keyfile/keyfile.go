@@ -15,13 +15,14 @@ import (
 )
 
 // ErrMode reports a secret file whose permissions let group or others in.
-var ErrMode = errors.New("keyfile: permissions too open")
+// It is identity.ErrKeyFileMode; the error wrapping it names the file.
+var ErrMode = errors.New("key file permissions too open")
 
 // MaxSize bounds what Read accepts; every key file here is far smaller.
 const MaxSize = 64 << 10
 
 // Read returns the contents of a secret file, or an error wrapping
-// fs.ErrNotExist when there is none.
+// fs.ErrNotExist when there is none. Every error names path once.
 func Read(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -36,7 +37,7 @@ func Read(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%w: %s has mode %04o, want 0600", ErrMode, path, st.Mode().Perm())
+		return nil, fmt.Errorf("%s: %w: mode %04o, want 0600", path, ErrMode, st.Mode().Perm())
 	}
 	if st.Size() > MaxSize {
 		return nil, fmt.Errorf("%s: %d bytes is too large for a key file", path, st.Size())

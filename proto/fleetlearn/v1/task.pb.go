@@ -39,6 +39,10 @@ const (
 	TaskState_TASK_STATE_STOPPED TaskState = 4
 	// Stopped by the server after an unrecoverable error.
 	TaskState_TASK_STATE_FAILED TaskState = 5
+	// Held by the server after several rounds in a row were abandoned for want
+	// of devices (too few took a seat): state_reason says why. No round opens
+	// until an operator calls ResumeTask; a restart keeps the task paused.
+	TaskState_TASK_STATE_PAUSED TaskState = 6
 )
 
 // Enum value maps for TaskState.
@@ -50,6 +54,7 @@ var (
 		3: "TASK_STATE_COMPLETED",
 		4: "TASK_STATE_STOPPED",
 		5: "TASK_STATE_FAILED",
+		6: "TASK_STATE_PAUSED",
 	}
 	TaskState_value = map[string]int32{
 		"TASK_STATE_UNSPECIFIED": 0,
@@ -58,6 +63,7 @@ var (
 		"TASK_STATE_COMPLETED":   3,
 		"TASK_STATE_STOPPED":     4,
 		"TASK_STATE_FAILED":      5,
+		"TASK_STATE_PAUSED":      6,
 	}
 )
 
@@ -499,7 +505,7 @@ type Task struct {
 	CurrentRound uint64 `protobuf:"varint,19,opt,name=current_round,json=currentRound,proto3" json:"current_round,omitempty"`
 	// Latest committed model, or model before the first commit. Output only.
 	CurrentModel *ModelRef `protobuf:"bytes,20,opt,name=current_model,json=currentModel,proto3" json:"current_model,omitempty"`
-	// Why the task stopped or failed. Output only.
+	// Why the task stopped, failed or paused. Output only.
 	StateReason string `protobuf:"bytes,21,opt,name=state_reason,json=stateReason,proto3" json:"state_reason,omitempty"`
 	// When the task was created. Output only.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
@@ -1003,14 +1009,15 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\bfailures\x18\x0e \x03(\v2\x1c.fleetlearn.v1.DeviceFailureR\bfailures\"D\n" +
 	"\rDeviceFailure\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason*\xa0\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*\xb7\x01\n" +
 	"\tTaskState\x12\x1a\n" +
 	"\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TASK_STATE_PENDING\x10\x01\x12\x16\n" +
 	"\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n" +
 	"\x14TASK_STATE_COMPLETED\x10\x03\x12\x16\n" +
 	"\x12TASK_STATE_STOPPED\x10\x04\x12\x15\n" +
-	"\x11TASK_STATE_FAILED\x10\x05*\x8b\x02\n" +
+	"\x11TASK_STATE_FAILED\x10\x05\x12\x15\n" +
+	"\x11TASK_STATE_PAUSED\x10\x06*\x8b\x02\n" +
 	"\x0fAggregationRule\x12 \n" +
 	"\x1cAGGREGATION_RULE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17AGGREGATION_RULE_FEDAVG\x10\x01\x12\x1c\n" +

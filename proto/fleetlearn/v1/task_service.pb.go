@@ -75,7 +75,10 @@ func (x *CreateTaskRequest) GetTask() *Task {
 type CreateTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The created task, with its id and state filled in.
-	Task          *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// Human-readable warnings about the task as created, such as a cohort the
+	// enrolled fleet cannot fill. The task is created regardless.
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -113,6 +116,13 @@ func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
 func (x *CreateTaskResponse) GetTask() *Task {
 	if x != nil {
 		return x.Task
+	}
+	return nil
+}
+
+func (x *CreateTaskResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -431,6 +441,98 @@ func (x *StopTaskResponse) GetTask() *Task {
 	return nil
 }
 
+// ResumeTaskRequest is the input of TaskService.ResumeTask.
+type ResumeTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Identifier of the task.
+	TaskId        string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTaskRequest) Reset() {
+	*x = ResumeTaskRequest{}
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTaskRequest) ProtoMessage() {}
+
+func (x *ResumeTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTaskRequest.ProtoReflect.Descriptor instead.
+func (*ResumeTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ResumeTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+// ResumeTaskResponse is the output of TaskService.ResumeTask.
+type ResumeTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task, running again.
+	Task          *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTaskResponse) Reset() {
+	*x = ResumeTaskResponse{}
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTaskResponse) ProtoMessage() {}
+
+func (x *ResumeTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTaskResponse.ProtoReflect.Descriptor instead.
+func (*ResumeTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ResumeTaskResponse) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 // WatchTaskRequest is the input of TaskService.WatchTask.
 type WatchTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -442,7 +544,7 @@ type WatchTaskRequest struct {
 
 func (x *WatchTaskRequest) Reset() {
 	*x = WatchTaskRequest{}
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +556,7 @@ func (x *WatchTaskRequest) String() string {
 func (*WatchTaskRequest) ProtoMessage() {}
 
 func (x *WatchTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +569,7 @@ func (x *WatchTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTaskRequest.ProtoReflect.Descriptor instead.
 func (*WatchTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchTaskRequest) GetTaskId() string {
@@ -477,18 +579,22 @@ func (x *WatchTaskRequest) GetTaskId() string {
 	return ""
 }
 
-// WatchTaskResponse is one message of the TaskService.WatchTask stream.
+// WatchTaskResponse is one message of the TaskService.WatchTask stream: a
+// round event, or the task after a change of its state.
 type WatchTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// A round lifecycle transition.
-	Event         *RoundEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// A round lifecycle transition; unset when task is set.
+	Event *RoundEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// The task, sent when it paused (state and state_reason say why) and
+	// when a watch begins on a paused task; the stream ends after it.
+	Task          *Task `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchTaskResponse) Reset() {
 	*x = WatchTaskResponse{}
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +606,7 @@ func (x *WatchTaskResponse) String() string {
 func (*WatchTaskResponse) ProtoMessage() {}
 
 func (x *WatchTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,12 +619,19 @@ func (x *WatchTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTaskResponse.ProtoReflect.Descriptor instead.
 func (*WatchTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchTaskResponse) GetEvent() *RoundEvent {
 	if x != nil {
 		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchTaskResponse) GetTask() *Task {
+	if x != nil {
+		return x.Task
 	}
 	return nil
 }
@@ -539,7 +652,7 @@ type ListRoundsRequest struct {
 
 func (x *ListRoundsRequest) Reset() {
 	*x = ListRoundsRequest{}
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +664,7 @@ func (x *ListRoundsRequest) String() string {
 func (*ListRoundsRequest) ProtoMessage() {}
 
 func (x *ListRoundsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +677,7 @@ func (x *ListRoundsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoundsRequest.ProtoReflect.Descriptor instead.
 func (*ListRoundsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRoundsRequest) GetTaskId() string {
@@ -601,7 +714,7 @@ type ListRoundsResponse struct {
 
 func (x *ListRoundsResponse) Reset() {
 	*x = ListRoundsResponse{}
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +726,7 @@ func (x *ListRoundsResponse) String() string {
 func (*ListRoundsResponse) ProtoMessage() {}
 
 func (x *ListRoundsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_task_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +739,7 @@ func (x *ListRoundsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoundsResponse.ProtoReflect.Descriptor instead.
 func (*ListRoundsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_task_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRoundsResponse) GetRounds() []*RoundSummary {
@@ -649,9 +762,10 @@ const file_fleetlearn_v1_task_service_proto_rawDesc = "" +
 	"\n" +
 	" fleetlearn/v1/task_service.proto\x12\rfleetlearn.v1\x1a\x19fleetlearn/v1/round.proto\x1a\x18fleetlearn/v1/task.proto\"<\n" +
 	"\x11CreateTaskRequest\x12'\n" +
-	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\"=\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\"Y\n" +
 	"\x12CreateTaskResponse\x12'\n" +
-	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\")\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\x12\x1a\n" +
+	"\bwarnings\x18\x02 \x03(\tR\bwarnings\")\n" +
 	"\x0eGetTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\":\n" +
 	"\x0fGetTaskResponse\x12'\n" +
@@ -668,11 +782,16 @@ const file_fleetlearn_v1_task_service_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\";\n" +
 	"\x10StopTaskResponse\x12'\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\",\n" +
+	"\x11ResumeTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"=\n" +
+	"\x12ResumeTaskResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\"+\n" +
 	"\x10WatchTaskRequest\x12\x17\n" +
-	"\atask_id\x18\x01 \x01(\tR\x06taskId\"D\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"m\n" +
 	"\x11WatchTaskResponse\x12/\n" +
-	"\x05event\x18\x01 \x01(\v2\x19.fleetlearn.v1.RoundEventR\x05event\"h\n" +
+	"\x05event\x18\x01 \x01(\v2\x19.fleetlearn.v1.RoundEventR\x05event\x12'\n" +
+	"\x04task\x18\x02 \x01(\v2\x13.fleetlearn.v1.TaskR\x04task\"h\n" +
 	"\x11ListRoundsRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -694,7 +813,7 @@ func file_fleetlearn_v1_task_service_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_task_service_proto_rawDescData
 }
 
-var file_fleetlearn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_fleetlearn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_fleetlearn_v1_task_service_proto_goTypes = []any{
 	(*CreateTaskRequest)(nil),  // 0: fleetlearn.v1.CreateTaskRequest
 	(*CreateTaskResponse)(nil), // 1: fleetlearn.v1.CreateTaskResponse
@@ -704,29 +823,33 @@ var file_fleetlearn_v1_task_service_proto_goTypes = []any{
 	(*ListTasksResponse)(nil),  // 5: fleetlearn.v1.ListTasksResponse
 	(*StopTaskRequest)(nil),    // 6: fleetlearn.v1.StopTaskRequest
 	(*StopTaskResponse)(nil),   // 7: fleetlearn.v1.StopTaskResponse
-	(*WatchTaskRequest)(nil),   // 8: fleetlearn.v1.WatchTaskRequest
-	(*WatchTaskResponse)(nil),  // 9: fleetlearn.v1.WatchTaskResponse
-	(*ListRoundsRequest)(nil),  // 10: fleetlearn.v1.ListRoundsRequest
-	(*ListRoundsResponse)(nil), // 11: fleetlearn.v1.ListRoundsResponse
-	(*Task)(nil),               // 12: fleetlearn.v1.Task
-	(TaskState)(0),             // 13: fleetlearn.v1.TaskState
-	(*RoundEvent)(nil),         // 14: fleetlearn.v1.RoundEvent
-	(*RoundSummary)(nil),       // 15: fleetlearn.v1.RoundSummary
+	(*ResumeTaskRequest)(nil),  // 8: fleetlearn.v1.ResumeTaskRequest
+	(*ResumeTaskResponse)(nil), // 9: fleetlearn.v1.ResumeTaskResponse
+	(*WatchTaskRequest)(nil),   // 10: fleetlearn.v1.WatchTaskRequest
+	(*WatchTaskResponse)(nil),  // 11: fleetlearn.v1.WatchTaskResponse
+	(*ListRoundsRequest)(nil),  // 12: fleetlearn.v1.ListRoundsRequest
+	(*ListRoundsResponse)(nil), // 13: fleetlearn.v1.ListRoundsResponse
+	(*Task)(nil),               // 14: fleetlearn.v1.Task
+	(TaskState)(0),             // 15: fleetlearn.v1.TaskState
+	(*RoundEvent)(nil),         // 16: fleetlearn.v1.RoundEvent
+	(*RoundSummary)(nil),       // 17: fleetlearn.v1.RoundSummary
 }
 var file_fleetlearn_v1_task_service_proto_depIdxs = []int32{
-	12, // 0: fleetlearn.v1.CreateTaskRequest.task:type_name -> fleetlearn.v1.Task
-	12, // 1: fleetlearn.v1.CreateTaskResponse.task:type_name -> fleetlearn.v1.Task
-	12, // 2: fleetlearn.v1.GetTaskResponse.task:type_name -> fleetlearn.v1.Task
-	13, // 3: fleetlearn.v1.ListTasksRequest.state:type_name -> fleetlearn.v1.TaskState
-	12, // 4: fleetlearn.v1.ListTasksResponse.tasks:type_name -> fleetlearn.v1.Task
-	12, // 5: fleetlearn.v1.StopTaskResponse.task:type_name -> fleetlearn.v1.Task
-	14, // 6: fleetlearn.v1.WatchTaskResponse.event:type_name -> fleetlearn.v1.RoundEvent
-	15, // 7: fleetlearn.v1.ListRoundsResponse.rounds:type_name -> fleetlearn.v1.RoundSummary
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	14, // 0: fleetlearn.v1.CreateTaskRequest.task:type_name -> fleetlearn.v1.Task
+	14, // 1: fleetlearn.v1.CreateTaskResponse.task:type_name -> fleetlearn.v1.Task
+	14, // 2: fleetlearn.v1.GetTaskResponse.task:type_name -> fleetlearn.v1.Task
+	15, // 3: fleetlearn.v1.ListTasksRequest.state:type_name -> fleetlearn.v1.TaskState
+	14, // 4: fleetlearn.v1.ListTasksResponse.tasks:type_name -> fleetlearn.v1.Task
+	14, // 5: fleetlearn.v1.StopTaskResponse.task:type_name -> fleetlearn.v1.Task
+	14, // 6: fleetlearn.v1.ResumeTaskResponse.task:type_name -> fleetlearn.v1.Task
+	16, // 7: fleetlearn.v1.WatchTaskResponse.event:type_name -> fleetlearn.v1.RoundEvent
+	14, // 8: fleetlearn.v1.WatchTaskResponse.task:type_name -> fleetlearn.v1.Task
+	17, // 9: fleetlearn.v1.ListRoundsResponse.rounds:type_name -> fleetlearn.v1.RoundSummary
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_task_service_proto_init() }
@@ -742,7 +865,7 @@ func file_fleetlearn_v1_task_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_task_service_proto_rawDesc), len(file_fleetlearn_v1_task_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

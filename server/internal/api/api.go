@@ -35,6 +35,7 @@ type config struct {
 	audit          *audit.Log
 	devices        backend.Devices
 	cosignatures   func(result string) // WithCosignatureCounter
+	natsCreds      NATSCredentials     // WithNATSCredentials
 }
 
 func newConfig(opts []Option) config {
@@ -95,7 +96,8 @@ var serviceNames = []string{
 // Register adds TaskService, ModelService and ModuleService backed by b to s,
 // plus the gRPC health service (SERVING for "" and each service) and
 // server reflection; with WithAudit also AuditService, with WithDevices
-// DeviceService and EnrollmentService. Call it before s.Serve.
+// DeviceService and EnrollmentService, with WithNATSCredentials
+// NATSService. Call it before s.Serve.
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
 	core := &service{b: b, cfg: c}
@@ -112,6 +114,10 @@ func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 		apiv1.RegisterEnrollmentServiceServer(s, &enrollmentServer{service: core, d: c.devices})
 		names = append(names[:len(names):len(names)], apiv1.DeviceService_ServiceDesc.ServiceName,
 			apiv1.EnrollmentService_ServiceDesc.ServiceName)
+	}
+	if c.natsCreds != nil {
+		apiv1.RegisterNATSServiceServer(s, &natsServer{service: core, n: c.natsCreds})
+		names = append(names[:len(names):len(names)], apiv1.NATSService_ServiceDesc.ServiceName)
 	}
 
 	c.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -41,8 +41,9 @@ func PeerIdentity(ctx context.Context) string {
 }
 
 // AuditInterceptor records an audit.OperatorAction for every call that
-// changes state (CreateTask, StopTask, ImportModel, RegisterModule,
-// CreateEnrollmentToken, RevokeDevice), with
+// changes state (CreateTask, StopTask, ResumeTask, ImportModel,
+// RegisterModule, CreateEnrollmentToken, RevokeDevice, and
+// NATSService.IssueCredentials, which hands out access), with
 // its outcome, refused and failed calls included. Reads are not recorded.
 //
 // A call that took effect but could not be recorded fails with INTERNAL:
@@ -88,6 +89,12 @@ var mutating = map[string]describe{
 			a.Task, a.Resource = id, "tasks/"+id
 		}
 	},
+	apiv1.TaskService_ResumeTask_FullMethodName: func(req, _ proto.Message, a *audit.OperatorAction) {
+		in, _ := req.(*pb.ResumeTaskRequest)
+		if id := auditField(in.GetTaskId()); id != "" {
+			a.Task, a.Resource = id, "tasks/"+id
+		}
+	},
 	apiv1.ModelService_ImportModel_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.ImportModelRequest)
 		out, _ := res.(*pb.ImportModelResponse)
@@ -108,6 +115,7 @@ var mutating = map[string]describe{
 		// pseudonym); the request digest pins it.
 		a.Resource = "devices"
 	},
+	apiv1.NATSService_IssueCredentials_FullMethodName: describeIssueCredentials,
 	apiv1.ModuleService_RegisterModule_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
 		in, _ := req.(*pb.RegisterModuleRequest)
 		out, _ := res.(*pb.RegisterModuleResponse)

@@ -98,8 +98,8 @@ func TestCLIAgainstAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-done
-	if r.err != nil || !strings.Contains(r.out, "round 1/2 train committed [##########----------] 9/10 reported, 1 dropped  accuracy=0.5") ||
-		!strings.Contains(r.out, "task task-1 completed") {
+	if r.err != nil || !strings.Contains(r.out, "round 1 train 1/2 committed [##########----------] 9/10 reported, 1 dropped  accuracy=0.5") ||
+		!strings.Contains(r.out, "task task-1 completed after 1/2 training rounds") {
 		t.Fatalf("task watch = %q, %v", r.out, r.err)
 	}
 

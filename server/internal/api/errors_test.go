@@ -68,6 +68,10 @@ func TestErrorMappingEveryRPC(t *testing.T) {
 			_, err := e.tasks.StopTask(ctx, &pb.StopTaskRequest{TaskId: "t"})
 			return err
 		},
+		"resume task": func(ctx context.Context, e *env) error {
+			_, err := e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: "t"})
+			return err
+		},
 		"watch task": func(ctx context.Context, e *env) error {
 			s, err := e.tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: "t"})
 			if err != nil {

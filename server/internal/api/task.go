@@ -24,11 +24,11 @@ func (s *taskServer) CreateTask(ctx context.Context, req *pb.CreateTaskRequest) 
 	if err != nil {
 		return nil, err
 	}
-	created, err := s.b.CreateTask(ctx, t)
+	created, warnings, err := s.b.CreateTask(ctx, t)
 	if err != nil {
 		return nil, s.toStatus(ctx, op, err)
 	}
-	return &pb.CreateTaskResponse{Task: created}, nil
+	return &pb.CreateTaskResponse{Task: created, Warnings: warnings}, nil
 }
 
 // taskForCreate checks the fields the API can judge alone and returns a copy
@@ -119,6 +119,18 @@ func (s *taskServer) StopTask(ctx context.Context, req *pb.StopTaskRequest) (*pb
 	return &pb.StopTaskResponse{Task: t}, nil
 }
 
+func (s *taskServer) ResumeTask(ctx context.Context, req *pb.ResumeTaskRequest) (*pb.ResumeTaskResponse, error) {
+	const op = "resume task"
+	if err := checkID(op, "task_id", req.GetTaskId()); err != nil {
+		return nil, err
+	}
+	t, err := s.b.ResumeTask(ctx, req.GetTaskId())
+	if err != nil {
+		return nil, s.toStatus(ctx, op, err)
+	}
+	return &pb.ResumeTaskResponse{Task: t}, nil
+}
+
 func (s *taskServer) WatchTask(req *pb.WatchTaskRequest, stream grpc.ServerStreamingServer[pb.WatchTaskResponse]) error {
 	const op = "watch task"
 	ctx := stream.Context()
@@ -133,14 +145,14 @@ func (s *taskServer) WatchTask(req *pb.WatchTaskRequest, stream grpc.ServerStrea
 		select {
 		case <-ctx.Done():
 			return s.toStatus(ctx, op, ctx.Err())
-		case ev, ok := <-events:
+		case m, ok := <-events:
 			if !ok {
-				return nil // the task finished
+				return nil // the task finished or paused
 			}
-			if ev == nil {
+			if m == nil {
 				continue
 			}
-			if err := stream.Send(&pb.WatchTaskResponse{Event: ev}); err != nil {
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 		}

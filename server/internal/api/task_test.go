@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
 )
@@ -233,5 +234,133 @@ func TestCreateTaskBackendErrors(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument)
 	if !strings.HasPrefix(status.Convert(err).Message(), "create task: task \"mnist-ft\": cohort_target") {
 		t.Errorf("message = %q", status.Convert(err).Message())
+	}
+}
+
+func TestCreateTaskWarnings(t *testing.T) {
+	e := newEnv(t)
+	ctx := testContext(t)
+	task := seed(e)
+	created, err := e.tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: task})
+	if err != nil || len(created.GetWarnings()) != 0 {
+		t.Fatalf("warnings %q, %v; want none", created.GetWarnings(), err)
+	}
+	const w = "3 devices are enrolled; the task selects 10 per round and needs 8 reports: rounds will be abandoned until more devices enroll"
+	e.b.WarnOnCreate(w)
+	created, err = e.tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: task})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := created.GetWarnings(); len(got) != 1 || got[0] != w || created.GetTask().GetId() == "" {
+		t.Fatalf("created %v with warnings %q", created.GetTask(), got)
+	}
+}
+
+// A paused task shows its reason in GetTask, ListTasks and WatchTask, and
+// ResumeTask runs it again.
+func TestPauseAndResumeTask(t *testing.T) {
+	e := newEnv(t)
+	ctx := testContext(t)
+	created, err := e.tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: seed(e)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetTask().GetId()
+	_, err = e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: id})
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: "nope"})
+	wantCode(t, err, codes.NotFound)
+
+	stream, err := e.tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.WaitWatchers(ctx, id, 1); err != nil {
+		t.Fatal(err)
+	}
+	const reason = "paused after 3 rounds in a row were abandoned for want of devices"
+	if err := e.b.SetTaskState(id, pb.TaskState_TASK_STATE_PAUSED, reason); err != nil {
+		t.Fatal(err)
+	}
+	wantPaused := func(what string, task *pb.Task) {
+		t.Helper()
+		if task.GetId() != id || task.GetState() != pb.TaskState_TASK_STATE_PAUSED || task.GetStateReason() != reason {
+			t.Errorf("%s: %v", what, task)
+		}
+	}
+	got, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPaused("watched", got.GetTask())
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Fatalf("after the pause: Recv = %v, want io.EOF", err)
+	}
+	// A watch that begins on a paused task says so and ends.
+	stream, err = e.tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	wantPaused("watch of a paused task", got.GetTask())
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Fatalf("watch of a paused task: Recv = %v, want io.EOF", err)
+	}
+	g, err := e.tasks.GetTask(ctx, &pb.GetTaskRequest{TaskId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPaused("GetTask", g.GetTask())
+	l, err := e.tasks.ListTasks(ctx, &pb.ListTasksRequest{State: pb.TaskState_TASK_STATE_PAUSED})
+	if err != nil || len(l.GetTasks()) != 1 {
+		t.Fatalf("paused tasks: %v %v", l.GetTasks(), err)
+	}
+	wantPaused("ListTasks", l.GetTasks()[0])
+
+	r, err := e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GetTask().GetState() != pb.TaskState_TASK_STATE_RUNNING || r.GetTask().GetStateReason() != "" {
+		t.Fatalf("resumed: %v", r.GetTask())
+	}
+}
+
+// ResumeTask is an operator action, recorded like StopTask.
+func TestResumeTaskIsAudited(t *testing.T) {
+	e := newAuditEnv(t, func(context.Context) string { return "olga" })
+	ctx := testContext(t)
+	created, err := e.tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: seed(e.env)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetTask().GetId()
+	_, err = e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: id})
+	wantCode(t, err, codes.FailedPrecondition)
+	if err := e.b.SetTaskState(id, pb.TaskState_TASK_STATE_PAUSED, "too few devices"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.tasks.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: id}); err != nil {
+		t.Fatal(err)
+	}
+	got, actors := actions(t, e.lg)
+	want := []audit.OperatorAction{
+		{Method: "fleetlearn.api.v1.TaskService/ResumeTask", Resource: "tasks/" + id, Result: audit.ResultFailed,
+			Code: "FAILED_PRECONDITION", Task: id},
+		{Method: "fleetlearn.api.v1.TaskService/ResumeTask", Resource: "tasks/" + id, Result: audit.ResultOK, Code: "OK", Task: id},
+	}
+	got = got[1:] // after CreateTask's
+	if len(got) != len(want) {
+		t.Fatalf("recorded %+v, want %+v", got, want)
+	}
+	for i := range want {
+		got[i].RequestSHA256 = ""
+		if got[i] != want[i] || actors[i+1] != audit.Operator("olga") {
+			t.Errorf("action %d = %+v by %v\nwant %+v", i, got[i], actors[i+1], want[i])
+		}
 	}
 }

@@ -35,7 +35,8 @@ const apiPackage = "fleetlearn.api.v1."
 
 // services are the Fleetlearn gRPC services the policy must cover.
 var services = []*grpc.ServiceDesc{&apiv1.TaskService_ServiceDesc, &apiv1.ModelService_ServiceDesc,
-	&apiv1.ModuleService_ServiceDesc, &apiv1.AuditService_ServiceDesc, &apiv1.DeviceService_ServiceDesc}
+	&apiv1.ModuleService_ServiceDesc, &apiv1.AuditService_ServiceDesc, &apiv1.DeviceService_ServiceDesc,
+	&apiv1.NATSService_ServiceDesc}
 
 // allowed is the documented role table (docs/SECURITY.md), written out
 // independently of identity.DefaultPolicy so that the test checks it.
@@ -44,6 +45,7 @@ var allowed = map[string][]identity.Role{
 	"TaskService/GetTask":    {"admin", "operator", "auditor"},
 	"TaskService/ListTasks":  {"admin", "operator", "auditor"},
 	"TaskService/StopTask":   {"admin", "operator"},
+	"TaskService/ResumeTask": {"admin", "operator"},
 	"TaskService/WatchTask":  {"admin", "operator", "auditor"},
 	"TaskService/ListRounds": {"admin", "operator", "auditor"},
 
@@ -67,6 +69,8 @@ var allowed = map[string][]identity.Role{
 	"DeviceService/CreateEnrollmentToken": {"admin", "operator"},
 	"DeviceService/ListDevices":           {"admin", "operator", "auditor"},
 	"DeviceService/RevokeDevice":          {"admin", "operator"},
+
+	"NATSService/IssueCredentials": {"admin"},
 }
 
 // public are the methods of those services that need no token (their

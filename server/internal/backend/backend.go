@@ -35,13 +35,20 @@ type Page struct {
 
 // Backend is what the aggregator service offers its API.
 type Backend interface {
-	CreateTask(ctx context.Context, t *pb.Task) (*pb.Task, error)
+	// CreateTask creates a task and says, in warnings, what its rounds
+	// will run into (a fleet too small for its cohort).
+	CreateTask(ctx context.Context, t *pb.Task) (task *pb.Task, warnings []string, err error)
 	GetTask(ctx context.Context, id string) (*pb.Task, error)
 	ListTasks(ctx context.Context, state pb.TaskState, p Page) ([]*pb.Task, string, error)
+	// StopTask stops a running or paused task.
 	StopTask(ctx context.Context, id, reason string) (*pb.Task, error)
-	// WatchTask streams the task's round events from now on until ctx ends or
-	// the task finishes (then the channel closes).
-	WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEvent, error)
+	// ResumeTask runs a paused task's rounds again; a task that is not
+	// paused is ErrPrecondition.
+	ResumeTask(ctx context.Context, id string) (*pb.Task, error)
+	// WatchTask streams the task's round events from now on, and the task
+	// when it pauses, until ctx ends or the task finishes or pauses (then
+	// the channel closes).
+	WatchTask(ctx context.Context, id string) (<-chan *pb.WatchTaskResponse, error)
 	ListRounds(ctx context.Context, taskID string, p Page) ([]*pb.RoundSummary, string, error)
 
 	// ImportModel stores safetensors bytes as a base model version.

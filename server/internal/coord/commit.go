@@ -152,7 +152,18 @@ func (t *taskRun) resumePending(ctx context.Context, round uint64) (done bool, e
 }
 
 func (t *taskRun) abandon(ctx context.Context, r *roundRun, reason string) error {
+	return t.abandonAs(ctx, r, reason, false)
+}
+
+// abandonShort abandons a round for want of devices: too few took a seat.
+// Such rounds in a row pause the task (pause.go).
+func (t *taskRun) abandonShort(ctx context.Context, r *roundRun, reason string) error {
+	return t.abandonAs(ctx, r, reason, true)
+}
+
+func (t *taskRun) abandonAs(ctx context.Context, r *roundRun, reason string, short bool) error {
 	row := t.closeRow(r, pb.RoundState_ROUND_STATE_ABANDONED, nil, reason)
+	row.Short = short
 	ev := audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundAbandoned, Reports: uint64(row.Reported),
 		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: reason}
 	if err := t.closeDurably(ctx, []audit.Payload{ev}, row, nil, nil); err != nil {

@@ -8,8 +8,9 @@
 // The files follow a round's stages: checkin.go (selection), plan.go (what a
 // round asks of devices), round.go (the plaintext round loop), validate.go
 // (report checks), secure.go (SecAgg+ stages), dp.go (privacy), commit.go
-// (one aggregation result, noised once, checked, audited and committed) and
-// failure.go (devices' failure reports). Every deadline runs on Deps.Clock.
+// (one aggregation result, noised once, checked, audited and committed),
+// failure.go (devices' failure reports) and pause.go (tasks the fleet cannot
+// serve). Every deadline runs on Deps.Clock.
 package coord
 
 import (
@@ -100,7 +101,7 @@ type Coordinator struct {
 
 	mu       sync.Mutex
 	tasks    map[string]*taskRun
-	watchers map[string]map[chan *pb.RoundEvent]struct{}
+	watchers map[string]map[chan *pb.WatchTaskResponse]struct{}
 	seen     map[string]time.Time // devices recently written to the store
 	unseen   map[string]sighting  // sightings the writer has yet to store
 	seenKick chan struct{}
@@ -117,7 +118,7 @@ func New(d Deps) *Coordinator {
 		d.PaceWindow = 2 * time.Second
 	}
 	d.Clock = clock.Or(d.Clock)
-	return &Coordinator{d: d, tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.RoundEvent]struct{}{},
+	return &Coordinator{d: d, tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.WatchTaskResponse]struct{}{},
 		seen: map[string]time.Time{}, unseen: map[string]sighting{}, seenKick: make(chan struct{}, 1),
 		checkins: make(chan *nats.Msg, checkInQueue)}
 }
@@ -188,13 +189,15 @@ func (c *Coordinator) StartTask(id string) {
 		defer c.wg.Done()
 		defer close(tr.exited)
 		tr.run(ctx)
+		// In one step with the delete: once the task has no runner, the
+		// watchers of this one are closed, and a watch that begins later
+		// (of a resumed task's new runner) is not.
 		c.mu.Lock()
 		delete(c.tasks, id)
-		stopping := tr.stopping
-		c.mu.Unlock()
-		if !stopping { // StopTask closes them after its own event
-			c.closeWatchers(id)
+		if !tr.stopping { // StopTask closes them after its own event
+			c.closeWatchersLocked(id)
 		}
+		c.mu.Unlock()
 	}()
 }
 
@@ -253,12 +256,14 @@ func (c *Coordinator) purgeRound(task string, round uint64) {
 	}
 }
 
-// Watch returns a channel of the task's round events and a function that ends the subscription.
-func (c *Coordinator) Watch(id string) (<-chan *pb.RoundEvent, func()) {
-	ch := make(chan *pb.RoundEvent, 64)
+// Watch returns a channel of the task's round events (and of the task when
+// it pauses) and a function that ends the subscription. The channel closes
+// when the task's runner stops: the task ended or paused.
+func (c *Coordinator) Watch(id string) (<-chan *pb.WatchTaskResponse, func()) {
+	ch := make(chan *pb.WatchTaskResponse, 64)
 	c.mu.Lock()
 	if c.watchers[id] == nil {
-		c.watchers[id] = map[chan *pb.RoundEvent]struct{}{}
+		c.watchers[id] = map[chan *pb.WatchTaskResponse]struct{}{}
 	}
 	c.watchers[id][ch] = struct{}{}
 	c.mu.Unlock()
@@ -286,6 +291,10 @@ func (c *Coordinator) Running(id string) bool {
 func (c *Coordinator) closeWatchers(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closeWatchersLocked(id)
+}
+
+func (c *Coordinator) closeWatchersLocked(id string) {
 	for ch := range c.watchers[id] {
 		close(ch)
 	}
@@ -295,17 +304,23 @@ func (c *Coordinator) closeWatchers(id string) {
 // emit delivers an event to watchers (dropping it for a watcher that is not
 // keeping up, rather than stalling the round) and publishes it on NATS.
 func (c *Coordinator) emit(ev *pb.RoundEvent) {
-	c.mu.Lock()
-	for ch := range c.watchers[ev.TaskId] {
-		select {
-		case ch <- ev:
-		default:
-			c.d.Log.Warn("watcher is not keeping up; event dropped", "task", ev.TaskId, "round", ev.Round)
-		}
-	}
-	c.mu.Unlock()
+	c.deliver(ev.TaskId, &pb.WatchTaskResponse{Event: ev})
 	if b, err := proto.Marshal(ev); err == nil {
 		c.d.NC.Publish(wire.EventsSubject(ev.TaskId), b)
+	}
+}
+
+// deliver hands a message to the task's watchers, dropping it for a
+// watcher that is not keeping up.
+func (c *Coordinator) deliver(task string, m *pb.WatchTaskResponse) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ch := range c.watchers[task] {
+		select {
+		case ch <- m:
+		default:
+			c.d.Log.Warn("watcher is not keeping up; event dropped", "task", task, "round", m.GetEvent().GetRound())
+		}
 	}
 }
 

@@ -199,6 +199,22 @@ func (h *harness) start(task *pb.Task) *pb.Task {
 
 // watch subscribes to a task's round events.
 func (h *harness) watch(task string) <-chan *pb.RoundEvent {
+	in := h.watchAll(task)
+	out := make(chan *pb.RoundEvent, 64)
+	go func() {
+		defer close(out)
+		for m := range in {
+			if ev := m.GetEvent(); ev != nil {
+				out <- ev
+			}
+		}
+	}()
+	return out
+}
+
+// watchAll subscribes to everything watchers of a task get: round events
+// and the task when it pauses.
+func (h *harness) watchAll(task string) <-chan *pb.WatchTaskResponse {
 	ch, stop := h.c.Watch(task)
 	h.t.Cleanup(stop)
 	return ch
@@ -275,6 +291,11 @@ func (h *harness) enroll(id string, examples uint64) *device {
 	h.mu.Lock()
 	h.keys[id] = key
 	h.mu.Unlock()
+	// In the registry too, where the fleet is counted (Coordinator.Fleet).
+	if err := h.st.InsertDevice(h.t.Context(), &store.DeviceRow{ID: id, KeyID: "key-" + id, Fleet: "test", TokenID: "tok-" + id,
+		Enrolled: h.clk.Now()}); err != nil {
+		h.t.Fatal(err)
+	}
 	d := &device{h: h, id: id, key: key, examples: examples, receipts: make(chan *pb.ReportReceipt, 16)}
 	sub, err := h.nc.Subscribe(wire.ReceiptSubject(id), func(m *nats.Msg) {
 		var r pb.ReportReceipt

@@ -110,9 +110,7 @@ func (t *taskRun) reportTimeout() time.Duration {
 	return DefaultReportTimeout
 }
 
-func (t *taskRun) wanted() int {
-	return int(math.Ceil(float64(t.spec.GetCohortTarget()) * (1 + t.spec.GetOverSelection())))
-}
+func (t *taskRun) wanted() int { return Wanted(t.spec) }
 
 func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*store.RoundRow, error) {
 	now := t.c.now()

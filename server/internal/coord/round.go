@@ -136,7 +136,7 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		case <-r.kick:
 		case <-selTimer.C():
 			if why := t.endSelection(r, 0); why != "" {
-				return t.abandon(ctx, r, why)
+				return t.abandonShort(ctx, r, why)
 			}
 		case <-deadline.C():
 			reason = "report deadline passed"
@@ -166,7 +166,13 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		}
 	}
 	if n := len(r.reported); n < int(t.spec.GetReportGoal()) || n == 0 {
-		return t.abandon(ctx, r, fmt.Sprintf("%s with %d reports, below the report goal %d", reason, n, t.spec.GetReportGoal()))
+		why := fmt.Sprintf("%s with %d reports, below the report goal %d", reason, n, t.spec.GetReportGoal())
+		t.mu.Lock()
+		// A round resumed past both its timers may see the deadline first:
+		// a cohort below the goal is still a want of devices, not of reports.
+		short := len(r.assigned) < int(t.spec.GetReportGoal())
+		t.mu.Unlock()
+		return t.abandonAs(ctx, r, why, short)
 	}
 	return t.commit(ctx, r, col, mm, reason, 0)
 }

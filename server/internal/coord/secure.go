@@ -173,12 +173,13 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		stageC = stageTimer.C()
 	}
 	stageArmed := func() bool { return stageTimer != nil }
-	abort := func(reason string) error {
+	abortAs := func(reason string, short bool) error {
 		t.secureDown(sec, func(uint32) (*pb.SecAggDown, error) {
 			return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
 		}, r, allParticipants(sec))
-		return t.abandon(ctx, r, reason)
+		return t.abandonAs(ctx, r, reason, short)
 	}
+	abort := func(reason string) error { return abortAs(reason, false) }
 
 	for {
 		stage := sec.srv.Stage()
@@ -193,7 +194,7 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		case <-r.kick:
 		case <-selTimer.C():
 			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
-				return abort(why)
+				return abortAs(why, true)
 			}
 		case <-stageC:
 			stageTimer, stageC = nil, nil
@@ -219,7 +220,7 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 				continue
 			}
 			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
-				return abort(why)
+				return abortAs(why, true)
 			}
 			if !stageArmed() {
 				arm(stageTimeout)

@@ -238,6 +238,12 @@ func (t *taskRun) step(ctx context.Context) (done bool, err error) {
 		}
 	}
 	if rr == nil {
+		if row.ShortRounds >= ShortRoundsToPause {
+			if err := t.pause(ctx, row); err != nil {
+				return false, err // retried: no round opens until the pause is stored
+			}
+			return true, nil
+		}
 		if row.TrainRounds >= t.spec.GetRoundsTotal() && !t.evalPending(ctx, row) {
 			return true, t.finish(ctx)
 		}

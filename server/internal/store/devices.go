@@ -238,3 +238,21 @@ func (u *UsedTokens) Len(ctx context.Context) (int, error) {
 	err := u.s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM enroll_tokens`).Scan(&n)
 	return n, err
 }
+
+// FleetSize counts the devices that could take a seat in a round: enrolled
+// ones that are not revoked, and of the devices that checked in at or after
+// since, those not revoked (only enrolled ones, with enrolledOnly).
+func (s *Store) FleetSize(ctx context.Context, since time.Time, enrolledOnly bool) (enrolled, seen int, err error) {
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM enrolled_devices WHERE revoked_at = 0`).Scan(&enrolled); err != nil {
+		return 0, 0, fmt.Errorf("store: fleet size: %w", err)
+	}
+	q := `SELECT COUNT(*) FROM devices d WHERE d.last_seen >= ?
+		AND NOT EXISTS (SELECT 1 FROM enrolled_devices e WHERE e.id = d.id AND e.revoked_at != 0)`
+	if enrolledOnly {
+		q = `SELECT COUNT(*) FROM devices d JOIN enrolled_devices e ON e.id = d.id WHERE d.last_seen >= ? AND e.revoked_at = 0`
+	}
+	if err := s.db.QueryRowContext(ctx, q, ts(since)).Scan(&seen); err != nil {
+		return 0, 0, fmt.Errorf("store: fleet size: %w", err)
+	}
+	return enrolled, seen, nil
+}

@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 	state_reason TEXT NOT NULL DEFAULT '',
 	opt_state BLOB,                -- server optimizer state (aggregator)
 	created INTEGER NOT NULL,
-	updated INTEGER NOT NULL
+	updated INTEGER NOT NULL,
+	short_rounds INTEGER NOT NULL DEFAULT 0 -- rounds in a row abandoned for want of devices
 );
 CREATE TABLE IF NOT EXISTS rounds (
 	task_id TEXT NOT NULL,
@@ -117,6 +118,7 @@ CREATE TABLE IF NOT EXISTS devices (
 var migrations = []string{
 	`ALTER TABLE rounds ADD COLUMN epsilon REAL NOT NULL DEFAULT 0`,
 	`ALTER TABLE rounds ADD COLUMN failures BLOB`,
+	`ALTER TABLE tasks ADD COLUMN short_rounds INTEGER NOT NULL DEFAULT 0`,
 }
 
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -186,9 +188,13 @@ type TaskRow struct {
 	CurrentRound uint64
 	CurrentModel string
 	TrainRounds  uint32 // committed training rounds
-	OptState     []byte
-	Created      time.Time
-	Updated      time.Time
+	// ShortRounds counts the latest rounds in a row that were abandoned for
+	// want of devices (RoundRow.Short); any other close resets it, and so
+	// does ResumeTask.
+	ShortRounds uint32
+	OptState    []byte
+	Created     time.Time
+	Updated     time.Time
 }
 
 // Proto renders the row as the API's Task.
@@ -215,7 +221,7 @@ func (s *Store) InsertTask(ctx context.Context, t *pb.Task, now time.Time) error
 	return nil
 }
 
-const taskCols = `spec, state, state_reason, current_round, current_model, train_rounds, opt_state, created, updated`
+const taskCols = `spec, state, state_reason, current_round, current_model, train_rounds, short_rounds, opt_state, created, updated`
 
 func scanTask(sc interface{ Scan(...any) error }) (*TaskRow, error) {
 	var (
@@ -223,18 +229,18 @@ func scanTask(sc interface{ Scan(...any) error }) (*TaskRow, error) {
 		spec     []byte
 		state    int32
 		cur      int64
-		tr       int64
+		tr, sr   int64
 		cr, upd  int64
 		optState []byte
 	)
-	if err := sc.Scan(&spec, &state, &r.Reason, &cur, &r.CurrentModel, &tr, &optState, &cr, &upd); err != nil {
+	if err := sc.Scan(&spec, &state, &r.Reason, &cur, &r.CurrentModel, &tr, &sr, &optState, &cr, &upd); err != nil {
 		return nil, err
 	}
 	r.Spec = &pb.Task{}
 	if err := proto.Unmarshal(spec, r.Spec); err != nil {
 		return nil, fmt.Errorf("store: task spec: %w", err)
 	}
-	r.State, r.CurrentRound, r.TrainRounds, r.OptState = pb.TaskState(state), uint64(cur), uint32(tr), optState
+	r.State, r.CurrentRound, r.TrainRounds, r.ShortRounds, r.OptState = pb.TaskState(state), uint64(cur), uint32(tr), uint32(sr), optState
 	r.Created, r.Updated = fromTS(cr), fromTS(upd)
 	r.Spec.CreateTime, r.Spec.UpdateTime = tsProto(r.Created), tsProto(r.Updated)
 	return &r, nil
@@ -284,6 +290,43 @@ func (s *Store) SetTaskState(ctx context.Context, id string, st pb.TaskState, re
 	return nil
 }
 
+// PauseTask moves a running task to PAUSED with reason. A task in any
+// other state (stopped meanwhile) is left alone: ErrPrecondition.
+func (s *Store) PauseTask(ctx context.Context, id, reason string, now time.Time) error {
+	return s.swapTaskState(ctx, id, pb.TaskState_TASK_STATE_RUNNING, pb.TaskState_TASK_STATE_PAUSED, reason, now)
+}
+
+// ResumeTask moves a paused task back to RUNNING, clearing its reason and
+// its count of short rounds: the resumed task gets a fresh run of rounds
+// before it can pause again. A task that is not paused is ErrPrecondition.
+func (s *Store) ResumeTask(ctx context.Context, id string, now time.Time) error {
+	return s.swapTaskState(ctx, id, pb.TaskState_TASK_STATE_PAUSED, pb.TaskState_TASK_STATE_RUNNING, "", now)
+}
+
+// swapTaskState changes a task's state from from to to in one statement, so
+// that a concurrent change (an operator's stop) is never overwritten.
+func (s *Store) swapTaskState(ctx context.Context, id string, from, to pb.TaskState, reason string, now time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET state = ?, state_reason = ?, short_rounds = 0, updated = ?
+		WHERE id = ? AND state = ?`, int32(to), reason, ts(now), id, int32(from))
+	if err != nil {
+		return fmt.Errorf("store: task state: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	r, err := s.Task(ctx, id)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("task %s is %s, not %s: %w", id, StateName(r.State), StateName(from), backend.ErrPrecondition)
+}
+
+// StateName is a task state as operators and the audit log write it:
+// "running", "paused".
+func StateName(st pb.TaskState) string {
+	return strings.ToLower(strings.TrimPrefix(st.String(), "TASK_STATE_"))
+}
+
 // ---- rounds
 
 // RoundRow is one round of a task.
@@ -312,6 +355,10 @@ type RoundRow struct {
 	// Participants are the devices whose updates a committed round counted;
 	// CloseRound adds one to each one's participations. Not stored in the row.
 	Participants []string
+	// Short marks a round abandoned for want of devices: fewer took a seat
+	// than it needed. CloseRound counts it in the task's ShortRounds (and
+	// resets them for any other close). Not stored in the row.
+	Short bool
 }
 
 // Proto renders the row for the API.
@@ -452,6 +499,10 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 			if err != nil {
 				return fmt.Errorf("store: task progress: %w", err)
 			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE tasks SET short_rounds = CASE WHEN ? THEN short_rounds + 1 ELSE 0 END WHERE id = ?`,
+			r.Short, r.TaskID); err != nil {
+			return fmt.Errorf("store: task short rounds: %w", err)
 		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM assignments WHERE task_id = ? AND round = ?`, r.TaskID, int64(r.Round))
 		return err

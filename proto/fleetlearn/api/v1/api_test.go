@@ -34,6 +34,7 @@ func TestServices(t *testing.T) {
 			{name: "GetTask"},
 			{name: "ListTasks"},
 			{name: "StopTask"},
+			{name: "ResumeTask"},
 			{name: "WatchTask", serverStream: true},
 			{name: "ListRounds"},
 		}},
@@ -64,6 +65,9 @@ func TestServices(t *testing.T) {
 		}},
 		{"fleetlearn.api.v1.EnrollmentService", []method{
 			{name: "Enroll"},
+		}},
+		{"fleetlearn.api.v1.NATSService", []method{
+			{name: "IssueCredentials"},
 		}},
 	}
 	seen := map[protoreflect.FullName]bool{}
@@ -123,6 +127,7 @@ func TestGRPCServiceDescs(t *testing.T) {
 		{apiv1.AuditService_ServiceDesc.ServiceName, methodNames(apiv1.AuditService_ServiceDesc.Methods), streamNames(apiv1.AuditService_ServiceDesc.Streams)},
 		{apiv1.DeviceService_ServiceDesc.ServiceName, methodNames(apiv1.DeviceService_ServiceDesc.Methods), streamNames(apiv1.DeviceService_ServiceDesc.Streams)},
 		{apiv1.EnrollmentService_ServiceDesc.ServiceName, methodNames(apiv1.EnrollmentService_ServiceDesc.Methods), streamNames(apiv1.EnrollmentService_ServiceDesc.Streams)},
+		{apiv1.NATSService_ServiceDesc.ServiceName, methodNames(apiv1.NATSService_ServiceDesc.Methods), streamNames(apiv1.NATSService_ServiceDesc.Streams)},
 	} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(sd.name))
 		if err != nil {

@@ -25,13 +25,15 @@ var File_fleetlearn_api_v1_task_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_api_v1_task_service_proto_rawDesc = "" +
 	"\n" +
-	"$fleetlearn/api/v1/task_service.proto\x12\x11fleetlearn.api.v1\x1a fleetlearn/v1/task_service.proto2\xec\x03\n" +
+	"$fleetlearn/api/v1/task_service.proto\x12\x11fleetlearn.api.v1\x1a fleetlearn/v1/task_service.proto2\xbf\x04\n" +
 	"\vTaskService\x12Q\n" +
 	"\n" +
 	"CreateTask\x12 .fleetlearn.v1.CreateTaskRequest\x1a!.fleetlearn.v1.CreateTaskResponse\x12H\n" +
 	"\aGetTask\x12\x1d.fleetlearn.v1.GetTaskRequest\x1a\x1e.fleetlearn.v1.GetTaskResponse\x12N\n" +
 	"\tListTasks\x12\x1f.fleetlearn.v1.ListTasksRequest\x1a .fleetlearn.v1.ListTasksResponse\x12K\n" +
-	"\bStopTask\x12\x1e.fleetlearn.v1.StopTaskRequest\x1a\x1f.fleetlearn.v1.StopTaskResponse\x12P\n" +
+	"\bStopTask\x12\x1e.fleetlearn.v1.StopTaskRequest\x1a\x1f.fleetlearn.v1.StopTaskResponse\x12Q\n" +
+	"\n" +
+	"ResumeTask\x12 .fleetlearn.v1.ResumeTaskRequest\x1a!.fleetlearn.v1.ResumeTaskResponse\x12P\n" +
 	"\tWatchTask\x12\x1f.fleetlearn.v1.WatchTaskRequest\x1a .fleetlearn.v1.WatchTaskResponse0\x01\x12Q\n" +
 	"\n" +
 	"ListRounds\x12 .fleetlearn.v1.ListRoundsRequest\x1a!.fleetlearn.v1.ListRoundsResponseB@Z>github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1;apiv1b\x06proto3"
@@ -41,30 +43,34 @@ var file_fleetlearn_api_v1_task_service_proto_goTypes = []any{
 	(*v1.GetTaskRequest)(nil),     // 1: fleetlearn.v1.GetTaskRequest
 	(*v1.ListTasksRequest)(nil),   // 2: fleetlearn.v1.ListTasksRequest
 	(*v1.StopTaskRequest)(nil),    // 3: fleetlearn.v1.StopTaskRequest
-	(*v1.WatchTaskRequest)(nil),   // 4: fleetlearn.v1.WatchTaskRequest
-	(*v1.ListRoundsRequest)(nil),  // 5: fleetlearn.v1.ListRoundsRequest
-	(*v1.CreateTaskResponse)(nil), // 6: fleetlearn.v1.CreateTaskResponse
-	(*v1.GetTaskResponse)(nil),    // 7: fleetlearn.v1.GetTaskResponse
-	(*v1.ListTasksResponse)(nil),  // 8: fleetlearn.v1.ListTasksResponse
-	(*v1.StopTaskResponse)(nil),   // 9: fleetlearn.v1.StopTaskResponse
-	(*v1.WatchTaskResponse)(nil),  // 10: fleetlearn.v1.WatchTaskResponse
-	(*v1.ListRoundsResponse)(nil), // 11: fleetlearn.v1.ListRoundsResponse
+	(*v1.ResumeTaskRequest)(nil),  // 4: fleetlearn.v1.ResumeTaskRequest
+	(*v1.WatchTaskRequest)(nil),   // 5: fleetlearn.v1.WatchTaskRequest
+	(*v1.ListRoundsRequest)(nil),  // 6: fleetlearn.v1.ListRoundsRequest
+	(*v1.CreateTaskResponse)(nil), // 7: fleetlearn.v1.CreateTaskResponse
+	(*v1.GetTaskResponse)(nil),    // 8: fleetlearn.v1.GetTaskResponse
+	(*v1.ListTasksResponse)(nil),  // 9: fleetlearn.v1.ListTasksResponse
+	(*v1.StopTaskResponse)(nil),   // 10: fleetlearn.v1.StopTaskResponse
+	(*v1.ResumeTaskResponse)(nil), // 11: fleetlearn.v1.ResumeTaskResponse
+	(*v1.WatchTaskResponse)(nil),  // 12: fleetlearn.v1.WatchTaskResponse
+	(*v1.ListRoundsResponse)(nil), // 13: fleetlearn.v1.ListRoundsResponse
 }
 var file_fleetlearn_api_v1_task_service_proto_depIdxs = []int32{
 	0,  // 0: fleetlearn.api.v1.TaskService.CreateTask:input_type -> fleetlearn.v1.CreateTaskRequest
 	1,  // 1: fleetlearn.api.v1.TaskService.GetTask:input_type -> fleetlearn.v1.GetTaskRequest
 	2,  // 2: fleetlearn.api.v1.TaskService.ListTasks:input_type -> fleetlearn.v1.ListTasksRequest
 	3,  // 3: fleetlearn.api.v1.TaskService.StopTask:input_type -> fleetlearn.v1.StopTaskRequest
-	4,  // 4: fleetlearn.api.v1.TaskService.WatchTask:input_type -> fleetlearn.v1.WatchTaskRequest
-	5,  // 5: fleetlearn.api.v1.TaskService.ListRounds:input_type -> fleetlearn.v1.ListRoundsRequest
-	6,  // 6: fleetlearn.api.v1.TaskService.CreateTask:output_type -> fleetlearn.v1.CreateTaskResponse
-	7,  // 7: fleetlearn.api.v1.TaskService.GetTask:output_type -> fleetlearn.v1.GetTaskResponse
-	8,  // 8: fleetlearn.api.v1.TaskService.ListTasks:output_type -> fleetlearn.v1.ListTasksResponse
-	9,  // 9: fleetlearn.api.v1.TaskService.StopTask:output_type -> fleetlearn.v1.StopTaskResponse
-	10, // 10: fleetlearn.api.v1.TaskService.WatchTask:output_type -> fleetlearn.v1.WatchTaskResponse
-	11, // 11: fleetlearn.api.v1.TaskService.ListRounds:output_type -> fleetlearn.v1.ListRoundsResponse
-	6,  // [6:12] is the sub-list for method output_type
-	0,  // [0:6] is the sub-list for method input_type
+	4,  // 4: fleetlearn.api.v1.TaskService.ResumeTask:input_type -> fleetlearn.v1.ResumeTaskRequest
+	5,  // 5: fleetlearn.api.v1.TaskService.WatchTask:input_type -> fleetlearn.v1.WatchTaskRequest
+	6,  // 6: fleetlearn.api.v1.TaskService.ListRounds:input_type -> fleetlearn.v1.ListRoundsRequest
+	7,  // 7: fleetlearn.api.v1.TaskService.CreateTask:output_type -> fleetlearn.v1.CreateTaskResponse
+	8,  // 8: fleetlearn.api.v1.TaskService.GetTask:output_type -> fleetlearn.v1.GetTaskResponse
+	9,  // 9: fleetlearn.api.v1.TaskService.ListTasks:output_type -> fleetlearn.v1.ListTasksResponse
+	10, // 10: fleetlearn.api.v1.TaskService.StopTask:output_type -> fleetlearn.v1.StopTaskResponse
+	11, // 11: fleetlearn.api.v1.TaskService.ResumeTask:output_type -> fleetlearn.v1.ResumeTaskResponse
+	12, // 12: fleetlearn.api.v1.TaskService.WatchTask:output_type -> fleetlearn.v1.WatchTaskResponse
+	13, // 13: fleetlearn.api.v1.TaskService.ListRounds:output_type -> fleetlearn.v1.ListRoundsResponse
+	7,  // [7:14] is the sub-list for method output_type
+	0,  // [0:7] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

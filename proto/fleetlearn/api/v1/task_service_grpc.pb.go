@@ -24,6 +24,7 @@ const (
 	TaskService_GetTask_FullMethodName    = "/fleetlearn.api.v1.TaskService/GetTask"
 	TaskService_ListTasks_FullMethodName  = "/fleetlearn.api.v1.TaskService/ListTasks"
 	TaskService_StopTask_FullMethodName   = "/fleetlearn.api.v1.TaskService/StopTask"
+	TaskService_ResumeTask_FullMethodName = "/fleetlearn.api.v1.TaskService/ResumeTask"
 	TaskService_WatchTask_FullMethodName  = "/fleetlearn.api.v1.TaskService/WatchTask"
 	TaskService_ListRounds_FullMethodName = "/fleetlearn.api.v1.TaskService/ListRounds"
 )
@@ -40,10 +41,13 @@ type TaskServiceClient interface {
 	GetTask(ctx context.Context, in *v1.GetTaskRequest, opts ...grpc.CallOption) (*v1.GetTaskResponse, error)
 	// ListTasks returns tasks, newest first, one page at a time.
 	ListTasks(ctx context.Context, in *v1.ListTasksRequest, opts ...grpc.CallOption) (*v1.ListTasksResponse, error)
-	// StopTask stops a task; the open round, if any, is abandoned.
+	// StopTask stops a running or paused task; the open round, if any, is
+	// abandoned.
 	StopTask(ctx context.Context, in *v1.StopTaskRequest, opts ...grpc.CallOption) (*v1.StopTaskResponse, error)
+	// ResumeTask runs a paused task's rounds again.
+	ResumeTask(ctx context.Context, in *v1.ResumeTaskRequest, opts ...grpc.CallOption) (*v1.ResumeTaskResponse, error)
 	// WatchTask streams the task's round events as they happen, until the
-	// task ends or the client cancels.
+	// task ends or pauses, or the client cancels.
 	WatchTask(ctx context.Context, in *v1.WatchTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[v1.WatchTaskResponse], error)
 	// ListRounds returns a task's rounds with their metrics, newest first.
 	ListRounds(ctx context.Context, in *v1.ListRoundsRequest, opts ...grpc.CallOption) (*v1.ListRoundsResponse, error)
@@ -97,6 +101,16 @@ func (c *taskServiceClient) StopTask(ctx context.Context, in *v1.StopTaskRequest
 	return out, nil
 }
 
+func (c *taskServiceClient) ResumeTask(ctx context.Context, in *v1.ResumeTaskRequest, opts ...grpc.CallOption) (*v1.ResumeTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(v1.ResumeTaskResponse)
+	err := c.cc.Invoke(ctx, TaskService_ResumeTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *taskServiceClient) WatchTask(ctx context.Context, in *v1.WatchTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[v1.WatchTaskResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TaskService_ServiceDesc.Streams[0], TaskService_WatchTask_FullMethodName, cOpts...)
@@ -138,10 +152,13 @@ type TaskServiceServer interface {
 	GetTask(context.Context, *v1.GetTaskRequest) (*v1.GetTaskResponse, error)
 	// ListTasks returns tasks, newest first, one page at a time.
 	ListTasks(context.Context, *v1.ListTasksRequest) (*v1.ListTasksResponse, error)
-	// StopTask stops a task; the open round, if any, is abandoned.
+	// StopTask stops a running or paused task; the open round, if any, is
+	// abandoned.
 	StopTask(context.Context, *v1.StopTaskRequest) (*v1.StopTaskResponse, error)
+	// ResumeTask runs a paused task's rounds again.
+	ResumeTask(context.Context, *v1.ResumeTaskRequest) (*v1.ResumeTaskResponse, error)
 	// WatchTask streams the task's round events as they happen, until the
-	// task ends or the client cancels.
+	// task ends or pauses, or the client cancels.
 	WatchTask(*v1.WatchTaskRequest, grpc.ServerStreamingServer[v1.WatchTaskResponse]) error
 	// ListRounds returns a task's rounds with their metrics, newest first.
 	ListRounds(context.Context, *v1.ListRoundsRequest) (*v1.ListRoundsResponse, error)
@@ -166,6 +183,9 @@ func (UnimplementedTaskServiceServer) ListTasks(context.Context, *v1.ListTasksRe
 }
 func (UnimplementedTaskServiceServer) StopTask(context.Context, *v1.StopTaskRequest) (*v1.StopTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StopTask not implemented")
+}
+func (UnimplementedTaskServiceServer) ResumeTask(context.Context, *v1.ResumeTaskRequest) (*v1.ResumeTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeTask not implemented")
 }
 func (UnimplementedTaskServiceServer) WatchTask(*v1.WatchTaskRequest, grpc.ServerStreamingServer[v1.WatchTaskResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchTask not implemented")
@@ -266,6 +286,24 @@ func _TaskService_StopTask_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TaskService_ResumeTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(v1.ResumeTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskServiceServer).ResumeTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskService_ResumeTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskServiceServer).ResumeTask(ctx, req.(*v1.ResumeTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TaskService_WatchTask_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(v1.WatchTaskRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -317,6 +355,10 @@ var TaskService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StopTask",
 			Handler:    _TaskService_StopTask_Handler,
+		},
+		{
+			MethodName: "ResumeTask",
+			Handler:    _TaskService_ResumeTask_Handler,
 		},
 		{
 			MethodName: "ListRounds",

@@ -33,6 +33,7 @@ type Backend struct {
 	fail     error
 	lastPage backend.Page
 	created  *pb.Task // last CreateTask argument, as received
+	warnings []string // what CreateTask warns of
 
 	tasks    []*pb.Task // in creation order
 	rounds   map[string][]*pb.RoundSummary
@@ -45,7 +46,7 @@ type Backend struct {
 
 type watcher struct {
 	ctx context.Context
-	ch  chan *pb.RoundEvent
+	ch  chan *pb.WatchTaskResponse
 }
 
 // Option configures New.
@@ -89,6 +90,13 @@ func (b *Backend) LastPage() backend.Page {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lastPage
+}
+
+// WarnOnCreate makes CreateTask return warnings with every task it creates.
+func (b *Backend) WarnOnCreate(warnings ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.warnings = slices.Clone(warnings)
 }
 
 // LastCreated returns the task the latest CreateTask call received.
@@ -136,7 +144,8 @@ func (b *Backend) AddRound(r *pb.RoundSummary) {
 	b.rounds[r.GetTaskId()] = append(b.rounds[r.GetTaskId()], proto.CloneOf(r))
 }
 
-// SetTaskState moves a task to state; a terminal state ends its watches.
+// SetTaskState moves a task to state; a terminal state ends its watches,
+// and PAUSED sends them the task first, as the server does.
 func (b *Backend) SetTaskState(id string, state pb.TaskState, reason string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -145,7 +154,15 @@ func (b *Backend) SetTaskState(id string, state pb.TaskState, reason string) err
 		return fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
 	}
 	t.State, t.StateReason, t.UpdateTime = state, reason, timestamppb.New(b.now())
-	if terminal(state) {
+	if state == pb.TaskState_TASK_STATE_PAUSED {
+		for _, w := range b.watchers[id] {
+			select {
+			case w.ch <- &pb.WatchTaskResponse{Task: proto.CloneOf(t)}:
+			case <-w.ctx.Done():
+			}
+		}
+	}
+	if terminal(state) || state == pb.TaskState_TASK_STATE_PAUSED {
 		b.closeWatchers(id)
 	}
 	return nil
@@ -164,7 +181,7 @@ func (b *Backend) Publish(ev *pb.RoundEvent) {
 	}
 	for _, w := range b.watchers[ev.GetTaskId()] {
 		select {
-		case w.ch <- proto.CloneOf(ev):
+		case w.ch <- &pb.WatchTaskResponse{Event: proto.CloneOf(ev)}:
 		case <-w.ctx.Done():
 		}
 	}
@@ -288,22 +305,22 @@ func (b *Backend) begin(ctx context.Context) error {
 }
 
 // CreateTask implements backend.Backend.
-func (b *Backend) CreateTask(ctx context.Context, t *pb.Task) (*pb.Task, error) {
+func (b *Backend) CreateTask(ctx context.Context, t *pb.Task) (*pb.Task, []string, error) {
 	if err := b.begin(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer b.mu.Unlock()
 	b.created = proto.CloneOf(t)
 	if t.GetCohortTarget() == 0 || t.GetRoundsTotal() == 0 {
-		return nil, fmt.Errorf("task %q: cohort_target and rounds_total must be positive: %w", t.GetName(), backend.ErrInvalid)
+		return nil, nil, fmt.Errorf("task %q: cohort_target and rounds_total must be positive: %w", t.GetName(), backend.ErrInvalid)
 	}
 	m := b.model(t.GetModel().GetVersion())
 	if m == nil {
-		return nil, fmt.Errorf("model %q: %w", t.GetModel().GetVersion(), backend.ErrNotFound)
+		return nil, nil, fmt.Errorf("model %q: %w", t.GetModel().GetVersion(), backend.ErrNotFound)
 	}
 	mod := b.module(t.GetModule().GetSha256())
 	if mod == nil {
-		return nil, fmt.Errorf("module %s: %w", t.GetModule().GetSha256(), backend.ErrNotFound)
+		return nil, nil, fmt.Errorf("module %s: %w", t.GetModule().GetSha256(), backend.ErrNotFound)
 	}
 	out := proto.CloneOf(t)
 	out.Id = fmt.Sprintf("task-%d", len(b.tasks)+1)
@@ -314,7 +331,7 @@ func (b *Backend) CreateTask(ctx context.Context, t *pb.Task) (*pb.Task, error) 
 	out.CreateTime = timestamppb.New(b.now())
 	out.UpdateTime = out.CreateTime
 	b.tasks = append(b.tasks, out)
-	return proto.CloneOf(out), nil
+	return proto.CloneOf(out), slices.Clone(b.warnings), nil
 }
 
 // GetTask implements backend.Backend.
@@ -360,9 +377,8 @@ func (b *Backend) StopTask(ctx context.Context, id, reason string) (*pb.Task, er
 	return proto.CloneOf(t), nil
 }
 
-// WatchTask implements backend.Backend. The channel of a task that has
-// already ended is returned closed.
-func (b *Backend) WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEvent, error) {
+// ResumeTask implements backend.Backend.
+func (b *Backend) ResumeTask(ctx context.Context, id string) (*pb.Task, error) {
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -371,8 +387,29 @@ func (b *Backend) WatchTask(ctx context.Context, id string) (<-chan *pb.RoundEve
 	if t == nil {
 		return nil, fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
 	}
-	w := &watcher{ctx: ctx, ch: make(chan *pb.RoundEvent, 16)}
-	if terminal(t.State) {
+	if t.State != pb.TaskState_TASK_STATE_PAUSED {
+		return nil, fmt.Errorf("task %q is %s, not paused: %w", id, t.State, backend.ErrPrecondition)
+	}
+	t.State, t.StateReason, t.UpdateTime = pb.TaskState_TASK_STATE_RUNNING, "", timestamppb.New(b.now())
+	return proto.CloneOf(t), nil
+}
+
+// WatchTask implements backend.Backend. The channel of a task that has
+// already ended is returned closed; that of a paused task holds the task.
+func (b *Backend) WatchTask(ctx context.Context, id string) (<-chan *pb.WatchTaskResponse, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+	t := b.task(id)
+	if t == nil {
+		return nil, fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
+	}
+	w := &watcher{ctx: ctx, ch: make(chan *pb.WatchTaskResponse, 16)}
+	if t.State == pb.TaskState_TASK_STATE_PAUSED {
+		w.ch <- &pb.WatchTaskResponse{Task: proto.CloneOf(t)}
+	}
+	if terminal(t.State) || t.State == pb.TaskState_TASK_STATE_PAUSED {
 		close(w.ch)
 		return w.ch, nil
 	}
