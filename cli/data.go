@@ -225,7 +225,7 @@ func (f *mnistFlags) write(w, warn io.Writer, train, test *data.Dataset) error {
 	}
 	fmt.Fprintf(w, "\nNext, for each device K (%s), each agent with its own --data-dir:\n", last)
 	fmt.Fprintf(w, "  fleetlearn device token --ttl 1h > token-K\n")
-	fmt.Fprintf(w, "  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token \"$(cat token-K)\" --data-dir edge-K\n")
+	fmt.Fprintf(w, "  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file token-K --data-dir edge-K\n")
 	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, "device-K")))
 	if f.evalExamples > 0 {
 		fmt.Fprintf(w, "and have the server evaluate each committed model on the evaluation set (a path on the server's host):\n")

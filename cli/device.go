@@ -19,7 +19,7 @@ func newDeviceCommand(a *app) *cobra.Command {
 		Short: "Enroll, list and revoke devices",
 		Long: "Devices join the fleet with a single-use enrollment token:\n\n" +
 			"  fleetlearn device token --ttl 1h > token             # on the operator's machine\n" +
-			"  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token $(cat token) --data-dir D   # on the device\n" +
+			"  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file token --data-dir D   # on the device\n" +
 			"  fleetlearn device revoke DEVICE_ID --reason lost     # when it is lost or compromised",
 	}
 	cmd.AddCommand(newDeviceTokenCommand(a), newDeviceListCommand(a), newDeviceRevokeCommand(a))
