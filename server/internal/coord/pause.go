@@ -104,7 +104,9 @@ func CohortWarnings(t *pb.Task, f Fleet) []string {
 		}
 		return []string{fmt.Sprintf("%s; %s and needs %d reports: rounds will be abandoned until %s "+
 			"(after %d such rounds in a row the task pauses)", f, selects(t), goal, more, ShortRoundsToPause)}
-	case n < Wanted(t):
+	case n < int(t.GetCohortTarget()):
+		// Over-selection only adds spare seats: a round with the cohort
+		// target closes selection at once; one below it waits.
 		timeout := t.GetSelectionTimeout().AsDuration()
 		if timeout <= 0 {
 			timeout = DefaultSelectionTimeout

@@ -248,9 +248,12 @@ func TestCohortWarnings(t *testing.T) {
 		{"no registry", small, Fleet{Seen: 1},
 			"1 device checked in within the last 10m0s; the task selects 3 per round and needs 2 reports: " +
 				"rounds will be abandoned until more devices check in (after 3 such rounds in a row the task pauses)"},
-		{"fewer than selected", readme, Fleet{Registry: true, Enrolled: 20, Seen: 20},
-			"20 devices are enrolled; the task selects 26 per round (cohort 20 + 30% over-selection): " +
-				"each round waits out its 30s selection timeout and runs with at most 20 devices"},
+		{"fewer than the cohort", readme, Fleet{Registry: true, Enrolled: 18, Seen: 18},
+			"18 devices are enrolled; the task selects 26 per round (cohort 20 + 30% over-selection): " +
+				"each round waits out its 30s selection timeout and runs with at most 18 devices"},
+		// Selection closes once the cohort target has seats: the spare
+		// seats of over-selection need no devices.
+		{"the cohort, not the over-selection", readme, Fleet{Registry: true, Enrolled: 20, Seen: 20}, ""},
 		{"enough", readme, Fleet{Registry: true, Enrolled: 26, Seen: 26}, ""},
 		{"enough, some offline", small, Fleet{Registry: true, Enrolled: 9, Seen: 3}, ""},
 	} {
