@@ -85,6 +85,11 @@ func TestReleaseBinariesEndToEnd(t *testing.T) {
 	if acc := metric(final, "server_accuracy"); acc <= 0.5 {
 		t.Errorf("final server_accuracy %g after 2 rounds, want above 0.5 (chance is 0.1):\n%s", acc, watched)
 	}
+	// Before and after: the base model measured before round 1, and the
+	// final model compared with it.
+	if base := lineWithPrefix(watched, "base model "); !strings.Contains(base, "server_accuracy=") || !strings.Contains(final, "(base ") {
+		t.Errorf("task watch shows no before/after (base line %q, final line %q):\n%s", base, final, watched)
+	}
 	t.Logf("task watch:\n%s", watched)
 
 	rounds := e.run("task-rounds", "", "fleetlearn", "task", "rounds", task)

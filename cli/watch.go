@@ -23,8 +23,10 @@ func newTaskWatchCommand(a *app) *cobra.Command {
 		Short: "Follow a task's rounds until it completes or stops",
 		Long: "watch prints the rounds that already finished, then a progress line per round\n" +
 			"event until the task ends. Training rounds count towards the task's rounds;\n" +
-			"evaluation rounds are shown but not counted. Where rounds measured the base model\n" +
-			"and the final one on the same data, the end shows both and the change.\n" +
+			"evaluation rounds are shown but not counted. A task with a server evaluation set\n" +
+			"has its base model measured on it before round 1; that is shown first. Where the\n" +
+			"base model and the final one were measured on the same data, the end shows both\n" +
+			"and the change.\n" +
 			"It exits with status 0 when the task completes or is stopped, and non-zero\n" +
 			"when it fails or the server pauses it.",
 		Args: cobra.ExactArgs(1),
@@ -57,9 +59,13 @@ func watch(ctx context.Context, c apiv1.TaskServiceClient, id string, p *progres
 			return err
 		}
 	}
+	if stream != nil {
+		p.askBase(ctx, c, id, task)
+	}
 	if err := p.fill(ctx, c, id, 0); err != nil {
 		return err
 	}
+	first := true
 	for stream != nil {
 		r, err := stream.Recv()
 		if err == io.EOF || status.Code(err) == codes.FailedPrecondition {
@@ -76,6 +82,10 @@ func watch(ctx context.Context, c apiv1.TaskServiceClient, id string, p *progres
 		ev := r.GetEvent()
 		if ev == nil {
 			continue
+		}
+		if first {
+			first = false
+			p.askBase(ctx, c, id, task)
 		}
 		if p.gap(ev.GetRound()) {
 			if err := p.fill(ctx, c, id, ev.GetRound()); err != nil {
@@ -138,6 +148,39 @@ func (p *progress) begin(t *pb.Task) {
 	p.total = t.GetRoundsTotal()
 	p.base = t.GetModel().GetVersion()
 	p.current = p.base
+	p.showBase(t)
+}
+
+// askBase looks again for the base model's measure on a task that has a
+// server evaluation set but did not show one: the server measures it before
+// round 1 opens, so a watch begun with the task may be early. It is asked
+// before the rounds are listed and at the first event, to show it before
+// them; the final task shows it otherwise.
+func (p *progress) askBase(ctx context.Context, c apiv1.TaskServiceClient, id string, t *pb.Task) {
+	if p.baseShown || t.GetServerEvalDataset() == "" || t.GetBaseMetrics() != nil || t.GetCurrentRound() > 0 {
+		return
+	}
+	if res, err := c.GetTask(ctx, &pb.GetTaskRequest{TaskId: id}); err == nil {
+		p.showBase(res.GetTask())
+	}
+}
+
+// showBase prints what the server measured the base model at before round
+// 1, once, and keeps it for the final comparison:
+//
+//	base model a1a1a1a1a1a1: server_accuracy=0.1 server_loss=2.3
+func (p *progress) showBase(t *pb.Task) {
+	vals := t.GetBaseMetrics().GetValues()
+	if p.baseShown || len(vals) == 0 || p.base == "" {
+		return
+	}
+	if p.measured[p.base] == nil {
+		p.measured[p.base] = map[string]float64{}
+	}
+	maps.Copy(p.measured[p.base], vals)
+	p.baseShown = true
+	p.end()
+	fmt.Fprintf(p.w, "base model %s: %s\n", shortSHA(p.base), metricsString(&pb.Metrics{Values: vals}))
 }
 
 // gap says whether a round before round has not been printed as finished:
@@ -354,6 +397,7 @@ func (p *progress) final(t *pb.Task) error {
 	rounds := fmt.Sprintf("%d/%d training rounds", p.trained, t.GetRoundsTotal())
 	switch state {
 	case pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_STOPPED:
+		p.showBase(t) // unless shown already
 		msg := fmt.Sprintf("task %s %s after %s", t.GetId(), taskState(state), rounds)
 		final := t.GetCurrentModel().GetVersion()
 		if final != "" {

@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"errors"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -9,7 +11,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fleetlearn/fleetlearn/cli"
+	"github.com/fleetlearn/fleetlearn/data"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
 // Model versions, as the server names them.
@@ -281,5 +286,78 @@ func TestWatchPaused(t *testing.T) {
 	_, err = run(t, addr, "task", "watch", task.Id)
 	if !errors.Is(err, cli.ErrTaskPaused) {
 		t.Errorf("watch of a paused task: %v", err)
+	}
+}
+
+// TestWatchBaseModel: the server's measure of the base model before round
+// 1 is printed first, and the end compares the final model with it.
+func TestWatchBaseModel(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	task := f.addTask(&pb.Task{Name: "n", RoundsTotal: 1, State: pb.TaskState_TASK_STATE_RUNNING,
+		Model: &pb.ModelRef{Version: modelA}, ServerEvalDataset: "/srv/heldout",
+		BaseMetrics: &pb.Metrics{Values: map[string]float64{"server_accuracy": 0.1, "server_loss": 2.3}}})
+	f.events[task.Id] = []*pb.RoundEvent{{Round: 1, Kind: pb.RoundKind_ROUND_KIND_TRAIN, Type: pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED,
+		Assigned: 2, Reported: 2, Model: &pb.ModelRef{Version: modelB},
+		Metrics: &pb.Metrics{Values: map[string]float64{"server_accuracy": 0.75, "server_loss": 0.5}}}}
+	f.final[task.Id] = pb.TaskState_TASK_STATE_COMPLETED
+	out, err := run(t, addr, "task", "watch", task.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"base model a1a1a1a1a1a1: server_accuracy=0.1 server_loss=2.3",
+		"round 1 train 1/1 committed [####################] 2/2 reported, 0 dropped  server_accuracy=0.75 server_loss=0.5  model b2b2b2b2b2b2",
+		"task task-1 completed after 1/1 training rounds, model b2b2b2b2b2b2",
+		"final model b2b2b2b2b2b2: server_accuracy=0.75 (base 0.1, +0.65) server_loss=0.5 (base 2.3, -1.8)",
+		"",
+	}, "\n")
+	if out != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// TestWatchBaseModelServer: a real server measures the base model on its
+// evaluation set before round 1; watch shows it first and compares the
+// final model with it at the end.
+func TestWatchBaseModelServer(t *testing.T) {
+	h := servertest.New(t)
+	h.ImportModel(t, "tiny", tinyModel(t, 1))
+	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
+	dir := filepath.Join(t.TempDir(), "heldout")
+	if err := data.WriteDir(dir, &data.Dataset{Features: make([]float32, 8), Labels: make([]uint8, 4), Dim: 2, NumClasses: 2}, "heldout"); err != nil {
+		t.Fatal(err)
+	}
+	startSimFleet(t, simFleet(t, h, 2))
+	id := createTask(t, h, "--name", "measured", "--model", "tiny", "--module", module, "--cohort", "2",
+		"--over-selection", "1", "--rounds", "1", "--server-eval-dataset", dir)
+
+	out, err := runServer(t, h, "task", "watch", id)
+	if err != nil {
+		t.Fatalf("watch: %v\n%s", err, out)
+	}
+	res, err := h.Tasks.GetTask(t.Context(), &pb.GetTaskRequest{TaskId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := res.GetTask()
+	if got := task.GetBaseMetrics().GetValues(); len(got) != 1 || got["server_accuracy"] != 0 {
+		t.Fatalf("the task's base metrics are %v, want server_accuracy=0 (the trivial module's)", task.GetBaseMetrics())
+	}
+	base, final := task.GetModel().GetVersion()[:12], task.GetCurrentModel().GetVersion()[:12]
+	want := []string{
+		`^base model ` + base + `: server_accuracy=0$`,
+		`^round 1 train 1/1 committed \[#{20}\] 2/2 reported, 0 dropped  server_accuracy=0  model ` + final + `  \(cohort target 2 reached\)$`,
+		`^task ` + id + ` completed after 1/1 training rounds, model ` + final + ` \(all rounds committed\)$`,
+		`^final model ` + final + `: server_accuracy=0 \(base 0, \+0\)$`,
+	}
+	lines := finishedLines(out)
+	if len(lines) != len(want) {
+		t.Fatalf("watch printed:\n%s\nwant lines matching:\n%s", out, strings.Join(want, "\n"))
+	}
+	for i, w := range want {
+		if !regexp.MustCompile(w).MatchString(lines[i]) {
+			t.Errorf("line %d = %q, want %s", i, lines[i], w)
+		}
 	}
 }

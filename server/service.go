@@ -209,7 +209,7 @@ func (v *service) CreateTask(ctx context.Context, in *pb.Task) (*pb.Task, []stri
 	t.Module = mod.Ref
 	t.Id = v.newTaskID()
 	t.State = pb.TaskState_TASK_STATE_RUNNING
-	t.CurrentRound, t.CurrentModel, t.StateReason, t.CreateTime, t.UpdateTime = 0, nil, "", nil, nil
+	t.CurrentRound, t.CurrentModel, t.StateReason, t.CreateTime, t.UpdateTime, t.BaseMetrics = 0, nil, "", nil, nil, nil
 	ev, err := taskCreatedEvent(t)
 	if err != nil {
 		return nil, nil, err

@@ -516,8 +516,15 @@ type Task struct {
 	// with the task's module and the metrics are stored with the round as
 	// "server_loss" and "server_accuracy".
 	ServerEvalDataset string `protobuf:"bytes,24,opt,name=server_eval_dataset,json=serverEvalDataset,proto3" json:"server_eval_dataset,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The base model (model) measured on server_eval_dataset before round 1
+	// opened, with the keys committed rounds use ("server_loss",
+	// "server_accuracy"), so the first and the latest model compare on the
+	// same data. Unset until the evaluation ran, and for tasks without
+	// server_eval_dataset; set with no values when no metric passed the
+	// server's checks. Output only.
+	BaseMetrics   *Metrics `protobuf:"bytes,25,opt,name=base_metrics,json=baseMetrics,proto3" json:"base_metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
@@ -716,6 +723,13 @@ func (x *Task) GetServerEvalDataset() string {
 		return x.ServerEvalDataset
 	}
 	return ""
+}
+
+func (x *Task) GetBaseMetrics() *Metrics {
+	if x != nil {
+		return x.BaseMetrics
+	}
+	return nil
 }
 
 // RoundSummary is the record of one round of a task.
@@ -959,7 +973,7 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\x12+\n" +
 	"\x11unbounded_updates\x18\t \x01(\bR\x10unboundedUpdates\x125\n" +
 	"\x17max_examples_per_report\x18\n" +
-	" \x01(\x04R\x14maxExamplesPerReport\"\xdd\b\n" +
+	" \x01(\x04R\x14maxExamplesPerReport\"\x98\t\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -989,7 +1003,8 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12.\n" +
-	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\"\xba\x04\n" +
+	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\x129\n" +
+	"\fbase_metrics\x18\x19 \x01(\v2\x16.fleetlearn.v1.MetricsR\vbaseMetrics\"\xba\x04\n" +
 	"\fRoundSummary\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1065,8 +1080,8 @@ var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(*DPConfig)(nil),              // 12: fleetlearn.v1.DPConfig
 	(*Limits)(nil),                // 13: fleetlearn.v1.Limits
 	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(RoundKind)(0),                // 15: fleetlearn.v1.RoundKind
-	(*Metrics)(nil),               // 16: fleetlearn.v1.Metrics
+	(*Metrics)(nil),               // 15: fleetlearn.v1.Metrics
+	(RoundKind)(0),                // 16: fleetlearn.v1.RoundKind
 }
 var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	1,  // 0: fleetlearn.v1.AggregationConfig.rule:type_name -> fleetlearn.v1.AggregationRule
@@ -1083,18 +1098,19 @@ var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	8,  // 11: fleetlearn.v1.Task.current_model:type_name -> fleetlearn.v1.ModelRef
 	14, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
 	14, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	15, // 14: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
-	2,  // 15: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
-	14, // 16: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
-	14, // 17: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
-	16, // 18: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
-	8,  // 19: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
-	7,  // 20: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	15, // 14: fleetlearn.v1.Task.base_metrics:type_name -> fleetlearn.v1.Metrics
+	16, // 15: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
+	2,  // 16: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
+	14, // 17: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
+	14, // 18: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
+	15, // 19: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
+	8,  // 20: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
+	7,  // 21: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_task_proto_init() }

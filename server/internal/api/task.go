@@ -73,6 +73,7 @@ func taskForCreate(op string, in *pb.Task) (*pb.Task, error) {
 	t.StateReason = ""
 	t.CreateTime = nil
 	t.UpdateTime = nil
+	t.BaseMetrics = nil // output only: the server measures it
 	return t, nil
 }
 

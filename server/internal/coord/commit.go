@@ -376,6 +376,41 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 	return evs
 }
 
+// evaluateBase measures the task's base model on the server's held-out set
+// before round 1 opens, so that every committed model compares with where
+// the task began. Like round.opened, it is recorded in the audit log
+// (model.evaluated, round 0) before the store keeps it; a failure of either
+// is returned for the step to retry, and a task whose store has the measure
+// is not evaluated again, by a restarted coordinator either.
+func (t *taskRun) evaluateBase(ctx context.Context) error {
+	m := t.baseRecorded
+	if m == nil {
+		m = t.serverEval(ctx, t.global)
+		if err := ctx.Err(); err != nil {
+			return err // stopped, not measured
+		}
+		if m == nil {
+			m = map[string]float64{} // evaluated; nothing passed the checks
+		}
+		srv := make(map[string]float64, len(m))
+		for k, v := range m {
+			srv[strings.TrimPrefix(k, "server_")] = v
+		}
+		ev := audit.ModelEvaluated{Task: t.id, Round: 0, Model: t.global.Lineage.Version,
+			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv}
+		if err := t.c.record(ev); err != nil {
+			return fmt.Errorf("evaluate the base model: audit: %w", err)
+		}
+		t.baseRecorded = m
+	}
+	if err := t.c.d.Store.SetBaseMetrics(ctx, t.id, m, t.c.now()); err != nil {
+		return fmt.Errorf("evaluate the base model: %w", err)
+	}
+	t.baseRecorded = nil
+	t.log().Info("base model evaluated", "model", t.global.Lineage.Version, "metrics", m)
+	return nil
+}
+
 // serverEval runs the task's module on the server's held-out set; metrics
 // that are not finite and in range are dropped (the module is the task's,
 // but its output is still checked before it is recorded).

@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -41,6 +42,9 @@ type taskRun struct {
 	dp      *dpRun         // nil without differential privacy
 	parts   map[string]int // committed rounds per device, when DP caps participation
 	robust  Robustness     // resolved bounds on what one device can do
+	// baseRecorded is the base model's evaluation once the audit log has
+	// it, so that a retried store write does not record it again.
+	baseRecorded map[string]float64
 }
 
 func (t *taskRun) isOpen(round uint64) bool {
@@ -246,6 +250,14 @@ func (t *taskRun) step(ctx context.Context) (done bool, err error) {
 		}
 		if row.TrainRounds >= t.spec.GetRoundsTotal() && !t.evalPending(ctx, row) {
 			return true, t.finish(ctx)
+		}
+		if row.CurrentRound == 0 && t.evalSet != nil && row.BaseMetrics == nil {
+			if err := t.evaluateBase(ctx); errors.Is(err, audit.ErrInvalidEvent) {
+				t.fail(err) // never recordable: retrying would only stall the task
+				return true, nil
+			} else if err != nil {
+				return false, err // retried: round 1 opens once the base model's measure is kept
+			}
 		}
 		kind := pb.RoundKind_ROUND_KIND_TRAIN
 		if t.evalPending(ctx, row) {

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 	opt_state BLOB,                -- server optimizer state (aggregator)
 	created INTEGER NOT NULL,
 	updated INTEGER NOT NULL,
-	short_rounds INTEGER NOT NULL DEFAULT 0 -- rounds in a row abandoned for want of devices
+	short_rounds INTEGER NOT NULL DEFAULT 0, -- rounds in a row abandoned for want of devices
+	base_metrics BLOB -- JSON object: the base model on the server's evaluation set; NULL until measured
 );
 CREATE TABLE IF NOT EXISTS rounds (
 	task_id TEXT NOT NULL,
@@ -119,6 +120,7 @@ var migrations = []string{
 	`ALTER TABLE rounds ADD COLUMN epsilon REAL NOT NULL DEFAULT 0`,
 	`ALTER TABLE rounds ADD COLUMN failures BLOB`,
 	`ALTER TABLE tasks ADD COLUMN short_rounds INTEGER NOT NULL DEFAULT 0`,
+	`ALTER TABLE tasks ADD COLUMN base_metrics BLOB`,
 }
 
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -192,6 +194,10 @@ type TaskRow struct {
 	// want of devices (RoundRow.Short); any other close resets it, and so
 	// does ResumeTask.
 	ShortRounds uint32
+	// BaseMetrics is the base model measured on the server's evaluation
+	// set before round 1 (SetBaseMetrics): nil until then, empty when the
+	// evaluation ran but no metric passed the checks.
+	BaseMetrics map[string]float64
 	OptState    []byte
 	Created     time.Time
 	Updated     time.Time
@@ -204,11 +210,19 @@ func (r *TaskRow) Proto() *pb.Task {
 	t.StateReason = r.Reason
 	t.CurrentRound = r.CurrentRound
 	t.CurrentModel = &pb.ModelRef{Sha256: r.CurrentModel, Version: r.CurrentModel}
+	t.BaseMetrics = nil // the column's, never the spec's
+	if r.BaseMetrics != nil {
+		t.BaseMetrics = &pb.Metrics{Values: maps.Clone(r.BaseMetrics)}
+	}
 	return t
 }
 
 // InsertTask stores a new task.
 func (s *Store) InsertTask(ctx context.Context, t *pb.Task, now time.Time) error {
+	if t.BaseMetrics != nil { // output only: measured by the coordinator, kept in its own column
+		t = proto.CloneOf(t)
+		t.BaseMetrics = nil
+	}
 	spec, err := proto.Marshal(t)
 	if err != nil {
 		return fmt.Errorf("store: task: %w", err)
@@ -221,7 +235,7 @@ func (s *Store) InsertTask(ctx context.Context, t *pb.Task, now time.Time) error
 	return nil
 }
 
-const taskCols = `spec, state, state_reason, current_round, current_model, train_rounds, short_rounds, opt_state, created, updated`
+const taskCols = `spec, state, state_reason, current_round, current_model, train_rounds, short_rounds, opt_state, created, updated, base_metrics`
 
 func scanTask(sc interface{ Scan(...any) error }) (*TaskRow, error) {
 	var (
@@ -232,9 +246,18 @@ func scanTask(sc interface{ Scan(...any) error }) (*TaskRow, error) {
 		tr, sr   int64
 		cr, upd  int64
 		optState []byte
+		base     []byte
 	)
-	if err := sc.Scan(&spec, &state, &r.Reason, &cur, &r.CurrentModel, &tr, &sr, &optState, &cr, &upd); err != nil {
+	if err := sc.Scan(&spec, &state, &r.Reason, &cur, &r.CurrentModel, &tr, &sr, &optState, &cr, &upd, &base); err != nil {
 		return nil, err
+	}
+	if base != nil {
+		if err := json.Unmarshal(base, &r.BaseMetrics); err != nil {
+			return nil, fmt.Errorf("store: task base metrics: %w", err)
+		}
+		if r.BaseMetrics == nil {
+			r.BaseMetrics = map[string]float64{}
+		}
 	}
 	r.Spec = &pb.Task{}
 	if err := proto.Unmarshal(spec, r.Spec); err != nil {
@@ -286,6 +309,29 @@ func (s *Store) SetTaskState(ctx context.Context, id string, st pb.TaskState, re
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("task %q: %w", id, backend.ErrNotFound)
+	}
+	return nil
+}
+
+// SetBaseMetrics stores what the base model measured on the server's
+// evaluation set. The first measurement stays: a task that has one already
+// is left as it is (nil), so that a retried write changes nothing.
+func (s *Store) SetBaseMetrics(ctx context.Context, id string, m map[string]float64, now time.Time) error {
+	if m == nil {
+		m = map[string]float64{} // measured, with nothing that passed the checks
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("store: task %s base metrics: %w", id, err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET base_metrics = ?, updated = ? WHERE id = ? AND base_metrics IS NULL`,
+		b, ts(now), id)
+	if err != nil {
+		return fmt.Errorf("store: task %s base metrics: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		_, err := s.Task(ctx, id) // not found, or measured already
+		return err
 	}
 	return nil
 }
