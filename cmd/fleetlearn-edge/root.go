@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,24 +9,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
 
-// usageError is a command line that cannot work as given (exit status 2).
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-// usage makes a usage error.
-func usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+// usage makes an error that is the command line's fault (exit status 2).
+func usage(format string, a ...any) error { return cliflags.Usage(format, a...) }
 
 // isUsage reports whether err is the command line's fault.
-func isUsage(err error) bool {
-	var u *usageError
-	return errors.As(err, &u)
-}
+func isUsage(err error) bool { return cliflags.IsUsage(err) }
 
 func versionLine() string {
 	return version.Get().String("fleetlearn-edge", fmt.Sprintf("module ABI %d", wasm.ABIVersion))
@@ -106,7 +97,7 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return &usageError{fmt.Errorf("%w\nRun '%s --help' for usage", err, c.CommandPath())}
+		return usage("%w\nRun '%s --help' for usage", err, c.CommandPath())
 	})
 
 	fl := root.Flags()

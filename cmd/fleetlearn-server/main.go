@@ -45,7 +45,7 @@ func serve(ctx context.Context, cfg server.Config, log *slog.Logger) error {
 	log.Info("starting", "version", versionLine())
 	s, err := server.New(cfg, server.WithLogger(log))
 	if err != nil {
-		return &usageError{err} // New only checks the configuration
+		return usage("%w", err) // New only checks the configuration
 	}
 	if err := s.Start(ctx); err != nil {
 		return fmt.Errorf("start: %w", err)

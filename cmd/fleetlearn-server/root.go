@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,25 +11,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
 
-// usageError is a command line that cannot work as given (exit status 2).
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-// usage makes a usage error.
-func usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+// usage makes an error that is the command line's fault (exit status 2).
+func usage(format string, a ...any) error { return cliflags.Usage(format, a...) }
 
 // isUsage reports whether err is the command line's fault.
-func isUsage(err error) bool {
-	var u *usageError
-	return errors.As(err, &u)
-}
+func isUsage(err error) bool { return cliflags.IsUsage(err) }
 
 // serveFunc runs the aggregator with cfg until ctx ends.
 type serveFunc func(ctx context.Context, cfg server.Config, log *slog.Logger) error
@@ -129,7 +120,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return &usageError{fmt.Errorf("%w\nRun '%s --help' for usage", err, c.CommandPath())}
+		return usage("%w\nRun '%s --help' for usage", err, c.CommandPath())
 	})
 
 	fl := root.Flags()

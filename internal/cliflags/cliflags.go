@@ -5,6 +5,8 @@
 package cliflags
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -42,4 +44,20 @@ func SingleDash(root *cobra.Command, args []string) []string {
 		}
 	}
 	return out
+}
+
+// usageError is a command line that cannot work as given.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// Usage makes an error that is the command line's fault, which the
+// binaries exit with status 2 for, as the flag package did.
+func Usage(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+
+// IsUsage reports whether err is the command line's fault.
+func IsUsage(err error) bool {
+	var u *usageError
+	return errors.As(err, &u)
 }
