@@ -354,16 +354,8 @@ func newTaskGetCommand(a *app) *cobra.Command {
 		Short: "Show one task",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat(format); err != nil {
-				return err
-			}
-			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				c := apiv1.NewTaskServiceClient(conn)
-				res, err := c.GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
-				if err != nil {
-					return err
-				}
-				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
+			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
+				return c.GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
 			})
 		},
 	}
@@ -378,22 +370,32 @@ func newTaskStopCommand(a *app) *cobra.Command {
 		Short: "Stop a task; its open round is abandoned",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat(format); err != nil {
-				return err
-			}
-			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				c := apiv1.NewTaskServiceClient(conn)
-				res, err := c.StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
-				if err != nil {
-					return err
-				}
-				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
+			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
+				return c.StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
 			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why the task is stopped; recorded in the task and the audit log")
 	addFormatFlag(cmd, &format)
 	return cmd
+}
+
+// taskResponse is a response that carries the task it acted on.
+type taskResponse interface{ GetTask() *pb.Task }
+
+// taskCall runs one TaskService call about a task and prints the task.
+func (a *app) taskCall(cmd *cobra.Command, format string, call func(context.Context, apiv1.TaskServiceClient) (taskResponse, error)) error {
+	if err := checkFormat(format); err != nil {
+		return err
+	}
+	return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+		c := apiv1.NewTaskServiceClient(conn)
+		res, err := call(ctx, c)
+		if err != nil {
+			return err
+		}
+		return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
+	})
 }
 
 func newTaskResumeCommand(a *app) *cobra.Command {
@@ -406,16 +408,8 @@ func newTaskResumeCommand(a *app) *cobra.Command {
 			"enrolled and online, or stop it.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFormat(format); err != nil {
-				return err
-			}
-			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
-				c := apiv1.NewTaskServiceClient(conn)
-				res, err := c.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: args[0]})
-				if err != nil {
-					return err
-				}
-				return printTaskOf(ctx, c, cmd.OutOrStdout(), format, res.GetTask())
+			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
+				return c.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: args[0]})
 			})
 		},
 	}
