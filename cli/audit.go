@@ -21,6 +21,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -614,17 +615,9 @@ func (f *auditVerifyFlags) options() ([]audit.VerifyOption, error) {
 }
 
 func readSmallFile(path string, limit int64) ([]byte, error) {
-	file, err := os.Open(path)
+	b, err := smallfile.Read(path, limit)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
-	}
-	defer file.Close()
-	b, err := io.ReadAll(io.LimitReader(file, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrInput, path, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrInput, path, limit)
 	}
 	return b, nil
 }

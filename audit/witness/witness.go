@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/filelock"
+	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 )
 
 // Files in a witness's state folder.
@@ -167,23 +168,11 @@ func (w *Witness) load() error {
 }
 
 func readSmall(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	b, err := smallfile.Read(path, maxStateFile)
+	if errors.Is(err, smallfile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", err, audit.ErrTooLarge)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() > maxStateFile {
-		return nil, fmt.Errorf("%s: %d bytes: %w", path, st.Size(), audit.ErrTooLarge)
-	}
-	b := make([]byte, st.Size())
-	if _, err := f.ReadAt(b, 0); err != nil && st.Size() > 0 {
-		return nil, err
-	}
-	return b, nil
+	return b, err
 }
 
 // Close releases the state folder.
