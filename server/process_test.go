@@ -121,9 +121,13 @@ func (p *proc) kill9() {
 
 func runCLI(t *testing.T, cli, server string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(cli, append([]string{"--server", server}, args...)...).CombinedOutput()
+	// Only stdout is returned: warnings go to stderr and would break callers that parse -o json.
+	var stderr strings.Builder
+	cmd := exec.Command(cli, append([]string{"--server", server}, args...)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("fleetlearn %v: %v\n%s", args, err, out)
+		t.Fatalf("fleetlearn %v: %v\n%s%s", args, err, out, stderr.String())
 	}
 	return strings.TrimSpace(string(out))
 }
