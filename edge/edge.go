@@ -138,6 +138,7 @@ type Agent struct {
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
+	conn                                         atomic.Pointer[nats.Conn]
 }
 
 // New prepares an agent: reads its identity and dataset. Run connects. An
@@ -264,6 +265,19 @@ func (a *Agent) Stats() Stats {
 		Refused: a.refused.Load(), Failures: a.failures.Load()}
 }
 
+// Ready reports why the agent cannot take part in rounds now, or nil: Run
+// has not connected to NATS yet, or the connection is down.
+func (a *Agent) Ready(context.Context) error {
+	nc := a.conn.Load()
+	if nc == nil {
+		return errors.New("not connected to NATS yet")
+	}
+	if !nc.IsConnected() {
+		return fmt.Errorf("NATS is %s", nc.Status())
+	}
+	return nil
+}
+
 // LastRefusal is the reason the server gave for the last refused report.
 func (a *Agent) LastRefusal() string {
 	s, _ := a.lastReason.Load().(string)
@@ -305,6 +319,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil // ctx ended while waiting for the server
 	}
 	defer nc.Close()
+	a.conn.Store(nc)
+	defer a.conn.Store(nil)
 	// A connection the handlers stopped fails what follows: their reason
 	// is the one to give.
 	failed := func(err error) error {

@@ -1,9 +1,13 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -13,6 +17,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsembed"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
@@ -42,6 +47,11 @@ type natsAuthority struct {
 // directory.
 func (s *Server) loadNATSAuthority() (*natsAuthority, error) {
 	dir := filepath.Join(s.cfg.DataDir, NATSAuthDir)
+	if s.cfg.NATSAuthFrom != "" {
+		if err := importNATSAuth(s.cfg.NATSAuthFrom, dir); err != nil {
+			return nil, err
+		}
+	}
 	auth, err := identity.LoadOrCreateAuthority("fleetlearn", dir)
 	if err != nil {
 		return nil, fmt.Errorf("server: nats authority: %w", err)
@@ -163,37 +173,93 @@ func (s *Server) ServiceNATSOptions() []nats.Option {
 	return append(opts, user)
 }
 
-// WriteNATSResolverConfig writes the nats-server.conf fragment that makes an
+// NATSResolverConfig is the nats-server.conf fragment that makes an
 // external NATS server or cluster trust the authority in dataDir (created
-// there if missing): the operator, the system account and a directory
-// resolver preloaded with the FLEET account, holding the revocations the
-// registry in dataDir knows of. resolverDir is the resolver's JWT directory
-// on the NATS servers. Run the aggregator against that cluster with
-// Config.NATSURL and the same data directory.
-func WriteNATSResolverConfig(ctx context.Context, dataDir, resolverDir, path string) error {
+// there, with the directory, if missing): the operator, the system account
+// and a directory resolver preloaded with the FLEET account, holding the
+// revocations the registry in dataDir knows of. resolverDir is the
+// resolver's JWT directory on the NATS servers, which they must be able to
+// write: pushed revocations are kept there. Run the aggregator against that
+// cluster with Config.NATSURL and the same data directory, or with
+// Config.NATSAuthFrom naming a copy of its nats-auth directory.
+func NATSResolverConfig(ctx context.Context, dataDir, resolverDir string) ([]byte, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("server: data dir: %w", err)
+	}
 	s := &Server{cfg: Config{DataDir: dataDir}}
 	st, err := store.Open(ctx, filepath.Join(dataDir, "fleetlearn.db"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer st.Close()
 	s.store = st
 	n, err := s.loadNATSAuthority()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	acct, err := n.accountJWT(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sys, err := n.auth.SystemAccountJWT()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	conf, err := n.auth.ResolverConfig(resolverDir, acct, sys)
+	if err != nil {
+		return nil, err
+	}
+	return []byte(conf), nil
+}
+
+// WriteNATSResolverConfig writes NATSResolverConfig to path.
+func WriteNATSResolverConfig(ctx context.Context, dataDir, resolverDir, path string) error {
+	conf, err := NATSResolverConfig(ctx, dataDir, resolverDir)
 	if err != nil {
 		return err
 	}
 	// Whole or not at all: a NATS server reloading it must not read half.
-	return atomicfile.WriteFile(path, []byte(conf), 0o600)
+	return atomicfile.WriteFile(path, conf, 0o600)
+}
+
+// natsAuthFiles are the key files of a NATS authority directory: the
+// operator, FLEET and system account seeds, and the aggregator's own
+// service and system user seeds.
+var natsAuthFiles = []string{identity.OperatorSeedFile, identity.AccountSeedFile, identity.SystemSeedFile,
+	"service-user.nk", "system-user.nk"}
+
+// importNATSAuth copies the authority in from (a Kubernetes Secret volume,
+// say) into dir: a key missing in dir is written there with mode 0600, one
+// already there must be the same key. from's files are read whatever their
+// mode, because Secret volumes are group-readable by design; the three
+// account seeds must be there, the user seeds may be created later.
+func importNATSAuth(from, dir string) error {
+	const op = "server: --nats-auth-from"
+	for i, name := range natsAuthFiles {
+		src := filepath.Join(from, name)
+		b, err := smallfile.Read(src, 64<<10)
+		if errors.Is(err, fs.ErrNotExist) && i >= 3 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w (write the directory with --write-nats-config)", op, err)
+		}
+		dst := filepath.Join(dir, name)
+		have, err := smallfile.Read(dst, 64<<10)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+			if err := atomicfile.WriteNew(dst, b, 0o600); err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+		case err != nil:
+			return fmt.Errorf("%s: %w", op, err)
+		case !bytes.Equal(bytes.TrimSpace(have), bytes.TrimSpace(b)):
+			return fmt.Errorf("%s: %s differs from %s: the data directory already belongs to another NATS authority; "+
+				"remove %s to take the one in %s", op, dst, src, dir, from)
+		}
+	}
+	return nil
 }

@@ -285,21 +285,29 @@ func TestRemoteEnrollment(t *testing.T) {
 }
 
 // TestEmbeddedNATSURL: what enrollment tells devices about the embedded
-// NATS server: a loopback listener as it is, even with PublicHost; every
-// interface without PublicHost, the machine's host name (which the
-// certificate covers), not 0.0.0.0.
+// NATS server: a loopback listener as it is, even with PublicHost; on every
+// interface, the advertised URL or PublicHost; never 0.0.0.0, and without
+// either the server refuses to start and says what to set.
 func TestEmbeddedNATSURL(t *testing.T) {
 	h := servertest.New(t, servertest.WithConfig(func(c *server.Config) { c.PublicHost = "fl.example.com" }))
 	if u, err := url.Parse(h.NATSURL()); err != nil || u.Hostname() != "127.0.0.1" {
 		t.Errorf("loopback listener with a public host: devices are told %s", h.NATSURL())
 	}
-	name, err := os.Hostname()
-	if err != nil {
-		t.Skipf("no host name: %v", err)
+	h = servertest.New(t, servertest.WithConfig(func(c *server.Config) {
+		c.NATSListen, c.NATSTLS, c.PublicHost, c.GRPCAddr = "0.0.0.0:0", true, "fl.example.com", "127.0.0.1:0"
+	}))
+	if u, err := url.Parse(h.NATSURL()); err != nil || u.Hostname() != "fl.example.com" || u.Scheme != "tls" || u.Port() == "0" {
+		t.Errorf("every interface with a public host: devices are told %s, want tls://fl.example.com:PORT", h.NATSURL())
 	}
-	h = servertest.New(t, servertest.WithConfig(func(c *server.Config) { c.NATSListen, c.NATSTLS = "0.0.0.0:0", true }))
-	if u, err := url.Parse(h.NATSURL()); err != nil || u.Hostname() != strings.ToLower(name) || u.Scheme != "tls" {
-		t.Errorf("every interface, no public host: devices are told %s, want tls://%s:PORT", h.NATSURL(), strings.ToLower(name))
+	h = servertest.New(t, servertest.WithConfig(func(c *server.Config) {
+		c.NATSListen, c.NATSAdvertise = "0.0.0.0:0", "nats://lb.example.com:4222,nats://lb2.example.com:4222"
+	}))
+	if h.NATSURL() != "nats://lb.example.com:4222,nats://lb2.example.com:4222" {
+		t.Errorf("advertised URL: devices are told %s", h.NATSURL())
+	}
+	_, err := server.New(server.Config{DataDir: t.TempDir(), NATSListen: "0.0.0.0:4222"})
+	if err == nil || !strings.Contains(err.Error(), "--public-host") || !strings.Contains(err.Error(), "--nats-advertise") {
+		t.Errorf("every interface without a public host or advertised URL: %v", err)
 	}
 }
 
@@ -308,6 +316,12 @@ func TestPublicConfigRefused(t *testing.T) {
 		"public host with a port":    {PublicHost: "fl.example.com:7070"},
 		"public host as a URL":       {PublicHost: "https://fl.example.com"},
 		"public host unspecified":    {PublicHost: "0.0.0.0"},
+		"nats on every interface":    {NATSListen: "[::]:4222"},
+		"advertise unspecified":      {NATSAdvertise: "nats://0.0.0.0:4222"},
+		"advertise not a URL":        {NATSAdvertise: "lb.example.com:4222"},
+		"advertise bad scheme":       {NATSAdvertise: "http://lb.example.com:4222"},
+		"advertise one of two bad":   {NATSAdvertise: "nats://lb.example.com:4222,nats://[::]:4222"},
+		"external NATS unspecified":  {NATSURL: "nats://0.0.0.0:4222"},
 		"monitor with external NATS": {NATSURL: "nats://nats-1:4222", NATSMonitor: "127.0.0.1:8222"},
 		"monitor without a port":     {NATSMonitor: "127.0.0.1"},
 		"monitor on port 0":          {NATSMonitor: "127.0.0.1:0"},

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/healthcheck"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/coord"
@@ -48,7 +50,7 @@ type Config struct {
 	NATSURL     string // external NATS cluster; empty starts an embedded server
 	NATSListen  string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
 	GRPCAddr    string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
-	MetricsAddr string // Prometheus /metrics; default 127.0.0.1:9464; "off" disables
+	MetricsAddr string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
 	// MaxMessageBytes is the embedded server's max_payload and the reports
 	// stream's message size limit (default wire.MaxMessageBytes).
 	MaxMessageBytes int32
@@ -57,7 +59,8 @@ type Config struct {
 	// CacheDir keeps compiled WASM modules (default DataDir/wasm-cache).
 	CacheDir string
 	// Replicas of the reports stream and blob bucket on an external cluster
-	// (default 1; the embedded server always uses 1).
+	// (default 0: follow the cluster, min(MaxReplicas, its JetStream
+	// servers); the embedded server always uses 1). Checked at every start.
 	Replicas int
 	// AuditOrigin names the audit log in DataDir, the first line of its
 	// checkpoints (default audit.DefaultOrigin); a schema-less URL naming
@@ -103,6 +106,19 @@ type Config struct {
 	// URL). Empty keeps the defaults on loopback; metrics stay on loopback
 	// either way.
 	PublicHost string
+	// NATSAdvertise is the NATS URL, or comma-separated URLs, that
+	// enrollment gives devices, for when the address the server reaches
+	// NATS by is not one devices can dial: a cluster-internal name, a
+	// load balancer or NAT in front. Default: NATSURL with an external
+	// cluster; the embedded server's address with PublicHost as its host
+	// when listening on every interface. An unspecified host (0.0.0.0, ::)
+	// is refused.
+	NATSAdvertise string
+	// NATSAuthFrom names a directory holding the NATS authority's keys (as
+	// --write-nats-config leaves them in DataDir/nats-auth), for instance a
+	// mounted Kubernetes Secret: at start, missing keys are copied into
+	// DataDir/nats-auth and present ones must match.
+	NATSAuthFrom string
 	// NATSMonitor is the "host:port" on which the embedded NATS server
 	// serves its HTTP monitoring endpoints (/varz, /jsz, /connz …), for the
 	// nats CLI and exporters; empty serves none. They are unauthenticated
@@ -159,6 +175,7 @@ type Server struct {
 	idMu     sync.Mutex // guards ids
 	ids      *rand.Rand // task ids; split from o.rand so the coordinator owns that one
 	shutdown sync.Once
+	closing  atomic.Bool // Shutdown began: /readyz answers 503
 	err      error
 }
 
@@ -175,6 +192,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		if cfg.PublicHost != "" {
 			cfg.NATSListen = anyHost(cfg.PublicHost) + ":4222"
 		}
+	}
+	if err := checkAdvertise(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "127.0.0.1:7070"
@@ -241,12 +261,23 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			return err
 		}
 		natsOpts = append(natsOpts, user)
+		if s.cfg.NATSURL != "" {
+			if err := s.checkExternalNATS(ctx, s.cfg.NATSURL, user); err != nil {
+				return err
+			}
+		}
+	} else if s.cfg.NATSURL != "" {
+		s.o.log.Warn("NATS runs without authorization (--insecure-nats): any client may use any subject, " +
+			"device permissions and revocation do not apply")
 	}
 	// connectURL is where the server itself reaches NATS; s.natsURL, what
 	// devices are told, differs for an embedded server on every interface.
 	connectURL := s.cfg.NATSURL
 	s.natsURL = s.cfg.NATSURL
-	if s.natsURL == "" {
+	if s.cfg.NATSAdvertise != "" {
+		s.natsURL = s.cfg.NATSAdvertise
+	}
+	if connectURL == "" {
 		if s.cfg.NATSMonitor != "" {
 			prev := configure
 			configure = func(o *natsserver.Options) error {
@@ -297,11 +328,19 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("server: jetstream: %w", err)
 	}
 	replicas := s.cfg.Replicas
-	if s.embedded != nil {
+	switch {
+	case s.embedded != nil:
 		replicas = 1
+	case replicas == 0:
+		if replicas, err = s.clusterReplicas(ctx); err != nil {
+			return err
+		}
 	}
 	stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas)
 	if err != nil {
+		return fmt.Errorf("%w (JetStream replicas: %d; set --replicas to at most the number of JetStream servers)", err, replicas)
+	}
+	if err := s.checkReplicas(ctx, stream, replicas); err != nil {
 		return err
 	}
 	cacheDir := s.cfg.CacheDir
@@ -337,6 +376,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+		healthcheck.Register(mux, s.Ready)
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go s.http.Serve(s.httpLn)
 	}
@@ -370,6 +410,7 @@ func (s *Server) NATSURL() string { return s.natsURL }
 // return the first result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Do(func() {
+		s.closing.Store(true)
 		var errs []error
 		if s.grpc != nil {
 			stopped := make(chan struct{})
@@ -453,7 +494,7 @@ func anyHost(publicHost string) string {
 // server at and the one devices get at enrollment (Server.NATSURL), from
 // the server's client URL. On every interface ("0.0.0.0", "::") the server
 // dials loopback, which its certificate covers, while devices get
-// PublicHost, else the machine's host name (also in the certificate); a
+// NATSAdvertise, else PublicHost (checkAdvertise made sure there is one); a
 // loopback listener is offered as it is. The tls scheme tells clients,
 // enrolled agents included, to insist on TLS.
 func (s *Server) embeddedNATSURLs(clientURL string) (connect, devices string, err error) {
@@ -473,19 +514,78 @@ func (s *Server) embeddedNATSURLs(clientURL string) (connect, devices string, er
 			local = "::1"
 		}
 	}
-	public := local
+	c, d := *u, *u
+	c.Host = net.JoinHostPort(local, port)
 	switch {
+	case s.cfg.NATSAdvertise != "":
+		return c.String(), s.cfg.NATSAdvertise, nil
 	case ip != nil && ip.IsLoopback():
+		d.Host = c.Host
 	case s.cfg.PublicHost != "":
-		public = s.cfg.PublicHost
+		d.Host = net.JoinHostPort(s.cfg.PublicHost, port)
 	case ip != nil && ip.IsUnspecified():
-		if name, err := os.Hostname(); err == nil && isDNSName(name) {
-			public = strings.ToLower(name)
+		// checkAdvertise refuses this configuration; a listener that
+		// resolved to every interface anyway must not be handed out.
+		return "", "", fmt.Errorf("server: NATS listens on every interface (%s): %w", clientURL, errNoAdvertise)
+	}
+	return c.String(), d.String(), nil
+}
+
+// errNoAdvertise says what to set when devices would be handed an address
+// they cannot dial.
+var errNoAdvertise = errors.New("devices must be given an address they can dial: " +
+	"set --public-host HOST (the name devices reach this server by) or --nats-advertise URL")
+
+// checkAdvertise refuses a configuration that would hand enrolling devices
+// an unspecified address (0.0.0.0, ::), or an advertised URL that is not
+// one.
+func checkAdvertise(cfg Config) error {
+	if cfg.NATSAdvertise != "" {
+		if err := checkDialableURLs(cfg.NATSAdvertise); err != nil {
+			return fmt.Errorf("server: --nats-advertise: %w", err)
+		}
+		return nil
+	}
+	if cfg.NATSURL != "" {
+		if err := checkDialableURLs(cfg.NATSURL); err != nil {
+			return fmt.Errorf("server: --nats-url %s is what devices would be given: %w; %w", cfg.NATSURL, err, errNoAdvertise)
+		}
+		return nil
+	}
+	if cfg.PublicHost != "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(cfg.NATSListen)
+	if err != nil {
+		return fmt.Errorf("server: --nats-listen %q: want host:port", cfg.NATSListen)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("server: NATS listens on every interface (--nats-listen %s): %w", cfg.NATSListen, errNoAdvertise)
+	}
+	return nil
+}
+
+// checkDialableURLs checks comma-separated NATS URLs: each parses, has a
+// NATS scheme and a host that is not unspecified (the port may be left to
+// the clients' default, 4222).
+func checkDialableURLs(urls string) error {
+	for raw := range strings.SplitSeq(urls, ",") {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("%q is not a URL such as nats://nats.example.net:4222", raw)
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return fmt.Errorf("%q: the scheme must be nats, tls, ws or wss", raw)
+		}
+		h := u.Hostname()
+		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("%q has an unspecified host, which no device can dial", raw)
 		}
 	}
-	c, d := *u, *u
-	c.Host, d.Host = net.JoinHostPort(local, port), net.JoinHostPort(public, port)
-	return c.String(), d.String(), nil
+	return nil
 }
 
 // warnUnreachable says when PublicHost promises what a loopback listener

@@ -92,19 +92,33 @@ type hinted struct {
 func (h *hinted) Error() string { return h.err.Error() }
 func (h *hinted) Unwrap() error { return h.err }
 
-// agentFunc runs an agent with cfg until ctx ends; procs is the
-// GOMAXPROCS to run it with (0: leave it).
-type agentFunc func(ctx context.Context, cfg edge.Config, procs int, log *slog.Logger) error
+// process is what the command line says about the agent's process rather
+// than the agent: its GOMAXPROCS (0: leave it) and where to serve health
+// checks ("": nowhere).
+type process struct {
+	procs      int
+	healthAddr string
+}
+
+// agentFunc runs an agent with cfg until ctx ends.
+type agentFunc func(ctx context.Context, cfg edge.Config, p process, log *slog.Logger) error
 
 // runAgent is the agent: it refuses a device that is not enrolled before
 // touching its data directory, and stops with an error when it cannot go on.
-func runAgent(ctx context.Context, cfg edge.Config, procs int, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg edge.Config, p process, log *slog.Logger) error {
 	a, err := edge.New(cfg, edge.WithLogger(log))
 	if err != nil {
 		return advise(err, cfg.DataDir)
 	}
-	if procs > 0 {
-		runtime.GOMAXPROCS(procs)
+	if p.procs > 0 {
+		runtime.GOMAXPROCS(p.procs)
+	}
+	if p.healthAddr != "" {
+		stop, err := serveHealth(p.healthAddr, a.Ready)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	err = a.Run(ctx)
 	log.Info("agent stopped", "stats", fmt.Sprintf("%+v", a.Stats()))

@@ -30,7 +30,7 @@ func execute(t *testing.T, agent agentFunc, stdin string, args ...string) (code 
 
 // noAgent fails a test that should not get as far as running the agent.
 func noAgent(t *testing.T) agentFunc {
-	return func(context.Context, edge.Config, int, *slog.Logger) error {
+	return func(context.Context, edge.Config, process, *slog.Logger) error {
 		t.Error("the agent ran")
 		return nil
 	}
@@ -68,8 +68,8 @@ func TestHelp(t *testing.T) {
 func TestFlags(t *testing.T) {
 	var got edge.Config
 	var procs int
-	agent := func(_ context.Context, cfg edge.Config, p int, _ *slog.Logger) error {
-		got, procs = cfg, p
+	agent := func(_ context.Context, cfg edge.Config, p process, _ *slog.Logger) error {
+		got, procs = cfg, p.procs
 		return nil
 	}
 	code, _, errOut := execute(t, agent, "", "-data-dir", "state", "-dataset=data", "-tasks", "t-1,t-2", "-charging=false",

@@ -66,6 +66,7 @@ type flags struct {
 	cfg                edge.Config
 	tasks, level, pubs string
 	procs              int
+	healthAddr         string
 }
 
 // newRootCommand is the fleetlearn-edge command; agent runs the agent.
@@ -92,7 +93,7 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			return agent(cmd.Context(), cfg, procs, log)
+			return agent(cmd.Context(), cfg, process{procs: procs, healthAddr: f.healthAddr}, log)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
@@ -118,9 +119,12 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 	fl.BoolVar(&f.cfg.Idle, "idle", true, "report the device as idle")
 	fl.BoolVar(&f.cfg.Unmetered, "unmetered", true, "report the network as unmetered")
 	fl.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.healthAddr, "health-addr", "",
+		"serve the health checks /healthz (running) and /readyz (connected to NATS) in plain HTTP on `ADDR` (host:port); "+
+			"unauthenticated, so keep it on loopback or the pod network")
 	fl.IntVar(&f.procs, "max-procs", 1, "threads running the agent's Go code at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
 
-	root.AddCommand(newEnrollCommand(), &cobra.Command{
+	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit, Go version and module ABI",
 		Args:  cobra.NoArgs,

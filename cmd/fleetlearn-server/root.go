@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -103,12 +104,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.writeNATS != "" {
-				if err := server.WriteNATSResolverConfig(cmd.Context(), f.cfg.DataDir, f.resolverDir, f.writeNATS); err != nil {
-					return fmt.Errorf("--write-nats-config: %w", err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: include it in each NATS server's configuration, then run the aggregator with --nats-url and --data-dir %s\n",
-					f.writeNATS, f.cfg.DataDir)
-				return nil
+				return f.writeNATSConfig(cmd)
 			}
 			cfg, level, err := f.config(cmd)
 			if err != nil {
@@ -133,23 +129,33 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.NATSURL, "nats-url", "", "use the external NATS cluster at `URL` (comma-separated for several servers) instead of the embedded server")
 	fl.StringVar(&f.cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS client address `ADDR`; with --public-host, 0.0.0.0:4222 unless given")
 	fl.BoolVar(&f.cfg.NATSTLS, "nats-tls", false, "serve the embedded NATS server over TLS with the server's CA")
+	fl.StringVar(&f.cfg.NATSAdvertise, "nats-advertise", "",
+		"give enrolling devices the NATS `URL` (comma-separated for several) instead of the one derived from --public-host or --nats-url: "+
+			"for a load balancer, NAT or a cluster-internal --nats-url")
+	fl.StringVar(&f.cfg.NATSAuthFrom, "nats-auth-from", "",
+		"at start, take the NATS operator and account keys from `DIR` (the nats-auth directory --write-nats-config leaves, "+
+			"or a Secret volume holding it) into --data-dir")
 	fl.StringVar(&f.cfg.NATSMonitor, "nats-monitor", "",
 		"serve the embedded NATS server's HTTP monitoring (/varz, /jsz, /connz …) on `ADDR` (host:port); unauthenticated: keep it on loopback")
-	fl.StringVar(&f.cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "serve Prometheus /metrics on `ADDR`, or \"off\"")
+	fl.StringVar(&f.cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464",
+		"serve Prometheus /metrics and the health checks /healthz and /readyz, in plain HTTP, on `ADDR`, or \"off\"")
 	fl.StringVar(&f.tlsHosts, "tls-hosts", "", "extra comma-separated DNS names or IPs (`HOSTS`) for the server certificate")
 	fl.BoolVar(&f.cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")
-	fl.BoolVar(&f.cfg.InsecureNATS, "insecure-nats", false, "run NATS without authorization: any client may use any subject, devices need no enrollment")
+	fl.BoolVar(&f.cfg.InsecureNATS, "insecure-nats", false,
+		"run NATS without authorization: any client may use any subject, devices need no enrollment; "+
+			"needed to use an external NATS that admits clients without credentials")
 	fl.StringVar(&f.cfg.Fleet, "fleet", server.DefaultFleet, "the `NAME` of the fleet that devices enroll into")
 	fl.StringVar(&f.publishers, "module-publishers", "", "trust the module publisher keys in the JWK Set `FILE` (fleetlearn module publisher-jwks)")
 	fl.DurationVar(&f.cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
-	fl.IntVar(&f.cfg.Replicas, "replicas", 1, "JetStream replicas of reports and blobs on an external cluster")
+	fl.IntVar(&f.cfg.Replicas, "replicas", 0,
+		"JetStream replicas `N` of reports and blobs on an external cluster; 0 follows the cluster (3 on a cluster of 3 or more)")
 	fl.StringVar(&f.cfg.AuditOrigin, "audit-origin", audit.DefaultOrigin,
 		"the `NAME` of the audit log, first line of its checkpoints (e.g. \"fleetlearn.example.com/audit\")")
 	fl.StringArrayVar(&f.cfg.AuditWitnesses, "audit-witness", nil,
 		"accept and serve the cosignatures of audit checkpoints by the witness with verifier `KEY` (fleetlearn audit witness init prints it); repeatable")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
 	fl.StringVar(&f.writeNATS, "write-nats-config", "",
-		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE`, and exit")
+		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE` (\"-\": standard output), and exit")
 	fl.StringVar(&f.resolverDir, "nats-resolver-dir", "/var/lib/nats/jwt", "with --write-nats-config: the resolver's JWT directory `DIR` on the NATS servers")
 
 	root.AddCommand(&cobra.Command{
@@ -161,6 +167,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 			return err
 		},
 	})
+	root.AddCommand(newHealthCommand())
 	// Known before Execute, so that cliflags.SingleDash rewrites -help and
 	// -version too.
 	root.InitDefaultHelpFlag()
@@ -201,4 +208,25 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 		cfg.ModulePublishersJWKS = b
 	}
 	return cfg, level, nil
+}
+
+// writeNATSConfig writes the external cluster's configuration fragment and
+// says what to do with it; "-" writes it to standard output alone, for a
+// pipe or kubectl create secret.
+func (f *flags) writeNATSConfig(cmd *cobra.Command) error {
+	if f.writeNATS == "-" {
+		conf, err := server.NATSResolverConfig(cmd.Context(), f.cfg.DataDir, f.resolverDir)
+		if err != nil {
+			return fmt.Errorf("--write-nats-config: %w", err)
+		}
+		_, err = cmd.OutOrStdout().Write(conf)
+		return err
+	}
+	if err := server.WriteNATSResolverConfig(cmd.Context(), f.cfg.DataDir, f.resolverDir, f.writeNATS); err != nil {
+		return fmt.Errorf("--write-nats-config: %w", err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: include it in each NATS server's configuration (include ./%s), make %s writable by nats-server, "+
+		"then run the aggregator with --nats-url and --data-dir %s (or --nats-auth-from %s)\n",
+		f.writeNATS, filepath.Base(f.writeNATS), f.resolverDir, f.cfg.DataDir, filepath.Join(f.cfg.DataDir, server.NATSAuthDir))
+	return nil
 }

@@ -79,12 +79,14 @@ func TestFlagSpellings(t *testing.T) {
 		"--audit-origin", "fl.example.com/audit", "--audit-witness", "w1+01+AAAA", "--audit-witness", "w2+02+BBBB",
 		"--log-level", "warn", "--fleet", "north", "--tls-hosts", "fl.example.com,10.0.0.1",
 		"--module-publishers", jwks, "--public-host", "fl.example.com",
+		"--nats-advertise", "nats://lb.example.com:4222", "--nats-auth-from", "/etc/fleetlearn/nats-auth",
 	}
 	want := server.Config{DataDir: filepath.Join(dir, "data"), NATSURL: "nats://a:4222,nats://b:4222",
 		NATSListen: "10.0.0.1:4333", GRPCAddr: "10.0.0.1:7171", MetricsAddr: "off", PaceWindow: 750 * time.Millisecond,
 		Replicas: 3, NATSTLS: true, InsecureNATS: true, GRPCInsecure: true, AuditOrigin: "fl.example.com/audit",
 		AuditWitnesses: []string{"w1+01+AAAA", "w2+02+BBBB"}, Fleet: "north", TLSHosts: []string{"fl.example.com", "10.0.0.1"},
-		ModulePublishersJWKS: []byte(`{"keys":[]}`), PublicHost: "fl.example.com"}
+		ModulePublishersJWKS: []byte(`{"keys":[]}`), PublicHost: "fl.example.com",
+		NATSAdvertise: "nats://lb.example.com:4222", NATSAuthFrom: "/etc/fleetlearn/nats-auth"}
 	for name, a := range map[string][]string{
 		"--name value": args,
 		"-name value":  singleDash(args, false),
@@ -111,7 +113,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("served %v, err %v", r.served, r.err)
 	}
 	want := server.Config{DataDir: "fleetlearn-data", NATSListen: "127.0.0.1:4222", GRPCAddr: "127.0.0.1:7070",
-		MetricsAddr: "127.0.0.1:9464", PaceWindow: 2 * time.Second, Replicas: 1, AuditOrigin: audit.DefaultOrigin,
+		MetricsAddr: "127.0.0.1:9464", PaceWindow: 2 * time.Second, AuditOrigin: audit.DefaultOrigin,
 		Fleet: server.DefaultFleet}
 	if !reflect.DeepEqual(r.cfg, want) {
 		t.Errorf("config\n%+v, want\n%+v", r.cfg, want)
@@ -187,7 +189,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 // -write-nats-config writes the external cluster's configuration and exits,
-// in both spellings.
+// in both spellings, into a data directory that does not exist yet.
 func TestWriteNATSConfig(t *testing.T) {
 	for _, args := range [][]string{
 		{"-data-dir", "D", "-write-nats-config", "F", "-nats-resolver-dir", "/srv/jwt"},
@@ -204,9 +206,6 @@ func TestWriteNATSConfig(t *testing.T) {
 				args[i] = conf
 			}
 		}
-		if err := os.MkdirAll(data, 0o700); err != nil {
-			t.Fatal(err)
-		}
 		r := execute(t, args...)
 		if r.err != nil || r.served {
 			t.Fatalf("%q: served %v, err %v", args, r.served, r.err)
@@ -221,5 +220,22 @@ func TestWriteNATSConfig(t *testing.T) {
 		if !strings.Contains(r.out, "wrote "+conf) {
 			t.Errorf("%q: printed %q", args, r.out)
 		}
+	}
+}
+
+// --write-nats-config - prints the configuration alone, for a pipe or a
+// Kubernetes Secret.
+func TestWriteNATSConfigStdout(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "fresh", "data")
+	r := execute(t, "--data-dir", data, "--write-nats-config", "-", "--nats-resolver-dir", "/data/jwt")
+	if r.err != nil || r.served {
+		t.Fatalf("served %v, err %v", r.served, r.err)
+	}
+	if !strings.HasPrefix(r.out, "operator") && !strings.Contains(r.out, "\noperator") || !strings.Contains(r.out, "/data/jwt") ||
+		strings.Contains(r.out, "wrote") {
+		t.Fatalf("standard output is not the configuration alone:\n%s", r.out)
+	}
+	if _, err := os.Stat(filepath.Join(data, server.NATSAuthDir)); err != nil {
+		t.Fatalf("the authority was not created: %v", err)
 	}
 }

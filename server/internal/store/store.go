@@ -907,3 +907,13 @@ func (s *Store) DeviceCount(ctx context.Context) (int, error) {
 	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM devices`).Scan(&n)
 	return n, err
 }
+
+// Ping reads the schema, so that a database whose file went away or whose
+// disk fails answers with an error rather than from the pool's memory.
+func (s *Store) Ping(ctx context.Context) error {
+	var n int
+	if err := s.db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	return nil
+}

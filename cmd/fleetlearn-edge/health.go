@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/internal/healthcheck"
+)
+
+// serveHealth serves /healthz and /readyz on addr until stop is called.
+func serveHealth(addr string, ready func(context.Context) error) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--health-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	healthcheck.Register(mux, ready)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			ln.Close()
+		}
+	}()
+	return func() { srv.Close() }, nil
+}
+
+// newHealthCommand asks a running agent's /readyz (or /healthz), for probes
+// that can only run a program, such as Docker's HEALTHCHECK in an image
+// without a shell.
+func newHealthCommand() *cobra.Command {
+	var addr string
+	var live bool
+	cmd := &cobra.Command{
+		Use:   "health --addr ADDR",
+		Short: "Exit 0 if the agent on this host is connected (GET /readyz on its --health-addr), 1 with the reason if not",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addr == "" {
+				return usage("health: --addr is required: the agent's --health-addr (host:port)")
+			}
+			path := healthcheck.Readyz
+			if live {
+				path = healthcheck.Healthz
+			}
+			return healthcheck.Get(cmd.Context(), addr, path, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "the agent's --health-addr `ADDR` (host:port)")
+	cmd.Flags().BoolVar(&live, "live", false, "ask /healthz (the process runs) instead of /readyz (it is connected to NATS)")
+	return cmd
+}

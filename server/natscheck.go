@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetlearn/fleetlearn/internal/backoff"
+)
+
+// ErrNATSOpen is returned by Start when an external NATS server admits a
+// client that presents no credentials: it does not enforce the server's
+// operator, so device permissions and revocations would mean nothing.
+var ErrNATSOpen = errors.New("the NATS server admits clients without credentials")
+
+// ErrNATSUntrusted is returned by Start when an external NATS server
+// refuses the aggregator's own credentials: it does not trust the operator
+// in the data directory.
+var ErrNATSUntrusted = errors.New("the NATS server refuses this aggregator's credentials")
+
+// natsProbeTimeout bounds one probe connection: a NATS server answers its
+// INFO and CONNECT in milliseconds.
+const natsProbeTimeout = 10 * time.Second
+
+// checkExternalNATS makes sure every reachable server of the external
+// cluster at urls enforces this aggregator's operator: a client without
+// credentials is refused, and the aggregator's service user is admitted.
+// Servers that cannot be reached yet are waited for, with back-off, until
+// at least one has answered; one that answers wrongly ends the start.
+func (s *Server) checkExternalNATS(ctx context.Context, urls string, service nats.Option) error {
+	b := backoff.New(time.Second, 30*time.Second, nil)
+	for {
+		judged, err := s.probeNATS(urls, service)
+		if err != nil || judged > 0 {
+			return err
+		}
+		wait := b.Next()
+		s.o.log.Warn("waiting for the external NATS cluster", "url", urls, "attempt", b.Attempts(), "retry_in", wait)
+		t := s.o.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("server: waiting for NATS at %s: %w", urls, ctx.Err())
+		case <-t.C():
+		}
+	}
+}
+
+// probeNATS dials each of urls twice, anonymously and as the service user,
+// and returns how many answered.
+func (s *Server) probeNATS(urls string, service nats.Option) (judged int, err error) {
+	authDir := filepath.Join(s.cfg.DataDir, NATSAuthDir)
+	for raw := range strings.SplitSeq(urls, ",") {
+		u := strings.TrimSpace(raw)
+		nc, err := nats.Connect(u, nats.Name("fleetlearn-server-probe"), nats.NoReconnect(), nats.Timeout(natsProbeTimeout))
+		switch {
+		case err == nil:
+			nc.Close()
+			return 0, fmt.Errorf("server: NATS at %s: %w: it does not enforce this aggregator's operator, so device "+
+				"permissions and revocation would mean nothing. Include the fragment that "+
+				"'fleetlearn-server --data-dir %s --write-nats-config FILE' writes in every NATS server's configuration "+
+				"(deploy/README.md), or pass --insecure-nats to run without authorization", u, ErrNATSOpen, s.cfg.DataDir)
+		case !isAuthError(err):
+			s.o.log.Debug("NATS server not reachable yet", "url", u, "err", err)
+			continue
+		}
+		nc, err = nats.Connect(u, nats.Name("fleetlearn-server-probe"), nats.NoReconnect(), nats.Timeout(natsProbeTimeout), service)
+		switch {
+		case err == nil:
+			nc.Close()
+			judged++
+		case isAuthError(err):
+			return 0, fmt.Errorf("server: NATS at %s: %w (%v): its configuration does not trust the operator in %s. "+
+				"Include the fragment that 'fleetlearn-server --data-dir %s --write-nats-config FILE' writes in every NATS "+
+				"server's configuration and reload it", u, ErrNATSUntrusted, err, authDir, s.cfg.DataDir)
+		default:
+			s.o.log.Debug("NATS server not reachable yet", "url", u, "err", err)
+		}
+	}
+	return judged, nil
+}
+
+func isAuthError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation")
+}
+
+// MaxReplicas caps the replicas chosen for the reports stream and the blob
+// bucket on a cluster: three copies survive the loss of a node, and more
+// only slow writes down.
+const MaxReplicas = 3
+
+// clusterReplicas is the replica count that follows the external cluster:
+// min(MaxReplicas, the JetStream meta group's size), read from the
+// connected server's JSZ over the system account. Without that connection
+// (InsecureNATS) a clustered server cannot be sized: the caller says to set
+// Config.Replicas.
+func (s *Server) clusterReplicas(ctx context.Context) (int, error) {
+	var sys *nats.Conn
+	if s.natsAuthority != nil {
+		s.natsAuthority.mu.Lock()
+		sys = s.natsAuthority.sys
+		s.natsAuthority.mu.Unlock()
+	}
+	if sys == nil {
+		if s.nc.ConnectedClusterName() != "" {
+			return 0, fmt.Errorf("server: NATS at %s is clustered (%q) but its size cannot be read without authorization: set --replicas",
+				s.nc.ConnectedUrlRedacted(), s.nc.ConnectedClusterName())
+		}
+		return 1, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	id := s.nc.ConnectedServerId()
+	if id == "" {
+		if err := s.nc.FlushWithContext(ctx); err != nil {
+			return 0, fmt.Errorf("server: NATS: %w", err)
+		}
+		id = s.nc.ConnectedServerId()
+	}
+	msg, err := sys.RequestWithContext(ctx, "$SYS.REQ.SERVER."+id+".JSZ", nil)
+	if err != nil {
+		return 0, fmt.Errorf("server: NATS cluster size (JSZ of %s): %w", id, err)
+	}
+	var resp struct {
+		Data struct {
+			Meta *struct {
+				Size int `json:"cluster_size"`
+			} `json:"meta_cluster"`
+		} `json:"data"`
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("server: NATS cluster size: %w", err)
+	}
+	if resp.Error != nil {
+		return 0, fmt.Errorf("server: NATS cluster size: %s", resp.Error.Description)
+	}
+	if resp.Data.Meta == nil || resp.Data.Meta.Size < 1 {
+		return 1, nil
+	}
+	return min(MaxReplicas, resp.Data.Meta.Size), nil
+}
+
+// checkReplicas reads back what the cluster made of the reports stream: a
+// stream left at fewer replicas (an update refused, a peer missing) would
+// lose reports with its one node, and the operator must know at start.
+func (s *Server) checkReplicas(ctx context.Context, stream jetstream.Stream, want int) error {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("server: reports stream: %w", err)
+	}
+	if got := info.Config.Replicas; got != want {
+		return fmt.Errorf("server: reports stream has %d replicas, want %d: the cluster did not apply the update", got, want)
+	}
+	peers := 1
+	if info.Cluster != nil {
+		peers += len(info.Cluster.Replicas)
+	}
+	if peers < want {
+		s.o.log.Warn("reports stream has fewer peers than replicas: a node is down or the stream is being placed",
+			"replicas", want, "peers", peers)
+	}
+	if s.embedded == nil {
+		s.o.log.Info("JetStream replicas of reports and blobs", "replicas", want, "peers", peers)
+	}
+	return nil
+}
