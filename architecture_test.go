@@ -236,6 +236,15 @@ func TestLayering(t *testing.T) {
 			}
 		}
 
+		// deploy/ holds deployment files and the tests that check them
+		// against the real tools; a program that imported it would ship
+		// those tools' libraries (kustomize, the Kubernetes types).
+		if under(p.path, "deploy") {
+			seen["deploy"]++
+		} else if i := slices.IndexFunc(p.deps, func(dep string) bool { return under(dep, "deploy") }); i >= 0 {
+			t.Errorf("%s depends on %s: nothing imports deploy/", p.path, p.deps[i])
+		}
+
 		if under(p.path, "identity") {
 			seen["identity"]++
 			if i := slices.IndexFunc(p.deps, func(dep string) bool { return matches(dep, "github.com/nats-io/nats-server") }); i >= 0 {
@@ -245,7 +254,7 @@ func TestLayering(t *testing.T) {
 	}
 	// Each rule must have had something to check: a rename that empties
 	// one would otherwise pass silently.
-	for _, kind := range []string{"leaf", "protocol helper", "library", "service", "identity"} {
+	for _, kind := range []string{"leaf", "protocol helper", "library", "service", "identity", "deploy"} {
 		if seen[kind] == 0 {
 			t.Errorf("no %s package found", kind)
 		}

@@ -49,7 +49,8 @@ rounds for a fleet of devices running fleetlearn-edge. One process holds
     coordinator and the WASM sandbox;
   - the gRPC API, for the fleetlearn CLI and for device enrollment, over TLS
     with bearer tokens;
-  - Prometheus /metrics on loopback, and the tamper-evident audit log.
+  - Prometheus /metrics and the health checks /healthz and /readyz (plain
+    HTTP) on loopback, and the tamper-evident audit log.
 
 All state lives under --data-dir: fleetlearn.db, audit.db, jetstream/,
 wasm-cache/, keys/ (token signing keys), nats-auth/ (the NATS operator and
@@ -64,7 +65,16 @@ By default the API and NATS listen on loopback only. --public-host NAME puts
 both on every interface (:7070 and :4222), adds NAME to the certificate and
 tells enrolling devices to reach NATS at NAME; devices then enroll with
 "fleetlearn-edge enroll --api NAME:7070". NATS admits only enrolled devices,
-each limited to its own subjects; --nats-tls encrypts it too.
+each limited to its own subjects; --nats-tls encrypts it too. Where devices
+reach NATS by another address (a load balancer, NAT, or an external cluster
+known inside by a private name), --nats-advertise URL says which. Devices
+are never handed 0.0.0.0: listening on every interface needs one of the two.
+
+An external NATS cluster (--nats-url) must trust this server's operator:
+include the fragment --write-nats-config writes in every node's
+configuration. The server refuses a NATS that admits clients without
+credentials (--insecure-nats allows it) and one that refuses its own, and
+keeps reports and blobs on min(3, cluster size) replicas (--replicas).
 
 Flags may also be written with one dash (-data-dir DIR), as in earlier
 releases. The server stops cleanly on SIGINT or SIGTERM.`
@@ -80,8 +90,12 @@ const examples = `  # one machine: the server, the CLI and devices on loopback
   fleetlearn-server --data-dir /var/lib/fleetlearn --nats-monitor 127.0.0.1:8222
 
   # an external NATS cluster: make it trust this server's operator, then use it
-  fleetlearn-server --data-dir /var/lib/fleetlearn --write-nats-config fleetlearn-nats.conf
-  fleetlearn-server --data-dir /var/lib/fleetlearn --nats-url nats://nats-1:4222,nats://nats-2:4222`
+  fleetlearn-server --data-dir /var/lib/fleetlearn --write-nats-config fleetlearn-auth.conf
+  fleetlearn-server --data-dir /var/lib/fleetlearn --nats-url nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 \
+    --nats-advertise nats://nats.example.net:4222
+
+  # is the server on this host ready? (exit status 0 or 1)
+  fleetlearn-server health --addr 127.0.0.1:9464`
 
 // newRootCommand is the fleetlearn-server command; serve runs the server.
 // Errors are returned from Execute, not printed; isUsage tells those that
