@@ -1,0 +1,299 @@
+package deploy_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// systemdUnit is one of deploy/systemd's units and what it starts.
+type systemdUnit struct {
+	file    string // the unit's file name in systemd/
+	binary  string // the release binary ExecStart runs from /usr/local/bin
+	argsVar string // the environment variable of extra flags
+	// maxExposure is the highest "Overall exposure level" systemd-analyze
+	// security may give the unit: its rating once hardened.
+	maxExposure float64
+}
+
+var systemdUnits = []systemdUnit{
+	{file: "fleetlearn-server.service", binary: "fleetlearn-server", argsVar: "FLEETLEARN_SERVER_ARGS", maxExposure: 1.1},
+	{file: "fleetlearn-edge.service", binary: "fleetlearn-edge", argsVar: "FLEETLEARN_EDGE_ARGS", maxExposure: 1.1},
+}
+
+// acceptedExposures are the systemd-analyze security checks (their JSON
+// names) the units are allowed to fail, and why. Any other failing check is
+// a hardening directive lost, or a new check to satisfy or to add here.
+var acceptedExposures = map[string]string{
+	"PrivateNetwork":                        "the API, NATS and the agents' connections are the services' purpose",
+	"IPAddressDeny":                         "devices connect from, and aggregators live at, any address",
+	"RestrictAddressFamilies_AF_INET_INET6": "the same network",
+	"RestrictAddressFamilies_AF_UNIX":       "glibc's NSS modules (systemd-resolved, nscd) in cgo builds",
+	"MemoryDenyWriteExecute":                "wazero compiles WASM modules to native code",
+	"RootDirectoryOrRootImage":              "the binaries run from the host's /usr/local/bin",
+	"DeviceAllow":                           "ProtectClock= leaves read access to the RTC",
+}
+
+// systemdVersion returns the major version systemd-analyze reports, as in
+// "systemd 252 (252.38-1~deb12u1)".
+func systemdVersion(t *testing.T, analyze string) int {
+	t.Helper()
+	out, err := exec.Command(analyze, "--version").Output()
+	if err != nil {
+		t.Fatalf("systemd-analyze --version: %v", err)
+	}
+	m := regexp.MustCompile(`^systemd (\d+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze --version: no version in %q", out)
+	}
+	v, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		t.Fatalf("systemd-analyze --version: %v", err)
+	}
+	return v
+}
+
+// TestSystemdUnits checks deploy/systemd's units with systemd's own tools and
+// the binaries they start: systemd-analyze verify accepts them (with
+// ExecStart pointing at freshly built binaries, since verify checks the
+// executable), the binary accepts ExecStart's flags and those of the
+// environment-file examples in the unit's comments, and systemd-analyze
+// security rates the hardening no worse than it is now.
+func TestSystemdUnits(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not on PATH (Debian and Ubuntu package systemd): the systemd units are not checked")
+	}
+	version := systemdVersion(t, analyze)
+	bin := bins(t)
+	dir := t.TempDir()
+
+	var copies []string
+	for _, u := range systemdUnits {
+		src, err := os.ReadFile(filepath.Join("systemd", u.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		installed := "ExecStart=/usr/local/bin/" + u.binary + " "
+		if n := bytes.Count(src, []byte(installed)); n != 1 {
+			t.Fatalf("%s: %d lines start with %q, want 1", u.file, n, installed)
+		}
+		built := "ExecStart=" + filepath.Join(bin, u.binary) + " "
+		cp := filepath.Join(dir, u.file)
+		if err := os.WriteFile(cp, bytes.Replace(src, []byte(installed), []byte(built), 1), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		copies = append(copies, cp)
+
+		t.Run(u.binary+"/flags", func(t *testing.T) { checkUnitFlags(t, u, string(src), bin) })
+		t.Run(u.binary+"/security", func(t *testing.T) { checkUnitSecurity(t, analyze, version, u, cp) })
+	}
+
+	t.Run("verify", func(t *testing.T) {
+		out, err := verifyUnits(analyze, version, copies...)
+		if err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+		for _, u := range systemdUnits {
+			if m := mentions(out, u.file); m != "" {
+				t.Errorf("systemd-analyze verify complains about %s:\n%s", u.file, m)
+			}
+		}
+		if !t.Failed() && out != "" {
+			t.Logf("systemd-analyze verify, about other units:\n%s", out)
+		}
+	})
+
+	// verify must be able to fail here: on a container without systemd as
+	// PID 1 it might load nothing and report nothing.
+	t.Run("verify-catches-errors", func(t *testing.T) {
+		bad := filepath.Join(t.TempDir(), "fleetlearn-broken.service")
+		unit := "[Service]\nExecStart=" + filepath.Join(bin, "no-such-binary") + "\nProtectSystem=sometimes\n"
+		if err := os.WriteFile(bad, []byte(unit), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := verifyUnits(analyze, version, bad)
+		got := mentions(out, "fleetlearn-broken.service")
+		if err == nil || !strings.Contains(got, "no-such-binary") || !strings.Contains(got, "sometimes") {
+			t.Errorf("systemd-analyze verify of a broken unit: err %v, want an error naming the missing binary and the bad ProtectSystem= value:\n%s", err, out)
+		}
+	})
+}
+
+// verifyUnits runs systemd-analyze verify on the unit files. --man=no: the
+// Documentation= URL is not a man page to look up; --recursive-errors=no
+// (systemd 250 and later): only the named units' own errors fail it, not
+// those of network-online.target and the like on the host.
+func verifyUnits(analyze string, version int, files ...string) (string, error) {
+	args := []string{"verify", "--man=no"}
+	if version >= 250 {
+		args = append(args, "--recursive-errors=no")
+	}
+	cmd := exec.Command(analyze, append(args, files...)...)
+	cmd.Env = append(os.Environ(), "SYSTEMD_LOG_COLOR=0", "SYSTEMD_PAGER=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		err = fmt.Errorf("systemd-analyze verify: %w", err)
+	}
+	return string(out), err
+}
+
+// mentions returns the lines of out that name the unit: systemd-analyze
+// starts each with the unit's name or file.
+func mentions(out, unit string) string {
+	var b strings.Builder
+	for line := range strings.Lines(out) {
+		if strings.Contains(line, unit) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// checkUnitFlags runs the unit's binary with ExecStart's flags, and with
+// each example of the environment file in its comments, followed by --help:
+// pflag parses in order, so an unknown flag or a bad value makes it fail
+// before it gets to --help.
+func checkUnitFlags(t *testing.T, u systemdUnit, unit, bin string) {
+	argv, err := execStart(unit)
+	if err != nil {
+		t.Fatalf("%s: %v", u.file, err)
+	}
+	if want := "/usr/local/bin/" + u.binary; argv[0] != want {
+		t.Fatalf("%s: ExecStart runs %s, want %s", u.file, argv[0], want)
+	}
+	examples := [][]string{nil} // the environment file absent
+	re := regexp.MustCompile(`(?m)^#\s+` + u.argsVar + `="([^"]*)"$`)
+	for _, m := range re.FindAllStringSubmatch(unit, -1) {
+		examples = append(examples, strings.Fields(m[1]))
+	}
+	if len(examples) < 2 {
+		t.Errorf("%s: no example %s=\"…\" line in the comments", u.file, u.argsVar)
+	}
+	for _, extra := range examples {
+		args, err := expandExecStart(argv[1:], u.argsVar, extra)
+		if err != nil {
+			t.Fatalf("%s: %v", u.file, err)
+		}
+		cmd := exec.Command(filepath.Join(bin, u.binary), append(args, "--help")...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s %s --help: %v\n%s", u.binary, strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// execStart returns the words of the unit's ExecStart=, its continued lines
+// joined. Quotes and specifiers other than %S are beyond this parser and
+// fail.
+func execStart(unit string) ([]string, error) {
+	var cmdline string
+	found := 0
+	lines := strings.Split(unit, "\n")
+	for i := 0; i < len(lines); i++ {
+		v, ok := strings.CutPrefix(lines[i], "ExecStart=")
+		if !ok {
+			continue
+		}
+		for strings.HasSuffix(v, `\`) && i+1 < len(lines) {
+			i++
+			v = strings.TrimSuffix(v, `\`) + " " + lines[i]
+		}
+		cmdline = v
+		found++
+	}
+	if found != 1 {
+		return nil, fmt.Errorf("%d ExecStart= lines, want 1", found)
+	}
+	if strings.ContainsAny(cmdline, `"'`) {
+		return nil, errors.New("ExecStart= has quotes: extend execStart to split it as systemd does")
+	}
+	argv := strings.Fields(cmdline)
+	if len(argv) == 0 || !strings.HasPrefix(argv[0], "/") {
+		return nil, fmt.Errorf("ExecStart=%s: want an absolute path without prefixes", cmdline)
+	}
+	return argv, nil
+}
+
+// expandExecStart expands ExecStart's words as systemd would: %S is
+// /var/lib for a system unit, and the word $argsVar becomes the words of
+// extra.
+func expandExecStart(words []string, argsVar string, extra []string) ([]string, error) {
+	var args []string
+	for _, w := range words {
+		if w == "$"+argsVar {
+			args = append(args, extra...)
+			continue
+		}
+		w = strings.ReplaceAll(w, "%S", "/var/lib")
+		if strings.ContainsAny(w, "%$") {
+			return nil, fmt.Errorf("ExecStart word %q: a specifier or variable the test does not expand", w)
+		}
+		args = append(args, w)
+	}
+	return args, nil
+}
+
+// securityCheck is one entry of systemd-analyze security --json.
+type securityCheck struct {
+	Set         bool    `json:"set"`
+	Name        string  `json:"name"`
+	JSONField   string  `json:"json_field"`
+	Description string  `json:"description"`
+	Exposure    *string `json:"exposure"`
+}
+
+// checkUnitSecurity rates the unit file with systemd-analyze security
+// --offline (systemd 252 and later): the overall exposure must not exceed
+// u.maxExposure, and only the accepted checks may fail.
+func checkUnitSecurity(t *testing.T, analyze string, version int, u systemdUnit, file string) {
+	if version < 252 {
+		t.Skipf("systemd-analyze %d cannot rate a unit file (security --offline needs systemd 252)", version)
+	}
+	out, err := exec.Command(analyze, "security", "--offline=yes", "--no-pager", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-analyze security %s: %v\n%s", u.file, err, out)
+	}
+	m := regexp.MustCompile(`Overall exposure level for ` + regexp.QuoteMeta(u.file) + `: (\d+(?:\.\d+)?)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze security %s printed no overall exposure level:\n%s", u.file, out)
+	}
+	score, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if score > u.maxExposure {
+		t.Errorf("%s: exposure %.1f, want at most %.1f: hardening was lost\n%s", u.file, score, u.maxExposure, out)
+	}
+
+	js, err := exec.Command(analyze, "security", "--offline=yes", "--no-pager", "--json=short", file).Output()
+	if err != nil {
+		t.Fatalf("systemd-analyze security --json %s: %v", u.file, err)
+	}
+	var checks []securityCheck
+	if err := json.Unmarshal(js, &checks); err != nil {
+		t.Fatalf("systemd-analyze security --json %s: %v", u.file, err)
+	}
+	if len(checks) == 0 {
+		t.Fatalf("systemd-analyze security --json %s: no checks", u.file)
+	}
+	for _, c := range checks {
+		if c.Set || c.Exposure == nil {
+			continue
+		}
+		if _, ok := acceptedExposures[c.JSONField]; !ok {
+			t.Errorf("%s fails %s (%s, exposure %s): restore the directive, or accept it in acceptedExposures with the reason",
+				u.file, c.Name, c.Description, *c.Exposure)
+		}
+	}
+	if t.Failed() {
+		t.Logf("systemd-analyze security %s:\n%s", u.file, out)
+	}
+}
