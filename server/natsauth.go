@@ -235,6 +235,13 @@ var natsAuthFiles = []string{identity.OperatorSeedFile, identity.AccountSeedFile
 // account seeds must be there, the user seeds may be created later.
 func importNATSAuth(from, dir string) error {
 	const op = "server: --nats-auth-from"
+	// Every key is read and compared before any is written: a refused
+	// import leaves dir as it was, not half another authority's.
+	type copyKey struct {
+		dst string
+		b   []byte
+	}
+	var missing []copyKey
 	for i, name := range natsAuthFiles {
 		src := filepath.Join(from, name)
 		b, err := smallfile.Read(src, 64<<10)
@@ -248,17 +255,23 @@ func importNATSAuth(from, dir string) error {
 		have, err := smallfile.Read(dst, 64<<10)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				return fmt.Errorf("%s: %w", op, err)
-			}
-			if err := atomicfile.WriteNew(dst, b, 0o600); err != nil {
-				return fmt.Errorf("%s: %w", op, err)
-			}
+			missing = append(missing, copyKey{dst, b})
 		case err != nil:
 			return fmt.Errorf("%s: %w", op, err)
 		case !bytes.Equal(bytes.TrimSpace(have), bytes.TrimSpace(b)):
 			return fmt.Errorf("%s: %s differs from %s: the data directory already belongs to another NATS authority; "+
 				"remove %s to take the one in %s", op, dst, src, dir, from)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	for _, k := range missing {
+		if err := atomicfile.WriteNew(k.dst, k.b, 0o600); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
 		}
 	}
 	return nil

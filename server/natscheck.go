@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -37,12 +38,12 @@ const natsProbeTimeout = 10 * time.Second
 func (s *Server) checkExternalNATS(ctx context.Context, urls string, service nats.Option) error {
 	b := backoff.New(time.Second, 30*time.Second, nil)
 	for {
-		judged, err := s.probeNATS(urls, service)
+		judged, last, err := s.probeNATS(urls, service)
 		if err != nil || judged > 0 {
 			return err
 		}
 		wait := b.Next()
-		s.o.log.Warn("waiting for the external NATS cluster", "url", urls, "attempt", b.Attempts(), "retry_in", wait)
+		s.o.log.Warn("waiting for the external NATS cluster", "url", urls, "attempt", b.Attempts(), "retry_in", wait, "err", last)
 		t := s.o.clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -54,21 +55,27 @@ func (s *Server) checkExternalNATS(ctx context.Context, urls string, service nat
 }
 
 // probeNATS dials each of urls twice, anonymously and as the service user,
-// and returns how many answered.
-func (s *Server) probeNATS(urls string, service nats.Option) (judged int, err error) {
+// and returns how many answered and, when none did, the last reason.
+func (s *Server) probeNATS(urls string, service nats.Option) (judged int, last, err error) {
 	authDir := filepath.Join(s.cfg.DataDir, NATSAuthDir)
 	for raw := range strings.SplitSeq(urls, ",") {
 		u := strings.TrimSpace(raw)
-		nc, err := nats.Connect(u, nats.Name("fleetlearn-server-probe"), nats.NoReconnect(), nats.Timeout(natsProbeTimeout))
+		// Credentials in the URL would make the anonymous dial not anonymous.
+		anon := u
+		if p, err := url.Parse(u); err == nil && p.User != nil {
+			p.User = nil
+			anon = p.String()
+		}
+		nc, err := nats.Connect(anon, nats.Name("fleetlearn-server-probe"), nats.NoReconnect(), nats.Timeout(natsProbeTimeout))
 		switch {
 		case err == nil:
 			nc.Close()
-			return 0, fmt.Errorf("server: NATS at %s: %w: it does not enforce this aggregator's operator, so device "+
+			return 0, nil, fmt.Errorf("server: NATS at %s: %w: it does not enforce this aggregator's operator, so device "+
 				"permissions and revocation would mean nothing. Include the fragment that "+
 				"'fleetlearn-server --data-dir %s --write-nats-config FILE' writes in every NATS server's configuration "+
 				"(deploy/README.md), or pass --insecure-nats to run without authorization", u, ErrNATSOpen, s.cfg.DataDir)
 		case !isAuthError(err):
-			s.o.log.Debug("NATS server not reachable yet", "url", u, "err", err)
+			last = fmt.Errorf("%s: %w", anon, err)
 			continue
 		}
 		nc, err = nats.Connect(u, nats.Name("fleetlearn-server-probe"), nats.NoReconnect(), nats.Timeout(natsProbeTimeout), service)
@@ -77,14 +84,14 @@ func (s *Server) probeNATS(urls string, service nats.Option) (judged int, err er
 			nc.Close()
 			judged++
 		case isAuthError(err):
-			return 0, fmt.Errorf("server: NATS at %s: %w (%v): its configuration does not trust the operator in %s. "+
+			return 0, nil, fmt.Errorf("server: NATS at %s: %w (%v): its configuration does not trust the operator in %s. "+
 				"Include the fragment that 'fleetlearn-server --data-dir %s --write-nats-config FILE' writes in every NATS "+
 				"server's configuration and reload it", u, ErrNATSUntrusted, err, authDir, s.cfg.DataDir)
 		default:
-			s.o.log.Debug("NATS server not reachable yet", "url", u, "err", err)
+			last = fmt.Errorf("%s: %w", u, err)
 		}
 	}
-	return judged, nil
+	return judged, last, nil
 }
 
 func isAuthError(err error) bool {
