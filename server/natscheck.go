@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
+	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
 )
 
 // ErrNATSOpen is returned by Start when an external NATS server admits a
@@ -42,14 +43,8 @@ func (s *Server) checkExternalNATS(ctx context.Context, urls string, service nat
 		if err != nil || judged > 0 {
 			return err
 		}
-		wait := b.Next()
-		s.o.log.Warn("waiting for the external NATS cluster", "url", urls, "attempt", b.Attempts(), "retry_in", wait, "err", last)
-		t := s.o.clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if err := s.sleep(ctx, b, "waiting for the external NATS cluster", "url", urls, "err", last); err != nil {
 			return fmt.Errorf("server: waiting for NATS at %s: %w", urls, ctx.Err())
-		case <-t.C():
 		}
 	}
 }
@@ -124,23 +119,47 @@ func (s *Server) clusterReplicas(ctx context.Context) (int, error) {
 		}
 		return 1, nil
 	}
+	// A cluster whose nodes start together (a StatefulSet) elects its
+	// meta leader seconds after they listen; until then its size is not
+	// settled, so wait for the leader.
+	b := backoff.New(500*time.Millisecond, 10*time.Second, nil)
+	for {
+		size, leader, err := s.metaCluster(ctx, sys)
+		switch {
+		case err != nil:
+			return 0, err
+		case size == 0:
+			return 1, nil // not clustered
+		case leader:
+			return min(MaxReplicas, size), nil
+		}
+		if err := s.sleep(ctx, b, "waiting for the JetStream cluster to elect a leader", "cluster_size", size); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// metaCluster reads the connected server's JSZ: the JetStream meta group's
+// size (0 when the server is not clustered) and whether it has a leader.
+func (s *Server) metaCluster(ctx context.Context, sys *nats.Conn) (size int, leader bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	id := s.nc.ConnectedServerId()
 	if id == "" {
 		if err := s.nc.FlushWithContext(ctx); err != nil {
-			return 0, fmt.Errorf("server: NATS: %w", err)
+			return 0, false, fmt.Errorf("server: NATS: %w", err)
 		}
 		id = s.nc.ConnectedServerId()
 	}
 	msg, err := sys.RequestWithContext(ctx, "$SYS.REQ.SERVER."+id+".JSZ", nil)
 	if err != nil {
-		return 0, fmt.Errorf("server: NATS cluster size (JSZ of %s): %w", id, err)
+		return 0, false, fmt.Errorf("server: NATS cluster size (JSZ of %s): %w", id, err)
 	}
 	var resp struct {
 		Data struct {
 			Meta *struct {
-				Size int `json:"cluster_size"`
+				Size   int    `json:"cluster_size"`
+				Leader string `json:"leader"`
 			} `json:"meta_cluster"`
 		} `json:"data"`
 		Error *struct {
@@ -148,15 +167,61 @@ func (s *Server) clusterReplicas(ctx context.Context) (int, error) {
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("server: NATS cluster size: %w", err)
+		return 0, false, fmt.Errorf("server: NATS cluster size: %w", err)
 	}
 	if resp.Error != nil {
-		return 0, fmt.Errorf("server: NATS cluster size: %s", resp.Error.Description)
+		return 0, false, fmt.Errorf("server: NATS cluster size: %s", resp.Error.Description)
 	}
-	if resp.Data.Meta == nil || resp.Data.Meta.Size < 1 {
-		return 1, nil
+	if resp.Data.Meta == nil {
+		return 0, false, nil
 	}
-	return min(MaxReplicas, resp.Data.Meta.Size), nil
+	return max(resp.Data.Meta.Size, 1), resp.Data.Meta.Leader != "", nil
+}
+
+// sleep waits out b's next step on the injected clock, warning why.
+func (s *Server) sleep(ctx context.Context, b *backoff.Backoff, why string, attrs ...any) error {
+	wait := b.Next()
+	s.o.log.Warn(why, append(attrs, "attempt", b.Attempts(), "retry_in", wait)...)
+	t := s.o.clock.NewTimer(wait)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return fmt.Errorf("server: %s: %w", why, ctx.Err())
+	case <-t.C():
+		return nil
+	}
+}
+
+// JetStream API error codes (nats-server's errors.json) after which the
+// same request succeeds once a forming cluster settles.
+const (
+	jsNoSuitablePeers = 10005 // JSClusterNoPeersErrF: peers not known yet
+	jsUnavailable     = 10008 // JSClusterNotAvailErr: no meta leader yet
+)
+
+// setupJetStream creates or updates the reports stream and the blob bucket,
+// waiting with back-off while a cluster is still forming: its first
+// requests fail with "no suitable peers" or time out though it is healthy
+// a moment later. Other refusals end the start at once.
+func (s *Server) setupJetStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, jetstream.ObjectStore, error) {
+	b := backoff.New(500*time.Millisecond, 10*time.Second, nil)
+	for {
+		stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas)
+		if err == nil {
+			return stream, obs, nil
+		}
+		var apiErr *jetstream.APIError
+		transient := errors.As(err, &apiErr) && (apiErr.ErrorCode == jsNoSuitablePeers || apiErr.ErrorCode == jsUnavailable) ||
+			ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+				errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled))
+		if !transient || s.embedded != nil {
+			return nil, nil, fmt.Errorf("%w (JetStream replicas: %d; set --replicas to at most the number of JetStream servers)", err, replicas)
+		}
+		if err := s.sleep(ctx, b, "waiting for the JetStream cluster to place the reports stream and blob bucket",
+			"replicas", replicas, "err", err); err != nil {
+			return nil, nil, err
+		}
+	}
 }
 
 // checkReplicas reads back what the cluster made of the reports stream: a

@@ -336,9 +336,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas)
+	stream, obs, err := s.setupJetStream(ctx, js, replicas)
 	if err != nil {
-		return fmt.Errorf("%w (JetStream replicas: %d; set --replicas to at most the number of JetStream servers)", err, replicas)
+		return err
 	}
 	if err := s.checkReplicas(ctx, stream, replicas); err != nil {
 		return err

@@ -181,7 +181,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 			return err
 		},
 	})
-	root.AddCommand(newHealthCommand())
+	root.AddCommand(newHealthCommand(), newCACommand())
 	// Known before Execute, so that cliflags.SingleDash rewrites -help and
 	// -version too.
 	root.InitDefaultHelpFlag()

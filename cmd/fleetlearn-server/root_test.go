@@ -239,3 +239,22 @@ func TestWriteNATSConfigStdout(t *testing.T) {
 		t.Fatalf("the authority was not created: %v", err)
 	}
 }
+
+// ca prints the CA the server wrote, and says when there is none yet.
+func TestCA(t *testing.T) {
+	dir := t.TempDir()
+	r := execute(t, "ca", "--data-dir", dir)
+	if r.err == nil || !strings.Contains(r.err.Error(), "first start") {
+		t.Fatalf("no CA yet: %v", r.err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tls"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pem := "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+	if err := os.WriteFile(filepath.Join(dir, "tls", "ca.crt"), []byte(pem), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := execute(t, "ca", "--data-dir", dir); r.err != nil || r.out != pem {
+		t.Fatalf("ca: %v, %q", r.err, r.out)
+	}
+}

@@ -1,0 +1,1956 @@
+package deploy_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/mod/modfile"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+)
+
+// The overlays under kubernetes/, each rendered as kubectl apply -k would.
+var overlays = []string{"base", "external-nats"}
+
+const (
+	namespace     = "fleetlearn"
+	clusterDomain = "cluster.local"
+	// natsResolverDir is the --nats-resolver-dir of the documented one-time
+	// step: where each NATS node keeps the account JWTs it is sent.
+	natsResolverDir = "/data/jwt"
+)
+
+// documentedSecrets are the Secrets the overlays use but do not render
+// (they hold the NATS operator's keys), with the keys the one-time step in
+// deploy/README.md gives them: `create secret generic NAME --from-file=…`.
+var documentedSecrets = map[string][]string{
+	// --from-file=fleetlearn-auth.conf: what --write-nats-config wrote.
+	"nats-fleetlearn-auth": {"fleetlearn-auth.conf"},
+	// --from-file=fleetlearn-nats-auth/nats-auth/: one key per file there.
+	"fleetlearn-nats-auth": {"account.nk", "operator.nk", "service-user.nk", "system-user.nk", "system.nk"},
+}
+
+// imageDockerfiles are the Dockerfiles of the images the manifests run, by
+// image name: a container without a command runs the image's ENTRYPOINT.
+var imageDockerfiles = map[string]string{
+	"fleetlearn-server": "docker/Dockerfile.server",
+	"fleetlearn-edge":   "docker/Dockerfile.edge",
+}
+
+// fleetlearnBinaries are the programs bins builds.
+var fleetlearnBinaries = []string{"fleetlearn", "fleetlearn-server", "fleetlearn-edge"}
+
+// manifests are one overlay's rendered resources, decoded into the
+// Kubernetes API types.
+type manifests struct {
+	overlay    string
+	namespaces []*corev1.Namespace
+	configMaps map[string]*corev1.ConfigMap
+	services   []*corev1.Service
+	sets       []*appsv1.StatefulSet
+	pdbs       []*policyv1.PodDisruptionBudget
+}
+
+// strictDecoder decodes the kinds the overlays may render and refuses
+// unknown and duplicate fields, as the API server's strict field
+// validation does.
+var strictDecoder = func() k8sruntime.Decoder {
+	s := k8sruntime.NewScheme()
+	for _, add := range []func(*k8sruntime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
+}()
+
+func renderOverlay(t *testing.T, overlay string) *manifests {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	rm, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join("kubernetes", overlay))
+	if err != nil {
+		t.Fatalf("kustomize %s: %v", overlay, err)
+	}
+	m := &manifests{overlay: overlay, configMaps: map[string]*corev1.ConfigMap{}}
+	for _, r := range rm.Resources() {
+		id := r.CurId().String()
+		js, err := r.MarshalJSON()
+		if err != nil {
+			t.Fatalf("%s: %s: %v", overlay, id, err)
+		}
+		obj, _, err := strictDecoder.Decode(js, nil, nil)
+		if err != nil {
+			t.Errorf("%s: %s: %v", overlay, id, err)
+			continue
+		}
+		switch o := obj.(type) {
+		case *corev1.Namespace:
+			m.namespaces = append(m.namespaces, o)
+		case *corev1.ConfigMap:
+			m.configMaps[o.Name] = o
+		case *corev1.Service:
+			m.services = append(m.services, o)
+		case *appsv1.StatefulSet:
+			m.sets = append(m.sets, o)
+		case *policyv1.PodDisruptionBudget:
+			m.pdbs = append(m.pdbs, o)
+		case *corev1.Secret:
+			t.Errorf("%s: renders Secret %s: the Secrets hold keys and are created by the documented one-time step", overlay, o.Name)
+		default:
+			t.Errorf("%s: %s: no check here knows this kind", overlay, id)
+		}
+	}
+	if len(m.sets) == 0 {
+		t.Fatalf("%s: renders no workload", overlay)
+	}
+	return m
+}
+
+// TestKubernetesStrictDecoder makes sure the decoder the manifests pass
+// would refuse a misspelt field.
+func TestKubernetesStrictDecoder(t *testing.T) {
+	bad := `{"apiVersion":"v1","kind":"Service","metadata":{"name":"x"},"spec":{"ports":[{"port":1,"targetport":"a"}]}}`
+	if _, _, err := strictDecoder.Decode([]byte(bad), nil, nil); err == nil || !k8sruntime.IsStrictDecodingError(err) {
+		t.Fatalf("decoding a Service with the unknown field targetport: %v, want a strict decoding error", err)
+	}
+}
+
+// TestKubernetesManifests renders every overlay and checks that what
+// refers to something finds it: probes and Services reach ports that
+// speak what they expect, mounts and key references find their volumes,
+// ConfigMaps and documented Secrets, and the fleetlearn-server flags agree
+// with the volumes, Services and DNS names of the overlay.
+func TestKubernetesManifests(t *testing.T) {
+	secretsUsed := map[string]bool{}
+	for _, overlay := range overlays {
+		t.Run(overlay, func(t *testing.T) {
+			m := renderOverlay(t, overlay)
+			checkNamespace(t, m)
+			ls := map[*corev1.Container][]portListener{}
+			for _, sts := range m.sets {
+				checkWorkload(t, m, sts, secretsUsed)
+				for i := range sts.Spec.Template.Spec.Containers {
+					c := &sts.Spec.Template.Spec.Containers[i]
+					if prog := containerProgramOf(t, m, sts, c); isFleetlearn(prog.argv[0]) {
+						ls[c] = checkFleetlearnContainer(t, m, sts, c, prog)
+					}
+				}
+			}
+			checkServices(t, m, ls)
+			checkPDBs(t, m)
+		})
+	}
+	t.Run("secrets", func(t *testing.T) {
+		for name := range documentedSecrets {
+			if !secretsUsed[name] {
+				t.Errorf("documented Secret %s is used by no overlay", name)
+			}
+		}
+	})
+	t.Run("README", func(t *testing.T) {
+		b, err := os.ReadFile("README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readme := string(b)
+		for name := range documentedSecrets {
+			if want := "create secret generic " + name; !strings.Contains(readme, want) {
+				t.Errorf("deploy/README.md does not say %q: the overlays need that Secret", want)
+			}
+		}
+		if want := "--nats-resolver-dir " + natsResolverDir; !strings.Contains(readme, want) {
+			t.Errorf("deploy/README.md does not say %q: the NATS nodes keep their resolver there", want)
+		}
+	})
+}
+
+func checkNamespace(t *testing.T, m *manifests) {
+	t.Helper()
+	if len(m.namespaces) != 1 || m.namespaces[0].Name != namespace {
+		t.Errorf("%s: want the one Namespace %s, have %d", m.overlay, namespace, len(m.namespaces))
+	} else if got := m.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
+		t.Errorf("%s: namespace %s enforces Pod Security %q, want restricted", m.overlay, namespace, got)
+	}
+	var objs []metav1.Object
+	for _, o := range m.configMaps {
+		objs = append(objs, o)
+	}
+	for _, o := range m.services {
+		objs = append(objs, o)
+	}
+	for _, o := range m.sets {
+		objs = append(objs, o)
+	}
+	for _, o := range m.pdbs {
+		objs = append(objs, o)
+	}
+	for _, o := range objs {
+		if o.GetNamespace() != namespace {
+			t.Errorf("%s: %s is in namespace %q, want %s (the DNS names in the flags and nats.conf name it)",
+				m.overlay, o.GetName(), o.GetNamespace(), namespace)
+		}
+	}
+}
+
+// checkWorkload checks a StatefulSet's selector, service, hardening,
+// volumes and references; secretsUsed collects the Secrets it uses.
+func checkWorkload(t *testing.T, m *manifests, sts *appsv1.StatefulSet, secretsUsed map[string]bool) {
+	t.Helper()
+	where := m.overlay + ": statefulset " + sts.Name
+	sel, err := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(sts.Spec.Template.Labels)) {
+		t.Errorf("%s: selector %v does not select its pod template's labels %v (%v)", where, sts.Spec.Selector, sts.Spec.Template.Labels, err)
+	}
+	if hs := m.service(sts.Spec.ServiceName); hs == nil || hs.Spec.ClusterIP != corev1.ClusterIPNone || !selects(hs, sts) {
+		t.Errorf("%s: serviceName %q is not a headless Service selecting its pods", where, sts.Spec.ServiceName)
+	}
+	pod := &sts.Spec.Template.Spec
+	if psc := pod.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot ||
+		psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("%s: the pod must run as non-root with the RuntimeDefault seccomp profile (Pod Security restricted)", where)
+	}
+	volumes := map[string]*corev1.Volume{}
+	for i := range pod.Volumes {
+		v := &pod.Volumes[i]
+		if volumes[v.Name] != nil {
+			t.Errorf("%s: volume %s twice", where, v.Name)
+		}
+		volumes[v.Name] = v
+		switch {
+		case v.ConfigMap != nil:
+			m.checkConfigMapKeys(t, where+": volume "+v.Name, v.ConfigMap.Name, itemKeys(v.ConfigMap.Items), v.ConfigMap.Optional)
+		case v.Secret != nil:
+			secretsUsed[v.Secret.SecretName] = true
+			checkSecretKeys(t, where+": volume "+v.Name, v.Secret.SecretName, itemKeys(v.Secret.Items))
+			if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
+				t.Errorf("%s: volume %s: the Secret's keys are readable by every user in the pod (defaultMode %v); 0440 with fsGroup is enough",
+					where, v.Name, v.Secret.DefaultMode)
+			}
+		case v.EmptyDir != nil:
+		default:
+			t.Errorf("%s: volume %s: no check here knows its type", where, v.Name)
+		}
+	}
+	claims := map[string]bool{}
+	for _, pvc := range sts.Spec.VolumeClaimTemplates {
+		if volumes[pvc.Name] != nil {
+			t.Errorf("%s: volume %s is both a pod volume and a claim template", where, pvc.Name)
+		}
+		claims[pvc.Name] = true
+	}
+	for i := range pod.Containers {
+		c := &pod.Containers[i]
+		cw := where + ": container " + c.Name
+		sc := c.SecurityContext
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+			t.Errorf("%s: want allowPrivilegeEscalation false, readOnlyRootFilesystem true and capabilities drop [ALL] only", cw)
+		}
+		mounts := map[string]bool{}
+		for _, vm := range c.VolumeMounts {
+			if volumes[vm.Name] == nil && !claims[vm.Name] {
+				t.Errorf("%s: volumeMount %s names no volume or claim template", cw, vm.Name)
+			}
+			if mounts[vm.MountPath] {
+				t.Errorf("%s: two volumes at %s", cw, vm.MountPath)
+			}
+			mounts[vm.MountPath] = true
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom == nil {
+				continue
+			}
+			switch r := e.ValueFrom; {
+			case r.ConfigMapKeyRef != nil:
+				m.checkConfigMapKeys(t, cw+": env "+e.Name, r.ConfigMapKeyRef.Name, []string{r.ConfigMapKeyRef.Key}, r.ConfigMapKeyRef.Optional)
+			case r.SecretKeyRef != nil:
+				secretsUsed[r.SecretKeyRef.Name] = true
+				checkSecretKeys(t, cw+": env "+e.Name, r.SecretKeyRef.Name, []string{r.SecretKeyRef.Key})
+			case r.FieldRef != nil:
+				if _, ok := fieldValue(sts, r.FieldRef.FieldPath); !ok {
+					t.Errorf("%s: env %s: no check here knows field %s", cw, e.Name, r.FieldRef.FieldPath)
+				}
+			default:
+				t.Errorf("%s: env %s: no check here knows its source", cw, e.Name)
+			}
+		}
+		for _, ef := range c.EnvFrom {
+			switch {
+			case ef.ConfigMapRef != nil:
+				m.checkConfigMapKeys(t, cw+": envFrom", ef.ConfigMapRef.Name, nil, ef.ConfigMapRef.Optional)
+			case ef.SecretRef != nil:
+				secretsUsed[ef.SecretRef.Name] = true
+				checkSecretKeys(t, cw+": envFrom", ef.SecretRef.Name, nil)
+			}
+		}
+		ports := map[string]bool{}
+		for _, p := range c.Ports {
+			if p.Name != "" && ports[p.Name] {
+				t.Errorf("%s: port name %s twice", cw, p.Name)
+			}
+			ports[p.Name] = true
+		}
+		for _, pr := range podProbes(c) {
+			if _, err := containerPortOf(c, pr.port()); pr.port() != nil && err != nil {
+				t.Errorf("%s: %s: %v", cw, pr.name, err)
+			}
+			if pr.GRPC != nil {
+				t.Errorf("%s: %s: a gRPC probe: the kubelet's speaks plaintext gRPC, and no port here does", cw, pr.name)
+			}
+			if pr.Exec != nil && (len(pr.Exec.Command) == 0 || !knownProgram(pr.Exec.Command[0])) {
+				t.Errorf("%s: %s: exec %q runs no program this image has", cw, pr.name, pr.Exec.Command)
+			}
+		}
+	}
+}
+
+func (m *manifests) service(name string) *corev1.Service {
+	for _, s := range m.services {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func (m *manifests) set(name string) *appsv1.StatefulSet {
+	for _, s := range m.sets {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// selects reports whether svc routes to sts's pods.
+func selects(svc *corev1.Service, sts *appsv1.StatefulSet) bool {
+	return len(svc.Spec.Selector) > 0 && labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(sts.Spec.Template.Labels))
+}
+
+func itemKeys(items []corev1.KeyToPath) []string {
+	var keys []string
+	for _, it := range items {
+		keys = append(keys, it.Key)
+	}
+	return keys
+}
+
+// checkConfigMapKeys checks that the overlay renders ConfigMap name with
+// every one of keys.
+func (m *manifests) checkConfigMapKeys(t *testing.T, where, name string, keys []string, optional *bool) {
+	t.Helper()
+	if optional != nil && *optional {
+		t.Errorf("%s: ConfigMap %s is optional: the server would start without what it says", where, name)
+	}
+	cm := m.configMaps[name]
+	if cm == nil {
+		t.Errorf("%s: ConfigMap %s is not rendered by the overlay", where, name)
+		return
+	}
+	for _, k := range keys {
+		if _, ok := cm.Data[k]; !ok {
+			t.Errorf("%s: ConfigMap %s has no key %s", where, name, k)
+		}
+	}
+}
+
+// checkSecretKeys checks that the documented step creates Secret name
+// with every one of keys.
+func checkSecretKeys(t *testing.T, where, name string, keys []string) {
+	t.Helper()
+	have, ok := documentedSecrets[name]
+	if !ok {
+		t.Errorf("%s: Secret %s is neither rendered nor created by the documented step", where, name)
+		return
+	}
+	for _, k := range keys {
+		if !slices.Contains(have, k) {
+			t.Errorf("%s: Secret %s as documented has no key %s (it has %v)", where, name, k, have)
+		}
+	}
+}
+
+// fieldValue is what a fieldRef reads in the first pod of sts.
+func fieldValue(sts *appsv1.StatefulSet, field string) (string, bool) {
+	switch field {
+	case "metadata.name":
+		return sts.Name + "-0", true
+	case "metadata.namespace":
+		return namespace, true
+	}
+	return "", false
+}
+
+// probe is one of a container's probes or lifecycle hooks, by its name.
+type podProbe struct {
+	name string
+	corev1.ProbeHandler
+}
+
+func (p podProbe) port() *intstr.IntOrString {
+	switch {
+	case p.HTTPGet != nil:
+		return &p.HTTPGet.Port
+	case p.TCPSocket != nil:
+		return &p.TCPSocket.Port
+	case p.GRPC != nil:
+		port := intstr.FromInt32(p.GRPC.Port)
+		return &port
+	}
+	return nil
+}
+
+func podProbes(c *corev1.Container) []podProbe {
+	var ps []podProbe
+	for _, p := range []struct {
+		name string
+		p    *corev1.Probe
+	}{{"startupProbe", c.StartupProbe}, {"readinessProbe", c.ReadinessProbe}, {"livenessProbe", c.LivenessProbe}} {
+		if p.p != nil {
+			ps = append(ps, podProbe{p.name, p.p.ProbeHandler})
+		}
+	}
+	if l := c.Lifecycle; l != nil {
+		for _, h := range []struct {
+			name string
+			h    *corev1.LifecycleHandler
+		}{{"postStart", l.PostStart}, {"preStop", l.PreStop}} {
+			if h.h != nil {
+				ps = append(ps, podProbe{h.name, corev1.ProbeHandler{Exec: h.h.Exec, HTTPGet: h.h.HTTPGet, TCPSocket: h.h.TCPSocket}})
+			}
+		}
+	}
+	return ps
+}
+
+// containerPortOf resolves a probe's or Service's port (a name or a
+// number) to a port the container declares.
+func containerPortOf(c *corev1.Container, p *intstr.IntOrString) (int32, error) {
+	if p == nil {
+		return 0, errors.New("no port")
+	}
+	for _, cp := range c.Ports {
+		if p.Type == intstr.String && cp.Name == p.StrVal || p.Type == intstr.Int && cp.ContainerPort == p.IntVal {
+			if cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP {
+				return 0, fmt.Errorf("port %s is %s, not TCP", p, cp.Protocol)
+			}
+			return cp.ContainerPort, nil
+		}
+	}
+	return 0, fmt.Errorf("port %s is not a port of container %s", p.String(), c.Name)
+}
+
+func knownProgram(argv0 string) bool {
+	return isFleetlearn(argv0) || path.Base(argv0) == "nats-server"
+}
+
+func isFleetlearn(argv0 string) bool { return slices.Contains(fleetlearnBinaries, path.Base(argv0)) }
+
+// listener is what a process serves on a port.
+type portListener struct {
+	host   string
+	port   int32
+	speaks string   // "tls" (gRPC inside), "grpc" (plaintext), "http", "nats", "nats-route"
+	paths  []string // with "http": the paths served; one ending in "*" is a prefix
+	flag   string   // what opened it
+}
+
+func (l portListener) everyInterface() bool {
+	ip := net.ParseIP(strings.Trim(l.host, "[]"))
+	return l.host == "" || ip != nil && ip.IsUnspecified()
+}
+
+func listenerAt(ls []portListener, port int32) (portListener, bool) {
+	for _, l := range ls {
+		if l.port == port {
+			return l, true
+		}
+	}
+	return portListener{}, false
+}
+
+// checkListeners checks a container's probes and declared ports against
+// what its process serves: each port is served on every interface (the
+// kubelet and Services dial the pod's address), each listener on every
+// interface is declared, and each probe asks in the language its port
+// speaks.
+func checkListeners(t *testing.T, where string, c *corev1.Container, ls []portListener) {
+	t.Helper()
+	for _, cp := range c.Ports {
+		l, ok := listenerAt(ls, cp.ContainerPort)
+		switch {
+		case !ok:
+			t.Errorf("%s: port %s (%d): nothing listens there", where, cp.Name, cp.ContainerPort)
+		case !l.everyInterface():
+			t.Errorf("%s: port %s: %s listens on %s only, which the pod's address does not reach", where, cp.Name, l.flag, l.host)
+		}
+	}
+	for _, l := range ls {
+		if _, err := containerPortOf(c, ptrTo(intstr.FromInt32(l.port))); l.everyInterface() && err != nil {
+			t.Errorf("%s: %s listens on %d, which the container does not declare", where, l.flag, l.port)
+		}
+	}
+	for _, pr := range podProbes(c) {
+		p := pr.port()
+		if p == nil {
+			continue
+		}
+		n, err := containerPortOf(c, p)
+		if err != nil {
+			continue // checkWorkload said so
+		}
+		l, ok := listenerAt(ls, n)
+		if !ok {
+			t.Errorf("%s: %s: nothing listens on %d", where, pr.name, n)
+			continue
+		}
+		switch {
+		case pr.HTTPGet != nil:
+			h := pr.HTTPGet
+			if l.speaks != "http" {
+				t.Errorf("%s: %s: httpGet on %d, which speaks %s (%s), not plain HTTP", where, pr.name, n, l.speaks, l.flag)
+			} else if h.Scheme != "" && h.Scheme != corev1.URISchemeHTTP {
+				t.Errorf("%s: %s: scheme %s on %d, which speaks plain HTTP", where, pr.name, h.Scheme, n)
+			} else if p, _, _ := strings.Cut(h.Path, "?"); !servesPath(l.paths, p) {
+				t.Errorf("%s: %s: %s serves %v, not %s", where, pr.name, l.flag, l.paths, h.Path)
+			}
+			if h.Host != "" {
+				t.Errorf("%s: %s: httpGet host %s: the kubelet would not ask this pod", where, pr.name, h.Host)
+			}
+		case pr.GRPC != nil && l.speaks != "grpc":
+			t.Errorf("%s: %s: the kubelet's gRPC probe speaks plaintext; %d speaks %s (%s)", where, pr.name, n, l.speaks, l.flag)
+		}
+	}
+}
+
+func servesPath(paths []string, p string) bool {
+	for _, s := range paths {
+		if s == p || strings.HasSuffix(s, "*") && strings.HasPrefix(p, strings.TrimSuffix(s, "*")) {
+			return true
+		}
+	}
+	return false
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// checkServices checks that every Service selects exactly one workload and
+// that each of its ports reaches a declared container port; where the
+// listeners of that container are known, one served on every interface.
+func checkServices(t *testing.T, m *manifests, listeners map[*corev1.Container][]portListener) {
+	t.Helper()
+	for _, svc := range m.services {
+		where := m.overlay + ": service " + svc.Name
+		var sts *appsv1.StatefulSet
+		for _, s := range m.sets {
+			if selects(svc, s) {
+				if sts != nil {
+					t.Errorf("%s: selects the pods of %s and %s", where, sts.Name, s.Name)
+				}
+				sts = s
+			}
+		}
+		if sts == nil {
+			t.Errorf("%s: selector %v selects no pods of the overlay", where, svc.Spec.Selector)
+			continue
+		}
+		for _, sp := range svc.Spec.Ports {
+			target := sp.TargetPort
+			if target.Type == intstr.Int && target.IntVal == 0 {
+				target = intstr.FromInt32(sp.Port)
+			}
+			c, n := targetContainer(sts, &target)
+			if c == nil {
+				t.Errorf("%s: port %s (%d): targetPort %s is no container port of %s", where, sp.Name, sp.Port, target.String(), sts.Name)
+				continue
+			}
+			if ls, ok := listeners[c]; ok {
+				if l, ok := listenerAt(ls, n); !ok || !l.everyInterface() {
+					t.Errorf("%s: port %s: container %s serves nothing on %d on every interface", where, sp.Name, c.Name, n)
+				}
+			}
+		}
+	}
+}
+
+// targetContainer is the container of sts's pods that declares port p, and
+// the port's number.
+func targetContainer(sts *appsv1.StatefulSet, p *intstr.IntOrString) (*corev1.Container, int32) {
+	for i := range sts.Spec.Template.Spec.Containers {
+		c := &sts.Spec.Template.Spec.Containers[i]
+		if n, err := containerPortOf(c, p); err == nil {
+			return c, n
+		}
+	}
+	return nil, 0
+}
+
+func checkPDBs(t *testing.T, m *manifests) {
+	t.Helper()
+	for _, pdb := range m.pdbs {
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		n := 0
+		for _, sts := range m.sets {
+			if err == nil && !sel.Empty() && sel.Matches(labels.Set(sts.Spec.Template.Labels)) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s: poddisruptionbudget %s selects the pods of %d workloads, want 1 (%v)", m.overlay, pdb.Name, n, err)
+		}
+	}
+}
+
+// program is a container's command line as the kubelet runs it: $(VAR)
+// references replaced from its environment.
+type containerProgram struct {
+	argv []string
+	env  map[string]string
+}
+
+// programOf is c's command line, with the image's ENTRYPOINT and CMD
+// where the container gives no command, as Kubernetes combines them.
+func containerProgramOf(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container) containerProgram {
+	t.Helper()
+	where := m.overlay + ": " + sts.Name + "/" + c.Name
+	argv := slices.Concat(c.Command, c.Args)
+	if len(c.Command) == 0 {
+		name, _, _ := strings.Cut(path.Base(c.Image), ":")
+		df, ok := imageDockerfiles[name]
+		if !ok {
+			t.Fatalf("%s: image %s: give the command; the image's entrypoint is unknown here", where, c.Image)
+		}
+		img := parseDockerfile(t, df)
+		argv = img.entrypoint
+		if len(c.Args) == 0 {
+			argv = slices.Concat(argv, img.cmd)
+		} else {
+			argv = slices.Concat(argv, c.Args)
+		}
+	}
+	if len(argv) == 0 {
+		t.Fatalf("%s: runs nothing", where)
+	}
+	env := containerEnv(t, m, sts, c)
+	for i, a := range argv {
+		s, missing := expandVars(a, env)
+		if len(missing) > 0 {
+			t.Errorf("%s: argument %q: $(%s) is not in the container's environment, so the process gets it literally",
+				where, a, strings.Join(missing, "), $("))
+		}
+		argv[i] = s
+	}
+	return containerProgram{argv: argv, env: env}
+}
+
+// containerEnv is c's environment in sts's first pod, with ConfigMap values
+// from the overlay; values from Secrets are left out.
+func containerEnv(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container) map[string]string {
+	t.Helper()
+	return podEnv(t, m, sts, c, sts.Name+"-0")
+}
+
+// podEnv is c's environment in sts's pod named pod.
+func podEnv(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, pod string) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch r := e.ValueFrom; {
+		case r == nil:
+			// A value may refer to the variables before it.
+			env[e.Name], _ = expandVars(e.Value, env)
+		case r.ConfigMapKeyRef != nil:
+			if cm := m.configMaps[r.ConfigMapKeyRef.Name]; cm != nil {
+				if v, ok := cm.Data[r.ConfigMapKeyRef.Key]; ok {
+					env[e.Name] = v
+				}
+			}
+		case r.FieldRef != nil:
+			if v, ok := fieldValue(sts, r.FieldRef.FieldPath); ok {
+				env[e.Name] = v
+			}
+			if r.FieldRef.FieldPath == "metadata.name" {
+				env[e.Name] = pod
+			}
+		}
+	}
+	return env
+}
+
+// expand replaces $(NAME) in s as the kubelet does: from env, "$$" for a
+// literal "$", and an unknown name left as it is (and returned).
+func expandVars(s string, env map[string]string) (string, []string) {
+	var b strings.Builder
+	var missing []string
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '(':
+			end := strings.IndexByte(s[i:], ')')
+			if end < 0 {
+				b.WriteString(s[i:])
+				return b.String(), missing
+			}
+			name := s[i+2 : i+end]
+			if v, ok := env[name]; ok {
+				b.WriteString(v)
+			} else {
+				b.WriteString(s[i : i+end+1])
+				missing = append(missing, name)
+			}
+			i += end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String(), missing
+}
+
+// flagValues are the values of a command line's flags, the last one of
+// each winning as in pflag; a flag without "=" is a boolean. The manifests
+// write every flag as --name=value, so that this reads them without
+// knowing the flag set; the binary itself checks the names (TestKubernetesArgs).
+type flagArgs map[string]string
+
+func parseFlagArgs(args []string) (flagArgs, error) {
+	f := flagArgs{}
+	for _, a := range args {
+		name, ok := strings.CutPrefix(a, "--")
+		if !ok {
+			return nil, fmt.Errorf("argument %q: want --name=value", a)
+		}
+		name, v, ok := strings.Cut(name, "=")
+		if !ok {
+			v = "true"
+		}
+		f[name] = v
+	}
+	return f, nil
+}
+
+func (f flagArgs) get(name, def string) (string, bool) {
+	if v, ok := f[name]; ok {
+		return v, true
+	}
+	return def, false
+}
+
+// serverListeners are what fleetlearn-server serves with flags f, with the
+// binary's defaults (cmd/fleetlearn-server: loopback unless --public-host).
+func serverListeners(f flagArgs) []portListener {
+	public := f["public-host"] != ""
+	var ls []portListener
+	addr, given := f.get("grpc-addr", "127.0.0.1:7070")
+	if public && !given {
+		addr = ":7070"
+	}
+	speaks := "tls"
+	if f["grpc-insecure"] == "true" {
+		speaks = "grpc"
+	}
+	ls = appendListener(ls, addr, speaks, "--grpc-addr", nil)
+	if f["nats-url"] == "" {
+		addr, given := f.get("nats-listen", "127.0.0.1:4222")
+		if public && !given {
+			addr = "0.0.0.0:4222"
+		}
+		ls = appendListener(ls, addr, "nats", "--nats-listen", nil)
+	}
+	if addr, _ := f.get("metrics-addr", "127.0.0.1:9464"); addr != "off" {
+		ls = appendListener(ls, addr, "http", "--metrics-addr", []string{"/metrics", "/healthz", "/readyz"})
+	}
+	return ls
+}
+
+// edgeListeners are what fleetlearn-edge serves with flags f.
+func edgeListeners(f flagArgs) []portListener {
+	if addr := f["health-addr"]; addr != "" && addr != "off" {
+		return appendListener(nil, addr, "http", "--health-addr", []string{"/healthz", "/readyz"})
+	}
+	return nil
+}
+
+func appendListener(ls []portListener, addr, speaks, flag string, paths []string) []portListener {
+	h, p, err := net.SplitHostPort(addr)
+	n, perr := strconv.ParseUint(p, 10, 16)
+	if err != nil || perr != nil {
+		// Still a listener, on no port a manifest can name: the checks
+		// that look for it say so.
+		return append(ls, portListener{host: addr, port: -1, speaks: speaks, flag: flag + "=" + addr})
+	}
+	return append(ls, portListener{host: h, port: int32(n), speaks: speaks, paths: paths, flag: flag + "=" + addr})
+}
+
+// checkFleetlearnContainer checks a fleetlearn-server container's flags
+// against the overlay: its data directory on the claim, the CLI's
+// environment, the NATS keys on their Secret, and URLs and certificate
+// names that reach Services of the overlay.
+func checkFleetlearnContainer(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, prog containerProgram) []portListener {
+	t.Helper()
+	where := m.overlay + ": " + sts.Name + "/" + c.Name
+	if path.Base(prog.argv[0]) != "fleetlearn-server" {
+		t.Errorf("%s: runs %s: no check here knows it in Kubernetes", where, prog.argv[0])
+		return nil
+	}
+	f, err := parseFlagArgs(prog.argv[1:])
+	if err != nil {
+		t.Errorf("%s: %v", where, err)
+		return nil
+	}
+	ls := serverListeners(f)
+	checkListeners(t, where, c, ls)
+
+	dataDir, _ := f.get("data-dir", "fleetlearn-data")
+	if vm, kind := mountHolding(sts, c, dataDir); kind != "claim" || vm.MountPath != dataDir || vm.ReadOnly {
+		t.Errorf("%s: --data-dir=%s is not a writable volume from a claim template (%s)", where, dataDir, kind)
+	}
+	for name, want := range map[string]string{
+		"FLEETLEARN_CA":         path.Join(dataDir, "tls", "ca.crt"),
+		"FLEETLEARN_TOKEN_FILE": path.Join(dataDir, "admin.token"),
+	} {
+		if got := prog.env[name]; got != want {
+			t.Errorf("%s: $%s is %q, want %q, for the fleetlearn CLI in the pod", where, name, got, want)
+		}
+	}
+	if from, ok := f["nats-auth-from"]; ok {
+		vm, kind := mountHolding(sts, c, from)
+		if kind != "secret fleetlearn-nats-auth" || vm.MountPath != from || !vm.ReadOnly {
+			t.Errorf("%s: --nats-auth-from=%s is not the read-only mount of Secret fleetlearn-nats-auth (%s)", where, from, kind)
+		}
+	}
+
+	natsURL, external := f["nats-url"]
+	if external {
+		checkURLs(t, m, where+": --nats-url", natsURL, 4222)
+	}
+	if adv, ok := f["nats-advertise"]; ok {
+		checkURLs(t, m, where+": --nats-advertise", adv, 4222)
+	}
+	if h := f["public-host"]; h == "" {
+		t.Errorf("%s: no --public-host: the API and NATS would listen on loopback only", where)
+	} else if svc, pod, err := m.resolve(h); err == nil {
+		// The default names this cluster: check the server answers there.
+		need := []int32{7070}
+		if !external && f["nats-advertise"] == "" {
+			need = append(need, 4222) // enrollment gives devices nats://HOST:4222
+		}
+		for _, p := range need {
+			if pod == "" && !servicePort(svc, p) {
+				t.Errorf("%s: --public-host=%s: service %s has no port %d", where, h, svc.Name, p)
+			}
+		}
+		if !selects(svc, sts) {
+			t.Errorf("%s: --public-host=%s reaches service %s, which does not select this pod", where, h, svc.Name)
+		}
+	}
+	var hosts []string
+	if f["tls-hosts"] != "" {
+		hosts = strings.Split(f["tls-hosts"], ",")
+	}
+	for _, h := range hosts {
+		svc, pod, err := m.resolve(h)
+		switch {
+		case err != nil:
+			t.Errorf("%s: --tls-hosts: %v", where, err)
+		case !selects(svc, sts):
+			t.Errorf("%s: --tls-hosts: %s reaches service %s, which does not select this pod", where, h, svc.Name)
+		case pod != "" && !strings.HasPrefix(pod, sts.Name+"-"):
+			t.Errorf("%s: --tls-hosts: %s is pod %s, not one of %s", where, h, pod, sts.Name)
+		}
+	}
+	// Each Service in front of the API must be in the certificate, under
+	// its full name at least.
+	for _, svc := range m.services {
+		if selects(svc, sts) && servicePort(svc, 7070) && svc.Spec.ClusterIP != corev1.ClusterIPNone {
+			full := svc.Name + "." + namespace + ".svc." + clusterDomain
+			if !slices.Contains(hosts, full) {
+				t.Errorf("%s: --tls-hosts lacks %s: clients of service %s would not verify the certificate", where, full, svc.Name)
+			}
+		}
+	}
+	return ls
+}
+
+// mountAt is the volume mount of c that holds p and what backs it:
+// "claim", "emptyDir", "configMap NAME" or "secret NAME".
+func mountHolding(sts *appsv1.StatefulSet, c *corev1.Container, p string) (corev1.VolumeMount, string) {
+	var best corev1.VolumeMount
+	for _, vm := range c.VolumeMounts {
+		if (p == vm.MountPath || strings.HasPrefix(p, strings.TrimSuffix(vm.MountPath, "/")+"/")) && len(vm.MountPath) > len(best.MountPath) {
+			best = vm
+		}
+	}
+	if best.Name == "" {
+		return best, "the root file system"
+	}
+	for _, v := range sts.Spec.Template.Spec.Volumes {
+		if v.Name != best.Name {
+			continue
+		}
+		switch {
+		case v.Secret != nil:
+			return best, "secret " + v.Secret.SecretName
+		case v.ConfigMap != nil:
+			return best, "configMap " + v.ConfigMap.Name
+		case v.EmptyDir != nil:
+			return best, "emptyDir"
+		}
+		return best, "volume " + v.Name
+	}
+	for _, pvc := range sts.Spec.VolumeClaimTemplates {
+		if pvc.Name == best.Name {
+			return best, "claim"
+		}
+	}
+	return best, "nothing"
+}
+
+func servicePort(svc *corev1.Service, port int32) bool {
+	return slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == port })
+}
+
+// resolve is the Service an in-cluster DNS name reaches, and the pod with a
+// StatefulSet pod's name under its headless Service.
+func (m *manifests) resolve(host string) (*corev1.Service, string, error) {
+	name := strings.TrimSuffix(host, ".")
+	for _, suffix := range []string{"." + namespace + ".svc." + clusterDomain, "." + namespace + ".svc", "." + namespace, ""} {
+		rest, ok := strings.CutSuffix(name, suffix)
+		if !ok || rest == "" {
+			continue
+		}
+		pod, svcName, isPod := strings.Cut(rest, ".")
+		if !isPod {
+			svcName, pod = rest, ""
+		}
+		if strings.Contains(svcName, ".") {
+			continue
+		}
+		svc := m.service(svcName)
+		if svc == nil {
+			return nil, "", fmt.Errorf("%s: no service %s in namespace %s", host, svcName, namespace)
+		}
+		if pod == "" {
+			return svc, "", nil
+		}
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+			return nil, "", fmt.Errorf("%s: service %s is not headless, so it has no pod names", host, svcName)
+		}
+		for _, sts := range m.sets {
+			i, err := strconv.Atoi(strings.TrimPrefix(pod, sts.Name+"-"))
+			if sts.Spec.ServiceName == svcName && strings.HasPrefix(pod, sts.Name+"-") && err == nil &&
+				i >= 0 && sts.Spec.Replicas != nil && i < int(*sts.Spec.Replicas) {
+				return svc, pod, nil
+			}
+		}
+		return nil, "", fmt.Errorf("%s: no pod %s under service %s", host, pod, svcName)
+	}
+	return nil, "", fmt.Errorf("%s: not a name in namespace %s of cluster domain %s", host, namespace, clusterDomain)
+}
+
+// checkURLs checks comma-separated NATS URLs that name this cluster:
+// each reaches a Service port.
+func checkURLs(t *testing.T, m *manifests, where, urls string, defPort int32) {
+	t.Helper()
+	for raw := range strings.SplitSeq(urls, ",") {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil || u.Hostname() == "" {
+			t.Errorf("%s: %q is not a URL", where, raw)
+			continue
+		}
+		port := defPort
+		if p := u.Port(); p != "" {
+			n, _ := strconv.Atoi(p)
+			port = int32(n)
+		}
+		svc, pod, err := m.resolve(u.Hostname())
+		if err != nil {
+			t.Errorf("%s: %v", where, err)
+		} else if pod == "" && !servicePort(svc, port) {
+			t.Errorf("%s: %s: service %s has no port %d", where, raw, svc.Name, port)
+		}
+	}
+}
+
+// TestKubernetesArgs runs each fleetlearn container's command line, its
+// exec probes and hooks against the built binary's own flag parser: pflag
+// parses in order, so an unknown flag or a value it cannot parse fails
+// before --help answers.
+func TestKubernetesArgs(t *testing.T) {
+	dir := bins(t)
+	for _, overlay := range overlays {
+		t.Run(overlay, func(t *testing.T) {
+			m := renderOverlay(t, overlay)
+			for _, sts := range m.sets {
+				for i := range sts.Spec.Template.Spec.Containers {
+					c := &sts.Spec.Template.Spec.Containers[i]
+					where := overlay + ": " + sts.Name + "/" + c.Name
+					if prog := containerProgramOf(t, m, sts, c); isFleetlearn(prog.argv[0]) {
+						checkCommandLine(t, dir, where, prog.argv)
+					}
+					for _, pr := range podProbes(c) {
+						if pr.Exec != nil && len(pr.Exec.Command) > 0 && isFleetlearn(pr.Exec.Command[0]) {
+							checkCommandLine(t, dir, where+": "+pr.name, pr.Exec.Command)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// checkCommandLine runs argv, with the program from dir and --help added,
+// and requires it to succeed; a subcommand named in argv must be the one
+// whose help answers (cobra prints the parent's help for an unknown one).
+func checkCommandLine(t *testing.T, dir, where string, argv []string) {
+	t.Helper()
+	name := path.Base(argv[0])
+	var sub []string
+	for _, a := range argv[1:] {
+		if strings.HasPrefix(a, "-") {
+			break
+		}
+		sub = append(sub, a)
+	}
+	cmd := exec.Command(filepath.Join(dir, name), append(slices.Clone(argv[1:]), "--help")...)
+	cmd.Env = []string{"HOME=" + t.TempDir()}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("%s: %s %s --help: %v\n%s", where, name, strings.Join(argv[1:], " "), err, out)
+		return
+	}
+	if len(sub) > 0 {
+		if want := "\n  " + name + " " + strings.Join(sub, " "); !strings.Contains(string(out), want) {
+			t.Errorf("%s: %s has no command %q: --help printed\n%s", where, name, strings.Join(sub, " "), out)
+		}
+	}
+}
+
+// TestKubernetesNATSConfig checks each NATS container's configuration with
+// nats-server's own parser, on a copy of the pod's files: the ConfigMap
+// where it is mounted, and the fragment the documented step writes (run
+// with the built fleetlearn-server) where its Secret is mounted. It then
+// checks the container's probes, ports, paths and routes against what that
+// configuration serves, and the Secrets' keys against what the step wrote.
+func TestKubernetesNATSConfig(t *testing.T) {
+	dir := bins(t)
+	tested := 0
+	for _, overlay := range overlays {
+		m := renderOverlay(t, overlay)
+		opts := map[*corev1.Container][]portListener{}
+		for _, sts := range m.sets {
+			for i := range sts.Spec.Template.Spec.Containers {
+				c := &sts.Spec.Template.Spec.Containers[i]
+				if len(c.Command) == 0 || path.Base(c.Command[0]) != "nats-server" {
+					continue
+				}
+				tested++
+				t.Run(overlay+"/"+sts.Name, func(t *testing.T) {
+					opts[c] = checkNATSContainer(t, dir, m, sts, c)
+				})
+			}
+		}
+		checkServices(t, m, opts)
+		// The aggregator's NATS URLs reach a NATS client port.
+		for _, sts := range m.sets {
+			for i := range sts.Spec.Template.Spec.Containers {
+				c := &sts.Spec.Template.Spec.Containers[i]
+				prog := containerProgramOf(t, m, sts, c)
+				if path.Base(prog.argv[0]) != "fleetlearn-server" {
+					continue
+				}
+				f, err := parseFlagArgs(prog.argv[1:])
+				if err != nil {
+					continue // TestKubernetesManifests says so
+				}
+				for _, fl := range []string{"nats-url", "nats-advertise"} {
+					for raw := range strings.SplitSeq(f[fl], ",") {
+						if raw != "" {
+							checkReachesNATS(t, m, overlay+": "+sts.Name+": --"+fl, raw, opts)
+						}
+					}
+				}
+			}
+		}
+	}
+	if tested == 0 {
+		t.Fatal("no overlay runs nats-server")
+	}
+}
+
+func checkReachesNATS(t *testing.T, m *manifests, where, raw string, ls map[*corev1.Container][]portListener) {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Errorf("%s: %v", where, err)
+		return
+	}
+	svc, _, err := m.resolve(u.Hostname())
+	if err != nil {
+		t.Errorf("%s: %v", where, err)
+		return
+	}
+	for _, sp := range svc.Spec.Ports {
+		if strconv.Itoa(int(sp.Port)) != u.Port() {
+			continue
+		}
+		for _, sts := range m.sets {
+			if !selects(svc, sts) {
+				continue
+			}
+			target := sp.TargetPort
+			if target.Type == intstr.Int && target.IntVal == 0 {
+				target = intstr.FromInt32(sp.Port)
+			}
+			if c, n := targetContainer(sts, &target); c != nil {
+				if l, ok := listenerAt(ls[c], n); ok && l.speaks == "nats" {
+					return
+				}
+			}
+		}
+	}
+	t.Errorf("%s: %s reaches no NATS client port", where, raw)
+}
+
+func checkNATSContainer(t *testing.T, dir string, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container) []portListener {
+	t.Helper()
+	where := m.overlay + ": " + sts.Name + "/" + c.Name
+	root := filepath.Join(t.TempDir(), "pod") // the pod's file system: root+"/etc/nats" is its /etc/nats
+	secrets := newNATSAuthority(t, dir).secrets(t, root)
+	for name, want := range documentedSecrets {
+		have := slices.Sorted(maps.Keys(secrets[name]))
+		if !slices.Equal(have, want) {
+			t.Errorf("the documented step gives Secret %s the keys %v; the table here says %v", name, have, want)
+		}
+	}
+	mirrorPod(t, root, m, sts, c, secrets)
+	env := podEnv(t, m, sts, c, sts.Name+"-0")
+	opts, confPath, conf := natsOptions(t, where, root, sts, c, env)
+
+	// nats-server resolves an include relative to the including file, even
+	// an absolute path.
+	includes := regexp.MustCompile(`(?m)^\s*include\s+["']?([^"'\s;]+)`).FindAllSubmatch(conf, -1)
+	fragmentAt := ""
+	for _, inc := range includes {
+		p := path.Join(path.Dir(confPath), string(inc[1]))
+		if _, kind := mountHolding(sts, c, p); kind == "secret nats-fleetlearn-auth" {
+			fragmentAt = p
+		}
+	}
+	if fragmentAt == "" {
+		t.Errorf("%s: %s includes no file of Secret nats-fleetlearn-auth: the cluster would not trust the aggregator's operator", where, confPath)
+	}
+
+	if len(opts.TrustedOperators) == 0 || opts.SystemAccount == "" || opts.AccountResolver == nil {
+		t.Errorf("%s: not in operator mode (operators %d, system account %q, resolver %v): any client could connect",
+			where, len(opts.TrustedOperators), opts.SystemAccount, opts.AccountResolver)
+	}
+	if !opts.JetStream {
+		t.Errorf("%s: JetStream is off; the aggregator keeps reports and blobs there", where)
+	}
+	if opts.MaxPayload != wire.MaxMessageBytes {
+		t.Errorf("%s: max_payload %d, want the aggregator's wire.MaxMessageBytes %d", where, opts.MaxPayload, wire.MaxMessageBytes)
+	}
+	if want := env["POD_NAME"]; opts.ServerName != want || want == "" {
+		t.Errorf("%s: server_name %q, want the pod's name %q", where, opts.ServerName, want)
+	}
+	for what, p := range map[string]string{"jetstream store_dir": opts.StoreDir, "pid_file": opts.PidFile, "the resolver directory": natsResolverDir} {
+		vm, kind := mountHolding(sts, c, p)
+		if kind != "claim" && kind != "emptyDir" || vm.ReadOnly {
+			t.Errorf("%s: %s %s is not on a writable volume (%s): the root file system is read-only", where, what, p, kind)
+		}
+		if what != "pid_file" && kind != "claim" {
+			t.Errorf("%s: %s %s is not on the node's claim (%s): it would be lost with the pod", where, what, p, kind)
+		}
+	}
+	if pre := c.Lifecycle; pre == nil || pre.PreStop == nil || pre.PreStop.Exec == nil {
+		t.Errorf("%s: no preStop hook: a stopping node would drop its clients instead of handing them over", where)
+	} else if cmd := pre.PreStop.Exec.Command; !slices.Contains(cmd, "ldm="+opts.PidFile) || path.Base(cmd[0]) != "nats-server" {
+		t.Errorf("%s: preStop %q does not signal lame-duck mode to the pid file %s", where, cmd, opts.PidFile)
+	}
+
+	// The image runs the version whose parser checked this.
+	version := ""
+	if b, err := os.ReadFile("../go.mod"); err != nil {
+		t.Error(err)
+	} else if mf, err := modfile.ParseLax("go.mod", b, nil); err != nil {
+		t.Error(err)
+	} else {
+		for _, r := range mf.Require {
+			if r.Mod.Path == "github.com/nats-io/nats-server/v2" {
+				version = strings.TrimPrefix(r.Mod.Version, "v")
+			}
+		}
+	}
+	if _, tag, _ := strings.Cut(c.Image, ":"); version == "" || tag != version && !strings.HasPrefix(tag, version+"-") {
+		t.Errorf("%s: image %s, but the parser that checked it is nats-server %q", where, c.Image, version)
+	}
+
+	ls := []portListener{
+		{host: opts.Host, port: int32(opts.Port), speaks: "nats", flag: "listen"},
+		{host: opts.HTTPHost, port: int32(opts.HTTPPort), speaks: "http", flag: "http",
+			paths: []string{"/healthz*", "/varz", "/jsz", "/connz", "/routez", "/subsz", "/accountz"}},
+		{host: opts.Cluster.Host, port: int32(opts.Cluster.Port), speaks: "nats-route", flag: "cluster listen"},
+	}
+	checkListeners(t, where, c, ls)
+
+	// Every node is a route, by the name its headless Service gives it.
+	var pods []string
+	for _, r := range opts.Routes {
+		svc, pod, err := m.resolve(r.Hostname())
+		switch {
+		case err != nil:
+			t.Errorf("%s: route %s: %v", where, r, err)
+		case pod == "" || !selects(svc, sts):
+			t.Errorf("%s: route %s is not a pod of %s", where, r, sts.Name)
+		case r.Port() != strconv.Itoa(opts.Cluster.Port):
+			t.Errorf("%s: route %s: the cluster listens on %d", where, r, opts.Cluster.Port)
+		default:
+			pods = append(pods, pod)
+		}
+	}
+	if sts.Spec.Replicas == nil || len(pods) != int(*sts.Spec.Replicas) {
+		t.Errorf("%s: routes to %v, want each of the %v replicas", where, pods, sts.Spec.Replicas)
+	}
+	return ls
+}
+
+// natsAuthority is the data directory of the documented one-time step,
+// fleetlearn-server --data-dir fleetlearn-nats-auth --write-nats-config …,
+// run with the built binary.
+type natsAuthority struct{ bin, dir string }
+
+func newNATSAuthority(t *testing.T, bins string) *natsAuthority {
+	t.Helper()
+	return &natsAuthority{bin: filepath.Join(bins, "fleetlearn-server"), dir: filepath.Join(t.TempDir(), "fleetlearn-nats-auth")}
+}
+
+// secrets are the contents of the Secrets the documented step creates,
+// by Secret and key, with the fragment's resolver directory where a pod
+// whose file system is under root has /data/jwt.
+func (a *natsAuthority) secrets(t *testing.T, root string) map[string]map[string][]byte {
+	t.Helper()
+	fragment := filepath.Join(t.TempDir(), "fleetlearn-auth.conf")
+	step := exec.Command(a.bin, "--data-dir", a.dir, "--write-nats-config", fragment,
+		"--nats-resolver-dir", filepath.Join(root, natsResolverDir))
+	if out, err := step.CombinedOutput(); err != nil {
+		t.Fatalf("fleetlearn-server --write-nats-config: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(fragment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// --from-file=fleetlearn-nats-auth/nats-auth/: a key per regular file.
+	keys := map[string][]byte{}
+	entries, err := os.ReadDir(filepath.Join(a.dir, "nats-auth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if keys[e.Name()], err = os.ReadFile(filepath.Join(a.dir, "nats-auth", e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return map[string]map[string][]byte{
+		"nats-fleetlearn-auth": {filepath.Base(fragment): b},
+		"fleetlearn-nats-auth": keys,
+	}
+}
+
+// mirrorPod lays out c's volumes under root as the kubelet would in the
+// pod: ConfigMaps from the overlay, Secrets from secrets, empty
+// directories for the rest.
+func mirrorPod(t *testing.T, root string, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, secrets map[string]map[string][]byte) {
+	t.Helper()
+	for _, vm := range c.VolumeMounts {
+		dst := filepath.Join(root, vm.MountPath)
+		if err := os.MkdirAll(dst, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		_, kind := mountHolding(sts, c, vm.MountPath)
+		var files map[string][]byte
+		if name, ok := strings.CutPrefix(kind, "configMap "); ok && m.configMaps[name] != nil {
+			files = map[string][]byte{}
+			for k, v := range m.configMaps[name].Data {
+				files[k] = []byte(v)
+			}
+		} else if name, ok := strings.CutPrefix(kind, "secret "); ok {
+			if files = secrets[name]; files == nil {
+				t.Errorf("%s/%s mounts Secret %s, whose content no check here knows", sts.Name, c.Name, name)
+			}
+		}
+		for k, v := range files {
+			if err := os.WriteFile(filepath.Join(dst, k), v, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// natsOptions parses the nats-server command line of c, in the pod whose
+// volumes mirrorPod laid out under root and with env, as nats-server
+// does; it returns the options, the configuration file's path in the pod
+// and its text.
+func natsOptions(t *testing.T, where, root string, sts *appsv1.StatefulSet, c *corev1.Container, env map[string]string) (*natsserver.Options, string, []byte) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	args := slices.Concat(c.Command[1:], c.Args)
+	confPath := ""
+	for i, a := range args {
+		switch {
+		case (a == "--config" || a == "-config" || a == "-c") && i+1 < len(args):
+			confPath = args[i+1]
+			args[i+1] = filepath.Join(root, confPath)
+		case strings.HasPrefix(a, "--config="):
+			confPath = strings.TrimPrefix(a, "--config=")
+			args[i] = "--config=" + filepath.Join(root, confPath)
+		}
+	}
+	if confPath == "" {
+		t.Fatalf("%s: nats-server %q: no --config", where, args)
+	}
+	if vm, kind := mountHolding(sts, c, confPath); !strings.HasPrefix(kind, "configMap ") || !vm.ReadOnly {
+		t.Errorf("%s: --config %s is not in a read-only ConfigMap volume (%s)", where, confPath, kind)
+	}
+	conf, err := os.ReadFile(filepath.Join(root, confPath))
+	if err != nil {
+		t.Fatalf("%s: --config %s: %v", where, confPath, err)
+	}
+	fs := flag.NewFlagSet("nats-server", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	opts, err := natsserver.ConfigureOptions(fs, args, func() {}, func() {}, func() {})
+	if err != nil {
+		t.Fatalf("%s: nats-server %s: %v", where, strings.Join(args, " "), err)
+	}
+	return opts, confPath, conf
+}
+
+// dockerfile is what the final stage of a Dockerfile sets, and the lines
+// of its build stages.
+type dockerfile struct {
+	name             string
+	from             string   // the final stage's base image
+	user             string   // the final stage's USER
+	entrypoint, cmd  []string // exec form
+	healthcheck      []string // CMD, exec form
+	env              map[string]string
+	volumes, exposed []string
+	copies           [][]string // final stage's COPY lines, options left out: sources…, destination
+	build            []string   // the earlier stages' RUN and ENV lines
+	comments         string     // every comment, continuations joined
+}
+
+func parseDockerfile(t *testing.T, name string) *dockerfile {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := &dockerfile{name: name, env: map[string]string{}}
+	var lines, comments []string
+	var cur strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if c, ok := strings.CutPrefix(line, "#"); ok {
+			comments = append(comments, strings.TrimSpace(c))
+			continue
+		}
+		if line == "" && cur.Len() == 0 {
+			continue
+		}
+		if l, ok := strings.CutSuffix(line, `\`); ok {
+			cur.WriteString(l + " ")
+			continue
+		}
+		cur.WriteString(line)
+		lines = append(lines, cur.String())
+		cur.Reset()
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	d.comments = strings.ReplaceAll(strings.Join(comments, "\n"), "\\\n", " ")
+	execForm := func(instr, s string) []string {
+		var argv []string
+		if err := json.Unmarshal([]byte(s), &argv); err != nil || len(argv) == 0 {
+			t.Errorf("%s: %s %s: want the exec form, a JSON array (distroless has no shell): %v", name, instr, s, err)
+		}
+		return argv
+	}
+	for _, l := range lines {
+		instr, rest, _ := strings.Cut(l, " ")
+		rest = strings.TrimSpace(rest)
+		switch strings.ToUpper(instr) {
+		case "FROM":
+			d.build = append(d.build, d.env2lines()...)
+			f := strings.Fields(rest)
+			d.from, d.user, d.entrypoint, d.cmd, d.healthcheck = f[0], "", nil, nil, nil
+			d.env, d.volumes, d.exposed, d.copies = map[string]string{}, nil, nil, nil
+		case "RUN":
+			d.build = append(d.build, rest)
+		case "ENV":
+			f := strings.Fields(rest)
+			if len(f) > 0 && !strings.Contains(f[0], "=") {
+				d.env[f[0]] = strings.Join(f[1:], " ")
+				break
+			}
+			for _, kv := range f {
+				k, v, _ := strings.Cut(kv, "=")
+				d.env[k] = strings.Trim(v, `"`)
+			}
+		case "USER":
+			d.user = rest
+		case "VOLUME":
+			d.volumes = append(d.volumes, strings.Fields(rest)...)
+		case "EXPOSE":
+			d.exposed = append(d.exposed, strings.Fields(rest)...)
+		case "COPY":
+			var args []string
+			for _, a := range strings.Fields(rest) {
+				if !strings.HasPrefix(a, "--") {
+					args = append(args, a)
+				}
+			}
+			d.copies = append(d.copies, args)
+		case "ENTRYPOINT":
+			d.entrypoint = execForm("ENTRYPOINT", rest)
+		case "CMD":
+			d.cmd = execForm("CMD", rest)
+		case "HEALTHCHECK":
+			f := strings.Fields(rest)
+			for len(f) > 0 && strings.HasPrefix(f[0], "--") {
+				f = f[1:]
+			}
+			if len(f) == 0 || f[0] != "CMD" {
+				t.Errorf("%s: HEALTHCHECK %s: want HEALTHCHECK [options] CMD [...]", name, rest)
+				break
+			}
+			_, cmd, _ := strings.Cut(rest, " CMD ")
+			d.healthcheck = execForm("HEALTHCHECK", strings.TrimSpace(cmd))
+		}
+	}
+	return d
+}
+
+// env2lines are the ENV settings of a stage as lines of the build record.
+func (d *dockerfile) env2lines() []string {
+	var l []string
+	for k, v := range d.env {
+		l = append(l, "ENV "+k+"="+v)
+	}
+	return l
+}
+
+// imageChecks are what each image must hold and serve.
+var imageChecks = []struct {
+	dockerfile string
+	binaries   []string // built and copied to /usr/local/bin
+	dataDir    string   // the volume and the --data-dir
+}{
+	{"docker/Dockerfile.server", []string{"fleetlearn-server", "fleetlearn"}, "/var/lib/fleetlearn"},
+	{"docker/Dockerfile.edge", []string{"fleetlearn-edge"}, "/var/lib/fleetlearn-edge"},
+}
+
+// TestDockerImages checks what the images build and run: static,
+// trimmed binaries on distroless as non-root; a command line whose data
+// directory is the volume, whose listeners are exposed and whose health
+// check reaches one; and, with the built binaries, that each of their
+// command lines (and the documented enrollment into the edge volume)
+// passes the binary's own flag parser.
+func TestDockerImages(t *testing.T) {
+	dir := ""
+	if !testing.Short() {
+		dir = bins(t)
+	}
+	for _, ic := range imageChecks {
+		t.Run(path.Base(ic.dockerfile), func(t *testing.T) {
+			d := parseDockerfile(t, ic.dockerfile)
+			if d.from != "gcr.io/distroless/static-debian12:nonroot" || d.user != "65532:65532" {
+				t.Errorf("%s: runs on %s as %q, want gcr.io/distroless/static-debian12:nonroot as 65532:65532", d.name, d.from, d.user)
+			}
+			build := strings.Join(d.build, "\n")
+			if !strings.Contains(build, "CGO_ENABLED=0") || !strings.Contains(build, "-trimpath") {
+				t.Errorf("%s: the build stage must set CGO_ENABLED=0 and build with -trimpath:\n%s", d.name, build)
+			}
+			for _, b := range ic.binaries {
+				if !regexp.MustCompile(`go build .*\./cmd/` + regexp.QuoteMeta(b) + `(\s|$)`).MatchString(build) {
+					t.Errorf("%s: does not build ./cmd/%s", d.name, b)
+				}
+				if !slices.ContainsFunc(d.copies, func(c []string) bool {
+					return len(c) > 1 && slices.Contains(c[:len(c)-1], "/out/"+b) && c[len(c)-1] == "/usr/local/bin/"
+				}) {
+					t.Errorf("%s: does not copy %s to /usr/local/bin/", d.name, b)
+				}
+			}
+			if !slices.Equal(d.volumes, []string{ic.dataDir}) {
+				t.Errorf("%s: VOLUME %v, want %s", d.name, d.volumes, ic.dataDir)
+			}
+			argv := slices.Concat(d.entrypoint, d.cmd)
+			if len(argv) == 0 || argv[0] != "/usr/local/bin/"+ic.binaries[0] {
+				t.Fatalf("%s: runs %q, want /usr/local/bin/%s", d.name, argv, ic.binaries[0])
+			}
+			f, err := parseFlagArgs(argv[1:])
+			if err != nil {
+				t.Fatalf("%s: %v", d.name, err)
+			}
+			if got := f["data-dir"]; got != ic.dataDir {
+				t.Errorf("%s: --data-dir=%s, want the volume %s", d.name, got, ic.dataDir)
+			}
+			var ls []portListener
+			switch ic.binaries[0] {
+			case "fleetlearn-server":
+				ls = serverListeners(f)
+				// docker run IMAGE --public-host=… adds to the command
+				// line instead of replacing its listen addresses.
+				if len(d.cmd) > 0 {
+					t.Errorf("%s: CMD %q: arguments to docker run would replace it; put fixed flags in ENTRYPOINT", d.name, d.cmd)
+				}
+				for k, want := range map[string]string{
+					"FLEETLEARN_CA":         path.Join(ic.dataDir, "tls", "ca.crt"),
+					"FLEETLEARN_TOKEN_FILE": path.Join(ic.dataDir, "admin.token"),
+				} {
+					if d.env[k] != want {
+						t.Errorf("%s: ENV %s=%q, want %q for docker exec … fleetlearn", d.name, k, d.env[k], want)
+					}
+				}
+			case "fleetlearn-edge":
+				ls = edgeListeners(f)
+				if _, ok := f["nats-url"]; ok {
+					t.Errorf("%s: --nats-url in the image: the agent must use the URL enrollment stored", d.name)
+				}
+				if len(d.entrypoint) != 1 {
+					t.Errorf("%s: ENTRYPOINT %q: flags there would come before `enroll` in docker run IMAGE enroll …", d.name, d.entrypoint)
+				}
+			}
+			var ports []string
+			for _, l := range ls {
+				if l.everyInterface() {
+					ports = append(ports, strconv.Itoa(int(l.port)))
+				}
+			}
+			exposed := slices.Clone(d.exposed)
+			slices.Sort(ports)
+			slices.Sort(exposed)
+			if !slices.Equal(ports, exposed) {
+				t.Errorf("%s: EXPOSE %v, but it listens on every interface on %v", d.name, d.exposed, ports)
+			}
+			checkHealthcheck(t, d, ls)
+
+			// The documented enrollment into the volume.
+			var enroll []string
+			if ic.binaries[0] == "fleetlearn-edge" {
+				m := regexp.MustCompile(`\bfleetlearn-edge enroll( [^\n]*)`).FindStringSubmatch(d.comments)
+				if m == nil {
+					t.Errorf("%s: no comment shows docker run … fleetlearn-edge enroll …", d.name)
+				} else {
+					enroll = append([]string{"/usr/local/bin/fleetlearn-edge", "enroll"}, strings.Fields(m[1])...)
+					ef, err := parseFlagsLoose(enroll[2:])
+					if err != nil || ef["data-dir"] != ic.dataDir {
+						t.Errorf("%s: the enrollment comment enrolls into --data-dir %q, want the volume %s (%v)", d.name, ef["data-dir"], ic.dataDir, err)
+					}
+				}
+			}
+			if dir == "" {
+				return
+			}
+			checkCommandLine(t, dir, d.name+": ENTRYPOINT and CMD", argv)
+			if ic.binaries[0] == "fleetlearn-server" {
+				checkCommandLine(t, dir, d.name+": docker run IMAGE --public-host=…", append(slices.Clone(argv), "--public-host=aggregator.example.net"))
+				checkCommandLine(t, dir, d.name+": docker exec … fleetlearn task list", []string{"/usr/local/bin/fleetlearn", "task", "list"})
+			}
+			if len(d.healthcheck) > 0 {
+				checkCommandLine(t, dir, d.name+": HEALTHCHECK", d.healthcheck)
+			}
+			if enroll != nil {
+				checkCommandLine(t, dir, d.name+": enrollment comment", enroll)
+			}
+		})
+	}
+}
+
+// parseFlagsLoose reads "--name value" and "--name=value" alike, for
+// command lines shown to operators; every flag there takes a value.
+func parseFlagsLoose(args []string) (flagArgs, error) {
+	f := flagArgs{}
+	for i := 0; i < len(args); i++ {
+		name, ok := strings.CutPrefix(args[i], "--")
+		if !ok {
+			return nil, fmt.Errorf("argument %q: want a flag", args[i])
+		}
+		if n, v, ok := strings.Cut(name, "="); ok {
+			f[n] = v
+			continue
+		}
+		if i+1 == len(args) {
+			return nil, fmt.Errorf("--%s has no value", name)
+		}
+		f[name] = args[i+1]
+		i++
+	}
+	return f, nil
+}
+
+// checkHealthcheck checks that the HEALTHCHECK runs the image's binary's
+// health command against one of its HTTP listeners, from inside the
+// container.
+func checkHealthcheck(t *testing.T, d *dockerfile, ls []portListener) {
+	t.Helper()
+	hc := d.healthcheck
+	if len(hc) < 2 || hc[0] != d.entrypoint[0] || hc[1] != "health" {
+		t.Errorf("%s: HEALTHCHECK %q, want %s health", d.name, hc, d.entrypoint[0])
+		return
+	}
+	f, err := parseFlagsLoose(hc[2:])
+	if err != nil {
+		t.Errorf("%s: HEALTHCHECK: %v", d.name, err)
+		return
+	}
+	addr, _ := f.get("addr", "127.0.0.1:9464") // the health command's default: the server's metrics listener
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: HEALTHCHECK --addr %s: %v", d.name, addr, err)
+		return
+	}
+	for _, l := range ls {
+		if strconv.Itoa(int(l.port)) == p && l.speaks == "http" && servesPath(l.paths, "/readyz") &&
+			(l.everyInterface() || l.host == h) && net.ParseIP(h) != nil && net.ParseIP(h).IsLoopback() {
+			return
+		}
+	}
+	t.Errorf("%s: HEALTHCHECK asks %s, where nothing in the container serves /readyz (listeners %+v)", d.name, addr, ls)
+}
+
+// TestDockerignore checks the build context: every file the images'
+// go build reads is in it, and keys, tokens, data directories, datasets
+// and history are not.
+func TestDockerignore(t *testing.T) {
+	b, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ign, err := parseDockerignore(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps",
+		"-f", `{{if .Module}}{{if .Module.Main}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}{{end}}`,
+		"./cmd/fleetlearn-server", "./cmd/fleetlearn", "./cmd/fleetlearn-edge")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	needed := []string{"go.mod", "go.sum"}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		rel, err := filepath.Rel(root, f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, file := range f[1:] {
+			needed = append(needed, filepath.ToSlash(filepath.Join(rel, file)))
+		}
+	}
+	if len(needed) < 10 {
+		t.Fatalf("go list found only %v", needed)
+	}
+	for _, p := range needed {
+		if ign.excludes(p) {
+			t.Errorf(".dockerignore leaves out %s, which go build reads", p)
+		}
+	}
+	for _, p := range []string{
+		".git/config", "fleetlearn-data/admin.token", "fleetlearn-data/nats-auth/operator.nk", "fleetlearn-data/tls/ca.key",
+		"fleetlearn-edge/device.nk", "fleetlearn-edge/device.creds", "fleetlearn-nats-auth/nats-auth/operator.nk",
+		"fleetlearn-nats-auth/fleetlearn.db", "edge-1/device.nk", "admin.token", "token", "deploy/x.token", "nats-auth/account.nk",
+		"tls/ca.crt", "publisher.pem", "a/b/user.creds", "datasets/mnist/train.bin", "bin/fleetlearn",
+		"fleetlearn", "fleetlearn-server", "fleetlearn-edge", "server.test", "cmd/fleetlearn/.main.go.swp", ".idea/workspace.xml",
+	} {
+		if !ign.excludes(p) {
+			t.Errorf(".dockerignore sends %s to the builder", p)
+		}
+	}
+}
+
+// dockerignore is a .dockerignore file, matched as Docker's
+// patternmatcher does: patterns relative to the context root, "**" for any
+// number of directories, the last matching pattern deciding, and a path
+// excluded when it or one of its parent directories matches.
+type dockerignore []struct {
+	re      *regexp.Regexp
+	exclude bool
+}
+
+func parseDockerignore(s string) (dockerignore, error) {
+	var d dockerignore
+	for line := range strings.Lines(s) {
+		p := strings.TrimSpace(line)
+		if p == "" || strings.HasPrefix(p, "#") {
+			continue
+		}
+		exclude := true
+		if q, ok := strings.CutPrefix(p, "!"); ok {
+			p, exclude = strings.TrimSpace(q), false
+		}
+		p = strings.TrimPrefix(filepath.ToSlash(filepath.Clean(p)), "/")
+		var re strings.Builder
+		re.WriteString("^")
+		for i := 0; i < len(p); i++ {
+			switch c := p[i]; {
+			case c == '*' && i+1 < len(p) && p[i+1] == '*':
+				i++
+				if i+1 < len(p) && p[i+1] == '/' {
+					i++
+				}
+				if i+1 == len(p) {
+					re.WriteString(".*")
+				} else {
+					re.WriteString("(.*/)?")
+				}
+			case c == '*':
+				re.WriteString("[^/]*")
+			case c == '?':
+				re.WriteString("[^/]")
+			case c == '[' || c == ']' || c == '-':
+				re.WriteByte(c)
+			case c == '\\' && i+1 < len(p):
+				i++
+				re.WriteString(regexp.QuoteMeta(p[i : i+1]))
+			default:
+				re.WriteString(regexp.QuoteMeta(string(c)))
+			}
+		}
+		re.WriteString("$")
+		r, err := regexp.Compile(re.String())
+		if err != nil {
+			return nil, fmt.Errorf(".dockerignore: %q: %w", p, err)
+		}
+		d = append(d, struct {
+			re      *regexp.Regexp
+			exclude bool
+		}{r, exclude})
+	}
+	return d, nil
+}
+
+func (d dockerignore) excludes(p string) bool {
+	var prefixes []string
+	parts := strings.Split(p, "/")
+	for i := range parts {
+		prefixes = append(prefixes, strings.Join(parts[:i+1], "/"))
+	}
+	excluded := false
+	for _, pat := range d {
+		if slices.ContainsFunc(prefixes, pat.re.MatchString) {
+			excluded = pat.exclude
+		}
+	}
+	return excluded
+}
+
+// TestKubernetesExternalNATSRuns runs the external-nats overlay as
+// rendered: its NATS nodes (in this process) with the ConfigMap's nats.conf
+// and the fragment of the documented step, and the built fleetlearn-server
+// with its container's command line and the keys Secret, until /readyz
+// answers 200 and the CLI, with the container's environment, lists tasks.
+// Only what a pod has and this machine lacks is moved: the pods' paths
+// into temporary directories, the listen ports to free ones on loopback
+// (the Services' names and the routes with them).
+func TestKubernetesExternalNATSRuns(t *testing.T) {
+	dir := bins(t)
+	m := renderOverlay(t, "external-nats")
+	natsSet, serverSet := m.set("nats"), m.set("fleetlearn-server")
+	if natsSet == nil || serverSet == nil || natsSet.Spec.Replicas == nil {
+		t.Fatal("external-nats renders no nats or fleetlearn-server StatefulSet")
+	}
+	nc, sc := &natsSet.Spec.Template.Spec.Containers[0], &serverSet.Spec.Template.Spec.Containers[0]
+	auth := newNATSAuthority(t, dir)
+
+	n := int(*natsSet.Spec.Replicas)
+	clientPorts, routes := make([]int, n), make([]*url.URL, n)
+	for i := range n {
+		clientPorts[i] = freeLoopbackPort(t)
+		routes[i] = &url.URL{Scheme: "nats", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLoopbackPort(t)))}
+	}
+	var nodes []*natsserver.Server
+	for i := range n {
+		pod := fmt.Sprintf("%s-%d", natsSet.Name, i)
+		root := filepath.Join(t.TempDir(), "pod")
+		mirrorPod(t, root, m, natsSet, nc, auth.secrets(t, root))
+		opts, _, _ := natsOptions(t, pod, root, natsSet, nc, podEnv(t, m, natsSet, nc, pod))
+		opts.Host, opts.Port = "127.0.0.1", clientPorts[i]
+		opts.HTTPPort = 0 // the probes' port; TestKubernetesNATSConfig checks it
+		opts.Cluster.Host = "127.0.0.1"
+		opts.Cluster.Port, _ = strconv.Atoi(routes[i].Port())
+		opts.Routes = routes
+		opts.StoreDir = filepath.Join(root, opts.StoreDir)
+		opts.PidFile = filepath.Join(root, opts.PidFile)
+		opts.NoSigs = true
+		s, err := natsserver.NewServer(opts)
+		if err != nil {
+			t.Fatalf("%s: %v", pod, err)
+		}
+		go s.Start()
+		t.Cleanup(s.Shutdown)
+		nodes = append(nodes, s)
+	}
+	// As the nodes' startup probes (/healthz) wait: the cluster has formed
+	// and JetStream is current on each.
+	for i, s := range nodes {
+		if !s.ReadyForConnections(kpGuard) {
+			t.Fatalf("%s-%d is not accepting connections", natsSet.Name, i)
+		}
+		h := &natsserver.HealthStatus{}
+		for start := time.Now(); time.Since(start) < kpGuard; time.Sleep(100 * time.Millisecond) {
+			if h = s.Healthz(&natsserver.HealthzOptions{}); h.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if h.StatusCode != http.StatusOK {
+			t.Fatalf("%s-%d: /healthz: %d %s %s (routes %d)", natsSet.Name, i, h.StatusCode, h.Status, h.Error, s.NumRoutes())
+		}
+	}
+
+	// The aggregator's pod.
+	root := filepath.Join(t.TempDir(), "pod")
+	mirrorPod(t, root, m, serverSet, sc, auth.secrets(t, root))
+	prog := containerProgramOf(t, m, serverSet, sc)
+	grpcAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLoopbackPort(t)))
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLoopbackPort(t)))
+	var args []string
+	for _, a := range prog.argv[1:] {
+		name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		switch name {
+		case "data-dir", "nats-auth-from":
+			v = filepath.Join(root, v)
+		case "grpc-addr":
+			v = grpcAddr
+		case "metrics-addr":
+			v = metricsAddr
+		case "nats-url":
+			var urls []string
+			for raw := range strings.SplitSeq(v, ",") {
+				u, err := url.Parse(raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if svc, _, err := m.resolve(u.Hostname()); err != nil || !selects(svc, natsSet) {
+					t.Fatalf("--nats-url %s does not reach the nats pods (%v)", raw, err)
+				}
+				for _, p := range clientPorts {
+					urls = append(urls, "nats://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+				}
+			}
+			v = strings.Join(urls, ",")
+		}
+		args = append(args, "--"+name+"="+v)
+	}
+	logFile := filepath.Join(t.TempDir(), "fleetlearn-server.log")
+	out, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	srv := exec.Command(filepath.Join(dir, "fleetlearn-server"), args...)
+	srv.Env, srv.Stdout, srv.Stderr = []string{"HOME=" + t.TempDir()}, out, out
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- srv.Wait() }()
+	t.Cleanup(func() {
+		_ = srv.Process.Signal(os.Interrupt)
+		<-exited
+	})
+	serverLog := func() string { b, _ := os.ReadFile(logFile); return kpTail(string(b), 4000) }
+
+	// /readyz: the store, NATS and the round coordinator are up.
+	ready := false
+	for start := time.Now(); !ready && time.Since(start) < kpGuard; {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("fleetlearn-server %s exited: %v\n%s", strings.Join(args, " "), err, serverLog())
+		case <-time.After(200 * time.Millisecond):
+		}
+		resp, err := http.Get("http://" + metricsAddr + "/readyz")
+		if err == nil {
+			ready = resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+		}
+	}
+	if !ready {
+		t.Fatalf("fleetlearn-server %s: /readyz did not answer 200 within %v\n%s", strings.Join(args, " "), kpGuard, serverLog())
+	}
+
+	// kubectl exec fleetlearn-server-0 -- fleetlearn task list, with the
+	// container's environment.
+	cli := exec.Command(filepath.Join(dir, "fleetlearn"), "task", "list")
+	cli.Env = []string{"HOME=" + t.TempDir(), "FLEETLEARN_SERVER=" + grpcAddr}
+	for _, k := range []string{"FLEETLEARN_CA", "FLEETLEARN_TOKEN_FILE"} {
+		cli.Env = append(cli.Env, k+"="+filepath.Join(root, prog.env[k]))
+	}
+	if b, err := cli.CombinedOutput(); err != nil {
+		t.Errorf("fleetlearn task list with the container's environment: %v\n%s", err, b)
+	}
+}
+
+// freeLoopbackPort is a TCP port free on 127.0.0.1 a moment ago.
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
