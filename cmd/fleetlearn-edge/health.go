@@ -30,28 +30,12 @@ func serveHealth(addr string, ready func(context.Context) error) (stop func(), e
 	return func() { srv.Close() }, nil
 }
 
-// newHealthCommand asks a running agent's /readyz (or /healthz), for probes
-// that can only run a program, such as Docker's HEALTHCHECK in an image
-// without a shell.
+// newHealthCommand asks a running agent's /readyz, for probes that can
+// only run a program, such as Docker's HEALTHCHECK in an image without a
+// shell.
 func newHealthCommand() *cobra.Command {
-	var addr string
-	var live bool
-	cmd := &cobra.Command{
-		Use:   "health --addr ADDR",
-		Short: "Exit 0 if the agent on this host is connected (GET /readyz on its --health-addr), 1 with the reason if not",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if addr == "" {
-				return usage("health: --addr is required: the agent's --health-addr (host:port)")
-			}
-			path := healthcheck.Readyz
-			if live {
-				path = healthcheck.Healthz
-			}
-			return healthcheck.Get(cmd.Context(), addr, path, cmd.OutOrStdout())
-		},
-	}
-	cmd.Flags().StringVar(&addr, "addr", "", "the agent's --health-addr `ADDR` (host:port)")
-	cmd.Flags().BoolVar(&live, "live", false, "ask /healthz (the process runs) instead of /readyz (it is connected to NATS)")
-	return cmd
+	return healthcheck.Command(
+		"Exit 0 if the agent on this host is connected (GET /readyz on its --health-addr), 1 with the reason if not",
+		"", "the agent's --health-addr `ADDR` (host:port)",
+		"it is connected to NATS", "the process runs")
 }

@@ -17,8 +17,8 @@ import (
 func newCACommand() *cobra.Command {
 	var dataDir string
 	cmd := &cobra.Command{
-		Use:   "ca --data-dir DIR",
-		Short: "Print the CA certificate of the server's TLS (DIR/tls/ca.crt), for the CLI's --ca and fleetlearn-edge enroll --ca",
+		Use:     "ca --data-dir DIR",
+		Short:   "Print the CA certificate of the server's TLS (DIR/tls/ca.crt), for the CLI's --ca and fleetlearn-edge enroll --ca",
 		Example: "  kubectl -n fleetlearn exec fleetlearn-server-0 -- fleetlearn-server ca --data-dir /var/lib/fleetlearn > ca.crt",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

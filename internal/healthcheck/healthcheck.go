@@ -13,6 +13,10 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 )
 
 // Timeout bounds one check: the endpoints answer from memory.
@@ -81,4 +85,31 @@ func Register(mux *http.ServeMux, ready func(context.Context) error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+}
+
+// Command is the "health" subcommand both binaries have: GET Readyz (or
+// Healthz with --live) at --addr, exit 0 on 200. defaultAddr "" makes
+// --addr required; what and ready say what the checks mean for the
+// program.
+func Command(short, defaultAddr, addrUsage, ready, live string) *cobra.Command {
+	var addr string
+	var asLive bool
+	cmd := &cobra.Command{
+		Use:   "health",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addr == "" {
+				return cliflags.Usage("health: --addr is required: %s", addrUsage)
+			}
+			path := Readyz
+			if asLive {
+				path = Healthz
+			}
+			return Get(cmd.Context(), addr, path, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", defaultAddr, addrUsage)
+	cmd.Flags().BoolVar(&asLive, "live", false, "ask "+Healthz+" ("+live+") instead of "+Readyz+" ("+ready+")")
+	return cmd
 }
