@@ -70,22 +70,24 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		r.plan.Secagg = r.secure.cfg
 	}
 
-	// Reports: replay the round's subjects from the start of the stream, so a
-	// restart sees every report it had before plus the new ones.
 	msgs := make(chan jetstream.Msg, 256)
-	cons, err := t.c.d.JS.OrderedConsumer(ctx, wire.StreamReports, jetstream.OrderedConsumerConfig{
-		FilterSubjects: wire.RoundFilters(t.id, row.Round), DeliverPolicy: jetstream.DeliverAllPolicy})
+	cons, drop, err := t.reportConsumer(ctx, row.Round)
 	if err != nil {
-		return fmt.Errorf("round %d: consumer: %w", row.Round, err)
+		return err
 	}
+	defer drop()
 	// Bound what is in flight: reports are ~400 KB each, and the default
 	// (500 messages) overruns the connection's pending limit at large cohorts.
+	// Missed heartbeats (a NATS node lost) are the client's to recover from
+	// by pulling again, from the consumer's new leader.
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case msgs <- m:
 		case <-ctx.Done():
 		}
-	}, jetstream.PullMaxBytes(8<<20))
+	}, jetstream.PullMaxBytes(8<<20), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		t.log().Debug("report consumer", "round", row.Round, "err", err)
+	}))
 	if err != nil {
 		return fmt.Errorf("round %d: consume: %w", row.Round, err)
 	}
