@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
 )
 
@@ -182,14 +183,10 @@ func (s *Server) metaCluster(ctx context.Context, sys *nats.Conn) (size int, lea
 func (s *Server) sleep(ctx context.Context, b *backoff.Backoff, why string, attrs ...any) error {
 	wait := b.Next()
 	s.o.log.Warn(why, append(attrs, "attempt", b.Attempts(), "retry_in", wait)...)
-	t := s.o.clock.NewTimer(wait)
-	select {
-	case <-ctx.Done():
-		t.Stop()
+	if !clock.Sleep(s.o.clock, wait, ctx.Done()) {
 		return fmt.Errorf("server: %s: %w", why, ctx.Err())
-	case <-t.C():
-		return nil
 	}
+	return nil
 }
 
 // JetStream API error codes (nats-server's errors.json) after which the
