@@ -13,7 +13,10 @@ const mod = "github.com/fleetlearn/fleetlearn"
 
 // pure are the libraries that must stay free of networking and of the services,
 // so that they can be embedded anywhere and reasoned about alone.
-var pure = []string{"aggregator", "privacy", "audit", "wasm", "model", "data"}
+var pure = []string{"aggregator", "privacy", "audit", "wasm", "model", "data", "pool"}
+
+// services are the three programs' cores: none imports another's code.
+var services = []string{"server", "edge", "worker"}
 
 // netImports may not be imported directly by a pure library.
 var netImports = []string{"net", "net/http", "net/rpc", "net/smtp", "crypto/tls",
@@ -89,18 +92,25 @@ func TestImportRules(t *testing.T) {
 						t.Errorf("%s depends on %s: pure libraries do no networking", p.path, dep)
 					}
 				}
-				for _, svc := range []string{"server", "edge", "cmd"} {
+				for _, svc := range append([]string{"cmd"}, services...) {
 					if under(dep, svc) {
 						t.Errorf("%s depends on %s: pure libraries import no services", p.path, dep)
 					}
 				}
 			}
 		}
-		if under(p.path, "edge") || under(p.path, "server") {
-			other := map[bool]string{true: "server", false: "edge"}[under(p.path, "edge")]
-			for _, dep := range p.deps {
-				if under(dep, other) {
-					t.Errorf("%s depends on %s: server and edge share no code by import", p.path, dep)
+		for _, svc := range services {
+			if !under(p.path, svc) {
+				continue
+			}
+			for _, other := range services {
+				if other == svc {
+					continue
+				}
+				for _, dep := range p.deps {
+					if under(dep, other) {
+						t.Errorf("%s depends on %s: server, edge and worker share no code by import", p.path, dep)
+					}
 				}
 			}
 		}
@@ -223,8 +233,8 @@ func TestLayering(t *testing.T) {
 		switch {
 		case internalName(p.path) != "", underAny(p.path, libraries):
 			seen["library"]++
-			forbidden = append([]string{"server", "edge", "cmd"}, apps...)
-		case under(p.path, "server"), under(p.path, "edge"):
+			forbidden = append(append([]string{"cmd"}, services...), apps...)
+		case underAny(p.path, services):
 			seen["service"]++
 			forbidden = apps
 		}

@@ -48,6 +48,11 @@ func serve(ctx context.Context, cfg server.Config, log *slog.Logger) error {
 		return usage("%w", err) // New only checks the configuration
 	}
 	if err := s.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			// Stopped on purpose while waiting for NATS: not a failure.
+			log.Info("stopped before the start completed", "reason", err)
+			return nil
+		}
 		return fmt.Errorf("start: %w", err)
 	}
 	<-ctx.Done()
