@@ -109,7 +109,7 @@ func (f *File) commit(op string, place func(tmp, path string) error) error {
 		os.Remove(tmp)
 		return fmt.Errorf("atomicfile: %s %s: %w", op, f.path, err)
 	}
-	if err := syncDir(filepath.Dir(f.path)); err != nil {
+	if err := SyncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("atomicfile: %s %s: sync directory: %w", op, f.path, err)
 	}
 	return nil
@@ -129,9 +129,9 @@ func (f *File) Abort() error {
 	return nil
 }
 
-// syncDir makes a rename durable. Windows cannot open a directory for
-// syncing; there it is left to the file system.
-func syncDir(dir string) error {
+// SyncDir makes a rename, link or removal in dir durable. Windows cannot
+// open a directory for syncing; there it is left to the file system.
+func SyncDir(dir string) error {
 	if runtime.GOOS == "windows" {
 		return nil
 	}

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 
@@ -82,20 +81,7 @@ func (osFS) mkdir(path string) error {
 	return nil
 }
 
-func (osFS) syncDir(dir string) error {
-	if runtime.GOOS == "windows" {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
+func (osFS) syncDir(dir string) error { return atomicfile.SyncDir(dir) }
 
 // Dir is a Store in a directory:
 //
