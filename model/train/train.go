@@ -208,6 +208,42 @@ func (n *net) backward() error {
 	return nil
 }
 
+// step runs one mini-batch SGD update of n's layers in place and returns the
+// batch's mean loss and arg-max hits, both measured before the update. Train
+// and Stepper share it so that the two cannot drift apart by a single
+// rounding. anchor is nil unless h.Mu > 0.
+func (n *net) step(d *data.Dataset, batch []int32, anchor []layer, h sgd.Hyper) (float64, int, error) {
+	ls := n.layers
+	n.gather(d, batch)
+	logits, err := n.forward()
+	if err != nil {
+		return 0, 0, fmt.Errorf("train: forward: %w", err)
+	}
+	loss, err := kernel.SoftmaxXent(logits, n.labels, n.grads[len(ls)-1])
+	if err != nil {
+		return 0, 0, fmt.Errorf("train: loss: %w", err)
+	}
+	c, err := kernel.CountCorrect(logits, n.labels)
+	if err != nil {
+		return 0, 0, fmt.Errorf("train: %w", err)
+	}
+	if err := n.backward(); err != nil {
+		return 0, 0, fmt.Errorf("train: backward: %w", err)
+	}
+	for i, l := range ls {
+		if h.Mu > 0 {
+			// FedProx: grad += mu·(w − w0).
+			_ = kernel.Axpy(h.Mu, l.w, n.dw[i])
+			_ = kernel.Axpy(-h.Mu, anchor[i].w, n.dw[i])
+			_ = kernel.Axpy(h.Mu, l.b, n.db[i])
+			_ = kernel.Axpy(-h.Mu, anchor[i].b, n.db[i])
+		}
+		_ = kernel.Axpy(-h.LearningRate, n.dw[i], l.w)
+		_ = kernel.Axpy(-h.LearningRate, n.db[i], l.b)
+	}
+	return loss, c, nil
+}
+
 // Train runs h.Epochs epochs of mini-batch SGD over d, starting from m, and
 // returns the trained model (m is left untouched) and the metrics of the last
 // epoch, measured on each batch before its update.
@@ -236,32 +272,9 @@ func Train(m *model.Model, d *data.Dataset, h sgd.Hyper, seed uint64) (*model.Mo
 		var lossSum float64
 		correct := 0
 		for _, batch := range sgd.Batches(sgd.Order(d.Len(), seed, epoch), h.BatchSize) {
-			n.gather(d, batch)
-			logits, err := n.forward()
+			loss, c, err := n.step(d, batch, anchor, h)
 			if err != nil {
-				return nil, Metrics{}, fmt.Errorf("train: forward: %w", err)
-			}
-			loss, err := kernel.SoftmaxXent(logits, n.labels, n.grads[len(ls)-1])
-			if err != nil {
-				return nil, Metrics{}, fmt.Errorf("train: loss: %w", err)
-			}
-			c, err := kernel.CountCorrect(logits, n.labels)
-			if err != nil {
-				return nil, Metrics{}, fmt.Errorf("train: %w", err)
-			}
-			if err := n.backward(); err != nil {
-				return nil, Metrics{}, fmt.Errorf("train: backward: %w", err)
-			}
-			for i, l := range ls {
-				if h.Mu > 0 {
-					// FedProx: grad += mu·(w − w0).
-					_ = kernel.Axpy(h.Mu, l.w, n.dw[i])
-					_ = kernel.Axpy(-h.Mu, anchor[i].w, n.dw[i])
-					_ = kernel.Axpy(h.Mu, l.b, n.db[i])
-					_ = kernel.Axpy(-h.Mu, anchor[i].b, n.db[i])
-				}
-				_ = kernel.Axpy(-h.LearningRate, n.dw[i], l.w)
-				_ = kernel.Axpy(-h.LearningRate, n.db[i], l.b)
+				return nil, Metrics{}, err
 			}
 			lossSum += loss * float64(len(batch))
 			correct += c
