@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
@@ -187,6 +189,7 @@ func TestSecureRoundStages(t *testing.T) {
 	// Five advertise; the sixth's silence holds the stage to its timeout.
 	stage := 5 * time.Second
 	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 5)
+	awaitArmed(t, h.clk, h.clk.Now().Add(stage))
 	h.clk.Advance(stage)
 	// Shares close early (all five shared); one device then vanishes, so the
 	// masked input closes at its deadline: the report deadline minus the
@@ -234,6 +237,7 @@ func TestSecureRoundTooFewAdvertise(t *testing.T) {
 		results = append(results, d.secure(plan, constant(8, 0.1), 1, silent, acked))
 	}
 	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 2)
+	awaitArmed(t, h.clk, h.clk.Now().Add(5*time.Second))
 	h.clk.Advance(5 * time.Second)
 	got := h.next(ev)
 	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED || !containsAll(got.Reason, "secure aggregation") {
@@ -247,6 +251,26 @@ func TestSecureRoundTooFewAdvertise(t *testing.T) {
 }
 
 // awaitAcks waits for n accepted stage messages of type typ.
+// awaitArmed waits until a timer is armed to fire at: the coordinator arms
+// a stage's timer after it has acknowledged the message that began the
+// stage, so advancing the clock on the acknowledgement alone could pass
+// before the timer exists, which would then never fire.
+func awaitArmed(t *testing.T, clk *clock.Fake, at time.Time) {
+	t.Helper()
+	guard := time.After(time.Minute)
+	for {
+		changed := clk.Changed()
+		if slices.ContainsFunc(clk.Deadlines(), at.Equal) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-guard:
+			t.Fatalf("no timer armed for %v; pending: %v", at, clk.Deadlines())
+		}
+	}
+}
+
 func awaitAcks(t *testing.T, acked <-chan string, typ string, n int) {
 	t.Helper()
 	for n > 0 {
