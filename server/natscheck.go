@@ -93,7 +93,7 @@ func (s *Server) probeNATS(urls string, service nats.Option) (judged int, last, 
 func isAuthError(err error) bool {
 	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
 		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) ||
-		strings.Contains(strings.ToLower(err.Error()), "authorization violation")
+		strings.Contains(strings.ToLower(err.Error()), nats.AUTHORIZATION_ERR)
 }
 
 // MaxReplicas caps the replicas chosen for the reports stream and the blob

@@ -170,7 +170,7 @@ func (s *Server) tlsHosts() []string {
 		if err != nil {
 			continue
 		}
-		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+		if everyInterface(h) {
 			if name, err := os.Hostname(); err == nil {
 				add(strings.ToLower(name))
 			}

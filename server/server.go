@@ -559,10 +559,17 @@ func checkAdvertise(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --nats-listen %q: want host:port", cfg.NATSListen)
 	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+	if everyInterface(host) {
 		return fmt.Errorf("server: NATS listens on every interface (--nats-listen %s): %w", cfg.NATSListen, errNoAdvertise)
 	}
 	return nil
+}
+
+// everyInterface reports whether a listen or URL host means every
+// interface ("", 0.0.0.0, ::): an address to listen on, never one to dial.
+func everyInterface(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 // checkDialableURLs checks comma-separated NATS URLs: each parses, has a
@@ -580,8 +587,7 @@ func checkDialableURLs(urls string) error {
 		default:
 			return fmt.Errorf("%q: the scheme must be nats, tls, ws or wss", raw)
 		}
-		h := u.Hostname()
-		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+		if everyInterface(u.Hostname()) {
 			return fmt.Errorf("%q has an unspecified host, which no device can dial", raw)
 		}
 	}
