@@ -45,6 +45,8 @@ const (
 	svcAudit  = "/fleetlearn.api.v1.AuditService/"
 	svcDevice = "/fleetlearn.api.v1.DeviceService/"
 	svcNATS   = "/fleetlearn.api.v1.NATSService/"
+	svcPool   = "/fleetlearn.api.v1.PoolService/"
+	svcWorker = "/fleetlearn.api.v1.PoolWorkerService/"
 )
 
 // DefaultPolicy is Fleetlearn's role table:
@@ -56,8 +58,11 @@ const (
 //     keys (what any witness sees), not the entries themselves.
 //   - auditor: the whole audit log; task, round, model, module and device
 //     views; no writes and no model weights (ExportModel).
-//   - pool-worker: ImportModel, and reading models (GetModel, ListModels,
-//     ExportModel).
+//   - pool-worker: PoolWorkerService (register, heartbeat, the ranks it
+//     is leased: their checkpoints, averages and logs), ImportModel, and
+//     reading models (GetModel, ListModels, ExportModel).
+//   - operators submit and cancel pool jobs and read their logs; auditors
+//     see jobs and workers, not logs (a script's output may hold data).
 //
 // Health checks and enrollment need no token; reflection needs any valid
 // token.
@@ -91,6 +96,26 @@ func DefaultPolicy() *Policy {
 		{svcDevice + "CreateEnrollmentToken", []Role{a, o}},
 		{svcDevice + "ListDevices", []Role{a, o, au}},
 		{svcDevice + "RevokeDevice", []Role{a, o}},
+
+		{svcPool + "SubmitJob", []Role{a, o}},
+		{svcPool + "CancelJob", []Role{a, o}},
+		{svcPool + "GetJob", []Role{a, o, au}},
+		{svcPool + "ListJobs", []Role{a, o, au}},
+		{svcPool + "WatchJob", []Role{a, o, au}},
+		{svcPool + "JobLogs", []Role{a, o}},
+		{svcPool + "ListWorkers", []Role{a, o, au}},
+
+		{svcWorker + "RegisterWorker", []Role{a, pw}},
+		{svcWorker + "Heartbeat", []Role{a, pw}},
+		{svcWorker + "RankExited", []Role{a, pw}},
+		{svcWorker + "PutCheckpointBlob", []Role{a, pw}},
+		{svcWorker + "HasCheckpointBlob", []Role{a, pw}},
+		{svcWorker + "GetCheckpointBlob", []Role{a, pw}},
+		{svcWorker + "CommitCheckpoint", []Role{a, pw}},
+		{svcWorker + "GetRankCheckpoint", []Role{a, pw}},
+		{svcWorker + "ListRankCheckpoints", []Role{a, pw}},
+		{svcWorker + "Average", []Role{a, pw}},
+		{svcWorker + "AppendLogs", []Role{a, pw}},
 
 		// NATS credentials reach past the API's roles (the system account,
 		// every device's messages): only admins hand them out.

@@ -177,6 +177,13 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if err != nil {
 		return invalid("model %q: %v", t.GetModel().GetVersion(), err)
 	}
+	// A task that names the digest it expects trains on that model or on
+	// none: a version reused or mistyped must not start rounds on other
+	// weights than the ones the operator checked.
+	if sha := t.GetModel().GetSha256(); sha != "" && sha != mrow.Version {
+		return invalid("base model %s has digest %s, not the %s the task expects: check the version (fleetlearn model lineage %s)",
+			mrow.Version, mrow.Version, sha, mrow.Version)
+	}
 	if _, err := v.s.store.Module(ctx, t.GetModule().GetSha256()); err != nil {
 		return invalid("module %q: %v", t.GetModule().GetSha256(), err)
 	}

@@ -36,6 +36,8 @@ const (
 	ModelSource_MODEL_SOURCE_IMPORTED ModelSource = 1
 	// Committed by a federated training round.
 	ModelSource_MODEL_SOURCE_FEDERATED ModelSource = 2
+	// Trained by a pool job; lineage names it.
+	ModelSource_MODEL_SOURCE_POOL ModelSource = 3
 )
 
 // Enum value maps for ModelSource.
@@ -44,11 +46,13 @@ var (
 		0: "MODEL_SOURCE_UNSPECIFIED",
 		1: "MODEL_SOURCE_IMPORTED",
 		2: "MODEL_SOURCE_FEDERATED",
+		3: "MODEL_SOURCE_POOL",
 	}
 	ModelSource_value = map[string]int32{
 		"MODEL_SOURCE_UNSPECIFIED": 0,
 		"MODEL_SOURCE_IMPORTED":    1,
 		"MODEL_SOURCE_FEDERATED":   2,
+		"MODEL_SOURCE_POOL":        3,
 	}
 )
 
@@ -99,7 +103,9 @@ type Model struct {
 	// Total number of scalar parameters across all tensors.
 	ParameterCount uint64 `protobuf:"varint,8,opt,name=parameter_count,json=parameterCount,proto3" json:"parameter_count,omitempty"`
 	// When the version was stored.
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The pool job that pretrained a version with source POOL.
+	Lineage       *PoolLineage `protobuf:"bytes,10,opt,name=lineage,proto3" json:"lineage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +203,105 @@ func (x *Model) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Model) GetLineage() *PoolLineage {
+	if x != nil {
+		return x.Lineage
+	}
+	return nil
+}
+
+// PoolLineage is how a pool job made a model version: enough to say which
+// work, on which data, from which checkpoint, at what cost.
+type PoolLineage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Hex SHA-256 of the job's spec (pool.Spec.Digest).
+	SpecDigest string `protobuf:"bytes,2,opt,name=spec_digest,json=specDigest,proto3" json:"spec_digest,omitempty"`
+	// Hex SHA-256 over the ranks' data shards.
+	DataSha256 string `protobuf:"bytes,3,opt,name=data_sha256,json=dataSha256,proto3" json:"data_sha256,omitempty"`
+	// Id of the final checkpoint (rank 0's manifest digest).
+	Checkpoint string `protobuf:"bytes,4,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// What the job used, over every attempt.
+	Usage *PoolUsage `protobuf:"bytes,5,opt,name=usage,proto3" json:"usage,omitempty"`
+	// Steps trained.
+	Steps         int64 `protobuf:"varint,6,opt,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolLineage) Reset() {
+	*x = PoolLineage{}
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolLineage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolLineage) ProtoMessage() {}
+
+func (x *PoolLineage) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolLineage.ProtoReflect.Descriptor instead.
+func (*PoolLineage) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PoolLineage) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *PoolLineage) GetSpecDigest() string {
+	if x != nil {
+		return x.SpecDigest
+	}
+	return ""
+}
+
+func (x *PoolLineage) GetDataSha256() string {
+	if x != nil {
+		return x.DataSha256
+	}
+	return ""
+}
+
+func (x *PoolLineage) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *PoolLineage) GetUsage() *PoolUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *PoolLineage) GetSteps() int64 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
 // ImportModelHeader describes the file that follows in an ImportModel
 // stream.
 type ImportModelHeader struct {
@@ -221,7 +326,7 @@ type ImportModelHeader struct {
 
 func (x *ImportModelHeader) Reset() {
 	*x = ImportModelHeader{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[1]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +338,7 @@ func (x *ImportModelHeader) String() string {
 func (*ImportModelHeader) ProtoMessage() {}
 
 func (x *ImportModelHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[1]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +351,7 @@ func (x *ImportModelHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportModelHeader.ProtoReflect.Descriptor instead.
 func (*ImportModelHeader) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{1}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ImportModelHeader) GetName() string {
@@ -307,7 +412,7 @@ type ImportModelRequest struct {
 
 func (x *ImportModelRequest) Reset() {
 	*x = ImportModelRequest{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +424,7 @@ func (x *ImportModelRequest) String() string {
 func (*ImportModelRequest) ProtoMessage() {}
 
 func (x *ImportModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +437,7 @@ func (x *ImportModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportModelRequest.ProtoReflect.Descriptor instead.
 func (*ImportModelRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{2}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ImportModelRequest) GetPart() isImportModelRequest_Part {
@@ -389,7 +494,7 @@ type ImportModelResponse struct {
 
 func (x *ImportModelResponse) Reset() {
 	*x = ImportModelResponse{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +506,7 @@ func (x *ImportModelResponse) String() string {
 func (*ImportModelResponse) ProtoMessage() {}
 
 func (x *ImportModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +519,7 @@ func (x *ImportModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportModelResponse.ProtoReflect.Descriptor instead.
 func (*ImportModelResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ImportModelResponse) GetModel() *Model {
@@ -435,7 +540,7 @@ type ExportModelRequest struct {
 
 func (x *ExportModelRequest) Reset() {
 	*x = ExportModelRequest{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +552,7 @@ func (x *ExportModelRequest) String() string {
 func (*ExportModelRequest) ProtoMessage() {}
 
 func (x *ExportModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +565,7 @@ func (x *ExportModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportModelRequest.ProtoReflect.Descriptor instead.
 func (*ExportModelRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExportModelRequest) GetVersion() string {
@@ -487,7 +592,7 @@ type ExportModelResponse struct {
 
 func (x *ExportModelResponse) Reset() {
 	*x = ExportModelResponse{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +604,7 @@ func (x *ExportModelResponse) String() string {
 func (*ExportModelResponse) ProtoMessage() {}
 
 func (x *ExportModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +617,7 @@ func (x *ExportModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportModelResponse.ProtoReflect.Descriptor instead.
 func (*ExportModelResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{5}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExportModelResponse) GetPart() isExportModelResponse_Part {
@@ -569,7 +674,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +686,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +699,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{6}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetModelRequest) GetVersion() string {
@@ -615,7 +720,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +732,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +745,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetModelResponse) GetModel() *Model {
@@ -666,7 +771,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +783,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +796,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListModelsRequest) GetPageSize() int32 {
@@ -728,7 +833,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +845,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_model_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +858,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_model_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListModelsResponse) GetModels() []*Model {
@@ -774,7 +879,7 @@ var File_fleetlearn_v1_model_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_model_service_proto_rawDesc = "" +
 	"\n" +
-	"!fleetlearn/v1/model_service.proto\x12\rfleetlearn.v1\x1a\x1afleetlearn/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd4\x02\n" +
+	"!fleetlearn/v1/model_service.proto\x12\rfleetlearn.v1\x1a\x1afleetlearn/v1/common.proto\x1a\x18fleetlearn/v1/pool.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x03\n" +
 	"\x05Model\x12)\n" +
 	"\x03ref\x18\x01 \x01(\v2\x17.fleetlearn.v1.ModelRefR\x03ref\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -785,7 +890,20 @@ const file_fleetlearn_v1_model_service_proto_rawDesc = "" +
 	"\ftensor_count\x18\a \x01(\rR\vtensorCount\x12'\n" +
 	"\x0fparameter_count\x18\b \x01(\x04R\x0eparameterCount\x12;\n" +
 	"\vcreate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\xc1\x01\n" +
+	"createTime\x124\n" +
+	"\alineage\x18\n" +
+	" \x01(\v2\x1a.fleetlearn.v1.PoolLineageR\alineage\"\xcc\x01\n" +
+	"\vPoolLineage\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
+	"\vspec_digest\x18\x02 \x01(\tR\n" +
+	"specDigest\x12\x1f\n" +
+	"\vdata_sha256\x18\x03 \x01(\tR\n" +
+	"dataSha256\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x04 \x01(\tR\n" +
+	"checkpoint\x12.\n" +
+	"\x05usage\x18\x05 \x01(\v2\x18.fleetlearn.v1.PoolUsageR\x05usage\x12\x14\n" +
+	"\x05steps\x18\x06 \x01(\x03R\x05steps\"\xc1\x01\n" +
 	"\x11ImportModelHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12%\n" +
@@ -817,11 +935,12 @@ const file_fleetlearn_v1_model_service_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"j\n" +
 	"\x12ListModelsResponse\x12,\n" +
 	"\x06models\x18\x01 \x03(\v2\x14.fleetlearn.v1.ModelR\x06models\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*y\n" +
 	"\vModelSource\x12\x1c\n" +
 	"\x18MODEL_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MODEL_SOURCE_IMPORTED\x10\x01\x12\x1a\n" +
-	"\x16MODEL_SOURCE_FEDERATED\x10\x02BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\x16MODEL_SOURCE_FEDERATED\x10\x02\x12\x15\n" +
+	"\x11MODEL_SOURCE_POOL\x10\x03BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_model_service_proto_rawDescOnce sync.Once
@@ -836,36 +955,40 @@ func file_fleetlearn_v1_model_service_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_model_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fleetlearn_v1_model_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_fleetlearn_v1_model_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_fleetlearn_v1_model_service_proto_goTypes = []any{
 	(ModelSource)(0),              // 0: fleetlearn.v1.ModelSource
 	(*Model)(nil),                 // 1: fleetlearn.v1.Model
-	(*ImportModelHeader)(nil),     // 2: fleetlearn.v1.ImportModelHeader
-	(*ImportModelRequest)(nil),    // 3: fleetlearn.v1.ImportModelRequest
-	(*ImportModelResponse)(nil),   // 4: fleetlearn.v1.ImportModelResponse
-	(*ExportModelRequest)(nil),    // 5: fleetlearn.v1.ExportModelRequest
-	(*ExportModelResponse)(nil),   // 6: fleetlearn.v1.ExportModelResponse
-	(*GetModelRequest)(nil),       // 7: fleetlearn.v1.GetModelRequest
-	(*GetModelResponse)(nil),      // 8: fleetlearn.v1.GetModelResponse
-	(*ListModelsRequest)(nil),     // 9: fleetlearn.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),    // 10: fleetlearn.v1.ListModelsResponse
-	(*ModelRef)(nil),              // 11: fleetlearn.v1.ModelRef
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*PoolLineage)(nil),           // 2: fleetlearn.v1.PoolLineage
+	(*ImportModelHeader)(nil),     // 3: fleetlearn.v1.ImportModelHeader
+	(*ImportModelRequest)(nil),    // 4: fleetlearn.v1.ImportModelRequest
+	(*ImportModelResponse)(nil),   // 5: fleetlearn.v1.ImportModelResponse
+	(*ExportModelRequest)(nil),    // 6: fleetlearn.v1.ExportModelRequest
+	(*ExportModelResponse)(nil),   // 7: fleetlearn.v1.ExportModelResponse
+	(*GetModelRequest)(nil),       // 8: fleetlearn.v1.GetModelRequest
+	(*GetModelResponse)(nil),      // 9: fleetlearn.v1.GetModelResponse
+	(*ListModelsRequest)(nil),     // 10: fleetlearn.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),    // 11: fleetlearn.v1.ListModelsResponse
+	(*ModelRef)(nil),              // 12: fleetlearn.v1.ModelRef
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*PoolUsage)(nil),             // 14: fleetlearn.v1.PoolUsage
 }
 var file_fleetlearn_v1_model_service_proto_depIdxs = []int32{
-	11, // 0: fleetlearn.v1.Model.ref:type_name -> fleetlearn.v1.ModelRef
+	12, // 0: fleetlearn.v1.Model.ref:type_name -> fleetlearn.v1.ModelRef
 	0,  // 1: fleetlearn.v1.Model.source:type_name -> fleetlearn.v1.ModelSource
-	12, // 2: fleetlearn.v1.Model.create_time:type_name -> google.protobuf.Timestamp
-	2,  // 3: fleetlearn.v1.ImportModelRequest.header:type_name -> fleetlearn.v1.ImportModelHeader
-	1,  // 4: fleetlearn.v1.ImportModelResponse.model:type_name -> fleetlearn.v1.Model
-	1,  // 5: fleetlearn.v1.ExportModelResponse.model:type_name -> fleetlearn.v1.Model
-	1,  // 6: fleetlearn.v1.GetModelResponse.model:type_name -> fleetlearn.v1.Model
-	1,  // 7: fleetlearn.v1.ListModelsResponse.models:type_name -> fleetlearn.v1.Model
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 2: fleetlearn.v1.Model.create_time:type_name -> google.protobuf.Timestamp
+	2,  // 3: fleetlearn.v1.Model.lineage:type_name -> fleetlearn.v1.PoolLineage
+	14, // 4: fleetlearn.v1.PoolLineage.usage:type_name -> fleetlearn.v1.PoolUsage
+	3,  // 5: fleetlearn.v1.ImportModelRequest.header:type_name -> fleetlearn.v1.ImportModelHeader
+	1,  // 6: fleetlearn.v1.ImportModelResponse.model:type_name -> fleetlearn.v1.Model
+	1,  // 7: fleetlearn.v1.ExportModelResponse.model:type_name -> fleetlearn.v1.Model
+	1,  // 8: fleetlearn.v1.GetModelResponse.model:type_name -> fleetlearn.v1.Model
+	1,  // 9: fleetlearn.v1.ListModelsResponse.models:type_name -> fleetlearn.v1.Model
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_model_service_proto_init() }
@@ -874,11 +997,12 @@ func file_fleetlearn_v1_model_service_proto_init() {
 		return
 	}
 	file_fleetlearn_v1_common_proto_init()
-	file_fleetlearn_v1_model_service_proto_msgTypes[2].OneofWrappers = []any{
+	file_fleetlearn_v1_pool_proto_init()
+	file_fleetlearn_v1_model_service_proto_msgTypes[3].OneofWrappers = []any{
 		(*ImportModelRequest_Header)(nil),
 		(*ImportModelRequest_Chunk)(nil),
 	}
-	file_fleetlearn_v1_model_service_proto_msgTypes[5].OneofWrappers = []any{
+	file_fleetlearn_v1_model_service_proto_msgTypes[6].OneofWrappers = []any{
 		(*ExportModelResponse_Model)(nil),
 		(*ExportModelResponse_Chunk)(nil),
 	}
@@ -888,7 +1012,7 @@ func file_fleetlearn_v1_model_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_model_service_proto_rawDesc), len(file_fleetlearn_v1_model_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -36,7 +36,7 @@ const apiPackage = "fleetlearn.api.v1."
 // services are the Fleetlearn gRPC services the policy must cover.
 var services = []*grpc.ServiceDesc{&apiv1.TaskService_ServiceDesc, &apiv1.ModelService_ServiceDesc,
 	&apiv1.ModuleService_ServiceDesc, &apiv1.AuditService_ServiceDesc, &apiv1.DeviceService_ServiceDesc,
-	&apiv1.NATSService_ServiceDesc}
+	&apiv1.NATSService_ServiceDesc, &apiv1.PoolService_ServiceDesc, &apiv1.PoolWorkerService_ServiceDesc}
 
 // allowed is the documented role table (docs/SECURITY.md), written out
 // independently of identity.DefaultPolicy so that the test checks it.
@@ -71,6 +71,26 @@ var allowed = map[string][]identity.Role{
 	"DeviceService/RevokeDevice":          {"admin", "operator"},
 
 	"NATSService/IssueCredentials": {"admin"},
+
+	"PoolService/SubmitJob":   {"admin", "operator"},
+	"PoolService/CancelJob":   {"admin", "operator"},
+	"PoolService/GetJob":      {"admin", "operator", "auditor"},
+	"PoolService/ListJobs":    {"admin", "operator", "auditor"},
+	"PoolService/WatchJob":    {"admin", "operator", "auditor"},
+	"PoolService/JobLogs":     {"admin", "operator"},
+	"PoolService/ListWorkers": {"admin", "operator", "auditor"},
+
+	"PoolWorkerService/RegisterWorker":      {"admin", "pool-worker"},
+	"PoolWorkerService/Heartbeat":           {"admin", "pool-worker"},
+	"PoolWorkerService/RankExited":          {"admin", "pool-worker"},
+	"PoolWorkerService/PutCheckpointBlob":   {"admin", "pool-worker"},
+	"PoolWorkerService/HasCheckpointBlob":   {"admin", "pool-worker"},
+	"PoolWorkerService/GetCheckpointBlob":   {"admin", "pool-worker"},
+	"PoolWorkerService/CommitCheckpoint":    {"admin", "pool-worker"},
+	"PoolWorkerService/GetRankCheckpoint":   {"admin", "pool-worker"},
+	"PoolWorkerService/ListRankCheckpoints": {"admin", "pool-worker"},
+	"PoolWorkerService/Average":             {"admin", "pool-worker"},
+	"PoolWorkerService/AppendLogs":          {"admin", "pool-worker"},
 }
 
 // public are the methods of those services that need no token (their
