@@ -11,7 +11,7 @@ import (
 // Command groups beyond the built-in ones join the root the same way they do.
 func ExampleNewRootCommand() {
 	root := cli.NewRootCommand()
-	root.AddCommand(&cobra.Command{Use: "pool", Short: "Run jobs on the compute pool"})
+	root.AddCommand(&cobra.Command{Use: "lab", Short: "Experiments of this deployment"})
 	for _, c := range root.Commands() {
 		fmt.Println(c.Name())
 	}
@@ -21,6 +21,7 @@ func ExampleNewRootCommand() {
 	// demo
 	// device
 	// dp
+	// lab
 	// model
 	// module
 	// nats

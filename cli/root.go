@@ -113,6 +113,7 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 		newTokenCommand(a),
 		newNATSCommand(a),
 		newDataCommand(a),
+		newPoolCommand(a),
 		newVersionCommand(),
 	)
 	root.Version = versionLine()
