@@ -6,16 +6,21 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/fleetlearn/fleetlearn/model"
 )
 
-// DefaultChunkSize is the blob size tensors are cut into: large enough that
+// DefaultChunkSize is the blob size tensors and files are cut into: large enough that
 // per-blob overhead is small, small enough that a tensor changed in one
 // region rewrites little.
 const DefaultChunkSize = 4 << 20
 
-// Checkpoint is the state of a training job at one step.
+// Checkpoint is the state of a training job at one step. A job trained by
+// Fleetlearn's own trainer keeps tensors (Params, Optimizer); a job that
+// runs its own command keeps opaque files (its safetensors and state, byte
+// for byte) and may have no Params. A checkpoint needs at least one of the
+// two.
 type Checkpoint struct {
 	// ID is the checkpoint's id; Load sets it, saving ignores it.
 	ID  Digest
@@ -24,12 +29,25 @@ type Checkpoint struct {
 	Step int64
 	// Parent is the checkpoint this one continues from (zero for none).
 	Parent Digest
+	// Params is nil only in a checkpoint with files; Load leaves it nil
+	// for a stored checkpoint with files and no parameter tensors.
 	Params *model.Model
 	// Optimizer holds optimizer state as named tensors (momentum buffers,
 	// second moments); nil when the optimizer keeps none.
 	Optimizer *model.Model
 	Cursor    Cursor
 	RNG       []byte
+	// Files are opaque files, stored as they are. Saving accepts them in
+	// any order; Load returns them sorted by name.
+	Files []File
+}
+
+// File is one opaque file of a checkpoint. Name is a plain file name (no
+// '/', not "." or "..", no NUL, at most MaxFileNameBytes of UTF-8), unique
+// within the checkpoint.
+type File struct {
+	Name string
+	Data []byte
 }
 
 // Options tunes writing.
@@ -72,8 +90,8 @@ func Write(s Store, ck *Checkpoint, opts Options) (Digest, error) {
 // that a malformed checkpoint is refused at once; NaN scans wait for the
 // background.
 func checkShapes(ck *Checkpoint) error {
-	if ck == nil || ck.Params == nil {
-		return fmt.Errorf("no params: %w", ErrInvalidCheckpoint)
+	if ck == nil || ck.Params == nil && len(ck.Files) == 0 {
+		return fmt.Errorf("no params and no files: %w", ErrInvalidCheckpoint)
 	}
 	if ck.Step < 0 || ck.Cursor.Epoch < 0 || ck.Cursor.Offset < 0 {
 		return fmt.Errorf("negative step, epoch or offset: %w", ErrInvalidCheckpoint)
@@ -91,8 +109,42 @@ func checkShapes(ck *Checkpoint) error {
 			}
 		}
 	}
+	return checkFiles(ck.Files)
+}
+
+// checkFiles applies the manifest's limits on files to a checkpoint's, so
+// that a bad one is refused before anything is written.
+func checkFiles(files []File) error {
+	if len(files) > MaxFiles {
+		return fmt.Errorf("%d files, limit %d: %w", len(files), MaxFiles, ErrInvalidCheckpoint)
+	}
+	seen := make(map[string]struct{}, len(files))
+	var total int64
+	for _, f := range files {
+		if err := checkFileName(f.Name); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidCheckpoint, err)
+		}
+		if _, dup := seen[f.Name]; dup {
+			return fmt.Errorf("file %q: given twice: %w", f.Name, ErrInvalidCheckpoint)
+		}
+		seen[f.Name] = struct{}{}
+		if total += int64(len(f.Data)); total > MaxFilesBytes {
+			return fmt.Errorf("files hold more than %d bytes: %w", int64(MaxFilesBytes), ErrInvalidCheckpoint)
+		}
+	}
 	return nil
 }
+
+// sortedFiles returns files sorted by name, the manifest's order, without
+// reordering the caller's slice.
+func sortedFiles(files []File) []File {
+	if slices.IsSortedFunc(files, compareFiles) {
+		return files
+	}
+	return slices.SortedFunc(slices.Values(files), compareFiles)
+}
+
+func compareFiles(a, b File) int { return strings.Compare(a.Name, b.Name) }
 
 // writeCheckpoint validates ck fully, stores every chunk the store lacks and
 // commits the manifest. scratch, if big enough, is reused for encoding.
@@ -117,14 +169,22 @@ func writeCheckpoint(s Store, ck *Checkpoint, chunkSize int, scratch []byte) (Di
 		Cursor: ck.Cursor,
 		RNG:    ck.RNG,
 	}
+	// A checkpoint of files only still has a params list, empty: the
+	// manifest format requires one.
+	man.Params = []TensorEntry{}
 	var err error
-	if man.Params, err = writeTensors(s, ck.Params, chunkSize, scratch); err != nil {
-		return Digest{}, err
+	if ck.Params != nil {
+		if man.Params, err = writeTensors(s, ck.Params, chunkSize, scratch); err != nil {
+			return Digest{}, err
+		}
 	}
 	if ck.Optimizer != nil {
 		if man.Optimizer, err = writeTensors(s, ck.Optimizer, chunkSize, scratch); err != nil {
 			return Digest{}, err
 		}
+	}
+	if man.Files, err = writeFiles(s, sortedFiles(ck.Files), chunkSize); err != nil {
+		return Digest{}, err
 	}
 	if err := man.validate(); err != nil {
 		return Digest{}, fmt.Errorf("%w: %w", ErrInvalidCheckpoint, err)
@@ -157,6 +217,27 @@ func writeTensors(s Store, m *model.Model, chunkSize int, scratch []byte) ([]Ten
 	return out, nil
 }
 
+// writeFiles stores files, already in name order, cut into chunks of
+// chunkSize bytes. The chunks are slices of the files' data: PutBlob does
+// not keep them.
+func writeFiles(s Store, files []File, chunkSize int) ([]FileEntry, error) {
+	var out []FileEntry // nil when there are none, so the manifest omits the list
+	for _, f := range files {
+		e := FileEntry{Name: f.Name, Size: int64(len(f.Data)), Chunks: []Chunk{}}
+		for data := f.Data; len(data) > 0; {
+			b := data[:min(len(data), chunkSize)]
+			data = data[len(b):]
+			d := Sum(b)
+			if err := s.PutBlob(d, b); err != nil {
+				return nil, fmt.Errorf("file %q: %w", f.Name, err)
+			}
+			e.Chunks = append(e.Chunks, Chunk{Digest: d, Size: int64(len(b))})
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
 // Load reads the checkpoint id, verifying the manifest and every blob.
 // Damage is reported with ErrCorrupt, a missing piece with ErrNotFound.
 func Load(s Store, id Digest) (*Checkpoint, error) {
@@ -169,15 +250,43 @@ func Load(s Store, id Digest) (*Checkpoint, error) {
 	if !m.Parent.IsZero() {
 		lin.Parent = m.Parent.String()
 	}
-	if ck.Params, err = loadTensors(s, m.Params, lin); err != nil {
-		return nil, fmt.Errorf("checkpoint: load %s: params: %w", id, err)
+	if len(m.Params) > 0 || len(m.Files) == 0 {
+		if ck.Params, err = loadTensors(s, m.Params, lin); err != nil {
+			return nil, fmt.Errorf("checkpoint: load %s: params: %w", id, err)
+		}
 	}
 	if m.Optimizer != nil {
 		if ck.Optimizer, err = loadTensors(s, m.Optimizer, model.Lineage{}); err != nil {
 			return nil, fmt.Errorf("checkpoint: load %s: optimizer: %w", id, err)
 		}
 	}
+	if ck.Files, err = loadFiles(s, m.Files); err != nil {
+		return nil, fmt.Errorf("checkpoint: load %s: %w", id, err)
+	}
 	return ck, nil
+}
+
+func loadFiles(s Store, es []FileEntry) ([]File, error) {
+	if len(es) == 0 {
+		return nil, nil
+	}
+	out := make([]File, 0, len(es))
+	for _, e := range es {
+		// As for tensors: the size is untrusted until the blobs are read.
+		data := make([]byte, 0, min(e.Size, MaxChunkBytes))
+		for _, c := range e.Chunks {
+			b, err := s.GetBlob(c.Digest)
+			if err != nil {
+				return nil, fmt.Errorf("file %q: %w", e.Name, err)
+			}
+			if int64(len(b)) != c.Size {
+				return nil, fmt.Errorf("file %q: blob %s has %d bytes, manifest says %d: %w", e.Name, c.Digest, len(b), c.Size, ErrCorrupt)
+			}
+			data = append(data, b...)
+		}
+		out = append(out, File{Name: e.Name, Data: data})
+	}
+	return out, nil
 }
 
 func loadTensors(s Store, es []TensorEntry, lin model.Lineage) (*model.Model, error) {

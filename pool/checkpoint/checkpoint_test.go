@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"os"
@@ -76,6 +77,16 @@ func assertSame(t *testing.T, got, want *Checkpoint) {
 					t.Fatalf("tensor %q[%d]: bits %#x, want %#x", wt.Name, j, math.Float32bits(gt.Data[j]), math.Float32bits(wt.Data[j]))
 				}
 			}
+		}
+	}
+	// Files come back in name order, whatever order they were saved in.
+	wantFiles := slices.SortedFunc(slices.Values(want.Files), compareFiles)
+	if len(got.Files) != len(wantFiles) {
+		t.Fatalf("%d files, want %d", len(got.Files), len(wantFiles))
+	}
+	for i, wf := range wantFiles {
+		if gf := got.Files[i]; gf.Name != wf.Name || !bytes.Equal(gf.Data, wf.Data) {
+			t.Fatalf("file %d: got %q (%d bytes), want %q (%d bytes), or the bytes differ", i, gf.Name, len(gf.Data), wf.Name, len(wf.Data))
 		}
 	}
 }
@@ -506,5 +517,9 @@ func cloneCheckpoint(ck *Checkpoint) *Checkpoint {
 	c.Params = ck.Params.Clone()
 	c.Optimizer = ck.Optimizer.Clone()
 	c.RNG = slices.Clone(ck.RNG)
+	c.Files = nil
+	for _, f := range ck.Files {
+		c.Files = append(c.Files, File{Name: f.Name, Data: slices.Clone(f.Data)})
+	}
 	return &c
 }

@@ -169,12 +169,28 @@ func (c *crashFS) crash(t *testing.T) {
 // that the reopened store always has the old checkpoint or the new one as
 // Latest, loading bit for bit, never a manifest with missing or torn data.
 func TestCrashAtEveryStep(t *testing.T) {
+	a := testCheckpoint(1, 40)
+	b := testCheckpoint(2, 40)
+	b.Params.Tensors[0].Data[0] = 99 // one chunk of w changes, the rest dedupe
+	crashAtEveryStep(t, a, b)
+}
+
+// TestCrashAtEveryStepWithFiles does the same for a command job's
+// checkpoint: files only, one chunk of the model file changed, the state
+// file new.
+func TestCrashAtEveryStepWithFiles(t *testing.T) {
+	a := filesCheckpoint(1)
+	b := filesCheckpoint(2)
+	b.Files[1].Data[130] ^= 0xff
+	crashAtEveryStep(t, a, b)
+}
+
+// crashAtEveryStep writes b, after a unless first, crashing after every
+// step of the write in turn.
+func crashAtEveryStep(t *testing.T, a, b *Checkpoint) {
 	opts := Options{ChunkSize: 64}
 	for _, first := range []bool{false, true} {
 		t.Run(fmt.Sprintf("first=%v", first), func(t *testing.T) {
-			a := testCheckpoint(1, 40)
-			b := testCheckpoint(2, 40)
-			b.Params.Tensors[0].Data[0] = 99 // one chunk of w changes, the rest dedupe
 			total := -1
 			for n := 0; ; n++ {
 				dir := t.TempDir()

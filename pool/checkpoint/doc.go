@@ -8,6 +8,13 @@
 // blob by its SHA-256 digest and size. The manifest's own digest is the
 // checkpoint id.
 //
+// A checkpoint may also hold opaque files, stored byte for byte and chunked
+// and deduplicated like tensors: a job that runs its own training command
+// keeps its safetensors files (of any dtype) and its JSON state that way,
+// with no tensors at all. The manifest lists files sorted by name, and
+// leaves the list out when there are none, so that manifests without files
+// keep the encoding, and the ids, they had before files existed.
+//
 // Writes are ordered so that a crash at any point never leaves a committed
 // manifest that points at missing or corrupt data: every blob is written and
 // synced first, then the manifest, then the LATEST pointer, each through a

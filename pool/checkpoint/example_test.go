@@ -52,3 +52,41 @@ func Example() {
 	// step 3 offset 96 w [1.25 -1]
 	// has parent: true
 }
+
+// A job that runs its own training command keeps its checkpoint as opaque
+// files, byte for byte, with no tensors for the store to interpret.
+func Example_files() {
+	dir, err := os.MkdirTemp("", "checkpoints")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	store, err := checkpoint.OpenDir(dir)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	id, err := checkpoint.Write(store, &checkpoint.Checkpoint{
+		Job: "job-43", Step: 100,
+		Files: []checkpoint.File{
+			{Name: "state.json", Data: []byte(`{"epoch":1}`)},
+			{Name: "model.safetensors", Data: []byte("\x02\x00\x00\x00\x00\x00\x00\x00{}")},
+		},
+	}, checkpoint.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ck, err := checkpoint.Load(store, id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("step", ck.Step, "params", ck.Params != nil)
+	for _, f := range ck.Files {
+		fmt.Printf("%s %q\n", f.Name, f.Data)
+	}
+	// Output:
+	// step 100 params false
+	// model.safetensors "\x02\x00\x00\x00\x00\x00\x00\x00{}"
+	// state.json "{\"epoch\":1}"
+}

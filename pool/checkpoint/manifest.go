@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -24,13 +25,19 @@ const (
 	MaxRNGBytes = 1 << 20
 	// MaxStringBytes bounds the job id, a tensor name and the shard name.
 	MaxStringBytes = 4096
+	// MaxFiles bounds the opaque files of a checkpoint.
+	MaxFiles = 1024
+	// MaxFileNameBytes bounds a file's name, as most file systems do.
+	MaxFileNameBytes = 255
+	// MaxFilesBytes bounds the total size of a checkpoint's files.
+	MaxFilesBytes = 64 << 30
 )
 
 // manifestFormat is the only format this package writes and reads.
 const manifestFormat = 1
 
-// Manifest names one checkpoint: its blobs, in tensor order, and the state
-// that is not a tensor. Its canonical encoding (Encode) is what is stored and
+// Manifest names one checkpoint: its blobs, in tensor order, its opaque
+// files, in name order, and the state that is not a tensor. Its canonical encoding (Encode) is what is stored and
 // hashed; DecodeManifest accepts only that encoding, so one checkpoint has
 // one id.
 type Manifest struct {
@@ -42,6 +49,18 @@ type Manifest struct {
 	RNG       []byte        `json:"rng,omitempty"`
 	Params    []TensorEntry `json:"params"`
 	Optimizer []TensorEntry `json:"optimizer,omitempty"`
+	// Files is omitted when empty, so that a manifest without files
+	// encodes, and is named, as it was before files existed.
+	Files []FileEntry `json:"files,omitempty"`
+}
+
+// FileEntry is one opaque file: its name (a plain file name), its size and
+// the chunks that hold its bytes, in order. Entries are sorted by name, so
+// that the same files give the same id whatever order they were given in.
+type FileEntry struct {
+	Name   string  `json:"name"`
+	Size   int64   `json:"size"`
+	Chunks []Chunk `json:"chunks"`
 }
 
 // TensorEntry is one tensor: its name, shape and the chunks that hold its
@@ -66,13 +85,17 @@ type Cursor struct {
 	Shard  string `json:"shard"`
 }
 
-// Blobs returns every chunk of the manifest, params first.
+// Blobs returns every chunk of the manifest: params, then optimizer, then
+// files.
 func (m *Manifest) Blobs() []Chunk {
 	var out []Chunk
 	for _, list := range [][]TensorEntry{m.Params, m.Optimizer} {
 		for _, t := range list {
 			out = append(out, t.Chunks...)
 		}
+	}
+	for _, f := range m.Files {
+		out = append(out, f.Chunks...)
 	}
 	return out
 }
@@ -142,7 +165,61 @@ func (m *Manifest) validate() error {
 	if err := validateEntries("params", m.Params); err != nil {
 		return err
 	}
-	return validateEntries("optimizer", m.Optimizer)
+	if err := validateEntries("optimizer", m.Optimizer); err != nil {
+		return err
+	}
+	return validateFiles(m.Files)
+}
+
+func validateFiles(fs []FileEntry) error {
+	if len(fs) > MaxFiles {
+		return fmt.Errorf("%d files, limit %d: %w", len(fs), MaxFiles, ErrInvalidManifest)
+	}
+	var total int64
+	for i, f := range fs {
+		if err := checkFileName(f.Name); err != nil {
+			return fmt.Errorf("file %d: %w", i, err)
+		}
+		// Strictly increasing names: sorted and unique in one test.
+		if i > 0 && fs[i-1].Name >= f.Name {
+			return fmt.Errorf("file %q after %q: files must be sorted by name, each once: %w", f.Name, fs[i-1].Name, ErrInvalidManifest)
+		}
+		if f.Chunks == nil {
+			return fmt.Errorf("file %q: chunks must be a list: %w", f.Name, ErrInvalidManifest)
+		}
+		var sum int64
+		for _, c := range f.Chunks {
+			if c.Size <= 0 || c.Size > MaxChunkBytes {
+				return fmt.Errorf("file %q: chunk size %d: %w", f.Name, c.Size, ErrInvalidManifest)
+			}
+			sum += c.Size // cannot overflow: at most MaxManifestBytes chunks of MaxChunkBytes
+		}
+		if f.Size != sum {
+			return fmt.Errorf("file %q: size %d, chunks hold %d bytes: %w", f.Name, f.Size, sum, ErrInvalidManifest)
+		}
+		if total += sum; total > MaxFilesBytes {
+			return fmt.Errorf("files hold more than %d bytes: %w", int64(MaxFilesBytes), ErrInvalidManifest)
+		}
+	}
+	return nil
+}
+
+// checkFileName reports, with ErrInvalidManifest, a name that is not a plain
+// file name: empty, "." or "..", holding '/' or NUL, longer than
+// MaxFileNameBytes or not UTF-8. Such a name could not be written back as
+// one file in one directory.
+func checkFileName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("file name %q: %w", name, ErrInvalidManifest)
+	case len(name) > MaxFileNameBytes:
+		return fmt.Errorf("file name of %d bytes, limit %d: %w", len(name), MaxFileNameBytes, ErrInvalidManifest)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("file name %q: holds '/' or NUL: %w", name, ErrInvalidManifest)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("file name %q: not UTF-8: %w", name, ErrInvalidManifest)
+	}
+	return nil
 }
 
 func checkString(what, s string) error {

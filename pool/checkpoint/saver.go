@@ -17,8 +17,8 @@ type SaverOptions struct {
 	Keep int
 }
 
-// Saver writes checkpoints in the background. Save copies the tensors into
-// buffers the Saver owns and reuses, then returns; the encoding, hashing,
+// Saver writes checkpoints in the background. Save copies the tensors and
+// files into buffers the Saver owns and reuses, then returns; the encoding, hashing,
 // writing and syncing happen on another goroutine. At most one save is in
 // flight: a Save that finds the previous one still writing waits for it
 // before copying, so a job that checkpoints faster than the disk writes is
@@ -39,6 +39,7 @@ type Saver struct {
 	closed  bool
 	params  model.Model
 	opt     model.Model
+	files   []File
 	scratch []byte
 }
 
@@ -85,7 +86,10 @@ func (s *Saver) Save(ck *Checkpoint) error {
 		Parent: ck.Parent,
 		Cursor: ck.Cursor,
 		RNG:    slices.Clone(ck.RNG),
-		Params: copyInto(&s.params, ck.Params),
+		Files:  copyFiles(&s.files, ck.Files),
+	}
+	if ck.Params != nil {
+		snap.Params = copyInto(&s.params, ck.Params)
 	}
 	if snap.Parent.IsZero() {
 		snap.Parent = s.last
@@ -136,6 +140,29 @@ func copyInto(dst *model.Model, src *model.Model) *model.Model {
 		copy(d.Data, t.Data)
 	}
 	return dst
+}
+
+// copyFiles copies src into *dst, reusing its buffers where they are big
+// enough, and returns the copy (nil for no files).
+func copyFiles(dst *[]File, src []File) []File {
+	if len(src) == 0 {
+		return nil
+	}
+	fs := *dst
+	if len(fs) < len(src) {
+		fs = append(fs, make([]File, len(src)-len(fs))...)
+	}
+	for i, f := range src {
+		d := &fs[i]
+		d.Name = f.Name
+		if cap(d.Data) < len(f.Data) {
+			d.Data = make([]byte, len(f.Data))
+		}
+		d.Data = d.Data[:len(f.Data)]
+		copy(d.Data, f.Data)
+	}
+	*dst = fs
+	return fs[:len(src)]
 }
 
 // settleLocked waits for the save in flight and returns its error, or one

@@ -178,3 +178,21 @@ func TestLocalSyncOutOfStep(t *testing.T) {
 		t.Fatalf("cancelled wait: %v", err)
 	}
 }
+
+// A checkpoint of a command job (files, no parameters) in a trainer's store
+// is refused, not loaded as an empty model.
+func TestResumeRefusesFilesOnlyCheckpoint(t *testing.T) {
+	store, err := checkpoint.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.Write(store, &checkpoint.Checkpoint{Job: "j", Step: 4,
+		Files: []checkpoint.File{{Name: "model.safetensors", Data: []byte("x")}}}, checkpoint.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := tinyConfig(store)
+	cfg.Job = "j"
+	if _, err := trainer.Run(context.Background(), cfg); !errors.Is(err, trainer.ErrResume) {
+		t.Fatalf("run over a files-only checkpoint: %v, want ErrResume", err)
+	}
+}

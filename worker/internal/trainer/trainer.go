@@ -258,6 +258,9 @@ func resume(cfg *Config, st *train.Stepper) (Result, error) {
 	}
 	bs := int64(cfg.Hyper.BatchSize)
 	switch {
+	case ck.Params == nil:
+		// A command job's checkpoint holds files, not parameters.
+		return Result{}, fmt.Errorf("trainer: resume %s: %w: it holds no parameters", ck.ID, ErrResume)
 	case ck.Job != cfg.Job:
 		return Result{}, fmt.Errorf("trainer: resume %s: %w: job %q, want %q", ck.ID, ErrResume, ck.Job, cfg.Job)
 	case ck.Cursor.Shard != cfg.shardName():
