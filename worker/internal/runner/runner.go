@@ -146,8 +146,9 @@ type Process struct {
 	started time.Time
 
 	stopOnce sync.Once
-	stopReq  chan struct{} // closed by Stop
-	killReq  chan struct{} // closed by Kill
+	stopReq  chan struct{}       // closed by Stop
+	sigReq   chan syscall.Signal // Signal's requests, served while the leader is unreaped
+	killReq  chan struct{}       // closed by Kill
 	killOnce sync.Once
 
 	exited chan struct{} // closed once the leader has exited, before reaping
@@ -186,6 +187,7 @@ func Start(s Spec) (*Process, error) {
 		outs:    [2]*streamWriter{{sink: sink, stream: Stdout}, {sink: sink, stream: Stderr}},
 		stopReq: make(chan struct{}),
 		killReq: make(chan struct{}),
+		sigReq:  make(chan syscall.Signal),
 		exited:  make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -195,7 +197,10 @@ func Start(s Spec) (*Process, error) {
 	cmd.Stdin = nil // /dev/null: a rank is not interactive
 	cmd.Stdout = p.outs[0]
 	cmd.Stderr = p.outs[1]
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig ties the rank's life to the agent's: a worker agent killed
+	// with SIGKILL cannot stop its ranks, and an orphaned rank would go on
+	// training for an attempt the server has already given to others.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = waitDelay
 	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
@@ -231,6 +236,8 @@ loop:
 		case <-killReq:
 			killReq = nil
 			p.signal(syscall.SIGKILL)
+		case sig := <-p.sigReq:
+			_ = syscall.Kill(-p.pgid, sig)
 		case <-p.exited:
 			break loop
 		}
@@ -284,6 +291,21 @@ func (p *Process) exitErr(err error) error {
 
 // Pid is the leader's process id, which is also the group id.
 func (p *Process) Pid() int { return p.pgid }
+
+// Cmd is the started command, for meter.Start. Its ProcessState may be read
+// once Wait has returned.
+func (p *Process) Cmd() *exec.Cmd { return p.cmd }
+
+// Signal sends sig to the rank's process group, as a request the rank
+// interprets (the pool agent's SIGUSR1: stop at the next checkpoint); unlike
+// Stop it does not mark the rank as stopped by the runner. It does nothing
+// once the leader has exited, so a late signal cannot reach a reused group.
+func (p *Process) Signal(sig syscall.Signal) {
+	select {
+	case p.sigReq <- sig:
+	case <-p.exited:
+	}
+}
 
 // Stop sends SIGTERM to the rank's process group and SIGKILL after the grace
 // period, as torchrun does, so a script can write a last checkpoint. It does
