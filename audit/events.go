@@ -711,6 +711,13 @@ type PoolJob struct {
 	State  string `json:"state"`
 	Model  string `json:"model"` // version produced or used; "" if none yet
 	Detail string `json:"detail"`
+	// What the job used so far, over every attempt. Each is left out of
+	// the encoding when zero, so entries written before usage was recorded
+	// still verify.
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
+	GPUSeconds      float64 `json:"gpu_seconds,omitempty"`
+	PeakMemoryBytes uint64  `json:"peak_memory_bytes,omitempty"`
+	EnergyJoules    float64 `json:"energy_joules,omitempty"`
 }
 
 func (PoolJob) EventType() EventType { return TypePoolJob }
@@ -722,6 +729,9 @@ func (p PoolJob) validate() error {
 	c.oneOf("state", p.State, JobSubmitted, JobRunning, JobSucceeded, JobFailed, JobCancelled)
 	c.hex("model", p.Model, false)
 	c.text("detail", p.Detail)
+	c.finite("cpu_seconds", p.CPUSeconds, true)
+	c.finite("gpu_seconds", p.GPUSeconds, true)
+	c.finite("energy_joules", p.EnergyJoules, true)
 	return c.err
 }
 func (p PoolJob) encode(o *canon.Object) {
@@ -730,4 +740,16 @@ func (p PoolJob) encode(o *canon.Object) {
 	o.String("state", p.State)
 	o.String("model", p.Model)
 	o.String("detail", p.Detail)
+	if p.CPUSeconds != 0 {
+		o.Float("cpu_seconds", p.CPUSeconds)
+	}
+	if p.GPUSeconds != 0 {
+		o.Float("gpu_seconds", p.GPUSeconds)
+	}
+	if p.PeakMemoryBytes != 0 {
+		o.Uint("peak_memory_bytes", p.PeakMemoryBytes)
+	}
+	if p.EnergyJoules != 0 {
+		o.Float("energy_joules", p.EnergyJoules)
+	}
 }

@@ -237,6 +237,9 @@ func (s *Server) newGRPCServer(bl *blobs.Store, m *metrics.M) (*grpc.Server, err
 		api.WithDevices(&devices{s: s}),
 		api.WithNATSCredentials(&natsCredentials{s: s}),
 		api.WithCosignatureCounter(func(result string) { m.Cosignatures.WithLabelValues(result).Inc() }))
+	if s.pool != nil {
+		s.pool.Register(srv)
+	}
 	return srv, nil
 }
 

@@ -33,12 +33,14 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/healthcheck"
+	"github.com/fleetlearn/fleetlearn/pool"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsembed"
 	"github.com/fleetlearn/fleetlearn/server/internal/natsx"
+	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -125,6 +127,15 @@ type Config struct {
 	// and show connections (device ids, addresses): keep them on loopback
 	// or behind a firewall. An external cluster (NATSURL) serves its own.
 	NATSMonitor string
+
+	// PoolTenants are the compute pool's tenants: fair-share weight, quota
+	// and budget (default: one tenant "default" of weight 1, uncapped).
+	PoolTenants map[string]pool.Tenant
+	// PoolHeartbeat is how long a pool worker's heartbeat long poll waits
+	// (default 2 s); a worker silent for PoolHeartbeatsToLoss (default 3)
+	// of them is lost and its jobs restart from their checkpoints.
+	PoolHeartbeat        time.Duration
+	PoolHeartbeatsToLoss int
 }
 
 // Option injects a collaborator.
@@ -159,6 +170,7 @@ type Server struct {
 	store         *store.Store
 	sandbox       *wasm.Sandbox
 	coord         *coord.Coordinator
+	pool          *poolsvc.Service
 	grpc          *grpc.Server
 	grpcLn        net.Listener
 	http          *http.Server
@@ -359,6 +371,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
+	if err := s.startPool(ctx, bl); err != nil {
+		return err
+	}
 
 	s.grpcLn, err = net.Listen("tcp", s.cfg.GRPCAddr)
 	if err != nil {
@@ -412,6 +427,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Do(func() {
 		s.closing.Store(true)
 		var errs []error
+		if s.pool != nil {
+			// First: it ends the pool's long polls and waits, which would
+			// hold up a graceful stop of the API.
+			s.pool.Shutdown()
+		}
 		if s.grpc != nil {
 			stopped := make(chan struct{})
 			go func() { s.grpc.GracefulStop(); close(stopped) }()

@@ -35,6 +35,7 @@ type flags struct {
 	publishers  string
 	writeNATS   string
 	resolverDir string
+	poolTenants []string
 }
 
 func versionLine() string {
@@ -167,6 +168,9 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 		"the `NAME` of the audit log, first line of its checkpoints (e.g. \"fleetlearn.example.com/audit\")")
 	fl.StringArrayVar(&f.cfg.AuditWitnesses, "audit-witness", nil,
 		"accept and serve the cosignatures of audit checkpoints by the witness with verifier `KEY` (fleetlearn audit witness init prints it); repeatable")
+	fl.StringArrayVar(&f.poolTenants, "pool-tenant", nil, poolTenantHelp)
+	fl.DurationVar(&f.cfg.PoolHeartbeat, "pool-heartbeat", 0,
+		"pool workers' heartbeat interval `DUR` (0: 2s); a worker silent for three of them is lost and its jobs restart from their checkpoints")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
 	fl.StringVar(&f.writeNATS, "write-nats-config", "",
 		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE` (\"-\": standard output), and exit")
@@ -220,6 +224,14 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 			return cfg, 0, usage("--module-publishers: %v", err)
 		}
 		cfg.ModulePublishersJWKS = b
+	}
+	tenants, err := parsePoolTenants(f.poolTenants)
+	if err != nil {
+		return cfg, 0, err
+	}
+	cfg.PoolTenants = tenants
+	if cfg.PoolHeartbeat != 0 && (cfg.PoolHeartbeat < 10*time.Millisecond || cfg.PoolHeartbeat > time.Hour) {
+		return cfg, 0, usage("--pool-heartbeat %s: want a duration between 10ms and 1h", cfg.PoolHeartbeat)
 	}
 	return cfg, level, nil
 }

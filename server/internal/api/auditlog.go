@@ -125,6 +125,19 @@ var mutating = map[string]describe{
 			a.Resource = "modules/" + a.Module
 		}
 	},
+	apiv1.PoolService_SubmitJob_FullMethodName: func(req, res proto.Message, a *audit.OperatorAction) {
+		in, _ := req.(*pb.SubmitJobRequest)
+		out, _ := res.(*pb.SubmitJobResponse)
+		if id := auditField(firstNonEmpty(out.GetJob().GetSpec().GetId(), in.GetSpec().GetId())); id != "" {
+			a.Resource = "pool-jobs/" + id
+		}
+	},
+	apiv1.PoolService_CancelJob_FullMethodName: func(req, _ proto.Message, a *audit.OperatorAction) {
+		in, _ := req.(*pb.CancelJobRequest)
+		if id := auditField(in.GetJobId()); id != "" {
+			a.Resource = "pool-jobs/" + id
+		}
+	},
 }
 
 // Unary is the grpc.UnaryServerInterceptor.

@@ -121,6 +121,7 @@ var migrations = []string{
 	`ALTER TABLE rounds ADD COLUMN failures BLOB`,
 	`ALTER TABLE tasks ADD COLUMN short_rounds INTEGER NOT NULL DEFAULT 0`,
 	`ALTER TABLE tasks ADD COLUMN base_metrics BLOB`,
+	`ALTER TABLE models ADD COLUMN lineage BLOB`, // pb.PoolLineage of a pool-trained version
 }
 
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -143,6 +144,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 			db.Close()
 			return nil, fmt.Errorf("store: migrate: %w", err)
 		}
+	}
+	if _, err := db.ExecContext(ctx, poolSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: pool schema: %w", err)
 	}
 	return withDeviceSchema(ctx, db)
 }
@@ -745,6 +750,7 @@ type ModelRow struct {
 	Params      int
 	Size        int64
 	Created     time.Time
+	Lineage     *pb.PoolLineage // how a pool job made it; nil otherwise
 }
 
 // Proto renders the row for the API.
@@ -753,13 +759,21 @@ func (m *ModelRow) Proto() *pb.Model {
 		Ref:  &pb.ModelRef{Sha256: m.Version, Version: m.Version, SizeBytes: uint64(m.Size), ParentVersion: m.Parent},
 		Name: m.Name, Description: m.Description, Source: m.Source, TaskId: m.TaskID, Round: m.Round,
 		TensorCount: uint32(m.Tensors), ParameterCount: uint64(m.Params), CreateTime: tsProto(m.Created),
+		Lineage: m.Lineage,
 	}
 }
 
 func insertModel(ctx context.Context, tx *sql.Tx, m *ModelRow) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO models (version, name, description, parent, task_id, round, source, tensors, params, size, created)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(version) DO NOTHING`,
-		m.Version, m.Name, m.Description, m.Parent, m.TaskID, int64(m.Round), int32(m.Source), m.Tensors, m.Params, m.Size, ts(m.Created))
+	var lin []byte
+	if m.Lineage != nil {
+		var err error
+		if lin, err = proto.Marshal(m.Lineage); err != nil {
+			return fmt.Errorf("store: insert model %s: lineage: %w", m.Version, err)
+		}
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO models (version, name, description, parent, task_id, round, source, tensors, params, size, created, lineage)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(version) DO NOTHING`,
+		m.Version, m.Name, m.Description, m.Parent, m.TaskID, int64(m.Round), int32(m.Source), m.Tensors, m.Params, m.Size, ts(m.Created), lin)
 	if err != nil {
 		return fmt.Errorf("store: insert model %s: %w", m.Version, err)
 	}
@@ -774,17 +788,18 @@ func (s *Store) InsertModel(ctx context.Context, m *ModelRow) error {
 	return s.Tx(ctx, func(tx *sql.Tx) error { return insertModel(ctx, tx, m) })
 }
 
-const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created`
+const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created, lineage`
 
 func scanModel(sc interface{ Scan(...any) error }) (*ModelRow, error) {
 	var m ModelRow
 	var round, created int64
 	var source int32
-	if err := sc.Scan(&m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created); err != nil {
+	var lin []byte
+	if err := sc.Scan(&m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created, &lin); err != nil {
 		return nil, err
 	}
 	m.Round, m.Source, m.Created = uint64(round), pb.ModelSource(source), fromTS(created)
-	return &m, nil
+	return &m, decodeLineage(&m, lin)
 }
 
 // Model loads a model version's metadata.
@@ -816,10 +831,14 @@ func (s *Store) Models(ctx context.Context, name string, beforeRowID int64, limi
 		var m ModelRow
 		var round, created int64
 		var source int32
-		if err := rows.Scan(&last, &m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created); err != nil {
+		var lin []byte
+		if err := rows.Scan(&last, &m.Version, &m.Name, &m.Description, &m.Parent, &m.TaskID, &round, &source, &m.Tensors, &m.Params, &m.Size, &created, &lin); err != nil {
 			return nil, 0, err
 		}
 		m.Round, m.Source, m.Created = uint64(round), pb.ModelSource(source), fromTS(created)
+		if err := decodeLineage(&m, lin); err != nil {
+			return nil, 0, err
+		}
 		out = append(out, &m)
 	}
 	return out, last, rows.Err()

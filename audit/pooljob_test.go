@@ -1,0 +1,54 @@
+package audit
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+// Usage fields are left out when zero, so a pool job entry written before
+// they existed encodes, and so verifies, exactly as it did.
+func TestPoolJobUsageEncoding(t *testing.T) {
+	old := PoolJob{Job: "pool-job-7", Kind: "pretrain", State: JobSucceeded, Model: hexA, Detail: "42 epochs"}
+	ev, err := NewEvent(Operator("a"), old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"job":"pool-job-7","kind":"pretrain","state":"succeeded","model":"` + hexA + `","detail":"42 epochs"}`
+	if string(ev.Payload) != want {
+		t.Fatalf("payload without usage:\n%s\nwant\n%s", ev.Payload, want)
+	}
+	withUsage := old
+	withUsage.CPUSeconds, withUsage.GPUSeconds, withUsage.PeakMemoryBytes, withUsage.EnergyJoules = 12.5, 3, 1<<30, 0
+	ev, err = NewEvent(Operator("a"), withUsage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `{"job":"pool-job-7","kind":"pretrain","state":"succeeded","model":"` + hexA +
+		`","detail":"42 epochs","cpu_seconds":12.5,"gpu_seconds":3,"peak_memory_bytes":1073741824}`
+	if string(ev.Payload) != want {
+		t.Fatalf("payload with usage:\n%s\nwant\n%s", ev.Payload, want)
+	}
+	back, err := ev.DecodePayload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != withUsage {
+		t.Fatalf("decoded %+v, want %+v", back, withUsage)
+	}
+}
+
+func TestPoolJobUsageValidation(t *testing.T) {
+	base := PoolJob{Job: "j", Kind: "pretrain", State: JobRunning}
+	for _, mod := range []func(*PoolJob){
+		func(p *PoolJob) { p.CPUSeconds = -1 },
+		func(p *PoolJob) { p.GPUSeconds = math.NaN() },
+		func(p *PoolJob) { p.EnergyJoules = math.Inf(1) },
+	} {
+		p := base
+		mod(&p)
+		if _, err := NewEvent(Operator("a"), p); !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("%+v: %v", p, err)
+		}
+	}
+}

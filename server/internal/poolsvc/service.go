@@ -1,0 +1,276 @@
+package poolsvc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/pool"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+)
+
+// Defaults of Deps.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatsToLoss  = 3
+	DefaultTenant            = "default"
+	// DefaultMaxJobStorage caps one job's checkpoints on the server.
+	DefaultMaxJobStorage int64 = 64 << 30
+	// MaxLogLines are kept per job; older lines are dropped.
+	MaxLogLines = 10_000
+	// MaxLogLineBytes bounds one log line.
+	MaxLogLineBytes = 4096
+	// MaxBlobBytes bounds one checkpoint blob: the checkpoint chunk size.
+	MaxBlobBytes = 4 << 20
+)
+
+// ModelSink stores a pool-trained model as a model version of family name
+// (source MODEL_SOURCE_POOL, with lineage) and returns it. The service
+// records the audit events itself.
+type ModelSink func(ctx context.Context, name string, m *model.Model, lineage *pb.PoolLineage) (*pb.Model, error)
+
+// Deps are the service's collaborators and settings.
+type Deps struct {
+	Store *store.Store // required
+	Clock clock.Clock  // nil: the system clock
+	Log   *slog.Logger // nil: discard
+	// CheckpointDir holds the ranks' checkpoint stores (DataDir/pool/checkpoints).
+	CheckpointDir string // required
+	// Audit records events in one batch: all or none (required).
+	Audit func(ctx context.Context, ps ...audit.Payload) error
+	// StoreModel receives a succeeded job's model (required).
+	StoreModel ModelSink
+	// CreateTask creates a job's then_task (required).
+	CreateTask func(ctx context.Context, t *pb.Task) (*pb.Task, error)
+	// Tenants are the queues; nil or empty is one tenant "default" with
+	// weight 1, no quota and no budget.
+	Tenants map[string]pool.Tenant
+	// HeartbeatInterval is how long a heartbeat long poll waits (default
+	// 2 s); a worker is lost after HeartbeatsToLoss (default 3) intervals
+	// without a call.
+	HeartbeatInterval time.Duration
+	HeartbeatsToLoss  int
+	// MaxJobStorageBytes caps one job's checkpoint bytes (default 64 GiB).
+	MaxJobStorageBytes int64
+}
+
+// Service is the job service.
+type Service struct {
+	d     Deps
+	clk   clock.Clock
+	log   *slog.Logger
+	sched *pool.Scheduler
+	ckpt  *ckptStores
+	logs  *notifier
+
+	reqs     chan func()
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+	started  bool
+
+	// Owned by the loop goroutine.
+	jobs    map[string]*jobRT
+	workers map[string]*workerRT
+	passes  uint64
+	timer   clock.Timer
+
+	// onPoll, when set (tests), is called by the loop when a heartbeat
+	// begins to wait.
+	onPoll func(worker string)
+}
+
+// New checks deps and builds the scheduler; Start restores state.
+func New(d Deps) (*Service, error) {
+	switch {
+	case d.Store == nil, d.CheckpointDir == "", d.Audit == nil, d.StoreModel == nil, d.CreateTask == nil:
+		return nil, fmt.Errorf("poolsvc: new: store, checkpoint dir, audit, model sink and task creation are required: %w", ErrConfig)
+	case d.HeartbeatInterval < 0 || d.HeartbeatsToLoss < 0 || d.MaxJobStorageBytes < 0:
+		return nil, fmt.Errorf("poolsvc: new: negative heartbeat or storage setting: %w", ErrConfig)
+	}
+	if d.HeartbeatInterval == 0 {
+		d.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if d.HeartbeatInterval < 10*time.Millisecond || d.HeartbeatInterval > time.Hour {
+		return nil, fmt.Errorf("poolsvc: new: heartbeat interval %s outside [10ms, 1h]: %w", d.HeartbeatInterval, ErrConfig)
+	}
+	if d.HeartbeatsToLoss == 0 {
+		d.HeartbeatsToLoss = DefaultHeartbeatsToLoss
+	}
+	if d.HeartbeatsToLoss > 100 {
+		return nil, fmt.Errorf("poolsvc: new: heartbeats to loss %d over 100: %w", d.HeartbeatsToLoss, ErrConfig)
+	}
+	if d.MaxJobStorageBytes == 0 {
+		d.MaxJobStorageBytes = DefaultMaxJobStorage
+	}
+	if len(d.Tenants) == 0 {
+		d.Tenants = map[string]pool.Tenant{DefaultTenant: {Weight: 1}}
+	}
+	d.Tenants = maps.Clone(d.Tenants)
+	d.Clock = clock.Or(d.Clock)
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	sched, err := pool.NewScheduler(pool.Config{Tenants: d.Tenants, Clock: d.Clock})
+	if err != nil {
+		return nil, fmt.Errorf("poolsvc: new: %w", err)
+	}
+	return &Service{d: d, clk: d.Clock, log: d.Log, sched: sched,
+		ckpt: newCkptStores(d.CheckpointDir, d.MaxJobStorageBytes), logs: newNotifier(),
+		reqs: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
+		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}}, nil
+}
+
+// Start restores jobs and workers from the store and starts the loop. Jobs
+// that were queued or running come back queued from their committed step;
+// workers must register again.
+func (s *Service) Start(ctx context.Context) error {
+	if s.started {
+		return fmt.Errorf("poolsvc: start: already started: %w", ErrConfig)
+	}
+	if err := s.restore(ctx); err != nil {
+		return err
+	}
+	s.started = true
+	go s.loop()
+	return nil
+}
+
+// Shutdown stops the loop and ends every waiting call. Safe to call twice.
+func (s *Service) Shutdown() {
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		if s.started {
+			<-s.done
+		}
+	})
+}
+
+// Register adds both services to r.
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	apiv1.RegisterPoolServiceServer(r, &jobServer{s: s})
+	apiv1.RegisterPoolWorkerServiceServer(r, &workerServer{s: s})
+}
+
+func (s *Service) loop() {
+	defer close(s.done)
+	tick := s.clk.NewTicker(s.d.HeartbeatInterval)
+	defer tick.Stop()
+	s.armTimer()
+	for {
+		var timerC <-chan time.Time
+		if s.timer != nil {
+			timerC = s.timer.C()
+		}
+		select {
+		case <-s.stop:
+			s.closeAll()
+			return
+		case fn := <-s.reqs:
+			fn()
+		case <-timerC:
+			s.timer = nil
+			s.expire()
+		case <-tick.C():
+			s.expire()
+		}
+		s.pass()
+		s.armTimer()
+	}
+}
+
+// do runs fn on the loop goroutine, followed by a scheduling pass, and
+// returns its error.
+func (s *Service) do(ctx context.Context, fn func() error) error {
+	res := make(chan error, 1)
+	wrapped := func() { res <- fn() }
+	select {
+	case s.reqs <- wrapped:
+	case <-s.stop:
+		return errorf(codes.Unavailable, "pool service shutting down")
+	case <-ctx.Done():
+		return errorf(codes.Canceled, "%v", ctx.Err())
+	}
+	// Once taken, fn runs to the end; the result channel is buffered.
+	select {
+	case err := <-res:
+		return err
+	case <-s.done:
+		select {
+		case err := <-res:
+			return err
+		default:
+			return errorf(codes.Unavailable, "pool service shutting down")
+		}
+	}
+}
+
+// armTimer sets the timer to the earliest worker-loss or handoff deadline.
+func (s *Service) armTimer() {
+	var next time.Time
+	for _, w := range s.workers {
+		if !w.lost {
+			if dl := w.lastSeen.Add(s.lossAfter()); next.IsZero() || dl.Before(next) {
+				next = dl
+			}
+		}
+	}
+	for _, rt := range s.jobs {
+		if rt.handoffDue.IsZero() {
+			continue
+		}
+		if next.IsZero() || rt.handoffDue.Before(next) {
+			next = rt.handoffDue
+		}
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	if next.IsZero() {
+		return
+	}
+	s.timer = s.clk.NewTimer(max(next.Sub(s.clk.Now()), 0))
+}
+
+func (s *Service) lossAfter() time.Duration {
+	return time.Duration(s.d.HeartbeatsToLoss) * s.d.HeartbeatInterval
+}
+
+// closeAll ends every waiter at shutdown.
+func (s *Service) closeAll() {
+	for _, w := range s.workers {
+		w.signal()
+	}
+	for _, rt := range s.jobs {
+		rt.abortSync("the server is shutting down")
+		rt.notify()
+	}
+}
+
+func newID(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func (s *Service) audit(ctx context.Context, ps ...audit.Payload) error {
+	if err := s.d.Audit(context.WithoutCancel(ctx), ps...); err != nil {
+		s.log.ErrorContext(ctx, "pool audit record failed", "err", err)
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,751 @@
+package poolsvc
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/pool"
+	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/authz"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+)
+
+// MaxWorkers bounds the workers the service holds.
+const MaxWorkers = 4096
+
+type workerServer struct {
+	apiv1.UnimplementedPoolWorkerServiceServer
+	s *Service
+}
+
+func principal(ctx context.Context) (identity.Principal, error) {
+	p, ok := authz.Principal(ctx)
+	if !ok || p.Subject == "" {
+		return identity.Principal{}, errorf(codes.PermissionDenied, "no verified caller: pool workers need a pool-worker token")
+	}
+	return p, nil
+}
+
+func peerHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	h, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+func (s *Service) workerRow(w *workerRT) store.PoolWorkerRow {
+	return store.PoolWorkerRow{Worker: w.rec, Subject: w.subject, TokenID: w.tokenID}
+}
+
+// worker finds the caller's worker, refusing another principal, and counts
+// the call as a sign of life. The loop calls it.
+func (s *Service) worker(id string, p identity.Principal) (*workerRT, error) {
+	w := s.workers[id]
+	switch {
+	case w == nil:
+		return nil, errorf(codes.NotFound, "worker %.64q is not registered: register again", id)
+	case w.subject != p.Subject || w.tokenID != p.TokenID:
+		return nil, errorf(codes.PermissionDenied, "worker %s was registered by another principal", id)
+	case w.lost:
+		return nil, errorf(codes.NotFound, "worker %s was declared lost: register again", id)
+	}
+	w.lastSeen = s.clk.Now()
+	w.rec.LastSeen = timestamppb.New(w.lastSeen)
+	return w, nil
+}
+
+// leaseFor checks that the caller's worker holds the lease for ref now.
+// With ended, a lease of an attempt that completed the job still answers
+// (its ranks report their exits and last lines).
+func (s *Service) leaseFor(ref *pb.RankRef, p identity.Principal, ended bool) (*jobRT, *lease, error) {
+	if _, err := s.worker(ref.GetWorkerId(), p); err != nil {
+		return nil, nil, err
+	}
+	rt := s.jobs[ref.GetJobId()]
+	if rt == nil {
+		return nil, nil, errorf(codes.NotFound, "pool job %.64q not found", ref.GetJobId())
+	}
+	ok := rt.live || ended && rt.final
+	if !ok || ref.GetAttempt() != rt.rec.Attempt || int(ref.GetRank()) >= len(rt.leases) {
+		return nil, nil, errorf(codes.FailedPrecondition, "job %s attempt %d rank %d is not running (the current attempt is %d): stop this rank",
+			rt.id(), ref.GetAttempt(), ref.GetRank(), rt.rec.Attempt)
+	}
+	le := rt.leases[ref.GetRank()]
+	if le.worker != ref.GetWorkerId() || le.exited {
+		return nil, nil, errorf(codes.FailedPrecondition, "worker %s does not hold the lease of job %s attempt %d rank %d",
+			ref.GetWorkerId(), rt.id(), ref.GetAttempt(), ref.GetRank())
+	}
+	return rt, le, nil
+}
+
+func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerRequest) (*pb.RegisterWorkerResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := req.GetCapacity()
+	capacity := pool.Resources{MilliCPU: c.GetMilliCpu(), Memory: c.GetMemoryBytes(), GPUs: c.GetGpus()}
+	if err := checkText("name", req.GetName(), 253); err != nil {
+		return nil, err
+	}
+	if err := checkText("version", req.GetVersion(), 128); err != nil {
+		return nil, err
+	}
+	if len(req.GetGpuModels()) > 1024 {
+		return nil, invalidf("gpu_models: %d entries, at most 1024", len(req.GetGpuModels()))
+	}
+	for _, g := range req.GetGpuModels() {
+		if err := checkText("gpu_models", g, 128); err != nil {
+			return nil, err
+		}
+	}
+	id := newID("w-")
+	var out *pb.RegisterWorkerResponse
+	err = s.do(ctx, func() error {
+		if len(s.workers) >= MaxWorkers {
+			// Lost workers make room: they can only register again.
+			for id, w := range s.workers {
+				if w.lost {
+					delete(s.workers, id)
+				}
+			}
+		}
+		if len(s.workers) >= MaxWorkers {
+			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes", MaxWorkers)
+		}
+		if err := s.sched.AddWorker(id, capacity); err != nil {
+			return invalidf("register worker: %v", err)
+		}
+		now := s.clk.Now()
+		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
+			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
+				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: "ready", Version: req.GetVersion()}}
+		s.workers[id] = w
+		if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
+			s.log.Error("storing pool worker", "worker", id, "err", err)
+		}
+		out = &pb.RegisterWorkerResponse{WorkerId: id, HeartbeatInterval: durationpb.New(s.d.HeartbeatInterval),
+			HeartbeatsToLoss: uint32(s.d.HeartbeatsToLoss)}
+		return nil
+	})
+	return out, err
+}
+
+// checkUsage bounds a cumulative usage report against the previous one.
+func checkUsage(u, prev *pb.PoolUsage) error {
+	for _, f := range []struct {
+		name    string
+		v, prev float64
+	}{{"cpu_seconds", u.GetCpuSeconds(), prev.GetCpuSeconds()}, {"gpu_seconds", u.GetGpuSeconds(), prev.GetGpuSeconds()},
+		{"energy_joules", u.GetEnergyJoules(), prev.GetEnergyJoules()}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > 1e15 {
+			return invalidf("usage.%s %v: want a finite number in [0, 1e15]", f.name, f.v)
+		}
+		if f.v < f.prev {
+			return invalidf("usage.%s went down from %v to %v: usage is cumulative over the attempt", f.name, f.prev, f.v)
+		}
+	}
+	if m := u.GetPeakMemoryBytes(); m < 0 || m > 1<<50 {
+		return invalidf("usage.peak_memory_bytes %d outside [0, 2^50]", m)
+	}
+	if err := checkText("usage.meter", u.GetMeter(), 32); err != nil {
+		return err
+	}
+	return checkText("usage.energy_source", u.GetEnergySource(), 32)
+}
+
+// applyUsage turns the increase since the rank's last report into job
+// usage and a meter reading. GPU time is the server's own measure: GPUs
+// per rank times wall time since the last reading.
+func (s *Service) applyUsage(rt *jobRT, le *lease, u *pb.PoolUsage) {
+	if u == nil {
+		u = le.usage
+	}
+	now := s.clk.Now()
+	var gpu float64
+	if now.After(le.meterAt) {
+		gpu = float64(rt.spec.PerRank.GPUs) * now.Sub(le.meterAt).Seconds()
+		le.meterAt = now
+	}
+	cpu := u.GetCpuSeconds() - le.usage.GetCpuSeconds()
+	energy := u.GetEnergyJoules() - le.usage.GetEnergyJoules()
+	s.charge(rt, cpu, gpu, energy, u.GetPeakMemoryBytes())
+	if u.GetMeter() != "" {
+		rt.rec.Usage.Meter = u.GetMeter()
+	}
+	if u.GetEnergySource() != "" {
+		rt.rec.Usage.EnergySource = u.GetEnergySource()
+	}
+	le.usage = proto.CloneOf(u)
+}
+
+func (v *workerServer) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetRanks()) > pool.MaxRanks {
+		return nil, invalidf("heartbeat: %d ranks, at most %d", len(req.GetRanks()), pool.MaxRanks)
+	}
+	first := true
+	// The poll's timer starts on the loop, before anyone can learn that the
+	// call waits: a clock advanced after that always reaches it.
+	var t clock.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		var out *pb.HeartbeatResponse
+		var wake <-chan struct{}
+		err := s.do(ctx, func() error {
+			w, err := s.worker(req.GetWorkerId(), p)
+			if err != nil {
+				return err
+			}
+			if first {
+				first = false
+				if err := s.heartbeatRanks(w, req.GetRanks()); err != nil {
+					return err
+				}
+			}
+			if w.pending() || ctx.Err() != nil {
+				out = &pb.HeartbeatResponse{Start: w.starts, Stop: w.stops}
+				w.starts, w.stops = nil, nil
+				return nil
+			}
+			wake = w.wake
+			if t == nil {
+				t = s.clk.NewTimer(s.d.HeartbeatInterval)
+			}
+			if s.onPoll != nil {
+				s.onPoll(w.rec.Id)
+			}
+			return nil
+		})
+		if err != nil || out != nil {
+			return out, err
+		}
+		select {
+		case <-wake:
+		case <-t.C():
+			return &pb.HeartbeatResponse{}, nil
+		case <-ctx.Done():
+			return nil, errorf(codes.Canceled, "heartbeat: %v", ctx.Err())
+		case <-s.stop:
+			return nil, errorf(codes.Unavailable, "pool service shutting down")
+		}
+	}
+}
+
+// heartbeatRanks checks every status first, then applies them: progress,
+// usage, and a stop for any rank the worker should not be running.
+func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
+	type item struct {
+		rs *pb.RankStatus
+		rt *jobRT
+		le *lease
+	}
+	var items []item
+	for _, rs := range ranks {
+		rt := s.jobs[rs.GetJobId()]
+		var le *lease
+		if rt != nil && (rt.live || rt.final) && rs.GetAttempt() == rt.rec.Attempt && int(rs.GetRank()) < len(rt.leases) {
+			if c := rt.leases[rs.GetRank()]; c.worker == w.rec.Id && !c.exited {
+				le = c
+			}
+		}
+		if le == nil {
+			// A rank of an ended attempt, or one never leased here.
+			if len(rs.GetJobId()) <= pool.MaxNameLen {
+				w.stops = append(w.stops, &pb.RankStop{JobId: rs.GetJobId(), Attempt: rs.GetAttempt(),
+					Reason: "this attempt is not running on this worker"})
+			}
+			continue
+		}
+		if st := rs.GetStep(); st < rt.rec.CommittedStep && rt.live || st < 0 || st > rt.spec.TotalSteps {
+			return invalidf("heartbeat: job %s rank %d step %d outside [%d, %d]", rt.id(), rs.GetRank(), st, rt.rec.CommittedStep, rt.spec.TotalSteps)
+		}
+		if err := checkUsage(rs.GetUsage(), le.usage); err != nil {
+			return fmt.Errorf("heartbeat: job %s rank %d: %w", rt.id(), rs.GetRank(), err)
+		}
+		if l := rs.GetLoss(); math.IsNaN(l) || math.IsInf(l, 0) {
+			return invalidf("heartbeat: job %s rank %d: loss %v is not finite", rt.id(), rs.GetRank(), l)
+		}
+		items = append(items, item{rs, rt, le})
+	}
+	for _, it := range items {
+		it.le.step = max(it.le.step, it.rs.GetStep())
+		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
+		if it.rt.live {
+			step := it.rt.spec.TotalSteps
+			for _, le := range it.rt.leases {
+				step = min(step, le.step)
+			}
+			if err := s.sched.Progress(it.rt.id(), step); err != nil {
+				s.log.Warn("pool progress refused", "job", it.rt.id(), "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (v *workerServer) RankExited(ctx context.Context, req *pb.RankExitedRequest) (*pb.RankExitedResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkText("error", req.GetError(), 4096); err != nil {
+		return nil, err
+	}
+	if d := req.GetDataSha256(); d != "" && !isHex64(d) {
+		return nil, invalidf("data_sha256: want 64 lowercase hex digits")
+	}
+	ref := &pb.RankRef{WorkerId: req.GetWorkerId(), JobId: req.GetJobId(), Attempt: req.GetAttempt(), Rank: req.GetRank()}
+	err = s.do(ctx, func() error {
+		rt, le, err := s.leaseFor(ref, p, true)
+		if err != nil {
+			return err
+		}
+		if req.GetUsage() != nil {
+			if err := checkUsage(req.GetUsage(), le.usage); err != nil {
+				return err
+			}
+		}
+		s.applyUsage(rt, le, req.GetUsage())
+		le.exited, le.data = true, req.GetDataSha256()
+		if rt.final {
+			s.maybeHandoff(rt)
+			return nil
+		}
+		if req.GetCompleted() || req.GetStopped() || rt.stopping {
+			s.save(rt)
+			return nil
+		}
+		detail := req.GetError()
+		if detail == "" {
+			detail = "rank exited without completing"
+		}
+		d, err := s.sched.Crashed(rt.id(), fmt.Sprintf("rank %d on worker %s: %s (exit code %d)", req.GetRank(), req.GetWorkerId(), detail, req.GetExitCode()))
+		if err != nil {
+			return errorf(codes.FailedPrecondition, "rank exited: %v", err)
+		}
+		s.execute([]pool.Decision{d})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.RankExitedResponse{}, nil
+}
+
+func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpointBlobRequest) (*pb.PutCheckpointBlobResponse, error) {
+	s := v.s
+	d, err := checkpoint.ParseDigest(req.GetDigest())
+	if err != nil {
+		return nil, invalidf("put checkpoint blob: digest: %v", err)
+	}
+	data := req.GetData()
+	if len(data) > MaxBlobBytes {
+		return nil, invalidf("put checkpoint blob: %d bytes, at most %d: cut tensors into chunks of the checkpoint chunk size", len(data), MaxBlobBytes)
+	}
+	if checkpoint.Sum(data) != d {
+		return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
+	}
+	st, err := v.rankStore(ctx, req.GetRef(), false)
+	if err != nil {
+		return nil, err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if has, err := st.dir.HasBlob(d); err == nil && has {
+		st.fresh[d] = struct{}{}
+		return &pb.PutCheckpointBlobResponse{}, nil
+	}
+	ok, used, err := s.ckpt.reserve(req.GetRef().GetJobId(), int64(len(data)))
+	if err != nil {
+		return nil, errorf(codes.Internal, "put checkpoint blob: storage")
+	}
+	if !ok {
+		return nil, errorf(codes.ResourceExhausted, "put checkpoint blob: job %s holds %d bytes of checkpoints, the limit is %d",
+			req.GetRef().GetJobId(), used, s.d.MaxJobStorageBytes)
+	}
+	if err := st.dir.PutBlob(d, data); err != nil {
+		s.ckpt.release(req.GetRef().GetJobId(), int64(len(data)))
+		s.log.Error("storing a checkpoint blob", "job", req.GetRef().GetJobId(), "err", err)
+		return nil, errorf(codes.Internal, "put checkpoint blob: storage failed")
+	}
+	st.fresh[d] = struct{}{}
+	return &pb.PutCheckpointBlobResponse{}, nil
+}
+
+// rankStore checks the lease and opens the rank's store.
+func (v *workerServer) rankStore(ctx context.Context, ref *pb.RankRef, ended bool) (*rankStore, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.s.do(ctx, func() error { _, _, err := v.s.leaseFor(ref, p, ended); return err }); err != nil {
+		return nil, err
+	}
+	st, err := v.s.ckpt.get(ref.GetJobId(), ref.GetRank())
+	if err != nil {
+		v.s.log.Error("opening a checkpoint store", "job", ref.GetJobId(), "err", err)
+		return nil, errorf(codes.Internal, "checkpoint store unavailable")
+	}
+	return st, nil
+}
+
+func (v *workerServer) HasCheckpointBlob(ctx context.Context, req *pb.HasCheckpointBlobRequest) (*pb.HasCheckpointBlobResponse, error) {
+	d, err := checkpoint.ParseDigest(req.GetDigest())
+	if err != nil {
+		return nil, invalidf("has checkpoint blob: digest: %v", err)
+	}
+	st, err := v.rankStore(ctx, req.GetRef(), false)
+	if err != nil {
+		return nil, err
+	}
+	has, err := st.dir.HasBlob(d)
+	if err != nil {
+		return nil, errorf(codes.Internal, "has checkpoint blob: storage failed")
+	}
+	if has {
+		st.mu.Lock()
+		st.fresh[d] = struct{}{} // the rank will name it in its next manifest
+		st.mu.Unlock()
+	}
+	return &pb.HasCheckpointBlobResponse{Present: has}, nil
+}
+
+func (v *workerServer) GetCheckpointBlob(ctx context.Context, req *pb.GetCheckpointBlobRequest) (*pb.GetCheckpointBlobResponse, error) {
+	d, err := checkpoint.ParseDigest(req.GetDigest())
+	if err != nil {
+		return nil, invalidf("get checkpoint blob: digest: %v", err)
+	}
+	st, err := v.rankStore(ctx, req.GetRef(), false)
+	if err != nil {
+		return nil, err
+	}
+	b, err := st.dir.GetBlob(d)
+	if err != nil {
+		return nil, errorf(codes.NotFound, "get checkpoint blob %s: %v", d, err)
+	}
+	return &pb.GetCheckpointBlobResponse{Data: b}, nil
+}
+
+func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheckpointRequest) (*pb.CommitCheckpointResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ref := req.GetRef()
+	m, err := checkpoint.DecodeManifest(req.GetManifest())
+	if err != nil {
+		return nil, invalidf("commit checkpoint: %v", err)
+	}
+	var spec pool.Spec
+	var rankCommitted int64
+	err = s.do(ctx, func() error {
+		rt, _, err := s.leaseFor(ref, p, false)
+		if err != nil {
+			return err
+		}
+		spec, rankCommitted = rt.spec, rt.rec.CommittedStep
+		for st := range rt.ckpts[ref.GetRank()] {
+			if st > rankCommitted && rt.stepRanks[st][ref.GetRank()] {
+				rankCommitted = st
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case m.Job != ref.GetJobId():
+		return nil, invalidf("commit checkpoint: the manifest is for job %.64q, not %s", m.Job, ref.GetJobId())
+	case m.Step > spec.TotalSteps || m.Step%spec.CheckpointInterval != 0 && m.Step != spec.TotalSteps:
+		return nil, invalidf("commit checkpoint: step %d is not a checkpoint boundary (every %d steps, or %d)", m.Step, spec.CheckpointInterval, spec.TotalSteps)
+	case m.Step <= rankCommitted:
+		return nil, invalidf("commit checkpoint: step %d is not after rank %d's committed step %d", m.Step, ref.GetRank(), rankCommitted)
+	}
+	st, err := s.ckpt.get(ref.GetJobId(), ref.GetRank())
+	if err != nil {
+		return nil, errorf(codes.Internal, "checkpoint store unavailable")
+	}
+	st.mu.Lock()
+	id, err := st.dir.Commit(m)
+	if err == nil {
+		clear(st.fresh)
+	}
+	st.mu.Unlock()
+	if err != nil {
+		return nil, errorf(codes.FailedPrecondition, "commit checkpoint: %v: put every blob the manifest names first", err)
+	}
+	var stop bool
+	var keep map[string]bool
+	err = s.do(ctx, func() error {
+		rt, _, err := s.leaseFor(ref, p, false)
+		if err != nil {
+			return err
+		}
+		rank := ref.GetRank()
+		if err := s.d.Store.PutPoolCheckpoint(context.Background(), rt.id(), rank, m.Step, id.String()); err != nil {
+			return errorf(codes.Internal, "commit checkpoint: could not record it")
+		}
+		if rt.ckpts[rank] == nil {
+			rt.ckpts[rank] = map[int64]string{}
+		}
+		rt.ckpts[rank][m.Step] = id.String()
+		if rt.stepRanks[m.Step] == nil {
+			rt.stepRanks[m.Step] = map[uint32]bool{}
+		}
+		rt.stepRanks[m.Step][rank] = true
+		if len(rt.stepRanks[m.Step]) == len(rt.leases) && m.Step > rt.rec.CommittedStep {
+			s.checkpointed(rt, m.Step)
+		}
+		stop = rt.stopping || !rt.live && !rt.final
+		keep = keepSet(rt.ckpts[rank], rt.rec.CommittedStep)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	dropped, err := s.ckpt.gc(ref.GetJobId(), st, keep)
+	if err != nil {
+		s.log.Warn("checkpoint gc", "job", ref.GetJobId(), "rank", ref.GetRank(), "err", err)
+	}
+	if len(dropped) > 0 {
+		_ = s.do(ctx, func() error { s.forget(ref.GetJobId(), ref.GetRank(), dropped); return nil })
+	}
+	return &pb.CommitCheckpointResponse{Id: id.String(), Stop: stop}, nil
+}
+
+// keepSet is what GC keeps of a rank's checkpoints: every step at or after
+// the job's committed step, and the newest one before it.
+func keepSet(byStep map[int64]string, committed int64) map[string]bool {
+	keep := map[string]bool{}
+	older := int64(-1)
+	for st, id := range byStep {
+		if st >= committed {
+			keep[id] = true
+		} else if st > older {
+			older = st
+		}
+	}
+	if older >= 0 {
+		keep[byStep[older]] = true
+	}
+	return keep
+}
+
+// forget drops the records of checkpoints GC deleted.
+func (s *Service) forget(job string, rank uint32, ids []string) {
+	rt := s.jobs[job]
+	if rt == nil {
+		return
+	}
+	gone := map[string]bool{}
+	for _, id := range ids {
+		gone[id] = true
+	}
+	for st, id := range rt.ckpts[rank] {
+		if gone[id] {
+			delete(rt.ckpts[rank], st)
+			if err := s.d.Store.DeletePoolCheckpoint(context.Background(), job, rank, st); err != nil {
+				s.log.Warn("forgetting a checkpoint", "job", job, "err", err)
+			}
+		}
+	}
+}
+
+func (v *workerServer) GetRankCheckpoint(ctx context.Context, req *pb.GetRankCheckpointRequest) (*pb.GetRankCheckpointResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ref := req.GetRef()
+	want := req.GetId()
+	if want != "" {
+		if _, err := checkpoint.ParseDigest(want); err != nil {
+			return nil, invalidf("get rank checkpoint: id: %v", err)
+		}
+	}
+	err = s.do(ctx, func() error {
+		rt, le, err := s.leaseFor(ref, p, false)
+		if err != nil {
+			return err
+		}
+		if want == "" {
+			if le.l.ResumeStep == 0 {
+				return nil
+			}
+			want = rt.ckpts[ref.GetRank()][le.l.ResumeStep]
+			if want == "" {
+				return errorf(codes.NotFound, "rank %d has no checkpoint at step %d", ref.GetRank(), le.l.ResumeStep)
+			}
+		}
+		return nil
+	})
+	if err != nil || want == "" {
+		return &pb.GetRankCheckpointResponse{}, err
+	}
+	st, err := s.ckpt.get(ref.GetJobId(), ref.GetRank())
+	if err != nil {
+		return nil, errorf(codes.Internal, "checkpoint store unavailable")
+	}
+	d, _ := checkpoint.ParseDigest(want)
+	m, err := st.dir.Manifest(d)
+	if err != nil {
+		return nil, errorf(codes.NotFound, "get rank checkpoint %s: %v", want, err)
+	}
+	b, _, err := m.Encode()
+	if err != nil {
+		return nil, errorf(codes.Internal, "get rank checkpoint: encode")
+	}
+	return &pb.GetRankCheckpointResponse{Id: want, Manifest: b}, nil
+}
+
+func (v *workerServer) ListRankCheckpoints(ctx context.Context, req *pb.ListRankCheckpointsRequest) (*pb.ListRankCheckpointsResponse, error) {
+	st, err := v.rankStore(ctx, req.GetRef(), false)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := st.dir.List()
+	if err != nil {
+		return nil, errorf(codes.Internal, "list rank checkpoints: storage failed")
+	}
+	out := &pb.ListRankCheckpointsResponse{}
+	for _, id := range ids {
+		out.Ids = append(out.Ids, id.String())
+	}
+	return out, nil
+}
+
+func (v *workerServer) Average(ctx context.Context, req *pb.AverageRequest) (*pb.AverageResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := req.GetWeight()
+	if math.IsNaN(w) || w < 1 || w > 1<<31 || w != math.Trunc(w) {
+		return nil, invalidf("average: weight %v: want the shard's example count, an integer in [1, 2^31]", w)
+	}
+	params, err := decodeParams(req.GetParams())
+	if err != nil {
+		return nil, err
+	}
+	var r *syncRound
+	err = s.do(ctx, func() error {
+		rt, _, err := s.leaseFor(req.GetRef(), p, false)
+		if err != nil {
+			return err
+		}
+		if st := req.GetStep(); st <= rt.rec.CommittedStep || st > rt.spec.TotalSteps {
+			return invalidf("average: step %d outside (%d, %d]", st, rt.rec.CommittedStep, rt.spec.TotalSteps)
+		}
+		r, err = rt.contribute(req.GetRef().GetRank(), req.GetStep(), params, w)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return nil, errorf(codes.Canceled, "average: %v", ctx.Err())
+	case <-s.stop:
+		return nil, errorf(codes.Unavailable, "pool service shutting down")
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &pb.AverageResponse{Params: r.result}, nil
+}
+
+var logStreams = map[string]bool{"stdout": true, "stderr": true, "agent": true}
+
+// MaxLogLinesPerCall bounds one AppendLogs.
+const MaxLogLinesPerCall = 1000
+
+func (v *workerServer) AppendLogs(ctx context.Context, req *pb.AppendLogsRequest) (*pb.AppendLogsResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetLines()) > MaxLogLinesPerCall {
+		return nil, invalidf("append logs: %d lines, at most %d per call", len(req.GetLines()), MaxLogLinesPerCall)
+	}
+	ref := req.GetRef()
+	if err := s.do(ctx, func() error { _, _, err := s.leaseFor(ref, p, true); return err }); err != nil {
+		return nil, err
+	}
+	now := timestamppb.New(s.clk.Now())
+	lines := make([]*pb.PoolLogLine, 0, len(req.GetLines()))
+	for i, l := range req.GetLines() {
+		if len(l.GetText()) > MaxLogLineBytes || !utf8.ValidString(l.GetText()) {
+			return nil, invalidf("append logs: line %d: want valid UTF-8 of at most %d bytes; split longer lines", i, MaxLogLineBytes)
+		}
+		if !logStreams[l.GetStream()] {
+			return nil, invalidf("append logs: line %d: stream %.16q; want stdout, stderr or agent", i, l.GetStream())
+		}
+		lines = append(lines, &pb.PoolLogLine{Attempt: ref.GetAttempt(), Rank: ref.GetRank(), Stream: l.GetStream(),
+			Text: l.GetText(), Time: now})
+	}
+	if len(lines) == 0 {
+		return &pb.AppendLogsResponse{}, nil
+	}
+	if _, err := s.d.Store.AppendPoolLogs(ctx, ref.GetJobId(), lines, MaxLogLines); err != nil {
+		s.log.Error("storing pool logs", "job", ref.GetJobId(), "err", err)
+		return nil, errorf(codes.Internal, "append logs: storage failed")
+	}
+	s.logs.notify(ref.GetJobId())
+	return &pb.AppendLogsResponse{}, nil
+}
+
+func checkText(field, v string, limit int) error {
+	if len(v) > limit || !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+		return invalidf("%s: want UTF-8 text of at most %d bytes without NUL", field, limit)
+	}
+	return nil
+}
+
+func isHex64(v string) bool {
+	if len(v) != 64 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}

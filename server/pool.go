@@ -1,0 +1,70 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+)
+
+// poolActor names the compute pool's job service in the audit log.
+var poolActor = audit.Service("pool")
+
+// PoolCheckpointDir is where a server with data directory dataDir keeps
+// pool jobs' checkpoints.
+func PoolCheckpointDir(dataDir string) string { return filepath.Join(dataDir, "pool", "checkpoints") }
+
+// startPool starts the compute pool's job service; its state is in the
+// store, its checkpoints under PoolCheckpointDir.
+func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
+	v := &service{s: s, blobs: bl}
+	svc, err := poolsvc.New(poolsvc.Deps{Store: s.store, Clock: s.o.clock, Log: s.o.log.With("component", "pool"),
+		CheckpointDir: PoolCheckpointDir(s.cfg.DataDir),
+		Audit: func(ctx context.Context, ps ...audit.Payload) error {
+			return s.recordBatch(ctx, poolActor, ps...)
+		},
+		StoreModel: func(ctx context.Context, name string, m *model.Model, lin *pb.PoolLineage) (*pb.Model, error) {
+			return v.storePoolModel(ctx, name, m, lin)
+		},
+		CreateTask: func(ctx context.Context, t *pb.Task) (*pb.Task, error) {
+			created, _, err := v.CreateTask(ctx, t)
+			return created, err
+		},
+		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss})
+	if err != nil {
+		return fmt.Errorf("server: pool: %w", err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		return fmt.Errorf("server: pool: %w", err)
+	}
+	s.pool = svc
+	return nil
+}
+
+// storePoolModel stores a pool job's model as a version of family name,
+// in the canonical safetensors encoding, with its lineage.
+func (v *service) storePoolModel(ctx context.Context, name string, m *model.Model, lin *pb.PoolLineage) (*pb.Model, error) {
+	c := &model.Model{Tensors: m.Tensors, Lineage: model.Lineage{Job: lin.GetJobId(), Source: "pool"}}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, c); err != nil {
+		return nil, fmt.Errorf("server: pool model: %w", err)
+	}
+	version, err := v.blobs.Put(ctx, buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("server: pool model: %w", err)
+	}
+	row := &store.ModelRow{Version: version, Name: name, Description: "trained by pool job " + lin.GetJobId(),
+		Source: pb.ModelSource_MODEL_SOURCE_POOL, Tensors: len(c.Tensors), Params: len(c.Flatten()),
+		Size: int64(buf.Len()), Created: v.s.o.now(), Lineage: lin}
+	if err := v.s.store.InsertModel(ctx, row); err != nil {
+		return nil, fmt.Errorf("server: pool model: %w", err)
+	}
+	return row.Proto(), nil
+}
