@@ -1,7 +1,9 @@
 // Package demo runs Fleetlearn end to end in one process: the aggregator
 // (embedded NATS, SQLite), a fleet of real edge agents talking to it over NATS,
-// MNIST split non-IID across them, a base model pretrained in the cloud on a
-// small public slice, and federated fine-tuning rounds watched through the API.
+// MNIST split non-IID across them, a base model pretrained on a small public
+// slice by a gang of two ranks on the aggregator's compute pool (two embedded
+// workers), and federated fine-tuning rounds of that model, started by the
+// pool job's hand-over and watched through the API.
 package demo
 
 import (
@@ -26,7 +28,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
-	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
@@ -74,6 +75,10 @@ type Config struct {
 	Out      io.Writer
 	Log      *slog.Logger
 	Terminal bool // Out is a terminal: redraw progress bars in place
+	// RankCommand runs one pool rank (worker.RunRank) for the embedded
+	// workers; empty is this executable with the hidden RankCommandName
+	// command, which the fleetlearn binary has.
+	RankCommand []string
 }
 
 // DefaultOutDir is where the demo writes its results unless told otherwise,
@@ -179,14 +184,11 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("base examples %d: want 1 to %d", cfg.BaseExamples, trainSet.Len()-1)
 	}
 
-	// The cloud holds a small public slice; the rest lives on devices only.
+	// The cloud holds a small public slice, the first BaseExamples of the
+	// training set, which the pool's workers load themselves; the rest lives
+	// on devices only.
 	ph = pr.start("splitting the dataset", 2, fmt.Sprintf("splitting %d examples across %d devices, Dirichlet(α=%g)",
 		trainSet.Len()-cfg.BaseExamples, cfg.Edges, cfg.Alpha))
-	public := make([]int, cfg.BaseExamples)
-	for i := range public {
-		public[i] = i
-	}
-	base := trainSet.Subset(public)
 	rest := make([]int, trainSet.Len()-cfg.BaseExamples)
 	for i := range rest {
 		rest[i] = cfg.BaseExamples + i
@@ -202,30 +204,6 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	ph.step("held-out set written")
-
-	// Pretraining runs an epoch at a time, each with its own seed, so that
-	// the bar can move.
-	ph = pr.start("pretraining", pretrainEpochs, fmt.Sprintf("pretraining the base model in the cloud on %d public examples (%d epochs)",
-		base.Len(), pretrainEpochs))
-	baseModel, err := train.InitMLP([]int{784, 128, 10}, cfg.Seed)
-	if err != nil {
-		return nil, err
-	}
-	for epoch := range pretrainEpochs {
-		var met train.Metrics
-		baseModel, met, err = train.Train(baseModel, base, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.05, EvalBatchSize: 1000},
-			cfg.Seed+uint64(epoch))
-		if err != nil {
-			return nil, err
-		}
-		ph.step(fmt.Sprintf("loss %.4f", met.Loss))
-	}
-	baseEval, err := train.Evaluate(baseModel, testSet, 1000)
-	if err != nil {
-		return nil, err
-	}
-	pr.end()
-	pr.printf("base model: %.2f%% test accuracy", 100*baseEval.Accuracy)
 
 	publisher, publisherJWKS, err := newPublisher()
 	if err != nil {
@@ -258,15 +236,6 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	pr.printf("update module: mlp, sha256 %s (embedded)", mlp.SHA256)
-	var buf bytes.Buffer
-	if err := model.WriteSafetensors(&buf, baseModel); err != nil {
-		return nil, err
-	}
-	imported, err := client.ImportModel(ctx, apiv1.NewModelServiceClient(conn), &pb.ImportModelHeader{Name: "mnist-mlp",
-		Description: "784-128-10 MLP pretrained on a public MNIST slice"}, &buf)
-	if err != nil {
-		return nil, fmt.Errorf("import model: %w", err)
-	}
 	sig, err := publisher.SignModule("mlp", code)
 	if err != nil {
 		return nil, err
@@ -315,9 +284,10 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		secure = &pb.SecAggConfig{ClipRange: SecAggClipRange, MaxWeight: SecAggMaxWeight,
 			StageTimeout: durationpb.New(SecAggStageTimeout)}
 	}
-	tasks := apiv1.NewTaskServiceClient(conn)
-	created, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: &pb.Task{
-		Name: "mnist-finetune", Model: &pb.ModelRef{Version: imported.GetRef().GetVersion()}, Module: mod.GetRef(),
+	// The fine-tuning task is created by the server when the pretraining
+	// job succeeds, from the model the job hands over.
+	then := &pb.Task{
+		Name: "mnist-finetune", Module: mod.GetRef(),
 		Hyperparameters: hyper, CohortTarget: uint32(cfg.Cohort), OverSelection: cfg.OverSelection,
 		ReportGoal: uint32(max(1, cfg.Cohort*3/4)), RoundsTotal: uint32(cfg.Rounds),
 		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(60 * time.Second),
@@ -326,11 +296,43 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		ServerEvalDataset: evalDir,
 		Secagg:            secure,
 		Dp:                privacy,
-	}})
-	if err != nil {
-		return nil, fmt.Errorf("create task: %w", err)
 	}
-	pr.printf("task %s created", created.Task.Id)
+	rankCommand := cfg.RankCommand
+	if len(rankCommand) == 0 {
+		if rankCommand, err = defaultRankCommand(); err != nil {
+			return nil, err
+		}
+	}
+	poolCtx, stopPool := context.WithCancel(ctx)
+	waitPool, err := startPool(poolCtx, srv, dataDir, rankCommand, cfg.Log)
+	if err != nil {
+		stopPool()
+		return nil, err
+	}
+	defer func() { stopPool(); waitPool() }()
+	pr.printf("compute pool: %d workers (embedded), ranks run as child processes", poolWorkers)
+	job, baseModel, err := pretrainOnPool(ctx, conn, cfg, pr, then)
+	if err != nil {
+		return nil, err
+	}
+	// The pool's work is done; its workers need not idle through the rounds.
+	stopPool()
+	waitPool()
+	baseEval, err := train.Evaluate(baseModel, testSet, 1000)
+	if err != nil {
+		return nil, err
+	}
+	pr.printf("base model: %.2f%% test accuracy", 100*baseEval.Accuracy)
+	if job.GetThenTaskId() == "" {
+		return nil, fmt.Errorf("pretraining job %s succeeded but created no fine-tuning task: %s", job.GetSpec().GetId(), job.GetStateReason())
+	}
+	tasks := apiv1.NewTaskServiceClient(conn)
+	created, err := tasks.GetTask(ctx, &pb.GetTaskRequest{TaskId: job.GetThenTaskId()})
+	if err != nil {
+		return nil, fmt.Errorf("fine-tuning task: %w", err)
+	}
+	pr.printf("task %s created from model %s (fleetlearn model lineage %s)", created.Task.Id,
+		job.GetOutputVersion()[:12], job.GetOutputVersion()[:12])
 
 	res := &Result{BaseAccuracy: baseEval.Accuracy, FinalAccuracy: baseEval.Accuracy}
 	watch, err := tasks.WatchTask(ctx, &pb.WatchTaskRequest{TaskId: created.Task.Id})
