@@ -69,6 +69,28 @@ func TestServices(t *testing.T) {
 		{"fleetlearn.api.v1.NATSService", []method{
 			{name: "IssueCredentials"},
 		}},
+		{"fleetlearn.api.v1.PoolService", []method{
+			{name: "SubmitJob"},
+			{name: "GetJob"},
+			{name: "ListJobs"},
+			{name: "CancelJob"},
+			{name: "WatchJob", serverStream: true},
+			{name: "JobLogs", serverStream: true},
+			{name: "ListWorkers"},
+		}},
+		{"fleetlearn.api.v1.PoolWorkerService", []method{
+			{name: "RegisterWorker"},
+			{name: "Heartbeat"},
+			{name: "RankExited"},
+			{name: "PutCheckpointBlob"},
+			{name: "HasCheckpointBlob"},
+			{name: "GetCheckpointBlob"},
+			{name: "CommitCheckpoint"},
+			{name: "GetRankCheckpoint"},
+			{name: "ListRankCheckpoints"},
+			{name: "Average"},
+			{name: "AppendLogs"},
+		}},
 	}
 	seen := map[protoreflect.FullName]bool{}
 	for _, tt := range tests {
