@@ -24,9 +24,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// bins builds fleetlearn, fleetlearn-server and fleetlearn-edge once per
-// test binary and returns the directory that holds them. It skips the test
-// under -short: building takes tens of seconds.
+// bins builds fleetlearn, fleetlearn-server, fleetlearn-edge and
+// fleetlearn-worker once per test binary and returns the directory that
+// holds them. It skips the test under -short: building takes tens of
+// seconds.
 func bins(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -40,7 +41,7 @@ func bins(t *testing.T) string {
 		}
 		binDir = dir
 		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
-			"./cmd/fleetlearn", "./cmd/fleetlearn-server", "./cmd/fleetlearn-edge")
+			"./cmd/fleetlearn", "./cmd/fleetlearn-server", "./cmd/fleetlearn-edge", "./cmd/fleetlearn-worker")
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = "go build: " + err.Error() + "\n" + string(out)

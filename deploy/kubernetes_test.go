@@ -65,10 +65,11 @@ var documentedSecrets = map[string][]string{
 var imageDockerfiles = map[string]string{
 	"fleetlearn-server": "docker/Dockerfile.server",
 	"fleetlearn-edge":   "docker/Dockerfile.edge",
+	"fleetlearn-worker": "docker/Dockerfile.worker",
 }
 
 // fleetlearnBinaries are the programs bins builds.
-var fleetlearnBinaries = []string{"fleetlearn", "fleetlearn-server", "fleetlearn-edge"}
+var fleetlearnBinaries = []string{"fleetlearn", "fleetlearn-server", "fleetlearn-edge", "fleetlearn-worker"}
 
 // manifests are one overlay's rendered resources, decoded into the
 // Kubernetes API types.
@@ -1487,11 +1488,17 @@ func (d *dockerfile) env2lines() []string {
 var imageChecks = []struct {
 	dockerfile string
 	binaries   []string // built and copied to /usr/local/bin
-	dataDir    string   // the volume and the --data-dir
+	dataDir    string   // the volume, and the value of dirFlag
+	dirFlag    string
 }{
-	{"docker/Dockerfile.server", []string{"fleetlearn-server", "fleetlearn"}, "/var/lib/fleetlearn"},
-	{"docker/Dockerfile.edge", []string{"fleetlearn-edge"}, "/var/lib/fleetlearn-edge"},
+	{"docker/Dockerfile.server", []string{"fleetlearn-server", "fleetlearn"}, "/var/lib/fleetlearn", "data-dir"},
+	{"docker/Dockerfile.edge", []string{"fleetlearn-edge"}, "/var/lib/fleetlearn-edge", "data-dir"},
+	{"docker/Dockerfile.worker", []string{"fleetlearn-worker"}, "/var/lib/fleetlearn-worker", "work-dir"},
 }
+
+// workerSecrets is where the worker image reads the files it is given:
+// Docker's and Compose's secrets directory.
+const workerSecrets = "/run/secrets/"
 
 // TestDockerImages checks what the images build and run: static,
 // trimmed binaries on distroless as non-root; a command line whose data
@@ -1531,12 +1538,12 @@ func TestDockerImages(t *testing.T) {
 			if len(argv) == 0 || argv[0] != "/usr/local/bin/"+ic.binaries[0] {
 				t.Fatalf("%s: runs %q, want /usr/local/bin/%s", d.name, argv, ic.binaries[0])
 			}
-			f, err := parseFlagArgs(argv[1:])
+			f, err := parseFlagArgs(argv[1+len(subcommand(argv)):])
 			if err != nil {
 				t.Fatalf("%s: %v", d.name, err)
 			}
-			if got := f["data-dir"]; got != ic.dataDir {
-				t.Errorf("%s: --data-dir=%s, want the volume %s", d.name, got, ic.dataDir)
+			if got := f[ic.dirFlag]; got != ic.dataDir {
+				t.Errorf("%s: --%s=%s, want the volume %s", d.name, ic.dirFlag, got, ic.dataDir)
 			}
 			var ls []portListener
 			switch ic.binaries[0] {
@@ -1563,6 +1570,20 @@ func TestDockerImages(t *testing.T) {
 				if len(d.entrypoint) != 1 {
 					t.Errorf("%s: ENTRYPOINT %q: flags there would come before `enroll` in docker run IMAGE enroll …", d.name, d.entrypoint)
 				}
+			case "fleetlearn-worker":
+				// The agent listens on nothing.
+				if len(d.entrypoint) != 1 || !slices.Equal(subcommand(argv), []string{"run"}) {
+					t.Errorf("%s: ENTRYPOINT %q CMD %q, want the binary alone and CMD [\"run\", …], so docker run IMAGE version works",
+						d.name, d.entrypoint, d.cmd)
+				}
+				for _, k := range []string{"ca", "token-file"} {
+					if !strings.HasPrefix(f[k], workerSecrets) {
+						t.Errorf("%s: --%s=%s, want a file mounted in %s", d.name, k, f[k], workerSecrets)
+					}
+				}
+				if f["server"] == "" {
+					t.Errorf("%s: the default command has no --server", d.name)
+				}
 			}
 			var ports []string
 			for _, l := range ls {
@@ -1576,7 +1597,30 @@ func TestDockerImages(t *testing.T) {
 			if !slices.Equal(ports, exposed) {
 				t.Errorf("%s: EXPOSE %v, but it listens on every interface on %v", d.name, d.exposed, ports)
 			}
-			checkHealthcheck(t, d, ls)
+			if ic.binaries[0] == "fleetlearn-worker" {
+				// No health endpoint: a HEALTHCHECK could only fail.
+				if len(d.healthcheck) > 0 {
+					t.Errorf("%s: HEALTHCHECK %q: the agent serves no health check", d.name, d.healthcheck)
+				}
+			} else {
+				checkHealthcheck(t, d, ls)
+			}
+
+			// The documented command line that replaces the worker's CMD.
+			var workerRun []string
+			if ic.binaries[0] == "fleetlearn-worker" {
+				m := regexp.MustCompile(`\bfleetlearn-worker\s+run( [^\n]*)`).FindStringSubmatch(d.comments)
+				if m == nil {
+					t.Errorf("%s: no comment shows docker run … fleetlearn-worker run …", d.name)
+				} else {
+					workerRun = append([]string{"/usr/local/bin/fleetlearn-worker", "run"}, strings.Fields(m[1])...)
+					wf, err := parseFlagArgs(workerRun[2:])
+					if err != nil || wf[ic.dirFlag] != ic.dataDir || wf["ca"] != f["ca"] || wf["token-file"] != f["token-file"] {
+						t.Errorf("%s: the docker run comment gives --%s %q, --ca %q, --token-file %q; want the volume %s and the CMD's files (%v)",
+							d.name, ic.dirFlag, wf[ic.dirFlag], wf["ca"], wf["token-file"], ic.dataDir, err)
+					}
+				}
+			}
 
 			// The documented enrollment into the volume.
 			var enroll []string
@@ -1606,8 +1650,21 @@ func TestDockerImages(t *testing.T) {
 			if enroll != nil {
 				checkCommandLine(t, dir, d.name+": enrollment comment", enroll)
 			}
+			if workerRun != nil {
+				checkCommandLine(t, dir, d.name+": docker run comment", workerRun)
+			}
 		})
 	}
+}
+
+// subcommand is the words of argv after the program and before the first
+// flag.
+func subcommand(argv []string) []string {
+	i := 1
+	for i < len(argv) && !strings.HasPrefix(argv[i], "-") {
+		i++
+	}
+	return argv[1:i]
 }
 
 // parseFlagsLoose reads "--name value" and "--name=value" alike, for
