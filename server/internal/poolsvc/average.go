@@ -108,22 +108,9 @@ func (rt *jobRT) contribute(rank uint32, step int64, params []float32, weight fl
 	return r, nil
 }
 
-// fedAvg is the aggregator's FedAvg collector over the ranks' parameters,
+// fedAvg is the aggregator's weighted mean over the ranks' parameters,
 // added in rank order so the float64 sums, and the result, do not depend
 // on arrival order.
 func fedAvg(params [][]float32, weights []float64) ([]float32, error) {
-	rule, err := aggregator.NewRule(aggregator.FedAvg, len(params[0]))
-	if err != nil {
-		return nil, err
-	}
-	c, err := rule.NewCollector(0)
-	if err != nil {
-		return nil, err
-	}
-	for i, p := range params {
-		if err := c.Add(slices.Clone(p), weights[i]); err != nil {
-			return nil, err
-		}
-	}
-	return c.Aggregate()
+	return aggregator.WeightedMean(params, weights)
 }

@@ -127,18 +127,5 @@ func mean(params [][]float32, weights []float64) ([]float32, error) {
 			return nil, fmt.Errorf("%w: rank %d sent %d values, rank 0 %d", ErrSync, i, len(p), len(params[0]))
 		}
 	}
-	rule, err := aggregator.NewRule(aggregator.FedAvg, len(params[0]))
-	if err != nil {
-		return nil, err
-	}
-	c, err := rule.NewCollector(0)
-	if err != nil {
-		return nil, err
-	}
-	for i, p := range params {
-		if err := c.Add(p, weights[i]); err != nil {
-			return nil, fmt.Errorf("rank %d: %w", i, err)
-		}
-	}
-	return c.Aggregate()
+	return aggregator.WeightedMean(params, weights)
 }
