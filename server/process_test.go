@@ -29,18 +29,26 @@ import (
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
-// binaries builds the three commands once per test binary.
+// binaries builds the commands into a directory of the test: the server,
+// the edge agent and the CLI it returns, and the pool agent beside them
+// (workerBin).
 func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
 	t.Helper()
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
 		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server",
 		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge",
+		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-worker",
 		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
+}
+
+// workerBin is the fleetlearn-worker that binaries built next to serverBin.
+func workerBin(serverBin string) string {
+	return filepath.Join(filepath.Dir(serverBin), "fleetlearn-worker")
 }
 
 func goroot() string {
