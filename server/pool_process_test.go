@@ -427,10 +427,18 @@ func TestPoolWorkerKilledResumesBitwise(t *testing.T) {
 	}
 	// The placement of the attempt that finished, as the workers' notes
 	// tell it (a succeeded job has no placement any more).
+	resumed := 0
 	for _, l := range pc.logs("killed") {
 		if l.GetAttempt() == 2 && strings.Contains(l.GetText(), "started on worker "+victim.id) {
 			t.Fatalf("attempt 2 placed a rank on the dead worker: %q", l.GetText())
 		}
+		// Each rank says where it starts: the committed step, not 0.
+		if l.GetAttempt() == 2 && strings.Contains(l.GetText(), "resuming from the checkpoint at step ") {
+			resumed++
+		}
+	}
+	if resumed != 2 {
+		t.Fatalf("%d ranks of attempt 2 say they resumed from the committed checkpoint, want 2", resumed)
 	}
 
 	// The same spec under another id, never interrupted: the parameters do

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,21 +30,47 @@ import (
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
-// binaries builds the commands into a directory of the test: the server,
-// the edge agent and the CLI it returns, and the pool agent beside them
-// (workerBin).
+// binaries builds the commands once per test binary, into a directory
+// TestMain removes: the server, the edge agent and the CLI it returns, and
+// the pool agent beside them (workerBin). Linking four binaries is most of
+// a process test's time; the tests only run them.
 func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
 	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
-		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server",
-		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge",
-		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-worker",
-		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "fleetlearn-bin-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir = dir
+		cmd := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
+			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server",
+			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge",
+			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-worker",
+			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
+	dir := built.dir
 	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
+}
+
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
 }
 
 // workerBin is the fleetlearn-worker that binaries built next to serverBin.

@@ -450,7 +450,9 @@ func (a *Agent) prepareRank(c apiv1.PoolWorkerServiceClient, ref *pb.RankRef, l 
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("worker: start rank: %w", err)
 	}
-	r := &rankRun{key: k, ref: ref, lease: proto.Clone(l).(*pb.RankLease), clk: a.clk, start: a.clk.Now(), ckptDir: filepath.Join(dir, "checkpoints")}
+	r := &rankRun{key: k, ref: ref, lease: proto.Clone(l).(*pb.RankLease), clk: a.clk, start: a.clk.Now(), ckptDir: filepath.Join(dir, "checkpoints"),
+		// Until the rank reports, it is where its checkpoint puts it.
+		step: l.GetResumeStep()}
 	rs := runner.Spec{
 		Dir:           work,
 		CheckpointDir: r.ckptDir,

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/worker/internal/remote"
@@ -176,11 +177,15 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 			cancel(errStopCheckpoint)
 		}
 	}
-	fmt.Fprintf(stderr, "rank %d of %d: job %s attempt %d, %d examples, steps %d, checkpoint every %d\n",
-		cfg.Rank, cfg.WorldSize, cfg.Job, l.GetAttempt(), cfg.Data.Len(), cfg.TotalSteps, cfg.CheckpointEvery)
+	from := "from the start"
+	if l.GetResumeStep() > 0 {
+		from = fmt.Sprintf("resuming from the checkpoint at step %d", l.GetResumeStep())
+	}
+	fmt.Fprintf(stderr, "rank %d of %d: job %s attempt %d, %d examples, steps %d, checkpoint every %d, %s\n",
+		cfg.Rank, cfg.WorldSize, cfg.Job, l.GetAttempt(), cfg.Data.Len(), cfg.TotalSteps, cfg.CheckpointEvery, from)
 	res, err := trainer.Run(ctx, cfg)
 	if err == nil {
-		fmt.Fprintf(stderr, "completed step %d, checkpoint %s, model %s\n", res.Step, res.Checkpoint, res.Digest)
+		fmt.Fprintf(stderr, "completed step %d (resumed from checkpoint %s), checkpoint %s, model %s\n", res.Step, orNone(res.ResumedFrom), res.Checkpoint, res.Digest)
 		if store.StopRequested() && res.Step < cfg.TotalSteps {
 			return errStopServer
 		}
@@ -304,4 +309,11 @@ func sliceDataset(d *data.Dataset, ds *pb.PoolDataset) (*data.Dataset, error) {
 		}
 	}
 	return d, nil
+}
+
+func orNone(d checkpoint.Digest) string {
+	if d.IsZero() {
+		return "none"
+	}
+	return d.String()
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -75,6 +76,23 @@ func TestLogsFollowUntilCancelled(t *testing.T) {
 	}
 	_, err = c.CancelJob(ctx, &pb.CancelJobRequest{JobId: "j"})
 	wantCode(t, "cancel twice", err, codes.FailedPrecondition)
+	// The stopped rank's last lines and its exit still arrive; after its
+	// exit nothing more does.
+	if _, err = w.c.AppendLogs(w.ctx, &pb.AppendLogsRequest{Ref: r, Lines: []*pb.PoolLogLine{{Stream: "stdout", Text: "last words"}}}); err != nil {
+		t.Fatalf("last lines of a cancelled job's rank: %v", err)
+	}
+	if _, err = w.c.RankExited(w.ctx, &pb.RankExitedRequest{WorkerId: r.GetWorkerId(), JobId: "j", Attempt: r.GetAttempt(), Rank: r.GetRank(), Stopped: true}); err != nil {
+		t.Fatalf("exit of a cancelled job's rank: %v", err)
+	}
 	_, err = w.c.AppendLogs(w.ctx, &pb.AppendLogsRequest{Ref: r, Lines: []*pb.PoolLogLine{{Stream: "stdout", Text: "late"}}})
-	wantCode(t, "logs of a cancelled job", err, codes.NotFound)
+	if c := status.Code(err); c != codes.NotFound && c != codes.FailedPrecondition {
+		t.Fatalf("logs after the exit: %v, want NotFound or FailedPrecondition", err)
+	}
+	// A stale attempt's stop is sent once per loss interval, not at every
+	// heartbeat of a rank still shutting down.
+	stale := &pb.RankStatus{JobId: "j", Attempt: r.GetAttempt(), Rank: r.GetRank()}
+	first := w.beat(stale)
+	if again := w.beat(stale); len(again.GetStop()) != 0 {
+		t.Fatalf("stop repeated at once: first %v, then %v", first, again)
+	}
 }

@@ -250,6 +250,11 @@ func (s *Service) lossAfter() time.Duration {
 	return time.Duration(s.d.HeartbeatsToLoss) * s.d.HeartbeatInterval
 }
 
+// retainEnded is how long an ended job waits in memory for its ranks'
+// exits: a command rank has a grace period between SIGTERM and SIGKILL and
+// uploads its last checkpoint first.
+func (s *Service) retainEnded() time.Duration { return max(10*s.lossAfter(), time.Minute) }
+
 // closeAll ends every waiter at shutdown.
 func (s *Service) closeAll() {
 	for _, w := range s.workers {

@@ -171,13 +171,28 @@ func TestWorkerLossRequeuesFromCommittedStep(t *testing.T) {
 			t.Fatalf("lease %v, want attempt 2 from step 10", l)
 		}
 	}
+	// A resumed rank that has not loaded its checkpoint yet says step 0:
+	// that is no progress, not a bad heartbeat.
+	if l := r3.GetStart(); len(l) == 1 {
+		w3.beat(&pb.RankStatus{JobId: "j", Attempt: 2, Rank: l[0].GetRank(), Step: 0})
+	}
 	// The old attempt is fenced off everywhere.
 	_, err = ws[0].commit(ref(ws[0], ls[0]), "j", 20, 1, 2)
 	wantCode(t, "commit of attempt 1", err, codes.FailedPrecondition)
 	_, err = ws[0].c.Average(ws[0].ctx, &pb.AverageRequest{Ref: ref(ws[0], ls[0]), Step: 20, Params: f32(1), Weight: 10})
 	wantCode(t, "average of attempt 1", err, codes.FailedPrecondition)
-	_, err = ws[0].c.RankExited(ws[0].ctx, &pb.RankExitedRequest{WorkerId: ws[0].id, JobId: "j", Attempt: 1, Rank: ls[0].GetRank(), Error: "zombie", ExitCode: 1})
-	wantCode(t, "exit of attempt 1", err, codes.FailedPrecondition)
+	// The old attempt's rank may still say it ended, with its last usage,
+	// once; that changes nothing about the job.
+	exit1 := &pb.RankExitedRequest{WorkerId: ws[0].id, JobId: "j", Attempt: 1, Rank: ls[0].GetRank(), Error: "zombie", ExitCode: 1,
+		Usage: &pb.PoolUsage{CpuSeconds: 50}}
+	if _, err = ws[0].c.RankExited(ws[0].ctx, exit1); err != nil {
+		t.Fatalf("exit of attempt 1: %v", err)
+	}
+	_, err = ws[0].c.RankExited(ws[0].ctx, exit1)
+	wantCode(t, "second exit of attempt 1", err, codes.FailedPrecondition)
+	if u := e.job("j").GetUsage().GetCpuSeconds(); u < 50 {
+		t.Fatalf("job CPU-seconds %v: the old attempt's last usage was not counted", u)
+	}
 	_, err = ws[1].heartbeat()
 	wantCode(t, "lost worker", err, codes.NotFound)
 	if j := e.job("j"); j.GetState() != running || j.GetAttempt() != 2 || j.GetRestarts() != 1 {

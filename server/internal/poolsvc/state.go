@@ -53,12 +53,26 @@ type jobRT struct {
 
 	handoffDue time.Time // when to hand off even without every rank's exit
 	changed    chan struct{}
+
+	// ending are the ranks of ended attempts that have not reported their
+	// exit: they may still report it, with their last usage, and their last
+	// log lines, but do nothing else. A terminal job stays in memory until
+	// they have, or until endedAt plus retainEnded.
+	ending  map[rankAttempt]*lease
+	endedAt time.Time
+}
+
+// rankAttempt names one rank of one attempt.
+type rankAttempt struct {
+	job     string
+	attempt uint32
+	rank    uint32
 }
 
 func newJobRT(rec *pb.PoolJob, then *pb.Task, spec pool.Spec) *jobRT {
 	return &jobRT{rec: rec, then: then, spec: spec, ckpts: map[uint32]map[int64]string{},
 		weights: map[uint32]float64{}, lastSync: map[uint32]int64{}, stepRanks: map[int64]map[uint32]bool{},
-		changed: make(chan struct{})}
+		changed: make(chan struct{}), ending: map[rankAttempt]*lease{}}
 }
 
 func (rt *jobRT) id() string { return rt.rec.GetSpec().GetId() }
@@ -88,6 +102,9 @@ type workerRT struct {
 	starts           []*pb.RankLease
 	stops            []*pb.RankStop
 	wake             chan struct{}
+	// stopSent is when each ended attempt's stop was last sent, so that a
+	// rank still shutting down is not told again at every heartbeat.
+	stopSent map[rankAttempt]time.Time
 }
 
 func (w *workerRT) signal() {
@@ -175,9 +192,17 @@ func (s *Service) pass() {
 			s.save(rt)
 		}
 	}
-	// Ended jobs are answered from the store; memory holds the jobs in play.
+	// Ended jobs are answered from the store; memory holds the jobs in
+	// play, and ended ones whose ranks may still report their exit.
+	now := s.clk.Now()
 	for id, rt := range s.jobs {
-		if rt.terminal() {
+		if !rt.terminal() {
+			continue
+		}
+		if rt.endedAt.IsZero() {
+			rt.endedAt = now
+		}
+		if len(rt.ending) == 0 || !now.Before(rt.endedAt.Add(s.retainEnded())) {
 			delete(s.jobs, id)
 		}
 	}
@@ -232,6 +257,7 @@ func (s *Service) sendStop(worker string, st *pb.RankStop) {
 		return l.JobId == st.JobId && l.Attempt == st.Attempt
 	})
 	w.stops = append(w.stops, st)
+	w.stopSent[rankAttempt{job: st.JobId, attempt: st.Attempt}] = s.clk.Now()
 	w.signal()
 }
 
@@ -307,6 +333,11 @@ func (s *Service) endAttempt(rt *jobRT, reason string) {
 		for _, w := range workersOf(rt.placement) {
 			s.sendStop(w, &pb.RankStop{JobId: rt.id(), Attempt: rt.rec.Attempt, Reason: clip(reason, 1024)})
 		}
+		for i, le := range rt.leases {
+			if !le.exited {
+				rt.ending[rankAttempt{rt.id(), rt.rec.Attempt, uint32(i)}] = le
+			}
+		}
 	}
 	rt.live, rt.final, rt.stopping = false, false, false
 	rt.placement, rt.rec.Placement = nil, nil
@@ -352,6 +383,11 @@ func (s *Service) expire() {
 	slices.Sort(ids)
 	for _, id := range ids {
 		w := s.workers[id]
+		for k, at := range w.stopSent {
+			if !now.Before(at.Add(s.lossAfter())) {
+				delete(w.stopSent, k)
+			}
+		}
 		if w.lost || now.Before(w.lastSeen.Add(s.lossAfter())) {
 			continue
 		}
@@ -365,6 +401,14 @@ func (s *Service) expire() {
 }
 
 func (s *Service) loseWorker(w *workerRT, why string) {
+	// Ranks of ended attempts on it will never report.
+	for _, rt := range s.jobs {
+		for k, le := range rt.ending {
+			if le.worker == w.rec.Id {
+				delete(rt.ending, k)
+			}
+		}
+	}
 	w.lost = true
 	w.starts, w.stops = nil, nil
 	w.rec.State = "lost"

@@ -6,10 +6,12 @@ import (
 	"math"
 	"net"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -97,6 +99,26 @@ func (s *Service) leaseFor(ref *pb.RankRef, p identity.Principal, ended bool) (*
 	return rt, le, nil
 }
 
+// reportLease is leaseFor for the calls a rank makes as it ends (its exit
+// and last log lines): besides the running attempt's ranks, those of an
+// ended attempt that have not reported their exit yet qualify. current
+// says which it is.
+func (s *Service) reportLease(ref *pb.RankRef, p identity.Principal) (rt *jobRT, le *lease, current bool, err error) {
+	rt, le, err = s.leaseFor(ref, p, true)
+	if err == nil {
+		return rt, le, true, nil
+	}
+	if status.Code(err) != codes.FailedPrecondition && status.Code(err) != codes.NotFound {
+		return nil, nil, false, err
+	}
+	if r := s.jobs[ref.GetJobId()]; r != nil {
+		if e := r.ending[rankAttempt{ref.GetJobId(), ref.GetAttempt(), ref.GetRank()}]; e != nil && e.worker == ref.GetWorkerId() {
+			return r, e, false, nil
+		}
+	}
+	return nil, nil, false, err
+}
+
 func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerRequest) (*pb.RegisterWorkerResponse, error) {
 	s := v.s
 	p, err := principal(ctx)
@@ -138,6 +160,7 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 		}
 		now := s.clk.Now()
 		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
+			stopSent: map[rankAttempt]time.Time{},
 			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
 				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: "ready", Version: req.GetVersion()}}
 		s.workers[id] = w
@@ -268,7 +291,8 @@ func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
 		rt *jobRT
 		le *lease
 	}
-	var items []item
+	var items, ended []item
+	now := s.clk.Now()
 	for _, rs := range ranks {
 		rt := s.jobs[rs.GetJobId()]
 		var le *lease
@@ -278,15 +302,33 @@ func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
 			}
 		}
 		if le == nil {
-			// A rank of an ended attempt, or one never leased here.
-			if len(rs.GetJobId()) <= pool.MaxNameLen {
+			// A rank of an ended attempt, or one never leased here: it
+			// is told to stop, once per loss interval (it may take a
+			// while to shut down, and asks again at once), and an ended
+			// attempt's rank still has its usage counted.
+			if len(rs.GetJobId()) > pool.MaxNameLen {
+				continue
+			}
+			k := rankAttempt{job: rs.GetJobId(), attempt: rs.GetAttempt()}
+			if at, ok := w.stopSent[k]; !ok || !now.Before(at.Add(s.lossAfter())) {
 				w.stops = append(w.stops, &pb.RankStop{JobId: rs.GetJobId(), Attempt: rs.GetAttempt(),
 					Reason: "this attempt is not running on this worker"})
+				w.stopSent[k] = now
+			}
+			if rt != nil {
+				if e := rt.ending[rankAttempt{rs.GetJobId(), rs.GetAttempt(), rs.GetRank()}]; e != nil && e.worker == w.rec.Id {
+					if err := checkUsage(rs.GetUsage(), e.usage); err != nil {
+						return fmt.Errorf("heartbeat: job %s rank %d: %w", rt.id(), rs.GetRank(), err)
+					}
+					ended = append(ended, item{rs, rt, e})
+				}
 			}
 			continue
 		}
-		if st := rs.GetStep(); st < rt.rec.CommittedStep && rt.live || st < 0 || st > rt.spec.TotalSteps {
-			return invalidf("heartbeat: job %s rank %d step %d outside [%d, %d]", rt.id(), rs.GetRank(), st, rt.rec.CommittedStep, rt.spec.TotalSteps)
+		// A step below the committed one is a rank that has not loaded its
+		// checkpoint yet (it says 0 until then): no progress, not an error.
+		if st := rs.GetStep(); st < 0 || st > rt.spec.TotalSteps {
+			return invalidf("heartbeat: job %s rank %d step %d outside [0, %d]", rt.id(), rs.GetRank(), st, rt.spec.TotalSteps)
 		}
 		if err := checkUsage(rs.GetUsage(), le.usage); err != nil {
 			return fmt.Errorf("heartbeat: job %s rank %d: %w", rt.id(), rs.GetRank(), err)
@@ -295,6 +337,9 @@ func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
 			return invalidf("heartbeat: job %s rank %d: loss %v is not finite", rt.id(), rs.GetRank(), l)
 		}
 		items = append(items, item{rs, rt, le})
+	}
+	for _, it := range ended {
+		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
 	}
 	for _, it := range items {
 		it.le.step = max(it.le.step, it.rs.GetStep())
@@ -326,7 +371,7 @@ func (v *workerServer) RankExited(ctx context.Context, req *pb.RankExitedRequest
 	}
 	ref := &pb.RankRef{WorkerId: req.GetWorkerId(), JobId: req.GetJobId(), Attempt: req.GetAttempt(), Rank: req.GetRank()}
 	err = s.do(ctx, func() error {
-		rt, le, err := s.leaseFor(ref, p, true)
+		rt, le, current, err := s.reportLease(ref, p)
 		if err != nil {
 			return err
 		}
@@ -337,6 +382,13 @@ func (v *workerServer) RankExited(ctx context.Context, req *pb.RankExitedRequest
 		}
 		s.applyUsage(rt, le, req.GetUsage())
 		le.exited, le.data = true, req.GetDataSha256()
+		if !current {
+			// An ended attempt's rank: its usage counts, its outcome
+			// changes nothing.
+			delete(rt.ending, rankAttempt{ref.GetJobId(), ref.GetAttempt(), ref.GetRank()})
+			s.save(rt)
+			return nil
+		}
 		if rt.final {
 			s.maybeHandoff(rt)
 			return nil
@@ -704,7 +756,7 @@ func (v *workerServer) AppendLogs(ctx context.Context, req *pb.AppendLogsRequest
 		return nil, invalidf("append logs: %d lines, at most %d per call", len(req.GetLines()), MaxLogLinesPerCall)
 	}
 	ref := req.GetRef()
-	if err := s.do(ctx, func() error { _, _, err := s.leaseFor(ref, p, true); return err }); err != nil {
+	if err := s.do(ctx, func() error { _, _, _, err := s.reportLease(ref, p); return err }); err != nil {
 		return nil, err
 	}
 	now := timestamppb.New(s.clk.Now())
