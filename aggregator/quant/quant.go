@@ -1,0 +1,228 @@
+package quant
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+const (
+	// DefaultBlock is the block size DiLoCo pseudo-gradients use: one
+	// float32 scale per 256 values costs 1.6% over the int8 codes, and a
+	// block that small keeps one large value from flattening its
+	// neighbours' resolution.
+	DefaultBlock = 256
+	// MaxBlock bounds the block size.
+	MaxBlock = 1 << 16
+	// MaxLen bounds the number of values, as the aggregator bounds a
+	// model's dimension.
+	MaxLen = 1<<31 - 1
+	// MaxAbs bounds |x|. Far beyond any sane pseudo-gradient, it keeps
+	// 127·scale, and so every dequantized value, within float32.
+	MaxAbs = 0x1p120
+	// maxCode is the largest |code|; the range is symmetric.
+	maxCode = 127
+)
+
+// maxScale is the scale Quantize picks for a block whose largest value is
+// MaxAbs; Decode refuses larger ones.
+var maxScale = scaleFor(MaxAbs)
+
+// Quantized is a vector in int8 codes with a float32 scale per block. The
+// zero value holds no values; Quantize and Decode return valid ones.
+type Quantized struct {
+	n      int
+	block  int
+	scales []float32
+	codes  []int8
+}
+
+// Quantize encodes x with stochastic rounding in blocks of block values
+// (DefaultBlock normally), drawing one Uint64 from rng per value. x must
+// have 1 to MaxLen values, each finite and at most MaxAbs in magnitude;
+// block must be in [1, MaxBlock] and rng non-nil.
+func Quantize(x []float32, block int, rng rand.Source) (Quantized, error) {
+	switch {
+	case block < 1 || block > MaxBlock:
+		return Quantized{}, fmt.Errorf("quant: quantize: block size %d not in [1, %d]: %w", block, MaxBlock, ErrConfig)
+	case rng == nil:
+		return Quantized{}, fmt.Errorf("quant: quantize: no random source: %w", ErrConfig)
+	case len(x) == 0 || len(x) > MaxLen:
+		return Quantized{}, fmt.Errorf("quant: quantize: %d values, want 1 to %d: %w", len(x), MaxLen, ErrShape)
+	}
+	for i, v := range x {
+		if !(math.Abs(float64(v)) <= MaxAbs) { // also false for NaN
+			return Quantized{}, fmt.Errorf("quant: quantize: x[%d] = %v: not finite or beyond %g: %w", i, v, float64(MaxAbs), ErrRange)
+		}
+	}
+	q := Quantized{
+		n:      len(x),
+		block:  block,
+		scales: make([]float32, blocks(len(x), block)),
+		codes:  make([]int8, len(x)),
+	}
+	for b := range q.scales {
+		lo, hi := b*block, min((b+1)*block, len(x))
+		var m float64
+		for _, v := range x[lo:hi] {
+			m = max(m, math.Abs(float64(v)))
+		}
+		s := scaleFor(m)
+		q.scales[b] = s
+		for i := lo; i < hi; i++ {
+			// u in [0, 1) from the top 53 bits, drawn for every value so
+			// that the source advances by the length alone.
+			u := float64(rng.Uint64()>>11) * 0x1p-53
+			if s == 0 {
+				continue
+			}
+			// |x| ≤ 127·s exactly, and division rounds monotonically, so
+			// |r| ≤ 127 and the code fits.
+			r := float64(x[i]) / float64(s)
+			c := math.Floor(r)
+			if u < r-c {
+				c++
+			}
+			q.codes[i] = int8(c)
+		}
+	}
+	return q, nil
+}
+
+// scaleFor returns the smallest float32 s (from m/127 upwards) with
+// 127·s ≥ m, so that no value of the block maps beyond ±127; 0 for m = 0.
+// 127·s is exact in float64 (24 + 7 bits), so the comparison is too.
+func scaleFor(m float64) float32 {
+	if m == 0 {
+		return 0
+	}
+	s := float32(m / maxCode)
+	for float64(s)*maxCode < m {
+		s = math.Nextafter32(s, float32(math.Inf(1)))
+	}
+	return s
+}
+
+func blocks(n, block int) int { return (n + block - 1) / block }
+
+// Len returns the number of values.
+func (q Quantized) Len() int { return q.n }
+
+// Block returns the block size.
+func (q Quantized) Block() int { return q.block }
+
+// Scale returns the scale of the block holding value i, the bound on its
+// quantization error.
+func (q Quantized) Scale(i int) float32 { return q.scales[i/q.block] }
+
+// Code returns value i's int8 code, in [−127, 127].
+func (q Quantized) Code(i int) int8 { return q.codes[i] }
+
+// Dequantize returns the values code·scale as a new slice.
+func (q Quantized) Dequantize() []float32 {
+	out := make([]float32, q.n)
+	for i, c := range q.codes {
+		out[i] = float32(float64(c) * float64(q.scales[i/q.block]))
+	}
+	return out
+}
+
+const (
+	magic      = "FLQ8"
+	version    = 1
+	headerSize = 13
+)
+
+// EncodedLen returns the length of q's encoding.
+func (q Quantized) EncodedLen() int { return headerSize + 4*len(q.scales) + q.n }
+
+// MarshalBinary encodes q (see the package documentation for the layout).
+func (q Quantized) MarshalBinary() ([]byte, error) {
+	return q.AppendBinary(make([]byte, 0, q.EncodedLen()))
+}
+
+// AppendBinary appends q's encoding to b.
+func (q Quantized) AppendBinary(b []byte) ([]byte, error) {
+	if q.n == 0 {
+		return nil, fmt.Errorf("quant: encode: empty vector: %w", ErrShape)
+	}
+	b = append(b, magic...)
+	b = append(b, version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(q.n))
+	b = binary.LittleEndian.AppendUint32(b, uint32(q.block))
+	for _, s := range q.scales {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s))
+	}
+	for _, c := range q.codes {
+		b = append(b, byte(c))
+	}
+	return b, nil
+}
+
+// Decode decodes an encoding of exactly n values (the model's dimension,
+// known to the receiver), refusing any other length with ErrShape and
+// anything malformed with ErrFormat.
+func Decode(b []byte, n int) (Quantized, error) {
+	var q Quantized
+	if err := q.UnmarshalBinary(b); err != nil {
+		return Quantized{}, err
+	}
+	if q.n != n {
+		return Quantized{}, fmt.Errorf("quant: decode: %d values, want %d: %w", q.n, n, ErrShape)
+	}
+	return q, nil
+}
+
+// UnmarshalBinary decodes an encoding written by MarshalBinary, of whatever
+// length it declares; prefer Decode, which checks the length against the
+// receiver's own. It refuses malformed input with ErrFormat and leaves q
+// unchanged then. What it allocates is bounded by len(b).
+func (q *Quantized) UnmarshalBinary(b []byte) error {
+	if len(b) < headerSize {
+		return fmt.Errorf("quant: decode: %d bytes, shorter than the %d-byte header: %w", len(b), headerSize, ErrFormat)
+	}
+	if string(b[:4]) != magic {
+		return fmt.Errorf("quant: decode: magic %q, want %q (not an int8 pseudo-gradient): %w", b[:4], magic, ErrFormat)
+	}
+	if b[4] != version {
+		return fmt.Errorf("quant: decode: version %d, want %d: %w", b[4], version, ErrFormat)
+	}
+	n := uint64(binary.LittleEndian.Uint32(b[5:]))
+	block := uint64(binary.LittleEndian.Uint32(b[9:]))
+	if n == 0 || n > MaxLen {
+		return fmt.Errorf("quant: decode: %d values, want 1 to %d: %w", n, MaxLen, ErrFormat)
+	}
+	if block == 0 || block > MaxBlock {
+		return fmt.Errorf("quant: decode: block size %d not in [1, %d]: %w", block, MaxBlock, ErrFormat)
+	}
+	nb := (n + block - 1) / block
+	if want := headerSize + 4*nb + n; uint64(len(b)) != want {
+		return fmt.Errorf("quant: decode: %d bytes, want %d for %d values in blocks of %d: %w", len(b), want, n, block, ErrFormat)
+	}
+	scales := make([]float32, nb)
+	p := b[headerSize:]
+	for i := range scales {
+		bits := binary.LittleEndian.Uint32(p[4*i:])
+		s := math.Float32frombits(bits)
+		// The sign bit catches −0 too, which Quantize never writes.
+		if bits>>31 != 0 || !(s <= maxScale) {
+			return fmt.Errorf("quant: decode: scale %d = %v not in [0, %v]: %w", i, s, maxScale, ErrFormat)
+		}
+		scales[i] = s
+	}
+	raw := p[4*nb:]
+	codes := make([]int8, n)
+	for i, c := range raw {
+		code := int8(c)
+		if code < -maxCode {
+			return fmt.Errorf("quant: decode: code %d = %d, below -%d: %w", i, code, maxCode, ErrFormat)
+		}
+		if code != 0 && scales[uint64(i)/block] == 0 {
+			return fmt.Errorf("quant: decode: code %d = %d in a block of scale 0: %w", i, code, ErrFormat)
+		}
+		codes[i] = code
+	}
+	*q = Quantized{n: int(n), block: int(block), scales: scales, codes: codes}
+	return nil
+}
