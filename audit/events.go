@@ -718,6 +718,14 @@ type PoolJob struct {
 	GPUSeconds      float64 `json:"gpu_seconds,omitempty"`
 	PeakMemoryBytes uint64  `json:"peak_memory_bytes,omitempty"`
 	EnergyJoules    float64 `json:"energy_joules,omitempty"`
+	// Carbon-aware placement, each left out when empty or zero like the
+	// usage above: Carbon is the plan (zone, start, expected gCO2e, the
+	// planner's reason) on the submitted event, ForecastSHA256 the digest
+	// of the forecast it used, GCO2e the run's emissions on the final
+	// event.
+	Carbon         string  `json:"carbon,omitempty"`
+	ForecastSHA256 string  `json:"forecast_sha256,omitempty"`
+	GCO2e          float64 `json:"gco2e,omitempty"`
 }
 
 func (PoolJob) EventType() EventType { return TypePoolJob }
@@ -732,6 +740,9 @@ func (p PoolJob) validate() error {
 	c.finite("cpu_seconds", p.CPUSeconds, true)
 	c.finite("gpu_seconds", p.GPUSeconds, true)
 	c.finite("energy_joules", p.EnergyJoules, true)
+	c.text("carbon", p.Carbon)
+	c.hex("forecast_sha256", p.ForecastSHA256, false)
+	c.finite("gco2e", p.GCO2e, true)
 	return c.err
 }
 func (p PoolJob) encode(o *canon.Object) {
@@ -751,5 +762,14 @@ func (p PoolJob) encode(o *canon.Object) {
 	}
 	if p.EnergyJoules != 0 {
 		o.Float("energy_joules", p.EnergyJoules)
+	}
+	if p.Carbon != "" {
+		o.String("carbon", p.Carbon)
+	}
+	if p.ForecastSHA256 != "" {
+		o.String("forecast_sha256", p.ForecastSHA256)
+	}
+	if p.GCO2e != 0 {
+		o.Float("gco2e", p.GCO2e)
 	}
 }

@@ -36,6 +36,19 @@ func TestPoolJobUsageEncoding(t *testing.T) {
 	if back != withUsage {
 		t.Fatalf("decoded %+v, want %+v", back, withUsage)
 	}
+	withCarbon := withUsage
+	withCarbon.Carbon, withCarbon.ForecastSHA256, withCarbon.GCO2e = "zone=westus start=2026-05-03T11:15:00Z", hexA, 2347.5
+	ev, err = NewEvent(Operator("a"), withCarbon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = want[:len(want)-1] + `,"carbon":"zone=westus start=2026-05-03T11:15:00Z","forecast_sha256":"` + hexA + `","gco2e":2347.5}`
+	if string(ev.Payload) != want {
+		t.Fatalf("payload with carbon:\n%s\nwant\n%s", ev.Payload, want)
+	}
+	if back, err := ev.DecodePayload(); err != nil || back != withCarbon {
+		t.Fatalf("decoded %+v, %v; want %+v", back, err, withCarbon)
+	}
 }
 
 func TestPoolJobUsageValidation(t *testing.T) {
@@ -44,6 +57,8 @@ func TestPoolJobUsageValidation(t *testing.T) {
 		func(p *PoolJob) { p.CPUSeconds = -1 },
 		func(p *PoolJob) { p.GPUSeconds = math.NaN() },
 		func(p *PoolJob) { p.EnergyJoules = math.Inf(1) },
+		func(p *PoolJob) { p.GCO2e = -1 },
+		func(p *PoolJob) { p.ForecastSHA256 = "not hex" },
 	} {
 		p := base
 		mod(&p)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -49,6 +50,8 @@ type submitFlags struct {
 	gpus                     int64
 	checkpointEvery, steps   int64
 	deadline                 string
+	carbonDuration           time.Duration
+	carbonWatts              float64
 	arch                     string
 	dataset                  string
 	datasetSHA               string
@@ -124,6 +127,8 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 	fl.Int64Var(&f.steps, "steps", 0, "optimizer steps of the whole job (required)")
 	fl.StringVar(&f.outputModel, "output-model", "", "model family name of the result (required)")
 	fl.StringVar(&f.deadline, "deadline", "", "fail the job if not done by then: an RFC 3339 time or a duration from now")
+	fl.DurationVar(&f.carbonDuration, "carbon-duration", 0, "carbon-aware placement: how long the job runs (with --carbon-watts and --deadline); the server starts it in the zone and window of least expected gCO2e")
+	fl.Float64Var(&f.carbonWatts, "carbon-watts", 0, "carbon-aware placement: the job's expected average power in watts")
 	fl.StringVar(&f.arch, "arch", archPrefix+"784,128,10", "built-in trainer: the model, "+archPrefix+"SIZES with the layer widths, input first")
 	fl.StringVar(&f.dataset, "dataset", "mnist-train", "built-in trainer: SOURCE[:FIRST[:COUNT]], SOURCE mnist-train, mnist-test or dir:NAME (under the worker's --data-root)")
 	fl.StringVar(&f.datasetSHA, "dataset-sha256", "", "built-in trainer: refuse data whose digest differs")
@@ -143,7 +148,7 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 // jobFlags are the flags --spec replaces.
 var jobFlags = []string{"id", "tenant", "priority", "ranks", "cpu", "memory", "gpus", "max-restarts", "checkpoint-every",
 	"steps", "output-model", "deadline", "arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed",
-	"sync-every", "init-model", "env"}
+	"sync-every", "init-model", "env", "carbon-duration", "carbon-watts"}
 
 func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobRequest, error) {
 	req := &pb.SubmitJobRequest{}
@@ -202,6 +207,12 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 			return nil, fmt.Errorf("%w: --deadline: %w", ErrUsage, err)
 		}
 		s.Deadline = timestamppb.New(dl)
+	}
+	if f.carbonDuration != 0 || f.carbonWatts != 0 {
+		if f.carbonDuration <= 0 || f.carbonWatts <= 0 || f.deadline == "" {
+			return nil, fmt.Errorf("%w: carbon-aware placement needs --carbon-duration and --carbon-watts, both positive, and --deadline", ErrUsage)
+		}
+		s.Carbon = &pb.PoolCarbon{ExpectedDuration: durationpb.New(f.carbonDuration), ExpectedPowerWatts: f.carbonWatts}
 	}
 	if len(args) > 0 {
 		for _, n := range []string{"arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed", "sync-every", "init-model"} {
@@ -586,13 +597,13 @@ func newPoolWorkersCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, res)
 				}
-				t := newTable(w, "WORKER", "NAME", "STATE", "CPU FREE/CAP", "MEMORY FREE/CAP", "GPUS FREE/CAP", "LAST SEEN", "VERSION")
+				t := newTable(w, "WORKER", "NAME", "STATE", "CPU FREE/CAP", "MEMORY FREE/CAP", "GPUS FREE/CAP", "ZONE", "LAST SEEN", "VERSION")
 				for _, wk := range res.GetWorkers() {
 					c, f := wk.GetCapacity(), wk.GetFree()
 					t.row(wk.GetId(), wk.GetName(), wk.GetState(),
 						fmt.Sprintf("%.3g/%.3g", float64(f.GetMilliCpu())/1000, float64(c.GetMilliCpu())/1000),
 						byteSize(uint64(max(f.GetMemoryBytes(), 0)))+"/"+byteSize(uint64(max(c.GetMemoryBytes(), 0))),
-						fmt.Sprintf("%d/%d", f.GetGpus(), c.GetGpus()), timeString(wk.GetLastSeen()), orDash(wk.GetVersion()))
+						fmt.Sprintf("%d/%d", f.GetGpus(), c.GetGpus()), orDash(wk.GetZone()), timeString(wk.GetLastSeen()), orDash(wk.GetVersion()))
 				}
 				return t.flush()
 			})

@@ -69,6 +69,7 @@ type Decision struct {
 // Worker is a snapshot of one worker.
 type Worker struct {
 	ID       string
+	Zone     string // "" when the worker declared none
 	Capacity Resources
 	Free     Resources
 }
@@ -142,10 +143,22 @@ func (s *Scheduler) Submit(spec Spec) error {
 	return nil
 }
 
-// AddWorker adds a worker with all its capacity free.
+// AddWorker adds a worker in no zone with all its capacity free.
 func (s *Scheduler) AddWorker(id string, capacity Resources) error {
+	return s.AddWorkerInZone(id, "", capacity)
+}
+
+// AddWorkerInZone adds a worker in zone ("" for none) with all its
+// capacity free. Jobs with a Zone run only on workers of that zone; jobs
+// without one run anywhere.
+func (s *Scheduler) AddWorkerInZone(id, zone string, capacity Resources) error {
 	if err := checkName(id); err != nil {
 		return fmt.Errorf("pool: add worker: %v: %w", err, ErrInvalidConfig)
+	}
+	if zone != "" {
+		if err := CheckZone(zone); err != nil {
+			return fmt.Errorf("pool: add worker %s: %v: %w", id, err, ErrInvalidConfig)
+		}
 	}
 	if !capacity.nonNegative() || capacity.MilliCPU > 1<<40 || capacity.Memory > 1<<50 || capacity.GPUs > 1<<10 {
 		return fmt.Errorf("pool: add worker %s: capacity %v out of range: %w", id, capacity, ErrInvalidConfig)
@@ -153,7 +166,7 @@ func (s *Scheduler) AddWorker(id string, capacity Resources) error {
 	if _, ok := s.workers[id]; ok {
 		return fmt.Errorf("pool: add worker %s: %w", id, ErrDuplicate)
 	}
-	s.workers[id] = &Worker{ID: id, Capacity: capacity, Free: capacity}
+	s.workers[id] = &Worker{ID: id, Zone: zone, Capacity: capacity, Free: capacity}
 	i, _ := slices.BinarySearch(s.wids, id)
 	s.wids = slices.Insert(s.wids, i, id)
 	return nil
@@ -516,6 +529,12 @@ func (s *Scheduler) Schedule() []Decision {
 			queues[t] = nil
 			continue
 		}
+		if nb := best.Spec.NotBefore; !nb.IsZero() && now.Before(nb) {
+			// Not a blocked job: it takes no reservation, and the jobs
+			// behind it run meanwhile.
+			s.hold([]*Job{best}, waitReason(best.Spec, now))
+			continue
+		}
 		// The pool-wide sum is a cheap necessary condition; most blocked
 		// jobs fail it and skip the per-worker walk.
 		if best.Spec.total().fits(s.freeSum()) {
@@ -580,8 +599,12 @@ func (s *Scheduler) slots(id string) []slot {
 			withheld[a.Worker] = withheld[a.Worker].add(j.Spec.PerRank.times(int64(a.Ranks)))
 		}
 	}
+	zone := s.jobs[id].Spec.Zone
 	for _, id := range s.wids {
 		w := s.workers[id]
+		if zone != "" && w.Zone != zone {
+			continue
+		}
 		free := w.Free
 		if h, ok := withheld[id]; ok {
 			free = free.sub(minRes(free, h))
@@ -688,8 +711,22 @@ func (s *Scheduler) reserve(j *Job) []Decision {
 		return nil
 	}
 	s.resv = nil
+	if j.Spec.Zone != "" {
+		j.Reason = fmt.Sprintf("gang of %d ranks (%v each) does not fit the capacity of the workers in zone %s", j.Spec.Ranks, j.Spec.PerRank, j.Spec.Zone)
+		return nil
+	}
 	j.Reason = fmt.Sprintf("gang of %d ranks (%v each) does not fit the pool's capacity", j.Spec.Ranks, j.Spec.PerRank)
 	return nil
+}
+
+// waitReason says what a job held for its NotBefore waits for.
+func waitReason(sp Spec, now time.Time) string {
+	zone := sp.Zone
+	if zone == "" {
+		zone = "any"
+	}
+	return fmt.Sprintf("waiting for the low-carbon window at %s in zone %s (%s from now)",
+		sp.NotBefore.UTC().Format(time.RFC3339), zone, sp.NotBefore.Sub(now).Round(time.Second))
 }
 
 func planFits(plan []Assignment, cap []slot, r Resources) bool {

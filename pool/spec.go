@@ -78,6 +78,29 @@ type Spec struct {
 	OutputModel        string
 	// Deadline, if set, fails the job when it has not succeeded by then.
 	Deadline time.Time
+	// NotBefore, if set, keeps the job queued until then (a carbon-aware
+	// start); it takes no reservation while it waits.
+	NotBefore time.Time
+	// Zone, if set, places the job only on workers of that zone.
+	Zone string
+}
+
+// MaxZoneLen bounds a zone name, as pool/carbon bounds a forecast's.
+const MaxZoneLen = 128
+
+// CheckZone allows the names pool/carbon allows in forecasts: 1 to
+// MaxZoneLen bytes of letters, digits and - _ . : /.
+func CheckZone(z string) error {
+	if z == "" || len(z) > MaxZoneLen {
+		return fmt.Errorf("zone name length %d outside [1, %d]", len(z), MaxZoneLen)
+	}
+	for i := 0; i < len(z); i++ {
+		c := z[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':' || c == '/') {
+			return fmt.Errorf("zone name: byte %#x at %d is not a letter, digit or one of - _ . : /", c, i)
+		}
+	}
+	return nil
 }
 
 // Validate checks every field against its bound; submitted is when the
@@ -117,6 +140,19 @@ func (s Spec) Validate(submitted time.Time) error {
 			return bad("deadline more than %s ahead", MaxDeadlineHorizon)
 		}
 	}
+	if !s.NotBefore.IsZero() {
+		if s.NotBefore.Before(submitted.Add(-MaxDeadlineHorizon)) || s.NotBefore.Sub(submitted) > MaxDeadlineHorizon {
+			return bad("not-before %s more than %s from submission", s.NotBefore.UTC().Format(time.RFC3339), MaxDeadlineHorizon)
+		}
+		if !s.Deadline.IsZero() && !s.NotBefore.Before(s.Deadline) {
+			return bad("not-before %s is not before the deadline", s.NotBefore.UTC().Format(time.RFC3339))
+		}
+	}
+	if s.Zone != "" {
+		if err := CheckZone(s.Zone); err != nil {
+			return bad("%v", err)
+		}
+	}
 	return nil
 }
 
@@ -145,7 +181,9 @@ const specDomain = "fleetlearn/pool/spec/v1"
 // Digest is the hex sha256 of the spec's canonical encoding: fields in a
 // fixed order, strings length-prefixed, integers big-endian, the deadline
 // in UTC nanoseconds (0 when unset). Model lineage records it, so two specs
-// digest alike exactly when they ask for the same work.
+// digest alike exactly when they ask for the same work. NotBefore and Zone
+// say where and when, not what, so they are left out, and digests of specs
+// from before they existed still hold.
 func (s Spec) Digest() string {
 	h := sha256.New()
 	var b [8]byte

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
@@ -16,6 +17,15 @@ import (
 
 // poolActor names the compute pool's job service in the audit log.
 var poolActor = audit.Service("pool")
+
+// carbonSource is the forecast file as the pool reads it; nil without one.
+// Only a file: the server makes no network call for forecasts.
+func carbonSource(path string) carbon.Source {
+	if path == "" {
+		return nil
+	}
+	return carbon.FileSource{Path: path}
+}
 
 // PoolCheckpointDir is where a server with data directory dataDir keeps
 // pool jobs' checkpoints.
@@ -37,7 +47,8 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 			created, _, err := v.CreateTask(ctx, t)
 			return created, err
 		},
-		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss})
+		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss,
+		Carbon: carbonSource(s.cfg.CarbonForecast)})
 	if err != nil {
 		return fmt.Errorf("server: pool: %w", err)
 	}

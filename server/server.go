@@ -136,6 +136,10 @@ type Config struct {
 	// of them is lost and its jobs restart from their checkpoints.
 	PoolHeartbeat        time.Duration
 	PoolHeartbeatsToLoss int
+	// CarbonForecast is a carbon intensity forecast file (Carbon Aware SDK
+	// or WattTime layout, pool/carbon), reread at each submission of a
+	// carbon-aware pool job; empty refuses such jobs.
+	CarbonForecast string
 }
 
 // Option injects a collaborator.

@@ -159,7 +159,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	var interval time.Duration
 	for ctx.Err() == nil {
 		if id == "" {
-			r, err := c.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Name: a.cfg.Name, Capacity: capRes, GpuModels: gpus, Version: version.Get().Version})
+			r, err := c.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Name: a.cfg.Name, Capacity: capRes, GpuModels: gpus, Version: version.Get().Version, Zone: a.cfg.Zone})
 			if err != nil {
 				if rerr := refused("register", err); rerr != nil {
 					return rerr

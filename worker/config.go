@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	poolspec "github.com/fleetlearn/fleetlearn/pool"
 )
 
 // Config is how an Agent joins a pool.
@@ -22,6 +23,10 @@ type Config struct {
 	Insecure bool
 	// Name is the host name shown to operators; os.Hostname when empty.
 	Name string
+	// Zone is the grid region or cloud location the worker runs in, named
+	// as the server's carbon forecast names it; carbon-aware jobs run only
+	// in the zone planned for them. Empty declares none.
+	Zone string
 	// Capacity is what the worker offers. Zero MilliCPU or MemoryBytes are
 	// detected (detect.Detect: affinity, cgroup limits, nvidia-smi); with
 	// both set nothing is detected and GPUModels are the GPUs offered.
@@ -65,6 +70,11 @@ func (c *Config) check() error {
 		return bad("negative capacity")
 	case len(c.Capacity.GPUModels) > 64:
 		return bad("%d GPUs, at most 64", len(c.Capacity.GPUModels))
+	}
+	if c.Zone != "" {
+		if err := poolspec.CheckZone(c.Zone); err != nil {
+			return bad("zone %.64q: %v", c.Zone, err)
+		}
 	}
 	if len(c.RankCommand) > 0 && c.RankCommand[0] == "" {
 		return bad("rank command with an empty program")

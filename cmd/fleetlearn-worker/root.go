@@ -145,6 +145,7 @@ func newRunCommand() *cobra.Command {
 	fl.StringVar(&cfg.WorkDir, "work-dir", "", "directory for the ranks' lease files, working directories and checkpoints")
 	fl.StringVar(&cfg.DataRoot, "data-root", "", `directory whose subdirectories (data.WriteDir format) jobs name as "dir:NAME" datasets`)
 	fl.StringVar(&cfg.Name, "name", "", "name shown to operators (default: the host name)")
+	fl.StringVar(&cfg.Zone, "zone", "", "grid region or cloud location this machine runs in, as the server's carbon forecast names it (e.g. westus)")
 	fl.Float64Var(&cpus, "cpus", 0, "CPUs to offer, fractions allowed (default: detected)")
 	fl.Int64Var(&cfg.Capacity.MemoryBytes, "memory", 0, "memory to offer in bytes (default: detected)")
 	fl.BoolVar(&cfg.Insecure, "insecure", false, "connect without TLS, to a server run with --grpc-insecure (the token crosses the network in the clear)")

@@ -407,6 +407,63 @@ func (x *PoolCommand) GetEnv() map[string]string {
 	return nil
 }
 
+// PoolCarbon asks for carbon-aware placement: the server plans the zone
+// and start that minimise the job's expected emissions before its
+// deadline, from its carbon forecast (docs/POOL.md).
+type PoolCarbon struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the job is expected to run; in (0, 366 days].
+	ExpectedDuration *durationpb.Duration `protobuf:"bytes,1,opt,name=expected_duration,json=expectedDuration,proto3" json:"expected_duration,omitempty"`
+	// Expected average power draw of the whole job in watts; in (0, 1e9].
+	ExpectedPowerWatts float64 `protobuf:"fixed64,2,opt,name=expected_power_watts,json=expectedPowerWatts,proto3" json:"expected_power_watts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *PoolCarbon) Reset() {
+	*x = PoolCarbon{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolCarbon) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolCarbon) ProtoMessage() {}
+
+func (x *PoolCarbon) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolCarbon.ProtoReflect.Descriptor instead.
+func (*PoolCarbon) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PoolCarbon) GetExpectedDuration() *durationpb.Duration {
+	if x != nil {
+		return x.ExpectedDuration
+	}
+	return nil
+}
+
+func (x *PoolCarbon) GetExpectedPowerWatts() float64 {
+	if x != nil {
+		return x.ExpectedPowerWatts
+	}
+	return 0
+}
+
 // PoolJobSpec is what a client asks for (pool.Spec plus what to run).
 type PoolJobSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -438,14 +495,16 @@ type PoolJobSpec struct {
 	//
 	//	*PoolJobSpec_Builtin
 	//	*PoolJobSpec_Command
-	Program       isPoolJobSpec_Program `protobuf_oneof:"program"`
+	Program isPoolJobSpec_Program `protobuf_oneof:"program"`
+	// Carbon-aware placement; only with a deadline.
+	Carbon        *PoolCarbon `protobuf:"bytes,13,opt,name=carbon,proto3" json:"carbon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolJobSpec) Reset() {
 	*x = PoolJobSpec{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +516,7 @@ func (x *PoolJobSpec) String() string {
 func (*PoolJobSpec) ProtoMessage() {}
 
 func (x *PoolJobSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +529,7 @@ func (x *PoolJobSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolJobSpec.ProtoReflect.Descriptor instead.
 func (*PoolJobSpec) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PoolJobSpec) GetId() string {
@@ -568,6 +627,13 @@ func (x *PoolJobSpec) GetCommand() *PoolCommand {
 	return nil
 }
 
+func (x *PoolJobSpec) GetCarbon() *PoolCarbon {
+	if x != nil {
+		return x.Carbon
+	}
+	return nil
+}
+
 type isPoolJobSpec_Program interface {
 	isPoolJobSpec_Program()
 }
@@ -601,7 +667,7 @@ type PoolAssignment struct {
 
 func (x *PoolAssignment) Reset() {
 	*x = PoolAssignment{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +679,7 @@ func (x *PoolAssignment) String() string {
 func (*PoolAssignment) ProtoMessage() {}
 
 func (x *PoolAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +692,7 @@ func (x *PoolAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAssignment.ProtoReflect.Descriptor instead.
 func (*PoolAssignment) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PoolAssignment) GetWorker() string {
@@ -671,7 +737,7 @@ type PoolUsage struct {
 
 func (x *PoolUsage) Reset() {
 	*x = PoolUsage{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +749,7 @@ func (x *PoolUsage) String() string {
 func (*PoolUsage) ProtoMessage() {}
 
 func (x *PoolUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +762,7 @@ func (x *PoolUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolUsage.ProtoReflect.Descriptor instead.
 func (*PoolUsage) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PoolUsage) GetCpuSeconds() float64 {
@@ -780,14 +846,25 @@ type PoolJob struct {
 	ThenTaskId string `protobuf:"bytes,17,opt,name=then_task_id,json=thenTaskId,proto3" json:"then_task_id,omitempty"`
 	// Attempt number: 1 for the first placement, one more per restart or
 	// resume after a preemption.
-	Attempt       uint32 `protobuf:"varint,18,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,18,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Zone carbon-aware placement chose; empty without spec.carbon.
+	CarbonZone string `protobuf:"bytes,19,opt,name=carbon_zone,json=carbonZone,proto3" json:"carbon_zone,omitempty"`
+	// Start carbon-aware placement chose: the job is not placed before it.
+	CarbonStart *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=carbon_start,json=carbonStart,proto3" json:"carbon_start,omitempty"`
+	// Expected emissions of the planned window in gCO2e.
+	ExpectedGco2E float64 `protobuf:"fixed64,21,opt,name=expected_gco2e,json=expectedGco2e,proto3" json:"expected_gco2e,omitempty"`
+	// Hex SHA-256 of the forecast the plan used (carbon.Digest).
+	ForecastSha256 string `protobuf:"bytes,22,opt,name=forecast_sha256,json=forecastSha256,proto3" json:"forecast_sha256,omitempty"`
+	// Emissions of the run in gCO2e once the job has ended: metered energy
+	// (or expected power × run time) at the zone's forecast intensity.
+	Gco2E         float64 `protobuf:"fixed64,23,opt,name=gco2e,proto3" json:"gco2e,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolJob) Reset() {
 	*x = PoolJob{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +876,7 @@ func (x *PoolJob) String() string {
 func (*PoolJob) ProtoMessage() {}
 
 func (x *PoolJob) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +889,7 @@ func (x *PoolJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolJob.ProtoReflect.Descriptor instead.
 func (*PoolJob) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PoolJob) GetSpec() *PoolJobSpec {
@@ -941,6 +1018,41 @@ func (x *PoolJob) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *PoolJob) GetCarbonZone() string {
+	if x != nil {
+		return x.CarbonZone
+	}
+	return ""
+}
+
+func (x *PoolJob) GetCarbonStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CarbonStart
+	}
+	return nil
+}
+
+func (x *PoolJob) GetExpectedGco2E() float64 {
+	if x != nil {
+		return x.ExpectedGco2E
+	}
+	return 0
+}
+
+func (x *PoolJob) GetForecastSha256() string {
+	if x != nil {
+		return x.ForecastSha256
+	}
+	return ""
+}
+
+func (x *PoolJob) GetGco2E() float64 {
+	if x != nil {
+		return x.Gco2E
+	}
+	return 0
+}
+
 // PoolWorker is a registered worker.
 type PoolWorker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -959,14 +1071,17 @@ type PoolWorker struct {
 	// "ready" or "lost".
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
 	// Worker agent version.
-	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	// Zone the worker runs in (a grid region or cloud location named as in
+	// the carbon forecast); empty if it declared none.
+	Zone          string `protobuf:"bytes,9,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolWorker) Reset() {
 	*x = PoolWorker{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1093,7 @@ func (x *PoolWorker) String() string {
 func (*PoolWorker) ProtoMessage() {}
 
 func (x *PoolWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1106,7 @@ func (x *PoolWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWorker.ProtoReflect.Descriptor instead.
 func (*PoolWorker) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PoolWorker) GetId() string {
@@ -1050,6 +1165,13 @@ func (x *PoolWorker) GetVersion() string {
 	return ""
 }
 
+func (x *PoolWorker) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
 // SubmitJobRequest is the input of PoolService.SubmitJob.
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1064,7 +1186,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1198,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1211,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SubmitJobRequest) GetSpec() *PoolJobSpec {
@@ -1117,7 +1239,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1251,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1264,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SubmitJobResponse) GetJob() *PoolJob {
@@ -1163,7 +1285,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1297,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1310,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1209,7 +1331,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1343,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1356,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetJobResponse) GetJob() *PoolJob {
@@ -1259,7 +1381,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1393,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1406,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListJobsRequest) GetPageSize() int32 {
@@ -1321,7 +1443,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1455,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1468,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListJobsResponse) GetJobs() []*PoolJob {
@@ -1376,7 +1498,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1510,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1523,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -1429,7 +1551,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1563,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1576,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelJobResponse) GetJob() *PoolJob {
@@ -1475,7 +1597,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1609,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1622,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -1522,7 +1644,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1656,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1669,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchJobResponse) GetJob() *PoolJob {
@@ -1570,7 +1692,7 @@ type JobLogsRequest struct {
 
 func (x *JobLogsRequest) Reset() {
 	*x = JobLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1704,7 @@ func (x *JobLogsRequest) String() string {
 func (*JobLogsRequest) ProtoMessage() {}
 
 func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +1717,7 @@ func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsRequest.ProtoReflect.Descriptor instead.
 func (*JobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JobLogsRequest) GetJobId() string {
@@ -1633,7 +1755,7 @@ type PoolLogLine struct {
 
 func (x *PoolLogLine) Reset() {
 	*x = PoolLogLine{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1767,7 @@ func (x *PoolLogLine) String() string {
 func (*PoolLogLine) ProtoMessage() {}
 
 func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1780,7 @@ func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolLogLine.ProtoReflect.Descriptor instead.
 func (*PoolLogLine) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PoolLogLine) GetAttempt() uint32 {
@@ -1714,7 +1836,7 @@ type JobLogsResponse struct {
 
 func (x *JobLogsResponse) Reset() {
 	*x = JobLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1848,7 @@ func (x *JobLogsResponse) String() string {
 func (*JobLogsResponse) ProtoMessage() {}
 
 func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1861,7 @@ func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsResponse.ProtoReflect.Descriptor instead.
 func (*JobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JobLogsResponse) GetLines() []*PoolLogLine {
@@ -1758,7 +1880,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1892,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1905,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
 }
 
 // ListWorkersResponse is the output of PoolService.ListWorkers.
@@ -1797,7 +1919,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1931,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1944,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*PoolWorker {
@@ -1842,14 +1964,17 @@ type RegisterWorkerRequest struct {
 	// GPU models, one per GPU.
 	GpuModels []string `protobuf:"bytes,3,rep,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
 	// Agent version.
-	Version       string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	// Zone the worker runs in, as the carbon forecast names it; empty for
+	// none. Carbon-aware jobs run only on workers of their planned zone.
+	Zone          string `protobuf:"bytes,5,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +1986,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +1999,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterWorkerRequest) GetName() string {
@@ -1905,6 +2030,13 @@ func (x *RegisterWorkerRequest) GetVersion() string {
 	return ""
 }
 
+func (x *RegisterWorkerRequest) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
 // RegisterWorkerResponse is the output of PoolWorkerService.RegisterWorker.
 type RegisterWorkerResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1920,7 +2052,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2064,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2077,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterWorkerResponse) GetWorkerId() string {
@@ -2003,7 +2135,7 @@ type RankLease struct {
 
 func (x *RankLease) Reset() {
 	*x = RankLease{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2147,7 @@ func (x *RankLease) String() string {
 func (*RankLease) ProtoMessage() {}
 
 func (x *RankLease) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2160,7 @@ func (x *RankLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLease.ProtoReflect.Descriptor instead.
 func (*RankLease) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RankLease) GetJobId() string {
@@ -2133,7 +2265,7 @@ type RankStop struct {
 
 func (x *RankStop) Reset() {
 	*x = RankStop{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2277,7 @@ func (x *RankStop) String() string {
 func (*RankStop) ProtoMessage() {}
 
 func (x *RankStop) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2290,7 @@ func (x *RankStop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStop.ProtoReflect.Descriptor instead.
 func (*RankStop) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RankStop) GetJobId() string {
@@ -2210,7 +2342,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2222,7 +2354,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2235,7 +2367,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RankStatus) GetJobId() string {
@@ -2293,7 +2425,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2437,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2450,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HeartbeatRequest) GetWorkerId() string {
@@ -2348,7 +2480,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2492,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2505,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HeartbeatResponse) GetStart() []*RankLease {
@@ -2419,7 +2551,7 @@ type RankExitedRequest struct {
 
 func (x *RankExitedRequest) Reset() {
 	*x = RankExitedRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2563,7 @@ func (x *RankExitedRequest) String() string {
 func (*RankExitedRequest) ProtoMessage() {}
 
 func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2576,7 @@ func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedRequest.ProtoReflect.Descriptor instead.
 func (*RankExitedRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RankExitedRequest) GetWorkerId() string {
@@ -2526,7 +2658,7 @@ type RankExitedResponse struct {
 
 func (x *RankExitedResponse) Reset() {
 	*x = RankExitedResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2538,7 +2670,7 @@ func (x *RankExitedResponse) String() string {
 func (*RankExitedResponse) ProtoMessage() {}
 
 func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2683,7 @@ func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedResponse.ProtoReflect.Descriptor instead.
 func (*RankExitedResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
 }
 
 // RankRef names one rank of a leased attempt: its checkpoint store on
@@ -2572,7 +2704,7 @@ type RankRef struct {
 
 func (x *RankRef) Reset() {
 	*x = RankRef{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2716,7 @@ func (x *RankRef) String() string {
 func (*RankRef) ProtoMessage() {}
 
 func (x *RankRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2729,7 @@ func (x *RankRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankRef.ProtoReflect.Descriptor instead.
 func (*RankRef) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RankRef) GetWorkerId() string {
@@ -2644,7 +2776,7 @@ type PutCheckpointBlobRequest struct {
 
 func (x *PutCheckpointBlobRequest) Reset() {
 	*x = PutCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2788,7 @@ func (x *PutCheckpointBlobRequest) String() string {
 func (*PutCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2801,7 @@ func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PutCheckpointBlobRequest) GetRef() *RankRef {
@@ -2703,7 +2835,7 @@ type PutCheckpointBlobResponse struct {
 
 func (x *PutCheckpointBlobResponse) Reset() {
 	*x = PutCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2847,7 @@ func (x *PutCheckpointBlobResponse) String() string {
 func (*PutCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2860,7 @@ func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
 }
 
 // HasCheckpointBlobRequest is the input of
@@ -2745,7 +2877,7 @@ type HasCheckpointBlobRequest struct {
 
 func (x *HasCheckpointBlobRequest) Reset() {
 	*x = HasCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2889,7 @@ func (x *HasCheckpointBlobRequest) String() string {
 func (*HasCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2902,7 @@ func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HasCheckpointBlobRequest) GetRef() *RankRef {
@@ -2799,7 +2931,7 @@ type HasCheckpointBlobResponse struct {
 
 func (x *HasCheckpointBlobResponse) Reset() {
 	*x = HasCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2811,7 +2943,7 @@ func (x *HasCheckpointBlobResponse) String() string {
 func (*HasCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2824,7 +2956,7 @@ func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HasCheckpointBlobResponse) GetPresent() bool {
@@ -2848,7 +2980,7 @@ type GetCheckpointBlobRequest struct {
 
 func (x *GetCheckpointBlobRequest) Reset() {
 	*x = GetCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +2992,7 @@ func (x *GetCheckpointBlobRequest) String() string {
 func (*GetCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3005,7 @@ func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetCheckpointBlobRequest) GetRef() *RankRef {
@@ -2902,7 +3034,7 @@ type GetCheckpointBlobResponse struct {
 
 func (x *GetCheckpointBlobResponse) Reset() {
 	*x = GetCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3046,7 @@ func (x *GetCheckpointBlobResponse) String() string {
 func (*GetCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3059,7 @@ func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetCheckpointBlobResponse) GetData() []byte {
@@ -2952,7 +3084,7 @@ type CommitCheckpointRequest struct {
 
 func (x *CommitCheckpointRequest) Reset() {
 	*x = CommitCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2964,7 +3096,7 @@ func (x *CommitCheckpointRequest) String() string {
 func (*CommitCheckpointRequest) ProtoMessage() {}
 
 func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2977,7 +3109,7 @@ func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CommitCheckpointRequest) GetRef() *RankRef {
@@ -3009,7 +3141,7 @@ type CommitCheckpointResponse struct {
 
 func (x *CommitCheckpointResponse) Reset() {
 	*x = CommitCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3021,7 +3153,7 @@ func (x *CommitCheckpointResponse) String() string {
 func (*CommitCheckpointResponse) ProtoMessage() {}
 
 func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3034,7 +3166,7 @@ func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CommitCheckpointResponse) GetId() string {
@@ -3065,7 +3197,7 @@ type GetRankCheckpointRequest struct {
 
 func (x *GetRankCheckpointRequest) Reset() {
 	*x = GetRankCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3209,7 @@ func (x *GetRankCheckpointRequest) String() string {
 func (*GetRankCheckpointRequest) ProtoMessage() {}
 
 func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3222,7 @@ func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetRankCheckpointRequest) GetRef() *RankRef {
@@ -3120,7 +3252,7 @@ type GetRankCheckpointResponse struct {
 
 func (x *GetRankCheckpointResponse) Reset() {
 	*x = GetRankCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3264,7 @@ func (x *GetRankCheckpointResponse) String() string {
 func (*GetRankCheckpointResponse) ProtoMessage() {}
 
 func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3277,7 @@ func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetRankCheckpointResponse) GetId() string {
@@ -3173,7 +3305,7 @@ type ListRankCheckpointsRequest struct {
 
 func (x *ListRankCheckpointsRequest) Reset() {
 	*x = ListRankCheckpointsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3185,7 +3317,7 @@ func (x *ListRankCheckpointsRequest) String() string {
 func (*ListRankCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3198,7 +3330,7 @@ func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListRankCheckpointsRequest) GetRef() *RankRef {
@@ -3220,7 +3352,7 @@ type ListRankCheckpointsResponse struct {
 
 func (x *ListRankCheckpointsResponse) Reset() {
 	*x = ListRankCheckpointsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3364,7 @@ func (x *ListRankCheckpointsResponse) String() string {
 func (*ListRankCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3377,7 @@ func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListRankCheckpointsResponse) GetIds() []string {
@@ -3272,7 +3404,7 @@ type AverageRequest struct {
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3416,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3429,7 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AverageRequest) GetRef() *RankRef {
@@ -3339,7 +3471,7 @@ type AverageResponse struct {
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3483,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3496,7 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AverageResponse) GetParams() []byte {
@@ -3387,7 +3519,7 @@ type AppendLogsRequest struct {
 
 func (x *AppendLogsRequest) Reset() {
 	*x = AppendLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3531,7 @@ func (x *AppendLogsRequest) String() string {
 func (*AppendLogsRequest) ProtoMessage() {}
 
 func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3544,7 @@ func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsRequest.ProtoReflect.Descriptor instead.
 func (*AppendLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AppendLogsRequest) GetRef() *RankRef {
@@ -3438,7 +3570,7 @@ type AppendLogsResponse struct {
 
 func (x *AppendLogsResponse) Reset() {
 	*x = AppendLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3450,7 +3582,7 @@ func (x *AppendLogsResponse) String() string {
 func (*AppendLogsResponse) ProtoMessage() {}
 
 func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3595,7 @@ func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsResponse.ProtoReflect.Descriptor instead.
 func (*AppendLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
 }
 
 var File_fleetlearn_v1_pool_proto protoreflect.FileDescriptor
@@ -3497,7 +3629,11 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x03env\x18\x02 \x03(\v2#.fleetlearn.v1.PoolCommand.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x01\n" +
+	"\n" +
+	"PoolCarbon\x12F\n" +
+	"\x11expected_duration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10expectedDuration\x120\n" +
+	"\x14expected_power_watts\x18\x02 \x01(\x01R\x12expectedPowerWatts\"\xa5\x04\n" +
 	"\vPoolJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1a\n" +
@@ -3512,7 +3648,8 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\bdeadline\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12=\n" +
 	"\abuiltin\x18\v \x01(\v2!.fleetlearn.v1.PoolBuiltinTrainerH\x00R\abuiltin\x126\n" +
-	"\acommand\x18\f \x01(\v2\x1a.fleetlearn.v1.PoolCommandH\x00R\acommandB\t\n" +
+	"\acommand\x18\f \x01(\v2\x1a.fleetlearn.v1.PoolCommandH\x00R\acommand\x121\n" +
+	"\x06carbon\x18\r \x01(\v2\x19.fleetlearn.v1.PoolCarbonR\x06carbonB\t\n" +
 	"\aprogram\"]\n" +
 	"\x0ePoolAssignment\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1d\n" +
@@ -3527,7 +3664,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x11peak_memory_bytes\x18\x03 \x01(\x03R\x0fpeakMemoryBytes\x12#\n" +
 	"\renergy_joules\x18\x04 \x01(\x01R\fenergyJoules\x12\x14\n" +
 	"\x05meter\x18\x05 \x01(\tR\x05meter\x12#\n" +
-	"\renergy_source\x18\x06 \x01(\tR\fenergySource\"\xe5\x05\n" +
+	"\renergy_source\x18\x06 \x01(\tR\fenergySource\"\xab\a\n" +
 	"\aPoolJob\x12.\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1a.fleetlearn.v1.PoolJobSpecR\x04spec\x12\x1f\n" +
 	"\vspec_digest\x18\x02 \x01(\tR\n" +
@@ -3554,7 +3691,13 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"dataSha256\x12 \n" +
 	"\fthen_task_id\x18\x11 \x01(\tR\n" +
 	"thenTaskId\x12\x18\n" +
-	"\aattempt\x18\x12 \x01(\rR\aattempt\"\xa4\x02\n" +
+	"\aattempt\x18\x12 \x01(\rR\aattempt\x12\x1f\n" +
+	"\vcarbon_zone\x18\x13 \x01(\tR\n" +
+	"carbonZone\x12=\n" +
+	"\fcarbon_start\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\vcarbonStart\x12%\n" +
+	"\x0eexpected_gco2e\x18\x15 \x01(\x01R\rexpectedGco2e\x12'\n" +
+	"\x0fforecast_sha256\x18\x16 \x01(\tR\x0eforecastSha256\x12\x14\n" +
+	"\x05gco2e\x18\x17 \x01(\x01R\x05gco2e\"\xb8\x02\n" +
 	"\n" +
 	"PoolWorker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -3565,7 +3708,8 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"gpu_models\x18\x06 \x03(\tR\tgpuModels\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion\"t\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12\x12\n" +
+	"\x04zone\x18\t \x01(\tR\x04zone\"t\n" +
 	"\x10SubmitJobRequest\x12.\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1a.fleetlearn.v1.PoolJobSpecR\x04spec\x120\n" +
 	"\tthen_task\x18\x02 \x01(\v2\x13.fleetlearn.v1.TaskR\bthenTask\"=\n" +
@@ -3606,13 +3750,14 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x05lines\x18\x01 \x03(\v2\x1a.fleetlearn.v1.PoolLogLineR\x05lines\"\x14\n" +
 	"\x12ListWorkersRequest\"J\n" +
 	"\x13ListWorkersResponse\x123\n" +
-	"\aworkers\x18\x01 \x03(\v2\x19.fleetlearn.v1.PoolWorkerR\aworkers\"\x9e\x01\n" +
+	"\aworkers\x18\x01 \x03(\v2\x19.fleetlearn.v1.PoolWorkerR\aworkers\"\xb2\x01\n" +
 	"\x15RegisterWorkerRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x128\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x1c.fleetlearn.v1.PoolResourcesR\bcapacity\x12\x1d\n" +
 	"\n" +
 	"gpu_models\x18\x03 \x03(\tR\tgpuModels\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\tR\aversion\"\xad\x01\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\x12\x12\n" +
+	"\x04zone\x18\x05 \x01(\tR\x04zone\"\xad\x01\n" +
 	"\x16RegisterWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12,\n" +
@@ -3738,114 +3883,118 @@ func file_fleetlearn_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(PoolJobState)(0),                   // 0: fleetlearn.v1.PoolJobState
 	(*PoolResources)(nil),               // 1: fleetlearn.v1.PoolResources
 	(*PoolDataset)(nil),                 // 2: fleetlearn.v1.PoolDataset
 	(*PoolBuiltinTrainer)(nil),          // 3: fleetlearn.v1.PoolBuiltinTrainer
 	(*PoolCommand)(nil),                 // 4: fleetlearn.v1.PoolCommand
-	(*PoolJobSpec)(nil),                 // 5: fleetlearn.v1.PoolJobSpec
-	(*PoolAssignment)(nil),              // 6: fleetlearn.v1.PoolAssignment
-	(*PoolUsage)(nil),                   // 7: fleetlearn.v1.PoolUsage
-	(*PoolJob)(nil),                     // 8: fleetlearn.v1.PoolJob
-	(*PoolWorker)(nil),                  // 9: fleetlearn.v1.PoolWorker
-	(*SubmitJobRequest)(nil),            // 10: fleetlearn.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 11: fleetlearn.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 12: fleetlearn.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 13: fleetlearn.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 14: fleetlearn.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 15: fleetlearn.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 16: fleetlearn.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 17: fleetlearn.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 18: fleetlearn.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 19: fleetlearn.v1.WatchJobResponse
-	(*JobLogsRequest)(nil),              // 20: fleetlearn.v1.JobLogsRequest
-	(*PoolLogLine)(nil),                 // 21: fleetlearn.v1.PoolLogLine
-	(*JobLogsResponse)(nil),             // 22: fleetlearn.v1.JobLogsResponse
-	(*ListWorkersRequest)(nil),          // 23: fleetlearn.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),         // 24: fleetlearn.v1.ListWorkersResponse
-	(*RegisterWorkerRequest)(nil),       // 25: fleetlearn.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),      // 26: fleetlearn.v1.RegisterWorkerResponse
-	(*RankLease)(nil),                   // 27: fleetlearn.v1.RankLease
-	(*RankStop)(nil),                    // 28: fleetlearn.v1.RankStop
-	(*RankStatus)(nil),                  // 29: fleetlearn.v1.RankStatus
-	(*HeartbeatRequest)(nil),            // 30: fleetlearn.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 31: fleetlearn.v1.HeartbeatResponse
-	(*RankExitedRequest)(nil),           // 32: fleetlearn.v1.RankExitedRequest
-	(*RankExitedResponse)(nil),          // 33: fleetlearn.v1.RankExitedResponse
-	(*RankRef)(nil),                     // 34: fleetlearn.v1.RankRef
-	(*PutCheckpointBlobRequest)(nil),    // 35: fleetlearn.v1.PutCheckpointBlobRequest
-	(*PutCheckpointBlobResponse)(nil),   // 36: fleetlearn.v1.PutCheckpointBlobResponse
-	(*HasCheckpointBlobRequest)(nil),    // 37: fleetlearn.v1.HasCheckpointBlobRequest
-	(*HasCheckpointBlobResponse)(nil),   // 38: fleetlearn.v1.HasCheckpointBlobResponse
-	(*GetCheckpointBlobRequest)(nil),    // 39: fleetlearn.v1.GetCheckpointBlobRequest
-	(*GetCheckpointBlobResponse)(nil),   // 40: fleetlearn.v1.GetCheckpointBlobResponse
-	(*CommitCheckpointRequest)(nil),     // 41: fleetlearn.v1.CommitCheckpointRequest
-	(*CommitCheckpointResponse)(nil),    // 42: fleetlearn.v1.CommitCheckpointResponse
-	(*GetRankCheckpointRequest)(nil),    // 43: fleetlearn.v1.GetRankCheckpointRequest
-	(*GetRankCheckpointResponse)(nil),   // 44: fleetlearn.v1.GetRankCheckpointResponse
-	(*ListRankCheckpointsRequest)(nil),  // 45: fleetlearn.v1.ListRankCheckpointsRequest
-	(*ListRankCheckpointsResponse)(nil), // 46: fleetlearn.v1.ListRankCheckpointsResponse
-	(*AverageRequest)(nil),              // 47: fleetlearn.v1.AverageRequest
-	(*AverageResponse)(nil),             // 48: fleetlearn.v1.AverageResponse
-	(*AppendLogsRequest)(nil),           // 49: fleetlearn.v1.AppendLogsRequest
-	(*AppendLogsResponse)(nil),          // 50: fleetlearn.v1.AppendLogsResponse
-	nil,                                 // 51: fleetlearn.v1.PoolCommand.EnvEntry
-	(*timestamppb.Timestamp)(nil),       // 52: google.protobuf.Timestamp
-	(*Task)(nil),                        // 53: fleetlearn.v1.Task
-	(*durationpb.Duration)(nil),         // 54: google.protobuf.Duration
+	(*PoolCarbon)(nil),                  // 5: fleetlearn.v1.PoolCarbon
+	(*PoolJobSpec)(nil),                 // 6: fleetlearn.v1.PoolJobSpec
+	(*PoolAssignment)(nil),              // 7: fleetlearn.v1.PoolAssignment
+	(*PoolUsage)(nil),                   // 8: fleetlearn.v1.PoolUsage
+	(*PoolJob)(nil),                     // 9: fleetlearn.v1.PoolJob
+	(*PoolWorker)(nil),                  // 10: fleetlearn.v1.PoolWorker
+	(*SubmitJobRequest)(nil),            // 11: fleetlearn.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 12: fleetlearn.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 13: fleetlearn.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 14: fleetlearn.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 15: fleetlearn.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 16: fleetlearn.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 17: fleetlearn.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 18: fleetlearn.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 19: fleetlearn.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 20: fleetlearn.v1.WatchJobResponse
+	(*JobLogsRequest)(nil),              // 21: fleetlearn.v1.JobLogsRequest
+	(*PoolLogLine)(nil),                 // 22: fleetlearn.v1.PoolLogLine
+	(*JobLogsResponse)(nil),             // 23: fleetlearn.v1.JobLogsResponse
+	(*ListWorkersRequest)(nil),          // 24: fleetlearn.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 25: fleetlearn.v1.ListWorkersResponse
+	(*RegisterWorkerRequest)(nil),       // 26: fleetlearn.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),      // 27: fleetlearn.v1.RegisterWorkerResponse
+	(*RankLease)(nil),                   // 28: fleetlearn.v1.RankLease
+	(*RankStop)(nil),                    // 29: fleetlearn.v1.RankStop
+	(*RankStatus)(nil),                  // 30: fleetlearn.v1.RankStatus
+	(*HeartbeatRequest)(nil),            // 31: fleetlearn.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 32: fleetlearn.v1.HeartbeatResponse
+	(*RankExitedRequest)(nil),           // 33: fleetlearn.v1.RankExitedRequest
+	(*RankExitedResponse)(nil),          // 34: fleetlearn.v1.RankExitedResponse
+	(*RankRef)(nil),                     // 35: fleetlearn.v1.RankRef
+	(*PutCheckpointBlobRequest)(nil),    // 36: fleetlearn.v1.PutCheckpointBlobRequest
+	(*PutCheckpointBlobResponse)(nil),   // 37: fleetlearn.v1.PutCheckpointBlobResponse
+	(*HasCheckpointBlobRequest)(nil),    // 38: fleetlearn.v1.HasCheckpointBlobRequest
+	(*HasCheckpointBlobResponse)(nil),   // 39: fleetlearn.v1.HasCheckpointBlobResponse
+	(*GetCheckpointBlobRequest)(nil),    // 40: fleetlearn.v1.GetCheckpointBlobRequest
+	(*GetCheckpointBlobResponse)(nil),   // 41: fleetlearn.v1.GetCheckpointBlobResponse
+	(*CommitCheckpointRequest)(nil),     // 42: fleetlearn.v1.CommitCheckpointRequest
+	(*CommitCheckpointResponse)(nil),    // 43: fleetlearn.v1.CommitCheckpointResponse
+	(*GetRankCheckpointRequest)(nil),    // 44: fleetlearn.v1.GetRankCheckpointRequest
+	(*GetRankCheckpointResponse)(nil),   // 45: fleetlearn.v1.GetRankCheckpointResponse
+	(*ListRankCheckpointsRequest)(nil),  // 46: fleetlearn.v1.ListRankCheckpointsRequest
+	(*ListRankCheckpointsResponse)(nil), // 47: fleetlearn.v1.ListRankCheckpointsResponse
+	(*AverageRequest)(nil),              // 48: fleetlearn.v1.AverageRequest
+	(*AverageResponse)(nil),             // 49: fleetlearn.v1.AverageResponse
+	(*AppendLogsRequest)(nil),           // 50: fleetlearn.v1.AppendLogsRequest
+	(*AppendLogsResponse)(nil),          // 51: fleetlearn.v1.AppendLogsResponse
+	nil,                                 // 52: fleetlearn.v1.PoolCommand.EnvEntry
+	(*durationpb.Duration)(nil),         // 53: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 54: google.protobuf.Timestamp
+	(*Task)(nil),                        // 55: fleetlearn.v1.Task
 }
 var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
 	2,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
-	51, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
-	1,  // 2: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
-	52, // 3: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 4: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
-	4,  // 5: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
-	5,  // 6: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	0,  // 7: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
-	52, // 8: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
-	52, // 9: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
-	52, // 10: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
-	6,  // 11: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
-	7,  // 12: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
-	1,  // 13: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
-	1,  // 14: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
-	52, // 15: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 16: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	53, // 17: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
-	8,  // 18: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	8,  // 19: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	0,  // 20: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
-	8,  // 21: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
-	8,  // 22: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	8,  // 23: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	52, // 24: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
-	21, // 25: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
-	9,  // 26: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
-	1,  // 27: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
-	54, // 28: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	5,  // 29: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	7,  // 30: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
-	29, // 31: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
-	27, // 32: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
-	28, // 33: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
-	7,  // 34: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
-	34, // 35: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 36: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 37: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 38: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 39: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 40: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 41: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
-	34, // 42: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	21, // 43: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	52, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
+	53, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
+	1,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
+	54, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
+	3,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
+	4,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
+	5,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
+	6,  // 8: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	0,  // 9: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
+	54, // 10: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
+	54, // 11: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
+	54, // 12: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
+	7,  // 13: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
+	8,  // 14: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
+	54, // 15: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
+	1,  // 16: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
+	1,  // 17: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
+	54, // 18: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
+	6,  // 19: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	55, // 20: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
+	9,  // 21: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	9,  // 22: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	0,  // 23: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
+	9,  // 24: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
+	9,  // 25: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	9,  // 26: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	54, // 27: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
+	22, // 28: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
+	10, // 29: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
+	1,  // 30: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
+	53, // 31: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	6,  // 32: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	8,  // 33: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
+	30, // 34: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
+	28, // 35: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
+	29, // 36: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
+	8,  // 37: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
+	35, // 38: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 39: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 40: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 41: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 42: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 43: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 44: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
+	35, // 45: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	22, // 46: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
+	47, // [47:47] is the sub-list for method output_type
+	47, // [47:47] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_pool_proto_init() }
@@ -3854,7 +4003,7 @@ func file_fleetlearn_v1_pool_proto_init() {
 		return
 	}
 	file_fleetlearn_v1_task_proto_init()
-	file_fleetlearn_v1_pool_proto_msgTypes[4].OneofWrappers = []any{
+	file_fleetlearn_v1_pool_proto_msgTypes[5].OneofWrappers = []any{
 		(*PoolJobSpec_Builtin)(nil),
 		(*PoolJobSpec_Command)(nil),
 	}
@@ -3864,7 +4013,7 @@ func file_fleetlearn_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_pool_proto_rawDesc), len(file_fleetlearn_v1_pool_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/pool"
+	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
@@ -49,6 +50,15 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 	if err := checkThenTask(req.GetThenTask()); err != nil {
 		return nil, err
 	}
+	if err := checkCarbon(in); err != nil {
+		return nil, err
+	}
+	var forecasts []carbon.Forecast
+	if in.GetCarbon() != nil {
+		if forecasts, err = s.readForecasts(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var out *pb.PoolJob
 	err = s.do(ctx, func() error {
 		now := s.clk.Now()
@@ -68,8 +78,21 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 		if req.GetThenTask() != nil {
 			then = proto.CloneOf(req.GetThenTask())
 		}
+		var plan carbonPlan
+		if in.GetCarbon() != nil {
+			if plan, err = s.planCarbon(in, sp, forecasts, now); err != nil {
+				return err
+			}
+			recordPlan(rec, plan.choice)
+			applyCarbon(&sp, rec)
+		}
 		rt := newJobRT(rec, then, sp)
-		if err := s.audit(ctx, s.poolJobEvent(rt, "")); err != nil {
+		rt.forecast = plan.forecast
+		ev := s.poolJobEvent(rt, "")
+		if in.GetCarbon() != nil {
+			ev.Carbon, ev.ForecastSHA256 = carbonDetail(plan.choice), plan.choice.Digest
+		}
+		if err := s.audit(ctx, ev); err != nil {
 			return errorf(codes.Internal, "submit job: the audit log did not take the submission; nothing was queued")
 		}
 		if err := s.d.Store.InsertPoolJob(ctx, rec, then); err != nil {
@@ -319,7 +342,11 @@ func (s *Service) restore(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("poolsvc: restore job %s: %w", rec.GetSpec().GetId(), err)
 		}
+		applyCarbon(&sp, rec)
 		rt := newJobRT(rec, r.ThenTask, sp)
+		if rec.GetStartTime() != nil {
+			rt.firstStart = rec.GetStartTime().AsTime()
+		}
 		cks, err := s.d.Store.PoolCheckpoints(ctx, sp.ID)
 		if err != nil {
 			return fmt.Errorf("poolsvc: restore: %w", err)

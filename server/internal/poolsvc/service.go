@@ -17,6 +17,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool"
+	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
@@ -65,6 +66,10 @@ type Deps struct {
 	HeartbeatsToLoss  int
 	// MaxJobStorageBytes caps one job's checkpoint bytes (default 64 GiB).
 	MaxJobStorageBytes int64
+	// Carbon is the carbon intensity forecast, read at each submission of
+	// a job with spec.carbon and when such a job ends; nil refuses those
+	// jobs.
+	Carbon carbon.Source
 }
 
 // Service is the job service.
@@ -228,7 +233,14 @@ func (s *Service) armTimer() {
 			}
 		}
 	}
+	now := s.clk.Now()
 	for _, rt := range s.jobs {
+		// A carbon job waiting for its window is placed on time, not at
+		// the next heartbeat tick.
+		if nb := rt.spec.NotBefore; rt.rec.GetState() == pb.PoolJobState_POOL_JOB_STATE_QUEUED && nb.After(now) &&
+			(next.IsZero() || nb.Before(next)) {
+			next = nb
+		}
 		if rt.handoffDue.IsZero() {
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/pool"
+	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -52,7 +53,13 @@ type jobRT struct {
 	synced *syncRound
 
 	handoffDue time.Time // when to hand off even without every rank's exit
-	changed    chan struct{}
+	// firstStart is when the job was first placed: the start of the run a
+	// carbon job's emissions are priced over.
+	firstStart time.Time
+	// forecast is the chosen zone's forecast at submission, for pricing the
+	// run when the source cannot be read at its end.
+	forecast carbon.Forecast
+	changed  chan struct{}
 
 	// ending are the ranks of ended attempts that have not reported their
 	// exit: they may still report it, with their last usage, and their last
@@ -141,8 +148,10 @@ func (s *Service) poolJobEvent(rt *jobRT, model string) audit.PoolJob {
 	ev := audit.PoolJob{Job: rt.id(), Kind: jobKind(rt.rec.GetSpec()), State: auditState(rt.rec.GetState()),
 		Model: model, Detail: clip(rt.rec.GetStateReason(), 1024)}
 	if rt.terminal() {
+		s.settleCarbon(rt)
 		ev.CPUSeconds, ev.GPUSeconds, ev.EnergyJoules = u.GetCpuSeconds(), u.GetGpuSeconds(), u.GetEnergyJoules()
 		ev.PeakMemoryBytes = uint64(max(u.GetPeakMemoryBytes(), 0))
+		ev.GCO2e = rt.rec.GetGco2E()
 	}
 	return ev
 }
@@ -287,6 +296,9 @@ func (s *Service) place(rt *jobRT, d pool.Decision) {
 		}
 	}
 	now := s.clk.Now()
+	if rt.firstStart.IsZero() {
+		rt.firstStart = now
+	}
 	rt.leases = make([]*lease, 0, world)
 	var rank uint32
 	for gi, a := range d.Placement {

@@ -141,6 +141,11 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 			return nil, err
 		}
 	}
+	if z := req.GetZone(); z != "" {
+		if err := pool.CheckZone(z); err != nil {
+			return nil, invalidf("zone %.64q: %v; name it as the server's carbon forecast does (e.g. westus)", z, err)
+		}
+	}
 	id := newID("w-")
 	var out *pb.RegisterWorkerResponse
 	err = s.do(ctx, func() error {
@@ -155,14 +160,14 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 		if len(s.workers) >= MaxWorkers {
 			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes", MaxWorkers)
 		}
-		if err := s.sched.AddWorker(id, capacity); err != nil {
+		if err := s.sched.AddWorkerInZone(id, req.GetZone(), capacity); err != nil {
 			return invalidf("register worker: %v", err)
 		}
 		now := s.clk.Now()
 		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
 			stopSent: map[rankAttempt]time.Time{},
 			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
-				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: "ready", Version: req.GetVersion()}}
+				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: "ready", Version: req.GetVersion(), Zone: req.GetZone()}}
 		s.workers[id] = w
 		if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
 			s.log.Error("storing pool worker", "worker", id, "err", err)
