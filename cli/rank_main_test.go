@@ -8,16 +8,15 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/demo"
-	"github.com/fleetlearn/fleetlearn/worker"
 )
 
 // TestMain lets this test binary be the demo's rank command: the demo's
 // embedded pool workers run their ranks as children of the executable,
 // which in a test is this binary.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 4 && os.Args[1] == demo.RankCommandName && os.Args[2] == "--lease" {
+	if len(os.Args) > 1 && os.Args[1] == demo.RankCommandName {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-		code := worker.RankExitCode(worker.RunRank(ctx, os.Args[3]))
+		code := demo.RankMain(ctx, os.Args[2:])
 		stop()
 		os.Exit(code)
 	}

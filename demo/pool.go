@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -95,6 +96,20 @@ func startPool(ctx context.Context, srv *server.Server, dataDir string, rankComm
 		}()
 	}
 	return wg.Wait, nil
+}
+
+// RankMain runs the hidden rank command with the arguments after its name
+// ("--lease FILE") and returns the exit status the worker reads
+// (worker.RankExitCode). Its caller handles signals: ctx ends on SIGTERM.
+func RankMain(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet(RankCommandName, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	lease := fs.String("lease", "", "")
+	if err := fs.Parse(args); err != nil || *lease == "" || fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: run by the demo's pool workers, with --lease FILE\n", RankCommandName)
+		return worker.RankExitFailed
+	}
+	return worker.RankExitCode(worker.RunRank(ctx, *lease))
 }
 
 // defaultRankCommand is this executable's hidden rank command: the demo

@@ -5,16 +5,13 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/fleetlearn/fleetlearn/cli"
 	"github.com/fleetlearn/fleetlearn/demo"
-	"github.com/fleetlearn/fleetlearn/worker"
 )
 
 func main() {
@@ -22,7 +19,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == demo.RankCommandName {
 		// The demo's embedded pool workers run their ranks as children of
 		// this binary; the outcome is the exit status the worker reads.
-		code := rank(ctx, os.Args[2:])
+		code := demo.RankMain(ctx, os.Args[2:])
 		stop()
 		os.Exit(code)
 	}
@@ -38,15 +35,4 @@ func main() {
 	}
 	fmt.Fprintln(os.Stderr, "fleetlearn:", err)
 	os.Exit(1)
-}
-
-func rank(ctx context.Context, args []string) int {
-	fs := flag.NewFlagSet(demo.RankCommandName, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	lease := fs.String("lease", "", "")
-	if err := fs.Parse(args); err != nil || *lease == "" {
-		fmt.Fprintf(os.Stderr, "fleetlearn %s: run by the demo's pool workers, with --lease FILE\n", demo.RankCommandName)
-		return worker.RankExitFailed
-	}
-	return worker.RankExitCode(worker.RunRank(ctx, *lease))
 }
