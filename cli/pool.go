@@ -524,6 +524,13 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 	u := j.GetUsage()
 	t.row("usage", fmt.Sprintf("%.1f CPU-s, %.1f GPU-s, peak %s, %s (meter %s, energy %s)", u.GetCpuSeconds(), u.GetGpuSeconds(),
 		byteSize(uint64(max(u.GetPeakMemoryBytes(), 0))), energy(u.GetEnergyJoules()), orDash(u.GetMeter()), orDash(u.GetEnergySource())))
+	if z := j.GetCarbonZone(); z != "" {
+		t.row("carbon", fmt.Sprintf("zone %s from %s, %.1f gCO2e expected (forecast %s)", z, timeString(j.GetCarbonStart()),
+			j.GetExpectedGco2E(), shortSHA(j.GetForecastSha256())))
+	}
+	if g := j.GetGco2E(); g > 0 {
+		t.row("emissions", fmt.Sprintf("%.1f gCO2e", g))
+	}
 	t.row("spec digest", j.GetSpecDigest())
 	t.row("data", orDash(j.GetDataSha256()))
 	t.row("checkpoint", orDash(j.GetCheckpoint()))

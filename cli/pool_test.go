@@ -52,15 +52,26 @@ func TestPoolSubmitFlags(t *testing.T) {
 		t.Errorf("command %v", c)
 	}
 
+	req, err = submitRequest(t, "--output-model", "base", "--steps", "10", "--deadline", "24h",
+		"--carbon-duration", "2h", "--carbon-watts", "300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := req.GetSpec().GetCarbon(); c.GetExpectedDuration().AsDuration() != 2*time.Hour || c.GetExpectedPowerWatts() != 300 || req.GetSpec().GetDeadline() == nil {
+		t.Errorf("carbon %v, deadline %v", c, req.GetSpec().GetDeadline())
+	}
+
 	for name, args := range map[string][]string{
-		"no steps":          {"--output-model", "x"},
-		"bad memory":        {"--output-model", "x", "--steps", "1", "--memory", "lots"},
-		"bad dataset":       {"--output-model", "x", "--steps", "1", "--dataset", "mnist-train:-1"},
-		"arch with command": {"--output-model", "x", "--steps", "1", "--arch", "mlp:2,2", "--", "true"},
-		"env without cmd":   {"--output-model", "x", "--steps", "1", "--env", "A=1"},
-		"bad env":           {"--output-model", "x", "--steps", "1", "--env", "=1", "--", "true"},
-		"bad deadline":      {"--output-model", "x", "--steps", "1", "--deadline", "soon"},
-		"zero cpu":          {"--output-model", "x", "--steps", "1", "--cpu", "0"},
+		"carbon without deadline": {"--output-model", "x", "--steps", "1", "--carbon-duration", "1h", "--carbon-watts", "10"},
+		"carbon without watts":    {"--output-model", "x", "--steps", "1", "--deadline", "2h", "--carbon-duration", "1h"},
+		"no steps":                {"--output-model", "x"},
+		"bad memory":              {"--output-model", "x", "--steps", "1", "--memory", "lots"},
+		"bad dataset":             {"--output-model", "x", "--steps", "1", "--dataset", "mnist-train:-1"},
+		"arch with command":       {"--output-model", "x", "--steps", "1", "--arch", "mlp:2,2", "--", "true"},
+		"env without cmd":         {"--output-model", "x", "--steps", "1", "--env", "A=1"},
+		"bad env":                 {"--output-model", "x", "--steps", "1", "--env", "=1", "--", "true"},
+		"bad deadline":            {"--output-model", "x", "--steps", "1", "--deadline", "soon"},
+		"zero cpu":                {"--output-model", "x", "--steps", "1", "--cpu", "0"},
 	} {
 		if _, err := submitRequest(t, args...); !errors.Is(err, ErrUsage) {
 			t.Errorf("%s: %v, want a usage error", name, err)
