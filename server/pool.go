@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
+	"github.com/fleetlearn/fleetlearn/server/internal/carbonhttp"
 	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
@@ -18,14 +21,25 @@ import (
 // poolActor names the compute pool's job service in the audit log.
 var poolActor = audit.Service("pool")
 
-// carbonSource is the forecast file as the pool reads it; nil without one.
-// Only a file: the server makes no network call for forecasts.
-func carbonSource(path string) carbon.Source {
-	if path == "" {
-		return nil
+// carbonSource is where the pool reads forecasts: a provider URL
+// (carbonhttp: https, or http on loopback) or a file; nil without one.
+func carbonSource(where string) (carbon.Source, error) {
+	switch {
+	case where == "":
+		return nil, nil
+	case strings.HasPrefix(where, "https://") || strings.HasPrefix(where, "http://"):
+		src, err := carbonhttp.New(where, os.Getenv(CarbonTokenEnv), nil)
+		if err != nil {
+			return nil, fmt.Errorf("server: --carbon-forecast: %w", err)
+		}
+		return src, nil
 	}
-	return carbon.FileSource{Path: path}
+	return carbon.FileSource{Path: where}, nil
 }
+
+// CarbonTokenEnv holds the bearer token for a forecast provider URL: in the
+// environment, not on the command line, where other users could read it.
+const CarbonTokenEnv = "FLEETLEARN_CARBON_TOKEN"
 
 // PoolCheckpointDir is where a server with data directory dataDir keeps
 // pool jobs' checkpoints.
@@ -34,6 +48,10 @@ func PoolCheckpointDir(dataDir string) string { return filepath.Join(dataDir, "p
 // startPool starts the compute pool's job service; its state is in the
 // store, its checkpoints under PoolCheckpointDir.
 func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
+	src, err := carbonSource(s.cfg.CarbonForecast)
+	if err != nil {
+		return err
+	}
 	v := &service{s: s, blobs: bl}
 	svc, err := poolsvc.New(poolsvc.Deps{Store: s.store, Clock: s.o.clock, Log: s.o.log.With("component", "pool"),
 		CheckpointDir: PoolCheckpointDir(s.cfg.DataDir),
@@ -48,7 +66,7 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 			return created, err
 		},
 		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss,
-		Carbon: carbonSource(s.cfg.CarbonForecast)})
+		Carbon: src})
 	if err != nil {
 		return fmt.Errorf("server: pool: %w", err)
 	}

@@ -137,8 +137,10 @@ type Config struct {
 	PoolHeartbeat        time.Duration
 	PoolHeartbeatsToLoss int
 	// CarbonForecast is a carbon intensity forecast file (Carbon Aware SDK
-	// or WattTime layout, pool/carbon), reread at each submission of a
-	// carbon-aware pool job; empty refuses such jobs.
+	// or WattTime layout, pool/carbon), or a provider URL answering in one
+	// of them (https, or http on loopback; bearer token from
+	// $FLEETLEARN_CARBON_TOKEN), read at each submission of a carbon-aware
+	// pool job; empty refuses such jobs.
 	CarbonForecast string
 }
 

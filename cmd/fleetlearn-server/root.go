@@ -172,7 +172,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.DurationVar(&f.cfg.PoolHeartbeat, "pool-heartbeat", 0,
 		"pool workers' heartbeat interval `DUR` (0: 2s); a worker silent for three of them is lost and its jobs restart from their checkpoints")
 	fl.StringVar(&f.cfg.CarbonForecast, "carbon-forecast", "",
-		"carbon intensity forecast `FILE` (Carbon Aware SDK or WattTime JSON), reread at each submission of a pool job with carbon placement")
+		"carbon intensity forecast `FILE` (Carbon Aware SDK or WattTime JSON), or a provider URL answering in one of them "+
+			"(https; a bearer token from $FLEETLEARN_CARBON_TOKEN), read at each submission of a pool job with carbon placement")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
 	fl.StringVar(&f.writeNATS, "write-nats-config", "",
 		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE` (\"-\": standard output), and exit")
