@@ -315,21 +315,7 @@ func installCRDs(t *testing.T, ctx context.Context, cfg *rest.Config, dyn dynami
 	sort.Strings(kinds)
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	for _, kind := range kinds {
-		f := crdFiles[kind]
-		dir, ok := dirs[f[0]]
-		if !ok {
-			b, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", f[0]).Output()
-			dir = strings.TrimSpace(string(b))
-			if err != nil || dir == "" {
-				t.Skipf("CRDs not reachable: go list -m %s: %v; run go mod download %s", f[0], err, f[0])
-			}
-			dirs[f[0]] = dir
-		}
-		path := filepath.Join(dir, "config", "components", "crd", "bases", f[1])
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			t.Skipf("CRD not reachable: %v; run go mod download %s", err, f[0])
-		}
+		path, raw := crdFile(t, dirs, crdFiles[kind])
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.UnmarshalStrict(raw, &crd); err != nil {
 			t.Fatalf("%s: %v", path, err)

@@ -45,6 +45,28 @@ var crdFiles = map[string][2]string{
 	"LocalQueue":     {"sigs.k8s.io/kueue", "kueue.x-k8s.io_localqueues.yaml"},
 }
 
+// crdFile reads one CRD file, f being its module and file name, from the
+// module's directory in the module cache (looked up once per module, into
+// dirs). Without it the test skips and says how to get it.
+func crdFile(t *testing.T, dirs map[string]string, f [2]string) (path string, raw []byte) {
+	t.Helper()
+	dir, ok := dirs[f[0]]
+	if !ok {
+		b, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", f[0]).Output()
+		dir = strings.TrimSpace(string(b))
+		if err != nil || dir == "" {
+			t.Skipf("CRDs not reachable: go list -m %s: %v; run go mod download %s", f[0], err, f[0])
+		}
+		dirs[f[0]] = dir
+	}
+	path = filepath.Join(dir, "config", "components", "crd", "bases", f[1])
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("CRD not reachable: %v; run go mod download %s", err, f[0])
+	}
+	return path, raw
+}
+
 // loadSchemas reads the CRDs from the module cache. Without them (no
 // module cache, e.g. a vendored build) the test skips and says why.
 func loadSchemas(t *testing.T) map[string]crdSchema {
@@ -52,20 +74,7 @@ func loadSchemas(t *testing.T) map[string]crdSchema {
 	dirs := map[string]string{}
 	out := map[string]crdSchema{}
 	for kind, f := range crdFiles {
-		dir, ok := dirs[f[0]]
-		if !ok {
-			b, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", f[0]).Output()
-			dir = strings.TrimSpace(string(b))
-			if err != nil || dir == "" {
-				t.Skipf("CRD schemas not reachable: go list -m %s: %v; run go mod download %s", f[0], err, f[0])
-			}
-			dirs[f[0]] = dir
-		}
-		path := filepath.Join(dir, "config", "components", "crd", "bases", f[1])
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			t.Skipf("CRD schema not reachable: %v; run go mod download %s", err, f[0])
-		}
+		path, raw := crdFile(t, dirs, f)
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.Unmarshal(raw, &crd); err != nil {
 			t.Fatalf("%s: %v", path, err)

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,7 +58,7 @@ func LatestCheckpoint(dir string) (step int64, path string, err error) {
 			cands = append(cands, cand{n, e.Name()})
 		}
 	}
-	slices.SortFunc(cands, func(a, b cand) int { return -compareInt(a.step, b.step) })
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(b.step, a.step) })
 	var skipped []error
 	for _, c := range cands {
 		p := filepath.Join(dir, c.name)
@@ -71,16 +72,6 @@ func LatestCheckpoint(dir string) (step int64, path string, err error) {
 		return 0, "", fmt.Errorf("runner: latest checkpoint: none of %d candidates verified (newest: %v): %w", len(skipped), skipped[0], ErrNoCheckpoint)
 	}
 	return 0, "", fmt.Errorf("runner: latest checkpoint: none in %s: %w", dir, ErrNoCheckpoint)
-}
-
-func compareInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // parseStepName accepts "step-<N>" with N canonical, so that step-7 and
