@@ -115,6 +115,7 @@ func DefaultPolicy() *Policy {
 		{svcWorker + "GetRankCheckpoint", []Role{a, pw}},
 		{svcWorker + "ListRankCheckpoints", []Role{a, pw}},
 		{svcWorker + "Average", []Role{a, pw}},
+		{svcWorker + "OuterSync", []Role{a, pw}},
 		{svcWorker + "AppendLogs", []Role{a, pw}},
 
 		// NATS credentials reach past the API's roles (the system account,

@@ -497,7 +497,10 @@ type PoolJobSpec struct {
 	//	*PoolJobSpec_Command
 	Program isPoolJobSpec_Program `protobuf_oneof:"program"`
 	// Carbon-aware placement; only with a deadline.
-	Carbon        *PoolCarbon `protobuf:"bytes,13,opt,name=carbon,proto3" json:"carbon,omitempty"`
+	Carbon *PoolCarbon `protobuf:"bytes,13,opt,name=carbon,proto3" json:"carbon,omitempty"`
+	// Train as DiLoCo islands instead of one gang; only with the built-in
+	// trainer and one rank per island (docs/POOL.md).
+	Diloco        *PoolDiLoCo `protobuf:"bytes,14,opt,name=diloco,proto3" json:"diloco,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +637,13 @@ func (x *PoolJobSpec) GetCarbon() *PoolCarbon {
 	return nil
 }
 
+func (x *PoolJobSpec) GetDiloco() *PoolDiLoCo {
+	if x != nil {
+		return x.Diloco
+	}
+	return nil
+}
+
 type isPoolJobSpec_Program interface {
 	isPoolJobSpec_Program()
 }
@@ -652,6 +662,186 @@ func (*PoolJobSpec_Builtin) isPoolJobSpec_Program() {}
 
 func (*PoolJobSpec_Command) isPoolJobSpec_Program() {}
 
+// PoolDiLoCo makes a job a DiLoCo run (Douillard et al. 2023): islands
+// train H inner steps each on their own shard, then the server averages
+// their pseudo-gradients and takes one outer Nesterov step. Each island is
+// a job of its own (id "<job>-i<N>"), placed, restarted and metered like
+// any job; the parent job holds the outer state and produces the model.
+type PoolDiLoCo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Islands; in [2, 64].
+	Islands uint32 `protobuf:"varint,1,opt,name=islands,proto3" json:"islands,omitempty"`
+	// Inner steps H between outer steps; total_steps must be a multiple of
+	// it, and total_steps / H is the number of outer steps.
+	InnerSteps int64 `protobuf:"varint,2,opt,name=inner_steps,json=innerSteps,proto3" json:"inner_steps,omitempty"`
+	// Outer SGD learning rate; 0 means 0.7.
+	OuterLearningRate float64 `protobuf:"fixed64,3,opt,name=outer_learning_rate,json=outerLearningRate,proto3" json:"outer_learning_rate,omitempty"`
+	// Outer Nesterov momentum in [0, 1); unset means 0.9.
+	OuterMomentum *float64 `protobuf:"fixed64,4,opt,name=outer_momentum,json=outerMomentum,proto3,oneof" json:"outer_momentum,omitempty"`
+	// Contributions an outer step needs; in [1, islands], 0 means a majority.
+	Quorum uint32 `protobuf:"varint,5,opt,name=quorum,proto3" json:"quorum,omitempty"`
+	// How long an outer step waits for running islands once it has its
+	// quorum; 0 means 30 s.
+	Grace *durationpb.Duration `protobuf:"bytes,6,opt,name=grace,proto3" json:"grace,omitempty"`
+	// Send pseudo-gradients as int8 with per-block scales (aggregator/quant).
+	Int8          bool `protobuf:"varint,7,opt,name=int8,proto3" json:"int8,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolDiLoCo) Reset() {
+	*x = PoolDiLoCo{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolDiLoCo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolDiLoCo) ProtoMessage() {}
+
+func (x *PoolDiLoCo) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolDiLoCo.ProtoReflect.Descriptor instead.
+func (*PoolDiLoCo) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PoolDiLoCo) GetIslands() uint32 {
+	if x != nil {
+		return x.Islands
+	}
+	return 0
+}
+
+func (x *PoolDiLoCo) GetInnerSteps() int64 {
+	if x != nil {
+		return x.InnerSteps
+	}
+	return 0
+}
+
+func (x *PoolDiLoCo) GetOuterLearningRate() float64 {
+	if x != nil {
+		return x.OuterLearningRate
+	}
+	return 0
+}
+
+func (x *PoolDiLoCo) GetOuterMomentum() float64 {
+	if x != nil && x.OuterMomentum != nil {
+		return *x.OuterMomentum
+	}
+	return 0
+}
+
+func (x *PoolDiLoCo) GetQuorum() uint32 {
+	if x != nil {
+		return x.Quorum
+	}
+	return 0
+}
+
+func (x *PoolDiLoCo) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+func (x *PoolDiLoCo) GetInt8() bool {
+	if x != nil {
+		return x.Int8
+	}
+	return false
+}
+
+// PoolDiLoCoStatus is where a DiLoCo job's outer loop stands.
+type PoolDiLoCoStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Outer steps taken.
+	OuterStep int64 `protobuf:"varint,1,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
+	// Outer steps of the run: total_steps / inner_steps.
+	OuterSteps int64 `protobuf:"varint,2,opt,name=outer_steps,json=outerSteps,proto3" json:"outer_steps,omitempty"`
+	// Islands whose pseudo-gradients the last outer step averaged.
+	LastIslands []uint32 `protobuf:"varint,3,rep,packed,name=last_islands,json=lastIslands,proto3" json:"last_islands,omitempty"`
+	// Contributions refused because their outer step had closed without
+	// them; the island continued from the new parameters.
+	LateContributions int64 `protobuf:"varint,4,opt,name=late_contributions,json=lateContributions,proto3" json:"late_contributions,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PoolDiLoCoStatus) Reset() {
+	*x = PoolDiLoCoStatus{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolDiLoCoStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolDiLoCoStatus) ProtoMessage() {}
+
+func (x *PoolDiLoCoStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolDiLoCoStatus.ProtoReflect.Descriptor instead.
+func (*PoolDiLoCoStatus) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PoolDiLoCoStatus) GetOuterStep() int64 {
+	if x != nil {
+		return x.OuterStep
+	}
+	return 0
+}
+
+func (x *PoolDiLoCoStatus) GetOuterSteps() int64 {
+	if x != nil {
+		return x.OuterSteps
+	}
+	return 0
+}
+
+func (x *PoolDiLoCoStatus) GetLastIslands() []uint32 {
+	if x != nil {
+		return x.LastIslands
+	}
+	return nil
+}
+
+func (x *PoolDiLoCoStatus) GetLateContributions() int64 {
+	if x != nil {
+		return x.LateContributions
+	}
+	return 0
+}
+
 // PoolAssignment is a share of a gang on one worker.
 type PoolAssignment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -667,7 +857,7 @@ type PoolAssignment struct {
 
 func (x *PoolAssignment) Reset() {
 	*x = PoolAssignment{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +869,7 @@ func (x *PoolAssignment) String() string {
 func (*PoolAssignment) ProtoMessage() {}
 
 func (x *PoolAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +882,7 @@ func (x *PoolAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAssignment.ProtoReflect.Descriptor instead.
 func (*PoolAssignment) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PoolAssignment) GetWorker() string {
@@ -737,7 +927,7 @@ type PoolUsage struct {
 
 func (x *PoolUsage) Reset() {
 	*x = PoolUsage{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +939,7 @@ func (x *PoolUsage) String() string {
 func (*PoolUsage) ProtoMessage() {}
 
 func (x *PoolUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +952,7 @@ func (x *PoolUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolUsage.ProtoReflect.Descriptor instead.
 func (*PoolUsage) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PoolUsage) GetCpuSeconds() float64 {
@@ -857,14 +1047,27 @@ type PoolJob struct {
 	ForecastSha256 string `protobuf:"bytes,22,opt,name=forecast_sha256,json=forecastSha256,proto3" json:"forecast_sha256,omitempty"`
 	// Emissions of the run in gCO2e once the job has ended: metered energy
 	// (or expected power × run time) at the zone's forecast intensity.
-	Gco2E         float64 `protobuf:"fixed64,23,opt,name=gco2e,proto3" json:"gco2e,omitempty"`
+	Gco2E float64 `protobuf:"fixed64,23,opt,name=gco2e,proto3" json:"gco2e,omitempty"`
+	// For an island of a DiLoCo job: the parent job's id.
+	Parent string `protobuf:"bytes,24,opt,name=parent,proto3" json:"parent,omitempty"`
+	// For an island of a DiLoCo job: which island, from 0.
+	Island uint32 `protobuf:"varint,25,opt,name=island,proto3" json:"island,omitempty"`
+	// For a DiLoCo job: its outer loop.
+	Diloco *PoolDiLoCoStatus `protobuf:"bytes,26,opt,name=diloco,proto3" json:"diloco,omitempty"`
+	// Bytes of parameter synchronisation the server received for this job:
+	// Average and OuterSync requests as encoded on the wire. A DiLoCo job
+	// counts its islands'.
+	SyncBytesReceived int64 `protobuf:"varint,27,opt,name=sync_bytes_received,json=syncBytesReceived,proto3" json:"sync_bytes_received,omitempty"`
+	// Bytes of parameter synchronisation the server sent for this job, the
+	// responses counted as sync_bytes_received counts requests.
+	SyncBytesSent int64 `protobuf:"varint,28,opt,name=sync_bytes_sent,json=syncBytesSent,proto3" json:"sync_bytes_sent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolJob) Reset() {
 	*x = PoolJob{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1079,7 @@ func (x *PoolJob) String() string {
 func (*PoolJob) ProtoMessage() {}
 
 func (x *PoolJob) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1092,7 @@ func (x *PoolJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolJob.ProtoReflect.Descriptor instead.
 func (*PoolJob) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PoolJob) GetSpec() *PoolJobSpec {
@@ -1053,6 +1256,41 @@ func (x *PoolJob) GetGco2E() float64 {
 	return 0
 }
 
+func (x *PoolJob) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *PoolJob) GetIsland() uint32 {
+	if x != nil {
+		return x.Island
+	}
+	return 0
+}
+
+func (x *PoolJob) GetDiloco() *PoolDiLoCoStatus {
+	if x != nil {
+		return x.Diloco
+	}
+	return nil
+}
+
+func (x *PoolJob) GetSyncBytesReceived() int64 {
+	if x != nil {
+		return x.SyncBytesReceived
+	}
+	return 0
+}
+
+func (x *PoolJob) GetSyncBytesSent() int64 {
+	if x != nil {
+		return x.SyncBytesSent
+	}
+	return 0
+}
+
 // PoolWorker is a registered worker.
 type PoolWorker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1081,7 +1319,7 @@ type PoolWorker struct {
 
 func (x *PoolWorker) Reset() {
 	*x = PoolWorker{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1331,7 @@ func (x *PoolWorker) String() string {
 func (*PoolWorker) ProtoMessage() {}
 
 func (x *PoolWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1344,7 @@ func (x *PoolWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWorker.ProtoReflect.Descriptor instead.
 func (*PoolWorker) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PoolWorker) GetId() string {
@@ -1186,7 +1424,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1436,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1449,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SubmitJobRequest) GetSpec() *PoolJobSpec {
@@ -1239,7 +1477,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1489,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1502,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitJobResponse) GetJob() *PoolJob {
@@ -1285,7 +1523,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1535,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1548,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1331,7 +1569,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1581,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1594,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetJobResponse) GetJob() *PoolJob {
@@ -1381,7 +1619,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1631,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1644,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListJobsRequest) GetPageSize() int32 {
@@ -1443,7 +1681,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1693,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1706,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListJobsResponse) GetJobs() []*PoolJob {
@@ -1498,7 +1736,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1748,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1761,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -1551,7 +1789,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1801,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1814,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelJobResponse) GetJob() *PoolJob {
@@ -1597,7 +1835,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1847,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1860,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -1644,7 +1882,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1894,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1907,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchJobResponse) GetJob() *PoolJob {
@@ -1692,7 +1930,7 @@ type JobLogsRequest struct {
 
 func (x *JobLogsRequest) Reset() {
 	*x = JobLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1942,7 @@ func (x *JobLogsRequest) String() string {
 func (*JobLogsRequest) ProtoMessage() {}
 
 func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1955,7 @@ func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsRequest.ProtoReflect.Descriptor instead.
 func (*JobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JobLogsRequest) GetJobId() string {
@@ -1755,7 +1993,7 @@ type PoolLogLine struct {
 
 func (x *PoolLogLine) Reset() {
 	*x = PoolLogLine{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +2005,7 @@ func (x *PoolLogLine) String() string {
 func (*PoolLogLine) ProtoMessage() {}
 
 func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +2018,7 @@ func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolLogLine.ProtoReflect.Descriptor instead.
 func (*PoolLogLine) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PoolLogLine) GetAttempt() uint32 {
@@ -1836,7 +2074,7 @@ type JobLogsResponse struct {
 
 func (x *JobLogsResponse) Reset() {
 	*x = JobLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2086,7 @@ func (x *JobLogsResponse) String() string {
 func (*JobLogsResponse) ProtoMessage() {}
 
 func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2099,7 @@ func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsResponse.ProtoReflect.Descriptor instead.
 func (*JobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *JobLogsResponse) GetLines() []*PoolLogLine {
@@ -1880,7 +2118,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2130,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2143,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
 }
 
 // ListWorkersResponse is the output of PoolService.ListWorkers.
@@ -1919,7 +2157,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2169,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2182,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*PoolWorker {
@@ -1974,7 +2212,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2224,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2237,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegisterWorkerRequest) GetName() string {
@@ -2052,7 +2290,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2302,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2315,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterWorkerResponse) GetWorkerId() string {
@@ -2129,13 +2367,17 @@ type RankLease struct {
 	GroupRank uint32 `protobuf:"varint,11,opt,name=group_rank,json=groupRank,proto3" json:"group_rank,omitempty"`
 	// Workers in the placement.
 	GroupWorldSize uint32 `protobuf:"varint,12,opt,name=group_world_size,json=groupWorldSize,proto3" json:"group_world_size,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For an island of a DiLoCo job (spec.diloco set): which island, from 0.
+	// The island trains on shard island of spec.diloco.islands and syncs
+	// through OuterSync.
+	Island        uint32 `protobuf:"varint,13,opt,name=island,proto3" json:"island,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RankLease) Reset() {
 	*x = RankLease{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2389,7 @@ func (x *RankLease) String() string {
 func (*RankLease) ProtoMessage() {}
 
 func (x *RankLease) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2402,7 @@ func (x *RankLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLease.ProtoReflect.Descriptor instead.
 func (*RankLease) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RankLease) GetJobId() string {
@@ -2247,6 +2489,13 @@ func (x *RankLease) GetGroupWorldSize() uint32 {
 	return 0
 }
 
+func (x *RankLease) GetIsland() uint32 {
+	if x != nil {
+		return x.Island
+	}
+	return 0
+}
+
 // RankStop tells a worker to stop a rank.
 type RankStop struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2265,7 +2514,7 @@ type RankStop struct {
 
 func (x *RankStop) Reset() {
 	*x = RankStop{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2526,7 @@ func (x *RankStop) String() string {
 func (*RankStop) ProtoMessage() {}
 
 func (x *RankStop) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2539,7 @@ func (x *RankStop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStop.ProtoReflect.Descriptor instead.
 func (*RankStop) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RankStop) GetJobId() string {
@@ -2342,7 +2591,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2603,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2616,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RankStatus) GetJobId() string {
@@ -2425,7 +2674,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2686,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2699,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatRequest) GetWorkerId() string {
@@ -2480,7 +2729,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2741,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2754,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatResponse) GetStart() []*RankLease {
@@ -2551,7 +2800,7 @@ type RankExitedRequest struct {
 
 func (x *RankExitedRequest) Reset() {
 	*x = RankExitedRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2812,7 @@ func (x *RankExitedRequest) String() string {
 func (*RankExitedRequest) ProtoMessage() {}
 
 func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2825,7 @@ func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedRequest.ProtoReflect.Descriptor instead.
 func (*RankExitedRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RankExitedRequest) GetWorkerId() string {
@@ -2658,7 +2907,7 @@ type RankExitedResponse struct {
 
 func (x *RankExitedResponse) Reset() {
 	*x = RankExitedResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2919,7 @@ func (x *RankExitedResponse) String() string {
 func (*RankExitedResponse) ProtoMessage() {}
 
 func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2932,7 @@ func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedResponse.ProtoReflect.Descriptor instead.
 func (*RankExitedResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
 }
 
 // RankRef names one rank of a leased attempt: its checkpoint store on
@@ -2704,7 +2953,7 @@ type RankRef struct {
 
 func (x *RankRef) Reset() {
 	*x = RankRef{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2965,7 @@ func (x *RankRef) String() string {
 func (*RankRef) ProtoMessage() {}
 
 func (x *RankRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2978,7 @@ func (x *RankRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankRef.ProtoReflect.Descriptor instead.
 func (*RankRef) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RankRef) GetWorkerId() string {
@@ -2776,7 +3025,7 @@ type PutCheckpointBlobRequest struct {
 
 func (x *PutCheckpointBlobRequest) Reset() {
 	*x = PutCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +3037,7 @@ func (x *PutCheckpointBlobRequest) String() string {
 func (*PutCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +3050,7 @@ func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutCheckpointBlobRequest) GetRef() *RankRef {
@@ -2835,7 +3084,7 @@ type PutCheckpointBlobResponse struct {
 
 func (x *PutCheckpointBlobResponse) Reset() {
 	*x = PutCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +3096,7 @@ func (x *PutCheckpointBlobResponse) String() string {
 func (*PutCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +3109,7 @@ func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
 }
 
 // HasCheckpointBlobRequest is the input of
@@ -2877,7 +3126,7 @@ type HasCheckpointBlobRequest struct {
 
 func (x *HasCheckpointBlobRequest) Reset() {
 	*x = HasCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2889,7 +3138,7 @@ func (x *HasCheckpointBlobRequest) String() string {
 func (*HasCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2902,7 +3151,7 @@ func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HasCheckpointBlobRequest) GetRef() *RankRef {
@@ -2931,7 +3180,7 @@ type HasCheckpointBlobResponse struct {
 
 func (x *HasCheckpointBlobResponse) Reset() {
 	*x = HasCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3192,7 @@ func (x *HasCheckpointBlobResponse) String() string {
 func (*HasCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3205,7 @@ func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HasCheckpointBlobResponse) GetPresent() bool {
@@ -2980,7 +3229,7 @@ type GetCheckpointBlobRequest struct {
 
 func (x *GetCheckpointBlobRequest) Reset() {
 	*x = GetCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3241,7 @@ func (x *GetCheckpointBlobRequest) String() string {
 func (*GetCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3254,7 @@ func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetCheckpointBlobRequest) GetRef() *RankRef {
@@ -3034,7 +3283,7 @@ type GetCheckpointBlobResponse struct {
 
 func (x *GetCheckpointBlobResponse) Reset() {
 	*x = GetCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +3295,7 @@ func (x *GetCheckpointBlobResponse) String() string {
 func (*GetCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +3308,7 @@ func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetCheckpointBlobResponse) GetData() []byte {
@@ -3084,7 +3333,7 @@ type CommitCheckpointRequest struct {
 
 func (x *CommitCheckpointRequest) Reset() {
 	*x = CommitCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3096,7 +3345,7 @@ func (x *CommitCheckpointRequest) String() string {
 func (*CommitCheckpointRequest) ProtoMessage() {}
 
 func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3358,7 @@ func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CommitCheckpointRequest) GetRef() *RankRef {
@@ -3141,7 +3390,7 @@ type CommitCheckpointResponse struct {
 
 func (x *CommitCheckpointResponse) Reset() {
 	*x = CommitCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3402,7 @@ func (x *CommitCheckpointResponse) String() string {
 func (*CommitCheckpointResponse) ProtoMessage() {}
 
 func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3415,7 @@ func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommitCheckpointResponse) GetId() string {
@@ -3197,7 +3446,7 @@ type GetRankCheckpointRequest struct {
 
 func (x *GetRankCheckpointRequest) Reset() {
 	*x = GetRankCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3458,7 @@ func (x *GetRankCheckpointRequest) String() string {
 func (*GetRankCheckpointRequest) ProtoMessage() {}
 
 func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3471,7 @@ func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetRankCheckpointRequest) GetRef() *RankRef {
@@ -3252,7 +3501,7 @@ type GetRankCheckpointResponse struct {
 
 func (x *GetRankCheckpointResponse) Reset() {
 	*x = GetRankCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3264,7 +3513,7 @@ func (x *GetRankCheckpointResponse) String() string {
 func (*GetRankCheckpointResponse) ProtoMessage() {}
 
 func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3277,7 +3526,7 @@ func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetRankCheckpointResponse) GetId() string {
@@ -3305,7 +3554,7 @@ type ListRankCheckpointsRequest struct {
 
 func (x *ListRankCheckpointsRequest) Reset() {
 	*x = ListRankCheckpointsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3317,7 +3566,7 @@ func (x *ListRankCheckpointsRequest) String() string {
 func (*ListRankCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3330,7 +3579,7 @@ func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListRankCheckpointsRequest) GetRef() *RankRef {
@@ -3352,7 +3601,7 @@ type ListRankCheckpointsResponse struct {
 
 func (x *ListRankCheckpointsResponse) Reset() {
 	*x = ListRankCheckpointsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3613,7 @@ func (x *ListRankCheckpointsResponse) String() string {
 func (*ListRankCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3626,7 @@ func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListRankCheckpointsResponse) GetIds() []string {
@@ -3404,7 +3653,7 @@ type AverageRequest struct {
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3416,7 +3665,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3429,7 +3678,7 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AverageRequest) GetRef() *RankRef {
@@ -3471,7 +3720,7 @@ type AverageResponse struct {
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3732,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3745,7 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AverageResponse) GetParams() []byte {
@@ -3504,6 +3753,158 @@ func (x *AverageResponse) GetParams() []byte {
 		return x.Params
 	}
 	return nil
+}
+
+// OuterSyncRequest is the input of PoolWorkerService.OuterSync.
+type OuterSyncRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The island's rank.
+	Ref *RankRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Outer step the contribution is for: the step of the parameters the
+	// island started its inner steps from.
+	OuterStep int64 `protobuf:"varint,2,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
+	// The island's pseudo-gradient (start parameters minus its parameters
+	// after H inner steps), little-endian float32, or an FLQ8 encoding when
+	// the job asks for int8; empty to join: the answer is then the current
+	// parameters without waiting.
+	PseudoGradient []byte `protobuf:"bytes,3,opt,name=pseudo_gradient,json=pseudoGradient,proto3" json:"pseudo_gradient,omitempty"`
+	// The island's weight, its shard's example count.
+	Weight        float64 `protobuf:"fixed64,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OuterSyncRequest) Reset() {
+	*x = OuterSyncRequest{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OuterSyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OuterSyncRequest) ProtoMessage() {}
+
+func (x *OuterSyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OuterSyncRequest.ProtoReflect.Descriptor instead.
+func (*OuterSyncRequest) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *OuterSyncRequest) GetRef() *RankRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *OuterSyncRequest) GetOuterStep() int64 {
+	if x != nil {
+		return x.OuterStep
+	}
+	return 0
+}
+
+func (x *OuterSyncRequest) GetPseudoGradient() []byte {
+	if x != nil {
+		return x.PseudoGradient
+	}
+	return nil
+}
+
+func (x *OuterSyncRequest) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+// OuterSyncResponse is the output of PoolWorkerService.OuterSync.
+type OuterSyncResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Outer step the parameters are for: the island's next contribution
+	// names it.
+	OuterStep int64 `protobuf:"varint,1,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
+	// Parameters to run the next inner steps from, little-endian float32.
+	Params []byte `protobuf:"bytes,2,opt,name=params,proto3" json:"params,omitempty"`
+	// The run has taken its last outer step: the island is done.
+	Done bool `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	// The contribution was not used because its outer step closed without
+	// it; the island continues from params.
+	Late          bool `protobuf:"varint,4,opt,name=late,proto3" json:"late,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OuterSyncResponse) Reset() {
+	*x = OuterSyncResponse{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OuterSyncResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OuterSyncResponse) ProtoMessage() {}
+
+func (x *OuterSyncResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OuterSyncResponse.ProtoReflect.Descriptor instead.
+func (*OuterSyncResponse) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *OuterSyncResponse) GetOuterStep() int64 {
+	if x != nil {
+		return x.OuterStep
+	}
+	return 0
+}
+
+func (x *OuterSyncResponse) GetParams() []byte {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
+func (x *OuterSyncResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *OuterSyncResponse) GetLate() bool {
+	if x != nil {
+		return x.Late
+	}
+	return false
 }
 
 // AppendLogsRequest is the input of PoolWorkerService.AppendLogs.
@@ -3519,7 +3920,7 @@ type AppendLogsRequest struct {
 
 func (x *AppendLogsRequest) Reset() {
 	*x = AppendLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3932,7 @@ func (x *AppendLogsRequest) String() string {
 func (*AppendLogsRequest) ProtoMessage() {}
 
 func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3945,7 @@ func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsRequest.ProtoReflect.Descriptor instead.
 func (*AppendLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AppendLogsRequest) GetRef() *RankRef {
@@ -3570,7 +3971,7 @@ type AppendLogsResponse struct {
 
 func (x *AppendLogsResponse) Reset() {
 	*x = AppendLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3582,7 +3983,7 @@ func (x *AppendLogsResponse) String() string {
 func (*AppendLogsResponse) ProtoMessage() {}
 
 func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3595,7 +3996,7 @@ func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsResponse.ProtoReflect.Descriptor instead.
 func (*AppendLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{54}
 }
 
 var File_fleetlearn_v1_pool_proto protoreflect.FileDescriptor
@@ -3633,7 +4034,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"PoolCarbon\x12F\n" +
 	"\x11expected_duration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10expectedDuration\x120\n" +
-	"\x14expected_power_watts\x18\x02 \x01(\x01R\x12expectedPowerWatts\"\xa5\x04\n" +
+	"\x14expected_power_watts\x18\x02 \x01(\x01R\x12expectedPowerWatts\"\xd8\x04\n" +
 	"\vPoolJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1a\n" +
@@ -3649,8 +4050,27 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12=\n" +
 	"\abuiltin\x18\v \x01(\v2!.fleetlearn.v1.PoolBuiltinTrainerH\x00R\abuiltin\x126\n" +
 	"\acommand\x18\f \x01(\v2\x1a.fleetlearn.v1.PoolCommandH\x00R\acommand\x121\n" +
-	"\x06carbon\x18\r \x01(\v2\x19.fleetlearn.v1.PoolCarbonR\x06carbonB\t\n" +
-	"\aprogram\"]\n" +
+	"\x06carbon\x18\r \x01(\v2\x19.fleetlearn.v1.PoolCarbonR\x06carbon\x121\n" +
+	"\x06diloco\x18\x0e \x01(\v2\x19.fleetlearn.v1.PoolDiLoCoR\x06dilocoB\t\n" +
+	"\aprogram\"\x93\x02\n" +
+	"\n" +
+	"PoolDiLoCo\x12\x18\n" +
+	"\aislands\x18\x01 \x01(\rR\aislands\x12\x1f\n" +
+	"\vinner_steps\x18\x02 \x01(\x03R\n" +
+	"innerSteps\x12.\n" +
+	"\x13outer_learning_rate\x18\x03 \x01(\x01R\x11outerLearningRate\x12*\n" +
+	"\x0eouter_momentum\x18\x04 \x01(\x01H\x00R\routerMomentum\x88\x01\x01\x12\x16\n" +
+	"\x06quorum\x18\x05 \x01(\rR\x06quorum\x12/\n" +
+	"\x05grace\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x12\n" +
+	"\x04int8\x18\a \x01(\bR\x04int8B\x11\n" +
+	"\x0f_outer_momentum\"\xa4\x01\n" +
+	"\x10PoolDiLoCoStatus\x12\x1d\n" +
+	"\n" +
+	"outer_step\x18\x01 \x01(\x03R\touterStep\x12\x1f\n" +
+	"\vouter_steps\x18\x02 \x01(\x03R\n" +
+	"outerSteps\x12!\n" +
+	"\flast_islands\x18\x03 \x03(\rR\vlastIslands\x12-\n" +
+	"\x12late_contributions\x18\x04 \x01(\x03R\x11lateContributions\"]\n" +
 	"\x0ePoolAssignment\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1d\n" +
 	"\n" +
@@ -3664,7 +4084,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x11peak_memory_bytes\x18\x03 \x01(\x03R\x0fpeakMemoryBytes\x12#\n" +
 	"\renergy_joules\x18\x04 \x01(\x01R\fenergyJoules\x12\x14\n" +
 	"\x05meter\x18\x05 \x01(\tR\x05meter\x12#\n" +
-	"\renergy_source\x18\x06 \x01(\tR\fenergySource\"\xab\a\n" +
+	"\renergy_source\x18\x06 \x01(\tR\fenergySource\"\xec\b\n" +
 	"\aPoolJob\x12.\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1a.fleetlearn.v1.PoolJobSpecR\x04spec\x12\x1f\n" +
 	"\vspec_digest\x18\x02 \x01(\tR\n" +
@@ -3697,7 +4117,12 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\fcarbon_start\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\vcarbonStart\x12%\n" +
 	"\x0eexpected_gco2e\x18\x15 \x01(\x01R\rexpectedGco2e\x12'\n" +
 	"\x0fforecast_sha256\x18\x16 \x01(\tR\x0eforecastSha256\x12\x14\n" +
-	"\x05gco2e\x18\x17 \x01(\x01R\x05gco2e\"\xb8\x02\n" +
+	"\x05gco2e\x18\x17 \x01(\x01R\x05gco2e\x12\x16\n" +
+	"\x06parent\x18\x18 \x01(\tR\x06parent\x12\x16\n" +
+	"\x06island\x18\x19 \x01(\rR\x06island\x127\n" +
+	"\x06diloco\x18\x1a \x01(\v2\x1f.fleetlearn.v1.PoolDiLoCoStatusR\x06diloco\x12.\n" +
+	"\x13sync_bytes_received\x18\x1b \x01(\x03R\x11syncBytesReceived\x12&\n" +
+	"\x0fsync_bytes_sent\x18\x1c \x01(\x03R\rsyncBytesSent\"\xb8\x02\n" +
 	"\n" +
 	"PoolWorker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -3761,7 +4186,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x16RegisterWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12,\n" +
-	"\x12heartbeats_to_loss\x18\x03 \x01(\rR\x10heartbeatsToLoss\"\x94\x03\n" +
+	"\x12heartbeats_to_loss\x18\x03 \x01(\rR\x10heartbeatsToLoss\"\xac\x03\n" +
 	"\tRankLease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x12\n" +
@@ -3781,7 +4206,8 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	" \x01(\rR\x0elocalWorldSize\x12\x1d\n" +
 	"\n" +
 	"group_rank\x18\v \x01(\rR\tgroupRank\x12(\n" +
-	"\x10group_world_size\x18\f \x01(\rR\x0egroupWorldSize\"x\n" +
+	"\x10group_world_size\x18\f \x01(\rR\x0egroupWorldSize\x12\x16\n" +
+	"\x06island\x18\r \x01(\rR\x06island\"x\n" +
 	"\bRankStop\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12#\n" +
@@ -3857,7 +4283,19 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x06params\x18\x03 \x01(\fR\x06params\x12\x16\n" +
 	"\x06weight\x18\x04 \x01(\x01R\x06weight\")\n" +
 	"\x0fAverageResponse\x12\x16\n" +
-	"\x06params\x18\x01 \x01(\fR\x06params\"o\n" +
+	"\x06params\x18\x01 \x01(\fR\x06params\"\x9c\x01\n" +
+	"\x10OuterSyncRequest\x12(\n" +
+	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x12\x1d\n" +
+	"\n" +
+	"outer_step\x18\x02 \x01(\x03R\touterStep\x12'\n" +
+	"\x0fpseudo_gradient\x18\x03 \x01(\fR\x0epseudoGradient\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\x01R\x06weight\"r\n" +
+	"\x11OuterSyncResponse\x12\x1d\n" +
+	"\n" +
+	"outer_step\x18\x01 \x01(\x03R\touterStep\x12\x16\n" +
+	"\x06params\x18\x02 \x01(\fR\x06params\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\bR\x04done\x12\x12\n" +
+	"\x04late\x18\x04 \x01(\bR\x04late\"o\n" +
 	"\x11AppendLogsRequest\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x120\n" +
 	"\x05lines\x18\x02 \x03(\v2\x1a.fleetlearn.v1.PoolLogLineR\x05lines\"\x14\n" +
@@ -3883,7 +4321,7 @@ func file_fleetlearn_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(PoolJobState)(0),                   // 0: fleetlearn.v1.PoolJobState
 	(*PoolResources)(nil),               // 1: fleetlearn.v1.PoolResources
@@ -3892,109 +4330,117 @@ var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(*PoolCommand)(nil),                 // 4: fleetlearn.v1.PoolCommand
 	(*PoolCarbon)(nil),                  // 5: fleetlearn.v1.PoolCarbon
 	(*PoolJobSpec)(nil),                 // 6: fleetlearn.v1.PoolJobSpec
-	(*PoolAssignment)(nil),              // 7: fleetlearn.v1.PoolAssignment
-	(*PoolUsage)(nil),                   // 8: fleetlearn.v1.PoolUsage
-	(*PoolJob)(nil),                     // 9: fleetlearn.v1.PoolJob
-	(*PoolWorker)(nil),                  // 10: fleetlearn.v1.PoolWorker
-	(*SubmitJobRequest)(nil),            // 11: fleetlearn.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 12: fleetlearn.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 13: fleetlearn.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 14: fleetlearn.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 15: fleetlearn.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 16: fleetlearn.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 17: fleetlearn.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 18: fleetlearn.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 19: fleetlearn.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 20: fleetlearn.v1.WatchJobResponse
-	(*JobLogsRequest)(nil),              // 21: fleetlearn.v1.JobLogsRequest
-	(*PoolLogLine)(nil),                 // 22: fleetlearn.v1.PoolLogLine
-	(*JobLogsResponse)(nil),             // 23: fleetlearn.v1.JobLogsResponse
-	(*ListWorkersRequest)(nil),          // 24: fleetlearn.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),         // 25: fleetlearn.v1.ListWorkersResponse
-	(*RegisterWorkerRequest)(nil),       // 26: fleetlearn.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),      // 27: fleetlearn.v1.RegisterWorkerResponse
-	(*RankLease)(nil),                   // 28: fleetlearn.v1.RankLease
-	(*RankStop)(nil),                    // 29: fleetlearn.v1.RankStop
-	(*RankStatus)(nil),                  // 30: fleetlearn.v1.RankStatus
-	(*HeartbeatRequest)(nil),            // 31: fleetlearn.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 32: fleetlearn.v1.HeartbeatResponse
-	(*RankExitedRequest)(nil),           // 33: fleetlearn.v1.RankExitedRequest
-	(*RankExitedResponse)(nil),          // 34: fleetlearn.v1.RankExitedResponse
-	(*RankRef)(nil),                     // 35: fleetlearn.v1.RankRef
-	(*PutCheckpointBlobRequest)(nil),    // 36: fleetlearn.v1.PutCheckpointBlobRequest
-	(*PutCheckpointBlobResponse)(nil),   // 37: fleetlearn.v1.PutCheckpointBlobResponse
-	(*HasCheckpointBlobRequest)(nil),    // 38: fleetlearn.v1.HasCheckpointBlobRequest
-	(*HasCheckpointBlobResponse)(nil),   // 39: fleetlearn.v1.HasCheckpointBlobResponse
-	(*GetCheckpointBlobRequest)(nil),    // 40: fleetlearn.v1.GetCheckpointBlobRequest
-	(*GetCheckpointBlobResponse)(nil),   // 41: fleetlearn.v1.GetCheckpointBlobResponse
-	(*CommitCheckpointRequest)(nil),     // 42: fleetlearn.v1.CommitCheckpointRequest
-	(*CommitCheckpointResponse)(nil),    // 43: fleetlearn.v1.CommitCheckpointResponse
-	(*GetRankCheckpointRequest)(nil),    // 44: fleetlearn.v1.GetRankCheckpointRequest
-	(*GetRankCheckpointResponse)(nil),   // 45: fleetlearn.v1.GetRankCheckpointResponse
-	(*ListRankCheckpointsRequest)(nil),  // 46: fleetlearn.v1.ListRankCheckpointsRequest
-	(*ListRankCheckpointsResponse)(nil), // 47: fleetlearn.v1.ListRankCheckpointsResponse
-	(*AverageRequest)(nil),              // 48: fleetlearn.v1.AverageRequest
-	(*AverageResponse)(nil),             // 49: fleetlearn.v1.AverageResponse
-	(*AppendLogsRequest)(nil),           // 50: fleetlearn.v1.AppendLogsRequest
-	(*AppendLogsResponse)(nil),          // 51: fleetlearn.v1.AppendLogsResponse
-	nil,                                 // 52: fleetlearn.v1.PoolCommand.EnvEntry
-	(*durationpb.Duration)(nil),         // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 54: google.protobuf.Timestamp
-	(*Task)(nil),                        // 55: fleetlearn.v1.Task
+	(*PoolDiLoCo)(nil),                  // 7: fleetlearn.v1.PoolDiLoCo
+	(*PoolDiLoCoStatus)(nil),            // 8: fleetlearn.v1.PoolDiLoCoStatus
+	(*PoolAssignment)(nil),              // 9: fleetlearn.v1.PoolAssignment
+	(*PoolUsage)(nil),                   // 10: fleetlearn.v1.PoolUsage
+	(*PoolJob)(nil),                     // 11: fleetlearn.v1.PoolJob
+	(*PoolWorker)(nil),                  // 12: fleetlearn.v1.PoolWorker
+	(*SubmitJobRequest)(nil),            // 13: fleetlearn.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 14: fleetlearn.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 15: fleetlearn.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 16: fleetlearn.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 17: fleetlearn.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 18: fleetlearn.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 19: fleetlearn.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 20: fleetlearn.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 21: fleetlearn.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 22: fleetlearn.v1.WatchJobResponse
+	(*JobLogsRequest)(nil),              // 23: fleetlearn.v1.JobLogsRequest
+	(*PoolLogLine)(nil),                 // 24: fleetlearn.v1.PoolLogLine
+	(*JobLogsResponse)(nil),             // 25: fleetlearn.v1.JobLogsResponse
+	(*ListWorkersRequest)(nil),          // 26: fleetlearn.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 27: fleetlearn.v1.ListWorkersResponse
+	(*RegisterWorkerRequest)(nil),       // 28: fleetlearn.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),      // 29: fleetlearn.v1.RegisterWorkerResponse
+	(*RankLease)(nil),                   // 30: fleetlearn.v1.RankLease
+	(*RankStop)(nil),                    // 31: fleetlearn.v1.RankStop
+	(*RankStatus)(nil),                  // 32: fleetlearn.v1.RankStatus
+	(*HeartbeatRequest)(nil),            // 33: fleetlearn.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 34: fleetlearn.v1.HeartbeatResponse
+	(*RankExitedRequest)(nil),           // 35: fleetlearn.v1.RankExitedRequest
+	(*RankExitedResponse)(nil),          // 36: fleetlearn.v1.RankExitedResponse
+	(*RankRef)(nil),                     // 37: fleetlearn.v1.RankRef
+	(*PutCheckpointBlobRequest)(nil),    // 38: fleetlearn.v1.PutCheckpointBlobRequest
+	(*PutCheckpointBlobResponse)(nil),   // 39: fleetlearn.v1.PutCheckpointBlobResponse
+	(*HasCheckpointBlobRequest)(nil),    // 40: fleetlearn.v1.HasCheckpointBlobRequest
+	(*HasCheckpointBlobResponse)(nil),   // 41: fleetlearn.v1.HasCheckpointBlobResponse
+	(*GetCheckpointBlobRequest)(nil),    // 42: fleetlearn.v1.GetCheckpointBlobRequest
+	(*GetCheckpointBlobResponse)(nil),   // 43: fleetlearn.v1.GetCheckpointBlobResponse
+	(*CommitCheckpointRequest)(nil),     // 44: fleetlearn.v1.CommitCheckpointRequest
+	(*CommitCheckpointResponse)(nil),    // 45: fleetlearn.v1.CommitCheckpointResponse
+	(*GetRankCheckpointRequest)(nil),    // 46: fleetlearn.v1.GetRankCheckpointRequest
+	(*GetRankCheckpointResponse)(nil),   // 47: fleetlearn.v1.GetRankCheckpointResponse
+	(*ListRankCheckpointsRequest)(nil),  // 48: fleetlearn.v1.ListRankCheckpointsRequest
+	(*ListRankCheckpointsResponse)(nil), // 49: fleetlearn.v1.ListRankCheckpointsResponse
+	(*AverageRequest)(nil),              // 50: fleetlearn.v1.AverageRequest
+	(*AverageResponse)(nil),             // 51: fleetlearn.v1.AverageResponse
+	(*OuterSyncRequest)(nil),            // 52: fleetlearn.v1.OuterSyncRequest
+	(*OuterSyncResponse)(nil),           // 53: fleetlearn.v1.OuterSyncResponse
+	(*AppendLogsRequest)(nil),           // 54: fleetlearn.v1.AppendLogsRequest
+	(*AppendLogsResponse)(nil),          // 55: fleetlearn.v1.AppendLogsResponse
+	nil,                                 // 56: fleetlearn.v1.PoolCommand.EnvEntry
+	(*durationpb.Duration)(nil),         // 57: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 58: google.protobuf.Timestamp
+	(*Task)(nil),                        // 59: fleetlearn.v1.Task
 }
 var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
 	2,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
-	52, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
-	53, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
+	56, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
+	57, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
 	1,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
-	54, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
+	58, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
 	3,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
 	4,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
 	5,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
-	6,  // 8: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	0,  // 9: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
-	54, // 10: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
-	54, // 11: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
-	54, // 12: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
-	7,  // 13: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
-	8,  // 14: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
-	54, // 15: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
-	1,  // 16: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
-	1,  // 17: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
-	54, // 18: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
-	6,  // 19: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	55, // 20: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
-	9,  // 21: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	9,  // 22: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	0,  // 23: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
-	9,  // 24: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
-	9,  // 25: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	9,  // 26: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	54, // 27: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
-	22, // 28: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
-	10, // 29: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
-	1,  // 30: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
-	53, // 31: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	6,  // 32: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	8,  // 33: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
-	30, // 34: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
-	28, // 35: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
-	29, // 36: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
-	8,  // 37: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
-	35, // 38: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 39: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 40: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 41: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 42: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 43: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 44: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
-	35, // 45: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	22, // 46: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	7,  // 8: fleetlearn.v1.PoolJobSpec.diloco:type_name -> fleetlearn.v1.PoolDiLoCo
+	57, // 9: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
+	6,  // 10: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	0,  // 11: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
+	58, // 12: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
+	58, // 13: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
+	58, // 14: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
+	9,  // 15: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
+	10, // 16: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
+	58, // 17: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
+	8,  // 18: fleetlearn.v1.PoolJob.diloco:type_name -> fleetlearn.v1.PoolDiLoCoStatus
+	1,  // 19: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
+	1,  // 20: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
+	58, // 21: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
+	6,  // 22: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	59, // 23: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
+	11, // 24: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	11, // 25: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	0,  // 26: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
+	11, // 27: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
+	11, // 28: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	11, // 29: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	58, // 30: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
+	24, // 31: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
+	12, // 32: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
+	1,  // 33: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
+	57, // 34: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	6,  // 35: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	10, // 36: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
+	32, // 37: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
+	30, // 38: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
+	31, // 39: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
+	10, // 40: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
+	37, // 41: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 42: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 43: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 44: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 45: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 46: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 47: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 48: fleetlearn.v1.OuterSyncRequest.ref:type_name -> fleetlearn.v1.RankRef
+	37, // 49: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	24, // 50: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
+	51, // [51:51] is the sub-list for method output_type
+	51, // [51:51] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_pool_proto_init() }
@@ -4007,13 +4453,14 @@ func file_fleetlearn_v1_pool_proto_init() {
 		(*PoolJobSpec_Builtin)(nil),
 		(*PoolJobSpec_Command)(nil),
 	}
+	file_fleetlearn_v1_pool_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_pool_proto_rawDesc), len(file_fleetlearn_v1_pool_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   52,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

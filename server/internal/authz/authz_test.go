@@ -90,6 +90,7 @@ var allowed = map[string][]identity.Role{
 	"PoolWorkerService/GetRankCheckpoint":   {"admin", "pool-worker"},
 	"PoolWorkerService/ListRankCheckpoints": {"admin", "pool-worker"},
 	"PoolWorkerService/Average":             {"admin", "pool-worker"},
+	"PoolWorkerService/OuterSync":           {"admin", "pool-worker"},
 	"PoolWorkerService/AppendLogs":          {"admin", "pool-worker"},
 }
 

@@ -89,6 +89,7 @@ func TestServices(t *testing.T) {
 			{name: "GetRankCheckpoint"},
 			{name: "ListRankCheckpoints"},
 			{name: "Average"},
+			{name: "OuterSync"},
 			{name: "AppendLogs"},
 		}},
 	}

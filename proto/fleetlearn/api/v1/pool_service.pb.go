@@ -33,7 +33,7 @@ const file_fleetlearn_api_v1_pool_service_proto_rawDesc = "" +
 	"\tCancelJob\x12\x1f.fleetlearn.v1.CancelJobRequest\x1a .fleetlearn.v1.CancelJobResponse\x12M\n" +
 	"\bWatchJob\x12\x1e.fleetlearn.v1.WatchJobRequest\x1a\x1f.fleetlearn.v1.WatchJobResponse0\x01\x12J\n" +
 	"\aJobLogs\x12\x1d.fleetlearn.v1.JobLogsRequest\x1a\x1e.fleetlearn.v1.JobLogsResponse0\x01\x12T\n" +
-	"\vListWorkers\x12!.fleetlearn.v1.ListWorkersRequest\x1a\".fleetlearn.v1.ListWorkersResponse2\xa5\b\n" +
+	"\vListWorkers\x12!.fleetlearn.v1.ListWorkersRequest\x1a\".fleetlearn.v1.ListWorkersResponse2\xf5\b\n" +
 	"\x11PoolWorkerService\x12]\n" +
 	"\x0eRegisterWorker\x12$.fleetlearn.v1.RegisterWorkerRequest\x1a%.fleetlearn.v1.RegisterWorkerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.fleetlearn.v1.HeartbeatRequest\x1a .fleetlearn.v1.HeartbeatResponse\x12Q\n" +
@@ -45,7 +45,8 @@ const file_fleetlearn_api_v1_pool_service_proto_rawDesc = "" +
 	"\x10CommitCheckpoint\x12&.fleetlearn.v1.CommitCheckpointRequest\x1a'.fleetlearn.v1.CommitCheckpointResponse\x12f\n" +
 	"\x11GetRankCheckpoint\x12'.fleetlearn.v1.GetRankCheckpointRequest\x1a(.fleetlearn.v1.GetRankCheckpointResponse\x12l\n" +
 	"\x13ListRankCheckpoints\x12).fleetlearn.v1.ListRankCheckpointsRequest\x1a*.fleetlearn.v1.ListRankCheckpointsResponse\x12H\n" +
-	"\aAverage\x12\x1d.fleetlearn.v1.AverageRequest\x1a\x1e.fleetlearn.v1.AverageResponse\x12Q\n" +
+	"\aAverage\x12\x1d.fleetlearn.v1.AverageRequest\x1a\x1e.fleetlearn.v1.AverageResponse\x12N\n" +
+	"\tOuterSync\x12\x1f.fleetlearn.v1.OuterSyncRequest\x1a .fleetlearn.v1.OuterSyncResponse\x12Q\n" +
 	"\n" +
 	"AppendLogs\x12 .fleetlearn.v1.AppendLogsRequest\x1a!.fleetlearn.v1.AppendLogsResponseB@Z>github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1;apiv1b\x06proto3"
 
@@ -67,25 +68,27 @@ var file_fleetlearn_api_v1_pool_service_proto_goTypes = []any{
 	(*v1.GetRankCheckpointRequest)(nil),    // 14: fleetlearn.v1.GetRankCheckpointRequest
 	(*v1.ListRankCheckpointsRequest)(nil),  // 15: fleetlearn.v1.ListRankCheckpointsRequest
 	(*v1.AverageRequest)(nil),              // 16: fleetlearn.v1.AverageRequest
-	(*v1.AppendLogsRequest)(nil),           // 17: fleetlearn.v1.AppendLogsRequest
-	(*v1.SubmitJobResponse)(nil),           // 18: fleetlearn.v1.SubmitJobResponse
-	(*v1.GetJobResponse)(nil),              // 19: fleetlearn.v1.GetJobResponse
-	(*v1.ListJobsResponse)(nil),            // 20: fleetlearn.v1.ListJobsResponse
-	(*v1.CancelJobResponse)(nil),           // 21: fleetlearn.v1.CancelJobResponse
-	(*v1.WatchJobResponse)(nil),            // 22: fleetlearn.v1.WatchJobResponse
-	(*v1.JobLogsResponse)(nil),             // 23: fleetlearn.v1.JobLogsResponse
-	(*v1.ListWorkersResponse)(nil),         // 24: fleetlearn.v1.ListWorkersResponse
-	(*v1.RegisterWorkerResponse)(nil),      // 25: fleetlearn.v1.RegisterWorkerResponse
-	(*v1.HeartbeatResponse)(nil),           // 26: fleetlearn.v1.HeartbeatResponse
-	(*v1.RankExitedResponse)(nil),          // 27: fleetlearn.v1.RankExitedResponse
-	(*v1.PutCheckpointBlobResponse)(nil),   // 28: fleetlearn.v1.PutCheckpointBlobResponse
-	(*v1.HasCheckpointBlobResponse)(nil),   // 29: fleetlearn.v1.HasCheckpointBlobResponse
-	(*v1.GetCheckpointBlobResponse)(nil),   // 30: fleetlearn.v1.GetCheckpointBlobResponse
-	(*v1.CommitCheckpointResponse)(nil),    // 31: fleetlearn.v1.CommitCheckpointResponse
-	(*v1.GetRankCheckpointResponse)(nil),   // 32: fleetlearn.v1.GetRankCheckpointResponse
-	(*v1.ListRankCheckpointsResponse)(nil), // 33: fleetlearn.v1.ListRankCheckpointsResponse
-	(*v1.AverageResponse)(nil),             // 34: fleetlearn.v1.AverageResponse
-	(*v1.AppendLogsResponse)(nil),          // 35: fleetlearn.v1.AppendLogsResponse
+	(*v1.OuterSyncRequest)(nil),            // 17: fleetlearn.v1.OuterSyncRequest
+	(*v1.AppendLogsRequest)(nil),           // 18: fleetlearn.v1.AppendLogsRequest
+	(*v1.SubmitJobResponse)(nil),           // 19: fleetlearn.v1.SubmitJobResponse
+	(*v1.GetJobResponse)(nil),              // 20: fleetlearn.v1.GetJobResponse
+	(*v1.ListJobsResponse)(nil),            // 21: fleetlearn.v1.ListJobsResponse
+	(*v1.CancelJobResponse)(nil),           // 22: fleetlearn.v1.CancelJobResponse
+	(*v1.WatchJobResponse)(nil),            // 23: fleetlearn.v1.WatchJobResponse
+	(*v1.JobLogsResponse)(nil),             // 24: fleetlearn.v1.JobLogsResponse
+	(*v1.ListWorkersResponse)(nil),         // 25: fleetlearn.v1.ListWorkersResponse
+	(*v1.RegisterWorkerResponse)(nil),      // 26: fleetlearn.v1.RegisterWorkerResponse
+	(*v1.HeartbeatResponse)(nil),           // 27: fleetlearn.v1.HeartbeatResponse
+	(*v1.RankExitedResponse)(nil),          // 28: fleetlearn.v1.RankExitedResponse
+	(*v1.PutCheckpointBlobResponse)(nil),   // 29: fleetlearn.v1.PutCheckpointBlobResponse
+	(*v1.HasCheckpointBlobResponse)(nil),   // 30: fleetlearn.v1.HasCheckpointBlobResponse
+	(*v1.GetCheckpointBlobResponse)(nil),   // 31: fleetlearn.v1.GetCheckpointBlobResponse
+	(*v1.CommitCheckpointResponse)(nil),    // 32: fleetlearn.v1.CommitCheckpointResponse
+	(*v1.GetRankCheckpointResponse)(nil),   // 33: fleetlearn.v1.GetRankCheckpointResponse
+	(*v1.ListRankCheckpointsResponse)(nil), // 34: fleetlearn.v1.ListRankCheckpointsResponse
+	(*v1.AverageResponse)(nil),             // 35: fleetlearn.v1.AverageResponse
+	(*v1.OuterSyncResponse)(nil),           // 36: fleetlearn.v1.OuterSyncResponse
+	(*v1.AppendLogsResponse)(nil),          // 37: fleetlearn.v1.AppendLogsResponse
 }
 var file_fleetlearn_api_v1_pool_service_proto_depIdxs = []int32{
 	0,  // 0: fleetlearn.api.v1.PoolService.SubmitJob:input_type -> fleetlearn.v1.SubmitJobRequest
@@ -105,27 +108,29 @@ var file_fleetlearn_api_v1_pool_service_proto_depIdxs = []int32{
 	14, // 14: fleetlearn.api.v1.PoolWorkerService.GetRankCheckpoint:input_type -> fleetlearn.v1.GetRankCheckpointRequest
 	15, // 15: fleetlearn.api.v1.PoolWorkerService.ListRankCheckpoints:input_type -> fleetlearn.v1.ListRankCheckpointsRequest
 	16, // 16: fleetlearn.api.v1.PoolWorkerService.Average:input_type -> fleetlearn.v1.AverageRequest
-	17, // 17: fleetlearn.api.v1.PoolWorkerService.AppendLogs:input_type -> fleetlearn.v1.AppendLogsRequest
-	18, // 18: fleetlearn.api.v1.PoolService.SubmitJob:output_type -> fleetlearn.v1.SubmitJobResponse
-	19, // 19: fleetlearn.api.v1.PoolService.GetJob:output_type -> fleetlearn.v1.GetJobResponse
-	20, // 20: fleetlearn.api.v1.PoolService.ListJobs:output_type -> fleetlearn.v1.ListJobsResponse
-	21, // 21: fleetlearn.api.v1.PoolService.CancelJob:output_type -> fleetlearn.v1.CancelJobResponse
-	22, // 22: fleetlearn.api.v1.PoolService.WatchJob:output_type -> fleetlearn.v1.WatchJobResponse
-	23, // 23: fleetlearn.api.v1.PoolService.JobLogs:output_type -> fleetlearn.v1.JobLogsResponse
-	24, // 24: fleetlearn.api.v1.PoolService.ListWorkers:output_type -> fleetlearn.v1.ListWorkersResponse
-	25, // 25: fleetlearn.api.v1.PoolWorkerService.RegisterWorker:output_type -> fleetlearn.v1.RegisterWorkerResponse
-	26, // 26: fleetlearn.api.v1.PoolWorkerService.Heartbeat:output_type -> fleetlearn.v1.HeartbeatResponse
-	27, // 27: fleetlearn.api.v1.PoolWorkerService.RankExited:output_type -> fleetlearn.v1.RankExitedResponse
-	28, // 28: fleetlearn.api.v1.PoolWorkerService.PutCheckpointBlob:output_type -> fleetlearn.v1.PutCheckpointBlobResponse
-	29, // 29: fleetlearn.api.v1.PoolWorkerService.HasCheckpointBlob:output_type -> fleetlearn.v1.HasCheckpointBlobResponse
-	30, // 30: fleetlearn.api.v1.PoolWorkerService.GetCheckpointBlob:output_type -> fleetlearn.v1.GetCheckpointBlobResponse
-	31, // 31: fleetlearn.api.v1.PoolWorkerService.CommitCheckpoint:output_type -> fleetlearn.v1.CommitCheckpointResponse
-	32, // 32: fleetlearn.api.v1.PoolWorkerService.GetRankCheckpoint:output_type -> fleetlearn.v1.GetRankCheckpointResponse
-	33, // 33: fleetlearn.api.v1.PoolWorkerService.ListRankCheckpoints:output_type -> fleetlearn.v1.ListRankCheckpointsResponse
-	34, // 34: fleetlearn.api.v1.PoolWorkerService.Average:output_type -> fleetlearn.v1.AverageResponse
-	35, // 35: fleetlearn.api.v1.PoolWorkerService.AppendLogs:output_type -> fleetlearn.v1.AppendLogsResponse
-	18, // [18:36] is the sub-list for method output_type
-	0,  // [0:18] is the sub-list for method input_type
+	17, // 17: fleetlearn.api.v1.PoolWorkerService.OuterSync:input_type -> fleetlearn.v1.OuterSyncRequest
+	18, // 18: fleetlearn.api.v1.PoolWorkerService.AppendLogs:input_type -> fleetlearn.v1.AppendLogsRequest
+	19, // 19: fleetlearn.api.v1.PoolService.SubmitJob:output_type -> fleetlearn.v1.SubmitJobResponse
+	20, // 20: fleetlearn.api.v1.PoolService.GetJob:output_type -> fleetlearn.v1.GetJobResponse
+	21, // 21: fleetlearn.api.v1.PoolService.ListJobs:output_type -> fleetlearn.v1.ListJobsResponse
+	22, // 22: fleetlearn.api.v1.PoolService.CancelJob:output_type -> fleetlearn.v1.CancelJobResponse
+	23, // 23: fleetlearn.api.v1.PoolService.WatchJob:output_type -> fleetlearn.v1.WatchJobResponse
+	24, // 24: fleetlearn.api.v1.PoolService.JobLogs:output_type -> fleetlearn.v1.JobLogsResponse
+	25, // 25: fleetlearn.api.v1.PoolService.ListWorkers:output_type -> fleetlearn.v1.ListWorkersResponse
+	26, // 26: fleetlearn.api.v1.PoolWorkerService.RegisterWorker:output_type -> fleetlearn.v1.RegisterWorkerResponse
+	27, // 27: fleetlearn.api.v1.PoolWorkerService.Heartbeat:output_type -> fleetlearn.v1.HeartbeatResponse
+	28, // 28: fleetlearn.api.v1.PoolWorkerService.RankExited:output_type -> fleetlearn.v1.RankExitedResponse
+	29, // 29: fleetlearn.api.v1.PoolWorkerService.PutCheckpointBlob:output_type -> fleetlearn.v1.PutCheckpointBlobResponse
+	30, // 30: fleetlearn.api.v1.PoolWorkerService.HasCheckpointBlob:output_type -> fleetlearn.v1.HasCheckpointBlobResponse
+	31, // 31: fleetlearn.api.v1.PoolWorkerService.GetCheckpointBlob:output_type -> fleetlearn.v1.GetCheckpointBlobResponse
+	32, // 32: fleetlearn.api.v1.PoolWorkerService.CommitCheckpoint:output_type -> fleetlearn.v1.CommitCheckpointResponse
+	33, // 33: fleetlearn.api.v1.PoolWorkerService.GetRankCheckpoint:output_type -> fleetlearn.v1.GetRankCheckpointResponse
+	34, // 34: fleetlearn.api.v1.PoolWorkerService.ListRankCheckpoints:output_type -> fleetlearn.v1.ListRankCheckpointsResponse
+	35, // 35: fleetlearn.api.v1.PoolWorkerService.Average:output_type -> fleetlearn.v1.AverageResponse
+	36, // 36: fleetlearn.api.v1.PoolWorkerService.OuterSync:output_type -> fleetlearn.v1.OuterSyncResponse
+	37, // 37: fleetlearn.api.v1.PoolWorkerService.AppendLogs:output_type -> fleetlearn.v1.AppendLogsResponse
+	19, // [19:38] is the sub-list for method output_type
+	0,  // [0:19] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

@@ -391,6 +391,7 @@ const (
 	PoolWorkerService_GetRankCheckpoint_FullMethodName   = "/fleetlearn.api.v1.PoolWorkerService/GetRankCheckpoint"
 	PoolWorkerService_ListRankCheckpoints_FullMethodName = "/fleetlearn.api.v1.PoolWorkerService/ListRankCheckpoints"
 	PoolWorkerService_Average_FullMethodName             = "/fleetlearn.api.v1.PoolWorkerService/Average"
+	PoolWorkerService_OuterSync_FullMethodName           = "/fleetlearn.api.v1.PoolWorkerService/OuterSync"
 	PoolWorkerService_AppendLogs_FullMethodName          = "/fleetlearn.api.v1.PoolWorkerService/AppendLogs"
 )
 
@@ -426,6 +427,10 @@ type PoolWorkerServiceClient interface {
 	// Average contributes the rank's parameters after a step and returns the
 	// weighted mean over the job's ranks once all have contributed.
 	Average(ctx context.Context, in *v1.AverageRequest, opts ...grpc.CallOption) (*v1.AverageResponse, error)
+	// OuterSync contributes a DiLoCo island's pseudo-gradient for an outer
+	// step and returns the parameters after it, once the step has its
+	// islands or its quorum and grace window.
+	OuterSync(ctx context.Context, in *v1.OuterSyncRequest, opts ...grpc.CallOption) (*v1.OuterSyncResponse, error)
 	// AppendLogs adds output lines of a rank to the job's log.
 	AppendLogs(ctx context.Context, in *v1.AppendLogsRequest, opts ...grpc.CallOption) (*v1.AppendLogsResponse, error)
 }
@@ -538,6 +543,16 @@ func (c *poolWorkerServiceClient) Average(ctx context.Context, in *v1.AverageReq
 	return out, nil
 }
 
+func (c *poolWorkerServiceClient) OuterSync(ctx context.Context, in *v1.OuterSyncRequest, opts ...grpc.CallOption) (*v1.OuterSyncResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(v1.OuterSyncResponse)
+	err := c.cc.Invoke(ctx, PoolWorkerService_OuterSync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *poolWorkerServiceClient) AppendLogs(ctx context.Context, in *v1.AppendLogsRequest, opts ...grpc.CallOption) (*v1.AppendLogsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(v1.AppendLogsResponse)
@@ -580,6 +595,10 @@ type PoolWorkerServiceServer interface {
 	// Average contributes the rank's parameters after a step and returns the
 	// weighted mean over the job's ranks once all have contributed.
 	Average(context.Context, *v1.AverageRequest) (*v1.AverageResponse, error)
+	// OuterSync contributes a DiLoCo island's pseudo-gradient for an outer
+	// step and returns the parameters after it, once the step has its
+	// islands or its quorum and grace window.
+	OuterSync(context.Context, *v1.OuterSyncRequest) (*v1.OuterSyncResponse, error)
 	// AppendLogs adds output lines of a rank to the job's log.
 	AppendLogs(context.Context, *v1.AppendLogsRequest) (*v1.AppendLogsResponse, error)
 	mustEmbedUnimplementedPoolWorkerServiceServer()
@@ -621,6 +640,9 @@ func (UnimplementedPoolWorkerServiceServer) ListRankCheckpoints(context.Context,
 }
 func (UnimplementedPoolWorkerServiceServer) Average(context.Context, *v1.AverageRequest) (*v1.AverageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Average not implemented")
+}
+func (UnimplementedPoolWorkerServiceServer) OuterSync(context.Context, *v1.OuterSyncRequest) (*v1.OuterSyncResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OuterSync not implemented")
 }
 func (UnimplementedPoolWorkerServiceServer) AppendLogs(context.Context, *v1.AppendLogsRequest) (*v1.AppendLogsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AppendLogs not implemented")
@@ -826,6 +848,24 @@ func _PoolWorkerService_Average_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolWorkerService_OuterSync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(v1.OuterSyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolWorkerServiceServer).OuterSync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolWorkerService_OuterSync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolWorkerServiceServer).OuterSync(ctx, req.(*v1.OuterSyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _PoolWorkerService_AppendLogs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(v1.AppendLogsRequest)
 	if err := dec(in); err != nil {
@@ -890,6 +930,10 @@ var PoolWorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Average",
 			Handler:    _PoolWorkerService_Average_Handler,
+		},
+		{
+			MethodName: "OuterSync",
+			Handler:    _PoolWorkerService_OuterSync_Handler,
 		},
 		{
 			MethodName: "AppendLogs",
