@@ -21,6 +21,14 @@ func (s *Service) handoff(rt *jobRT) {
 	if !rt.final {
 		return
 	}
+	switch {
+	case rt.diloco != nil:
+		s.handoffDiLoCo(rt)
+		return
+	case rt.rec.GetParent() != "":
+		s.finishIsland(rt)
+		return
+	}
 	rt.final, rt.handoffDue = false, timeZero
 	ctx := context.Background()
 	total := rt.spec.TotalSteps
@@ -43,6 +51,23 @@ func (s *Service) handoff(rt *jobRT) {
 		rt.rec.StateReason = clip(reason+"; the audit log did not take the result: "+err.Error(), 1024)
 	}
 	s.save(rt)
+	s.createThenTask(ctx, rt, m)
+}
+
+// finishIsland ends an island whose DiLoCo job took its last outer step;
+// the job's own hand-over follows once every island has ended.
+func (s *Service) finishIsland(rt *jobRT) {
+	rt.final, rt.handoffDue = false, timeZero
+	rt.rec.DataSha256 = dataDigest(rt.leases)
+	s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, fmt.Sprintf("completed: its DiLoCo job %s took its last outer step", rt.rec.GetParent()))
+	if p := s.parentOf(rt); p != nil {
+		s.advanceDiLoCo(p)
+	}
+}
+
+// createThenTask creates the task a succeeded job was submitted with, on
+// its model m.
+func (s *Service) createThenTask(ctx context.Context, rt *jobRT, m *pb.Model) {
 	if rt.then == nil {
 		return
 	}

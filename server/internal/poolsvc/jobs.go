@@ -53,6 +53,11 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 	if err := checkCarbon(in); err != nil {
 		return nil, err
 	}
+	if in.GetDiloco() != nil {
+		if err := checkDiLoCo(in); err != nil {
+			return nil, err
+		}
+	}
 	var forecasts []carbon.Forecast
 	if in.GetCarbon() != nil {
 		if forecasts, err = s.readForecasts(ctx); err != nil {
@@ -77,6 +82,13 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 		var then *pb.Task
 		if req.GetThenTask() != nil {
 			then = proto.CloneOf(req.GetThenTask())
+		}
+		if in.GetDiloco() != nil {
+			if err := s.submitDiLoCo(ctx, in, rec, then, sp); err != nil {
+				return err
+			}
+			out = s.jobs[sp.ID].snapshot()
+			return nil
 		}
 		var plan carbonPlan
 		if in.GetCarbon() != nil {
@@ -211,12 +223,17 @@ func (v *jobServer) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*p
 		if rt.terminal() || rt.final {
 			return errorf(codes.FailedPrecondition, "cancel job: job %s has ended (%s)", id, rt.rec.State)
 		}
-		if err := s.sched.Cancel(id); err != nil {
-			return errorf(codes.FailedPrecondition, "cancel job: %v", err)
-		}
 		reason := "cancelled by client"
 		if r := req.GetReason(); r != "" {
 			reason += ": " + r
+		}
+		if rt.diloco != nil {
+			s.endDiLoCo(rt, pb.PoolJobState_POOL_JOB_STATE_CANCELLED, reason)
+			out = rt.snapshot()
+			return nil
+		}
+		if err := s.sched.Cancel(id); err != nil {
+			return errorf(codes.FailedPrecondition, "cancel job: %v", err)
 		}
 		s.stopNow(rt, pb.PoolJobState_POOL_JOB_STATE_CANCELLED, reason)
 		out = rt.snapshot()
@@ -343,6 +360,12 @@ func (s *Service) restore(ctx context.Context) error {
 			return fmt.Errorf("poolsvc: restore job %s: %w", rec.GetSpec().GetId(), err)
 		}
 		applyCarbon(&sp, rec)
+		if rec.GetSpec().GetDiloco() != nil && rec.GetParent() == "" {
+			if err := s.restoreDiLoCo(rec, r.ThenTask, sp); err != nil {
+				return fmt.Errorf("poolsvc: restore job %s: %w", sp.ID, err)
+			}
+			continue
+		}
 		rt := newJobRT(rec, r.ThenTask, sp)
 		if rec.GetStartTime() != nil {
 			rt.firstStart = rec.GetStartTime().AsTime()

@@ -248,6 +248,9 @@ func (s *Service) armTimer() {
 			next = rt.handoffDue
 		}
 	}
+	if dl := s.dilocoDeadline(); !dl.IsZero() && (next.IsZero() || dl.Before(next)) {
+		next = dl
+	}
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
@@ -274,6 +277,10 @@ func (s *Service) closeAll() {
 	}
 	for _, rt := range s.jobs {
 		rt.abortSync("the server is shutting down")
+		if d := rt.diloco; d != nil && d.open != nil {
+			d.open.finish(nil, errorf(codes.Unavailable, "pool service shutting down"))
+			d.open = nil
+		}
 		rt.notify()
 	}
 }

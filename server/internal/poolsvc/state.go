@@ -67,6 +67,10 @@ type jobRT struct {
 	// they have, or until endedAt plus retainEnded.
 	ending  map[rankAttempt]*lease
 	endedAt time.Time
+
+	// diloco is a DiLoCo job's outer loop; such a job is not scheduled,
+	// its islands are (their records name it as parent).
+	diloco *dilocoRT
 }
 
 // rankAttempt names one rank of one attempt.
@@ -201,8 +205,14 @@ func (s *Service) pass() {
 			s.save(rt)
 		}
 	}
+	for _, rt := range s.jobs {
+		if rt.diloco != nil {
+			s.advanceDiLoCo(rt)
+		}
+	}
 	// Ended jobs are answered from the store; memory holds the jobs in
 	// play, and ended ones whose ranks may still report their exit.
+	// Islands stay while their DiLoCo job does: its result sums theirs.
 	now := s.clk.Now()
 	for id, rt := range s.jobs {
 		if !rt.terminal() {
@@ -210,6 +220,9 @@ func (s *Service) pass() {
 		}
 		if rt.endedAt.IsZero() {
 			rt.endedAt = now
+		}
+		if p := s.parentOf(rt); p != nil && !p.terminal() {
+			continue
 		}
 		if len(rt.ending) == 0 || !now.Before(rt.endedAt.Add(s.retainEnded())) {
 			delete(s.jobs, id)
@@ -307,7 +320,7 @@ func (s *Service) place(rt *jobRT, d pool.Decision) {
 			l := &pb.RankLease{JobId: rt.id(), Attempt: rt.rec.Attempt, Rank: rank, WorldSize: world,
 				Spec: proto.CloneOf(rt.rec.Spec), ResumeStep: j.Committed, MasterAddr: master,
 				MasterPort: masterPort(rt.id(), rt.rec.Attempt), LocalRank: uint32(lr), LocalWorldSize: uint32(a.Ranks),
-				GroupRank: uint32(gi), GroupWorldSize: uint32(len(d.Placement))}
+				GroupRank: uint32(gi), GroupWorldSize: uint32(len(d.Placement)), Island: rt.rec.GetIsland()}
 			rt.leases = append(rt.leases, &lease{l: l, worker: a.Worker, usage: &pb.PoolUsage{}, meterAt: now,
 				step: j.Committed, pass: s.passes})
 			rank++

@@ -727,8 +727,11 @@ func (v *workerServer) Average(ctx context.Context, req *pb.AverageRequest) (*pb
 		if st := req.GetStep(); st <= rt.rec.CommittedStep || st > rt.spec.TotalSteps {
 			return invalidf("average: step %d outside (%d, %d]", st, rt.rec.CommittedStep, rt.spec.TotalSteps)
 		}
-		r, err = rt.contribute(req.GetRef().GetRank(), req.GetStep(), params, w)
-		return err
+		if r, err = rt.contribute(req.GetRef().GetRank(), req.GetStep(), params, w); err != nil {
+			return err
+		}
+		s.countSync(rt, int64(proto.Size(req)), 0)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -743,7 +746,15 @@ func (v *workerServer) Average(ctx context.Context, req *pb.AverageRequest) (*pb
 	if r.err != nil {
 		return nil, r.err
 	}
-	return &pb.AverageResponse{Params: r.result}, nil
+	resp := &pb.AverageResponse{Params: r.result}
+	n := int64(proto.Size(resp))
+	_ = s.do(ctx, func() error {
+		if rt := s.jobs[req.GetRef().GetJobId()]; rt != nil {
+			s.countSync(rt, 0, n)
+		}
+		return nil
+	})
+	return resp, nil
 }
 
 var logStreams = map[string]bool{"stdout": true, "stderr": true, "agent": true}

@@ -1,0 +1,831 @@
+package poolsvc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/aggregator/quant"
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	"github.com/fleetlearn/fleetlearn/pool"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+// Bounds and defaults of a DiLoCo job.
+const (
+	MinIslands   = 2
+	MaxIslands   = 64
+	DefaultGrace = 30 * time.Second
+	maxGrace     = 24 * time.Hour
+	maxOuterLR   = 10
+)
+
+// dilocoRT is a DiLoCo job's outer loop, held by its parent job. The
+// parent is not scheduled: its islands are jobs of their own, and the
+// parent's state follows theirs and the outer steps.
+type dilocoRT struct {
+	islands []string // child job ids, by island
+	inner   int64    // H
+	steps   int64    // outer steps of the run
+	quorum  int
+	grace   time.Duration
+	int8    bool
+
+	outer  *aggregator.Outer
+	theta  []float32
+	layout model.Layout
+	step   int64 // outer steps taken; theta is θ_step
+	open   *outerRound
+	// last is the round that produced θ_step, kept so that an island
+	// whose answer was lost gets the same answer again.
+	last *outerRound
+}
+
+// outerRound collects the islands' pseudo-gradients for one outer step.
+type outerRound struct {
+	step     int64
+	pg       map[uint32][]float32
+	sum      map[uint32][32]byte // digest of what the island sent, for retries
+	weight   map[uint32]float64
+	quorumAt time.Time // when it reached its quorum; zero before
+	done     chan struct{}
+	resp     *pb.OuterSyncResponse
+	err      error
+}
+
+func newOuterRound(step int64) *outerRound {
+	return &outerRound{step: step, pg: map[uint32][]float32{}, sum: map[uint32][32]byte{},
+		weight: map[uint32]float64{}, done: make(chan struct{})}
+}
+
+func (r *outerRound) finish(resp *pb.OuterSyncResponse, err error) {
+	r.resp, r.err = resp, err
+	close(r.done)
+}
+
+// dilocoParams resolves a valid spec's defaults.
+func dilocoParams(d *pb.PoolDiLoCo) (lr, mu float64, quorum int, grace time.Duration) {
+	lr, mu, quorum, grace = d.GetOuterLearningRate(), aggregator.DefaultOuterMomentum, int(d.GetQuorum()), DefaultGrace
+	if lr == 0 {
+		lr = aggregator.DefaultOuterLR
+	}
+	if d.OuterMomentum != nil {
+		mu = d.GetOuterMomentum()
+	}
+	if quorum == 0 {
+		quorum = int(d.GetIslands())/2 + 1
+	}
+	if d.GetGrace() != nil {
+		grace = d.GetGrace().AsDuration()
+	}
+	return lr, mu, quorum, grace
+}
+
+// checkDiLoCo bounds a DiLoCo job's spec and fills in the checkpoint
+// interval, which for islands is the outer step.
+func checkDiLoCo(in *pb.PoolJobSpec) error {
+	d := in.GetDiloco()
+	b := in.GetBuiltin()
+	switch {
+	case b == nil:
+		return invalidf("spec.diloco: islands run the built-in trainer; a command job cannot be split into islands")
+	case in.GetRanks() != 1:
+		return invalidf("spec.ranks %d: a DiLoCo island is one rank; the islands (spec.diloco.islands) run side by side", in.GetRanks())
+	case d.GetIslands() < MinIslands || d.GetIslands() > MaxIslands:
+		return invalidf("spec.diloco.islands %d outside [%d, %d]", d.GetIslands(), MinIslands, MaxIslands)
+	case len(in.GetId()) > pool.MaxNameLen-len(islandSuffix(MaxIslands-1)):
+		return invalidf("spec.id: at most %d bytes for a DiLoCo job, whose islands are named ID-iN", pool.MaxNameLen-len(islandSuffix(MaxIslands-1)))
+	case d.GetInnerSteps() < 1 || d.GetInnerSteps() > in.GetTotalSteps():
+		return invalidf("spec.diloco.inner_steps %d outside [1, total_steps %d]", d.GetInnerSteps(), in.GetTotalSteps())
+	case in.GetTotalSteps()%d.GetInnerSteps() != 0:
+		return invalidf("spec.total_steps %d is not a multiple of spec.diloco.inner_steps %d", in.GetTotalSteps(), d.GetInnerSteps())
+	case in.GetCheckpointInterval() != 0 && in.GetCheckpointInterval() != d.GetInnerSteps():
+		return invalidf("spec.checkpoint_interval %d: a DiLoCo job's checkpoints are its outer steps; leave it 0 or set it to inner_steps %d",
+			in.GetCheckpointInterval(), d.GetInnerSteps())
+	case b.GetSyncEvery() != 0:
+		return invalidf("spec.builtin.sync_every: islands sync through the outer step; leave it 0")
+	case b.GetInitModel() != "":
+		return invalidf("spec.builtin.init_model: a DiLoCo job starts from builtin.init_seed; starting islands from a registered model is not supported")
+	case in.GetCarbon() != nil:
+		return invalidf("spec.carbon: carbon-aware placement plans one gang; it is not combined with DiLoCo islands")
+	}
+	lr := d.GetOuterLearningRate()
+	if math.IsNaN(lr) || lr < 0 || lr > maxOuterLR {
+		return invalidf("spec.diloco.outer_learning_rate %v: want a number in (0, %d], or 0 for %v", lr, maxOuterLR, aggregator.DefaultOuterLR)
+	}
+	if d.OuterMomentum != nil {
+		if mu := d.GetOuterMomentum(); !(mu >= 0 && mu < 1) {
+			return invalidf("spec.diloco.outer_momentum %v outside [0, 1)", mu)
+		}
+	}
+	if d.GetQuorum() > d.GetIslands() {
+		return invalidf("spec.diloco.quorum %d exceeds islands %d", d.GetQuorum(), d.GetIslands())
+	}
+	if g := d.GetGrace(); g != nil {
+		if err := g.CheckValid(); err != nil || g.AsDuration() <= 0 || g.AsDuration() > maxGrace {
+			return invalidf("spec.diloco.grace %v: want a duration in (0, %s]", g.AsDuration(), maxGrace)
+		}
+	}
+	in.CheckpointInterval = d.GetInnerSteps()
+	return nil
+}
+
+func islandSuffix(i int) string { return "-i" + strconv.Itoa(i) }
+
+// islandSpec is island i's spec: the parent's, under its own id.
+func islandSpec(parent *pb.PoolJobSpec, i int) *pb.PoolJobSpec {
+	c := proto.CloneOf(parent)
+	c.Id = parent.GetId() + islandSuffix(i)
+	return c
+}
+
+// newDiLoCo builds the outer loop at θ₀ for a checked spec.
+func newDiLoCo(in *pb.PoolJobSpec) (*dilocoRT, error) {
+	d := in.GetDiloco()
+	arch := make([]int, len(in.GetBuiltin().GetArch()))
+	for i, w := range in.GetBuiltin().GetArch() {
+		arch[i] = int(w)
+	}
+	m, err := train.InitMLP(arch, in.GetBuiltin().GetInitSeed())
+	if err != nil {
+		return nil, invalidf("spec.builtin.arch: %v", err)
+	}
+	lr, mu, quorum, grace := dilocoParams(d)
+	o, err := aggregator.NewOuter(m.Layout().Size(), aggregator.WithServerLR(lr), aggregator.WithMomentum(mu))
+	if err != nil {
+		return nil, invalidf("spec.diloco: %v", err)
+	}
+	rt := &dilocoRT{inner: d.GetInnerSteps(), steps: in.GetTotalSteps() / d.GetInnerSteps(), quorum: quorum, grace: grace,
+		int8: d.GetInt8(), outer: o, theta: m.Flatten(), layout: m.Layout()}
+	for i := range int(d.GetIslands()) {
+		rt.islands = append(rt.islands, in.GetId()+islandSuffix(i))
+	}
+	return rt, nil
+}
+
+// submitDiLoCo records a DiLoCo job and queues its islands; it runs on the
+// loop. The outer state is written first, so a job on record always has
+// one.
+func (s *Service) submitDiLoCo(ctx context.Context, in *pb.PoolJobSpec, rec *pb.PoolJob, then *pb.Task, sp pool.Spec) error {
+	d, err := newDiLoCo(in)
+	if err != nil {
+		return err
+	}
+	now := s.clk.Now()
+	var kids []*jobRT
+	for i, id := range d.islands {
+		if _, ok := s.jobs[id]; ok {
+			return errorf(codes.AlreadyExists, "submit job: island id %s is taken; choose another job id", id)
+		}
+		if _, err := s.d.Store.PoolJob(ctx, id); err == nil {
+			return errorf(codes.AlreadyExists, "submit job: island id %s is taken; choose another job id", id)
+		}
+		cs := islandSpec(in, i)
+		csp, err := specOf(cs, now)
+		if err != nil {
+			return err
+		}
+		crec := &pb.PoolJob{Spec: cs, SpecDigest: csp.Digest(), State: pb.PoolJobState_POOL_JOB_STATE_QUEUED,
+			StateReason: fmt.Sprintf("submitted as island %d of %s", i, sp.ID), Submitter: rec.GetSubmitter(),
+			SubmitTime: timestamppb.New(now), Usage: &pb.PoolUsage{}, Parent: sp.ID, Island: uint32(i)}
+		kids = append(kids, newJobRT(crec, nil, csp))
+	}
+	if err := s.saveOuter(sp.ID, d); err != nil {
+		s.log.Error("storing a DiLoCo job's outer state", "job", sp.ID, "err", err)
+		return errorf(codes.Internal, "submit job: storing the outer state failed; nothing was queued")
+	}
+	rec.Diloco = &pb.PoolDiLoCoStatus{OuterSteps: d.steps}
+	rec.StateReason = fmt.Sprintf("waiting for islands: outer step 0 of %d", d.steps)
+	rt := newJobRT(rec, then, sp)
+	rt.diloco = d
+	evs := []audit.Payload{s.poolJobEvent(rt, "")}
+	for _, k := range kids {
+		evs = append(evs, s.poolJobEvent(k, ""))
+	}
+	if err := s.audit(ctx, evs...); err != nil {
+		return errorf(codes.Internal, "submit job: the audit log did not take the submission; nothing was queued")
+	}
+	if err := s.d.Store.InsertPoolJob(ctx, rec, then); err != nil {
+		s.log.Error("storing a pool job", "job", sp.ID, "err", err)
+		return errorf(codes.Internal, "submit job: storage failed")
+	}
+	s.jobs[sp.ID] = rt
+	for _, k := range kids {
+		if err := s.d.Store.InsertPoolJob(ctx, k.rec, nil); err != nil {
+			s.log.Error("storing a pool job", "job", k.id(), "err", err)
+			s.failDiLoCo(rt, "storing island "+k.id()+" failed")
+			return errorf(codes.Internal, "submit job: storage failed")
+		}
+		if err := s.sched.Submit(k.spec); err != nil {
+			s.failDiLoCo(rt, "scheduling island "+k.id()+" failed")
+			return invalidf("submit job: island %s: %v", k.id(), err)
+		}
+		s.jobs[k.id()] = k
+	}
+	return nil
+}
+
+// parentOf returns an island's DiLoCo job, if it is held.
+func (s *Service) parentOf(rt *jobRT) *jobRT {
+	if rt.rec.GetParent() == "" {
+		return nil
+	}
+	if p := s.jobs[rt.rec.GetParent()]; p != nil && p.diloco != nil {
+		return p
+	}
+	return nil
+}
+
+// decodePseudoGradient parses an island's pseudo-gradient, float32 or FLQ8
+// as its job says, of exactly dim finite values.
+func decodePseudoGradient(b []byte, dim int, int8 bool) ([]float32, error) {
+	if !int8 {
+		v, err := decodeParams(b)
+		if err != nil {
+			return nil, err
+		}
+		if len(v) != dim {
+			return nil, invalidf("pseudo_gradient: %d values, the model has %d", len(v), dim)
+		}
+		return v, nil
+	}
+	if len(b) > MaxAverageBytes {
+		return nil, invalidf("pseudo_gradient: %d bytes, at most %d", len(b), MaxAverageBytes)
+	}
+	q, err := quant.Decode(b, dim)
+	if err != nil {
+		return nil, invalidf("pseudo_gradient: the job sends int8 (FLQ8) pseudo-gradients of %d values: %v", dim, err)
+	}
+	v := q.Dequantize()
+	for i, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return nil, invalidf("pseudo_gradient: value %d is %v; only finite values can be averaged", i, x)
+		}
+	}
+	return v, nil
+}
+
+func contributionSum(b []byte, weight float64) [32]byte {
+	h := sha256.New()
+	h.Write(binary.LittleEndian.AppendUint64(nil, math.Float64bits(weight)))
+	h.Write(b)
+	return [32]byte(h.Sum(nil))
+}
+
+// outerContribute is OuterSync's work on the loop: it answers at once
+// (join, late, done, retry of a closed step) or returns the round to wait
+// for.
+func (s *Service) outerContribute(island *jobRT, req *pb.OuterSyncRequest) (*pb.OuterSyncResponse, *outerRound, error) {
+	p := s.parentOf(island)
+	if p == nil {
+		return nil, nil, errorf(codes.FailedPrecondition, "outer sync: job %s is not an island of a running DiLoCo job", island.id())
+	}
+	d := p.diloco
+	if d.step >= d.steps {
+		return d.current(true, false), nil, nil
+	}
+	if p.terminal() {
+		return nil, nil, errorf(codes.FailedPrecondition, "outer sync: DiLoCo job %s has ended (%s): stop this island", p.id(), p.rec.GetState())
+	}
+	if len(req.GetPseudoGradient()) == 0 {
+		return d.current(false, false), nil, nil
+	}
+	st, idx := req.GetOuterStep(), island.rec.GetIsland()
+	if st > d.step || st < 0 {
+		return nil, nil, invalidf("outer sync: outer step %d, but the run is at %d; contribute for the step of the parameters you started from", st, d.step)
+	}
+	sum := contributionSum(req.GetPseudoGradient(), req.GetWeight())
+	if st < d.step {
+		// A retry of a contribution the last step used gets that step's
+		// answer; anything else arrived after its step closed.
+		if l := d.last; l != nil && l.step == st && l.sum[idx] == sum {
+			return l.resp, nil, nil
+		}
+		p.rec.Diloco.LateContributions++
+		s.log.Info("DiLoCo island contributed after its outer step closed", "job", p.id(), "island", idx, "step", st, "now", d.step)
+		return d.current(false, true), nil, nil
+	}
+	pg, err := decodePseudoGradient(req.GetPseudoGradient(), len(d.theta), d.int8)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := d.open
+	if r == nil {
+		r = newOuterRound(d.step)
+		d.open = r
+	}
+	if prev, ok := r.sum[idx]; ok {
+		if prev == sum {
+			return nil, r, nil
+		}
+		return nil, nil, invalidf("outer sync: island %d already contributed to outer step %d; each step once", idx, st)
+	}
+	r.pg[idx], r.sum[idx], r.weight[idx] = pg, sum, req.GetWeight()
+	if len(r.pg) == d.quorum {
+		r.quorumAt = s.clk.Now()
+	}
+	s.advanceDiLoCo(p)
+	return nil, r, nil
+}
+
+// current is the answer that hands out θ_step as it stands.
+func (d *dilocoRT) current(done, late bool) *pb.OuterSyncResponse {
+	return &pb.OuterSyncResponse{OuterStep: d.step, Params: encodeParams(d.theta), Done: done, Late: late}
+}
+
+// advanceDiLoCo moves a DiLoCo job along: it starts running with its first
+// placed island, closes an open outer step that has what it needs, fails
+// when too few islands can still contribute, and hands off once the last
+// step is taken and its islands are done.
+func (s *Service) advanceDiLoCo(p *jobRT) {
+	d := p.diloco
+	if p.terminal() {
+		return
+	}
+	if p.final {
+		for _, id := range d.islands {
+			if k := s.jobs[id]; k != nil && !k.terminal() {
+				return
+			}
+		}
+		s.handoff(p)
+		return
+	}
+	live, alive := 0, 0
+	for _, id := range d.islands {
+		k := s.jobs[id]
+		if k == nil || k.terminal() {
+			continue
+		}
+		alive++
+		if k.live {
+			live++
+		}
+	}
+	if alive < d.quorum {
+		s.failDiLoCo(p, fmt.Sprintf("%d of %d islands can still run, fewer than the quorum %d", alive, len(d.islands), d.quorum))
+		return
+	}
+	if p.rec.GetState() == pb.PoolJobState_POOL_JOB_STATE_QUEUED && live > 0 {
+		s.transition(p, pb.PoolJobState_POOL_JOB_STATE_RUNNING, fmt.Sprintf("outer step %d of %d", d.step, d.steps))
+	}
+	r := d.open
+	if r == nil || len(r.pg) < d.quorum {
+		return
+	}
+	// The round waits for every running island, for at most the grace
+	// window after its quorum; islands that are not running (lost,
+	// requeued, preempted) are not waited for.
+	waiting := 0
+	for i, id := range d.islands {
+		if _, ok := r.pg[uint32(i)]; ok {
+			continue
+		}
+		if k := s.jobs[id]; k != nil && k.live {
+			waiting++
+		}
+	}
+	if waiting > 0 && s.clk.Now().Before(r.quorumAt.Add(d.grace)) {
+		return
+	}
+	s.closeOuter(p)
+}
+
+// closeOuter takes the outer step from the open round's contributions.
+func (s *Service) closeOuter(p *jobRT) {
+	d := p.diloco
+	r := d.open
+	d.open = nil
+	ids := make([]uint32, 0, len(r.pg))
+	for i := range r.pg {
+		ids = append(ids, i)
+	}
+	slices.Sort(ids)
+	pgs := make([][]float32, len(ids))
+	ws := make([]float64, len(ids))
+	for j, i := range ids {
+		pgs[j], ws[j] = r.pg[i], r.weight[i]
+	}
+	mean, err := aggregator.WeightedMean(pgs, ws)
+	if err == nil {
+		err = d.outer.Apply(d.theta, mean)
+	}
+	if err != nil {
+		// θ is unchanged: the islands' ranks fail, restart and rejoin at
+		// this step.
+		s.log.Error("DiLoCo outer step failed", "job", p.id(), "step", r.step, "err", err)
+		r.finish(nil, errorf(codes.FailedPrecondition, "outer step %d of job %s failed: %v; rejoin", r.step, p.id(), err))
+		return
+	}
+	d.step++
+	r.pg = nil // the contributions are spent; keep only their digests
+	d.last = r
+	// Nothing of the step is handed out before it is stored: islands
+	// checkpoint at it, and a restart must resume from it.
+	if err := s.saveOuter(p.id(), d); err != nil {
+		s.log.Error("storing a DiLoCo job's outer state", "job", p.id(), "step", d.step, "err", err)
+		r.finish(nil, errorf(codes.Internal, "outer step %d of job %s could not be stored", r.step, p.id()))
+		s.failDiLoCo(p, fmt.Sprintf("storing outer step %d failed: %v", d.step, err))
+		return
+	}
+	p.rec.Diloco.OuterStep = d.step
+	p.rec.Diloco.LastIslands = ids
+	p.rec.Step, p.rec.CommittedStep = d.step*d.inner, d.step*d.inner
+	done := d.step >= d.steps
+	r.finish(&pb.OuterSyncResponse{OuterStep: d.step, Params: encodeParams(d.theta), Done: done}, nil)
+	s.log.Info("DiLoCo outer step", "job", p.id(), "step", d.step, "of", d.steps, "islands", ids)
+	s.outerLog(p, ids)
+	// An outer step is every island's checkpoint: what it trained is in θ.
+	for _, id := range d.islands {
+		k := s.jobs[id]
+		if k == nil || k.terminal() {
+			continue
+		}
+		if k.live {
+			s.checkpointed(k, d.step*d.inner)
+		} else if done {
+			if err := s.sched.Cancel(id); err != nil {
+				s.log.Error("ending an absent island", "job", id, "err", err)
+			}
+			s.transition(k, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, "the run took its last outer step while this island was away")
+		}
+	}
+	if !done {
+		p.rec.StateReason = fmt.Sprintf("outer step %d of %d", d.step, d.steps)
+		s.save(p)
+		return
+	}
+	p.final = true
+	p.handoffDue = s.clk.Now().Add(s.lossAfter())
+	p.rec.StateReason = fmt.Sprintf("took the last outer step, %d of %d; storing the model", d.step, d.steps)
+	s.save(p)
+	s.advanceDiLoCo(p)
+}
+
+// outerLog writes an outer step's line to the job's log, where an
+// operator following it sees which islands took part.
+func (s *Service) outerLog(p *jobRT, ids []uint32) {
+	d := p.diloco
+	var absent []uint32
+	for i := range d.islands {
+		if !slices.Contains(ids, uint32(i)) {
+			absent = append(absent, uint32(i))
+		}
+	}
+	text := fmt.Sprintf("outer step %d of %d: islands %v", d.step, d.steps, ids)
+	if len(absent) > 0 {
+		text += fmt.Sprintf(", without %v", absent)
+	}
+	if n := p.rec.Diloco.GetLateContributions(); n > 0 {
+		text += fmt.Sprintf("; %d late contributions so far", n)
+	}
+	line := &pb.PoolLogLine{Stream: "agent", Text: text, Time: nowProto(s.clk)}
+	if _, err := s.d.Store.AppendPoolLogs(context.Background(), p.id(), []*pb.PoolLogLine{line}, MaxLogLines); err != nil {
+		s.log.Error("storing pool logs", "job", p.id(), "err", err)
+		return
+	}
+	s.logs.notify(p.id())
+}
+
+// failDiLoCo ends a DiLoCo job and its islands.
+func (s *Service) failDiLoCo(p *jobRT, why string) {
+	s.endDiLoCo(p, pb.PoolJobState_POOL_JOB_STATE_FAILED, why)
+}
+
+// endDiLoCo moves the job to a final state, stops its islands and ends the
+// open round's waiters.
+func (s *Service) endDiLoCo(p *jobRT, st pb.PoolJobState, why string) {
+	d := p.diloco
+	if r := d.open; r != nil {
+		d.open = nil
+		r.finish(nil, errorf(codes.Aborted, "outer step %d of job %s abandoned: %s", r.step, p.id(), why))
+	}
+	p.final, p.handoffDue = false, timeZero
+	s.sumIslandUsage(p)
+	s.transition(p, st, clip(why, 1024))
+	for _, id := range d.islands {
+		k := s.jobs[id]
+		if k == nil || k.terminal() {
+			continue
+		}
+		if err := s.sched.Cancel(id); err != nil {
+			s.log.Error("ending an island", "job", id, "err", err)
+		}
+		s.stopNow(k, st, "its DiLoCo job ended: "+clip(why, 900))
+	}
+}
+
+// sumIslandUsage makes the parent's usage its islands'.
+func (s *Service) sumIslandUsage(p *jobRT) {
+	u := &pb.PoolUsage{}
+	for _, id := range p.diloco.islands {
+		k := s.jobs[id]
+		if k == nil {
+			continue
+		}
+		ku := k.rec.GetUsage()
+		u.CpuSeconds += ku.GetCpuSeconds()
+		u.GpuSeconds += ku.GetGpuSeconds()
+		u.EnergyJoules += ku.GetEnergyJoules()
+		u.PeakMemoryBytes = max(u.PeakMemoryBytes, ku.GetPeakMemoryBytes())
+		if u.Meter == "" {
+			u.Meter, u.EnergySource = ku.GetMeter(), ku.GetEnergySource()
+		}
+	}
+	p.rec.Usage = u
+}
+
+// handoffDiLoCo stores θ as the job's model, with the islands' usage and
+// data in its lineage.
+func (s *Service) handoffDiLoCo(p *jobRT) {
+	p.final, p.handoffDue = false, timeZero
+	d := p.diloco
+	ctx := context.Background()
+	s.sumIslandUsage(p)
+	p.rec.DataSha256 = s.islandData(p)
+	reason := fmt.Sprintf("completed %d outer steps of %d inner steps", d.steps, d.inner)
+	m, imported, err := s.storeOuterModel(ctx, p)
+	if err != nil {
+		s.log.Error("storing a DiLoCo job's model", "job", p.id(), "err", err)
+		s.transition(p, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; the model could not be stored: %v", reason, err), 1024))
+		return
+	}
+	p.rec.OutputVersion = m.GetRef().GetVersion()
+	p.rec.State, p.rec.StateReason = pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, reason
+	p.rec.EndTime = nowProto(s.clk)
+	if err := s.audit(ctx, imported, s.poolJobEvent(p, p.rec.OutputVersion)); err != nil {
+		p.rec.StateReason = clip(reason+"; the audit log did not take the result: "+err.Error(), 1024)
+	}
+	s.save(p)
+	s.createThenTask(ctx, p, m)
+}
+
+// islandData is the SHA-256 over the islands' data digests in island
+// order; "" unless each island reported one.
+func (s *Service) islandData(p *jobRT) string {
+	h := sha256.New()
+	for _, id := range p.diloco.islands {
+		k := s.jobs[id]
+		if k == nil {
+			return ""
+		}
+		b, err := hex.DecodeString(k.rec.GetDataSha256())
+		if err != nil || len(b) != sha256.Size {
+			return ""
+		}
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (s *Service) storeOuterModel(ctx context.Context, p *jobRT) (*pb.Model, audit.ModelImported, error) {
+	d := p.diloco
+	m, err := d.layout.Unflatten(d.theta)
+	if err != nil {
+		return nil, audit.ModelImported{}, err
+	}
+	m.Lineage = model.Lineage{Job: p.id(), Source: "pool"}
+	if err := m.Validate(); err != nil {
+		return nil, audit.ModelImported{}, err
+	}
+	sum, err := outerStateDigest(s.outerPath(p.id()))
+	if err != nil {
+		return nil, audit.ModelImported{}, err
+	}
+	lin := &pb.PoolLineage{JobId: p.id(), SpecDigest: p.rec.SpecDigest, DataSha256: p.rec.DataSha256,
+		Checkpoint: sum, Usage: proto.CloneOf(p.rec.Usage), Steps: p.spec.TotalSteps}
+	out, err := s.d.StoreModel(ctx, p.spec.OutputModel, m, lin)
+	if err != nil {
+		return nil, audit.ModelImported{}, err
+	}
+	ev := audit.ModelImported{Model: out.GetRef().GetVersion(), SHA256: out.GetRef().GetSha256(), Name: p.spec.OutputModel,
+		SourceJob: p.id(), Size: out.GetRef().GetSizeBytes(), Parameters: out.GetParameterCount()}
+	return out, ev, nil
+}
+
+// Outer state file, version 1, little-endian, in the job's checkpoint
+// directory, replaced atomically after every outer step:
+//
+//	[0:4]   magic "FLOS"
+//	[4]     version (1)
+//	[5:13]  outer steps taken, uint64
+//	[13:21] dim, uint64
+//	        θ, dim float32
+//	        length of the optimizer state, uint64, then aggregator.Outer's encoding
+//	        SHA-256 of everything before it
+const (
+	outerFileMagic   = "FLOS"
+	outerFileVersion = 1
+	outerFileName    = "outer.state"
+)
+
+// ErrOuterState reports an outer state file that cannot be used.
+var ErrOuterState = errors.New("poolsvc: bad outer state")
+
+func (s *Service) outerPath(job string) string {
+	return filepath.Join(s.ckpt.jobDir(job), outerFileName)
+}
+
+func (s *Service) saveOuter(job string, d *dilocoRT) error {
+	ob, err := d.outer.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	b := make([]byte, 0, 21+4*len(d.theta)+8+len(ob)+sha256.Size)
+	b = append(b, outerFileMagic...)
+	b = append(b, outerFileVersion)
+	b = binary.LittleEndian.AppendUint64(b, uint64(d.step))
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(d.theta)))
+	for _, v := range d.theta {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(ob)))
+	b = append(b, ob...)
+	sum := sha256.Sum256(b)
+	b = append(b, sum[:]...)
+	path := s.outerPath(job)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(path, b, 0o600)
+}
+
+// loadOuter restores d's step, θ and optimizer from the job's file.
+func (s *Service) loadOuter(job string, d *dilocoRT) error {
+	b, err := os.ReadFile(s.outerPath(job))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrOuterState, err)
+	}
+	if err := decodeOuterState(b, d); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrOuterState, s.outerPath(job), err)
+	}
+	return nil
+}
+
+func decodeOuterState(b []byte, d *dilocoRT) error {
+	if len(b) < 21+8+sha256.Size || string(b[:4]) != outerFileMagic || b[4] != outerFileVersion {
+		return errors.New("not a version 1 outer state file")
+	}
+	body := b[:len(b)-sha256.Size]
+	if sum := sha256.Sum256(body); string(sum[:]) != string(b[len(body):]) {
+		return errors.New("checksum mismatch")
+	}
+	step := binary.LittleEndian.Uint64(body[5:])
+	dim := binary.LittleEndian.Uint64(body[13:])
+	if dim != uint64(len(d.theta)) || step > uint64(d.steps) {
+		return fmt.Errorf("dim %d at step %d, the job has %d parameters and %d outer steps", dim, step, len(d.theta), d.steps)
+	}
+	rest := body[21:]
+	if uint64(len(rest)) < 4*dim+8 {
+		return errors.New("truncated")
+	}
+	theta := make([]float32, dim)
+	for i := range theta {
+		theta[i] = math.Float32frombits(binary.LittleEndian.Uint32(rest[4*i:]))
+		if math.IsNaN(float64(theta[i])) || math.IsInf(float64(theta[i]), 0) {
+			return fmt.Errorf("theta[%d] is %v", i, theta[i])
+		}
+	}
+	rest = rest[4*dim:]
+	n := binary.LittleEndian.Uint64(rest)
+	if n != uint64(len(rest)-8) {
+		return errors.New("optimizer state length mismatch")
+	}
+	if err := d.outer.UnmarshalBinary(rest[8:]); err != nil {
+		return err
+	}
+	d.theta, d.step = theta, int64(step)
+	return nil
+}
+
+// outerStateDigest is the hex SHA-256 of the outer state file, the
+// checkpoint a DiLoCo job's model came from.
+func outerStateDigest(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// restoreDiLoCo rebuilds a DiLoCo job's outer loop from its spec and file;
+// the job stays as it was recorded, its islands come back on their own.
+func (s *Service) restoreDiLoCo(rec *pb.PoolJob, then *pb.Task, sp pool.Spec) error {
+	d, err := newDiLoCo(rec.GetSpec())
+	if err != nil {
+		return err
+	}
+	rt := newJobRT(rec, then, sp)
+	rt.diloco = d
+	if rec.Diloco == nil {
+		rec.Diloco = &pb.PoolDiLoCoStatus{OuterSteps: d.steps}
+	}
+	s.jobs[sp.ID] = rt
+	if err := s.loadOuter(sp.ID, d); err != nil {
+		s.log.Error("restoring a DiLoCo job", "job", sp.ID, "err", err)
+		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_FAILED, clip("server restarted and its outer state could not be read: "+err.Error(), 1024))
+		return nil
+	}
+	rec.Diloco.OuterStep = d.step
+	if d.step >= d.steps {
+		// The last step was taken but the model was not stored.
+		rt.final, rt.handoffDue = true, s.clk.Now().Add(s.lossAfter())
+	}
+	rt.rec.StateReason = fmt.Sprintf("server restarted at outer step %d of %d", d.step, d.steps)
+	s.save(rt)
+	return nil
+}
+
+// dilocoDeadline is the earliest grace window end of an open outer step.
+func (s *Service) dilocoDeadline() time.Time {
+	var next time.Time
+	for _, rt := range s.jobs {
+		if d := rt.diloco; d != nil && d.open != nil && !d.open.quorumAt.IsZero() {
+			if dl := d.open.quorumAt.Add(d.grace); next.IsZero() || dl.Before(next) {
+				next = dl
+			}
+		}
+	}
+	return next
+}
+
+// OuterSync implements PoolWorkerService.OuterSync.
+func (v *workerServer) OuterSync(ctx context.Context, req *pb.OuterSyncRequest) (*pb.OuterSyncResponse, error) {
+	s := v.s
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if w := req.GetWeight(); len(req.GetPseudoGradient()) > 0 && (math.IsNaN(w) || w < 1 || w > 1<<31 || w != math.Trunc(w)) {
+		return nil, invalidf("outer sync: weight %v: want the island's example count, an integer in [1, 2^31]", w)
+	}
+	var (
+		resp  *pb.OuterSyncResponse
+		r     *outerRound
+		jobID = req.GetRef().GetJobId()
+	)
+	err = s.do(ctx, func() error {
+		rt, _, err := s.leaseFor(req.GetRef(), p, true)
+		if err != nil {
+			return err
+		}
+		if resp, r, err = s.outerContribute(rt, req); err != nil {
+			return err
+		}
+		s.countSync(rt, int64(proto.Size(req)), 0)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, errorf(codes.Canceled, "outer sync: %v", ctx.Err())
+		case <-s.stop:
+			return nil, errorf(codes.Unavailable, "pool service shutting down")
+		}
+		if r.err != nil {
+			return nil, r.err
+		}
+		resp = r.resp
+	}
+	n := int64(proto.Size(resp))
+	_ = s.do(ctx, func() error {
+		if rt := s.jobs[jobID]; rt != nil {
+			s.countSync(rt, 0, n)
+		}
+		return nil
+	})
+	return resp, nil
+}
+
+// countSync adds synchronisation bytes to a job and, for an island, to its
+// DiLoCo job. They are saved with the job's next change.
+func (s *Service) countSync(rt *jobRT, in, out int64) {
+	rt.rec.SyncBytesReceived += in
+	rt.rec.SyncBytesSent += out
+	if p := s.parentOf(rt); p != nil {
+		p.rec.SyncBytesReceived += in
+		p.rec.SyncBytesSent += out
+	}
+}
