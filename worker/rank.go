@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"google.golang.org/grpc"
+
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -121,6 +123,9 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 		return fmt.Errorf("worker: rank: %w", err)
 	}
 	defer conn.Close()
+	if l.GetSpec().GetDiloco() != nil {
+		return runIsland(ctx, lf, l, conn, usr1, stdout, stderr)
+	}
 
 	cfg, digest, err := trainerConfig(l, lf.DataRoot)
 	if err != nil {
@@ -128,12 +133,8 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 	}
 	report(stdout, reportData, digest)
 	if v := b.GetInitModel(); v != "" {
-		_, raw, err := client.ExportModelBytes(ctx, apiv1.NewModelServiceClient(conn), v, maxInitModelBytes)
-		if err != nil {
-			return fmt.Errorf("worker: rank: initial model %s: %w", v, err)
-		}
-		if cfg.Init, err = model.DecodeSafetensors(raw); err != nil {
-			return fmt.Errorf("worker: rank: initial model %s: %w", v, err)
+		if cfg.Init, err = initModel(ctx, conn, v); err != nil {
+			return err
 		}
 		cfg.Arch = nil
 	}
@@ -202,6 +203,19 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 	return fmt.Errorf("worker: rank: %w", err)
 }
 
+// initModel fetches and decodes the registered model version v.
+func initModel(ctx context.Context, conn *grpc.ClientConn, v string) (*model.Model, error) {
+	_, raw, err := client.ExportModelBytes(ctx, apiv1.NewModelServiceClient(conn), v, maxInitModelBytes)
+	if err != nil {
+		return nil, fmt.Errorf("worker: rank: initial model %s: %w", v, err)
+	}
+	m, err := model.DecodeSafetensors(raw)
+	if err != nil {
+		return nil, fmt.Errorf("worker: rank: initial model %s: %w", v, err)
+	}
+	return m, nil
+}
+
 // trainerConfig is the trainer's configuration for lease, with the rank's
 // data loaded from dataRoot; digest is the shard's data digest.
 func trainerConfig(l *pb.RankLease, dataRoot string) (trainer.Config, string, error) {
@@ -211,15 +225,9 @@ func trainerConfig(l *pb.RankLease, dataRoot string) (trainer.Config, string, er
 	if world < 1 || rank >= world || world > 1024 {
 		return trainer.Config{}, "", fmt.Errorf("worker: rank: %w: rank %d of %d", ErrLease, rank, world)
 	}
-	arch := make([]int, len(b.GetArch()))
-	for i, w := range b.GetArch() {
-		if w == 0 || w > 1<<16 {
-			return trainer.Config{}, "", fmt.Errorf("worker: rank: %w: layer width %d", ErrLease, w)
-		}
-		arch[i] = int(w)
-	}
-	if b.GetBatchSize() == 0 || b.GetBatchSize() > 1<<16 {
-		return trainer.Config{}, "", fmt.Errorf("worker: rank: %w: batch size %d", ErrLease, b.GetBatchSize())
+	arch, err := builtinArch(b)
+	if err != nil {
+		return trainer.Config{}, "", err
 	}
 	all, err := loadDataset(b.GetDataset(), dataRoot)
 	if err != nil {
@@ -247,6 +255,22 @@ func trainerConfig(l *pb.RankLease, dataRoot string) (trainer.Config, string, er
 		cfg.SyncEvery = 0
 	}
 	return cfg, shard.Digest(), nil
+}
+
+// builtinArch checks b's layer widths and batch size and returns the
+// widths.
+func builtinArch(b *pb.PoolBuiltinTrainer) ([]int, error) {
+	arch := make([]int, len(b.GetArch()))
+	for i, w := range b.GetArch() {
+		if w == 0 || w > 1<<16 {
+			return nil, fmt.Errorf("worker: rank: %w: layer width %d", ErrLease, w)
+		}
+		arch[i] = int(w)
+	}
+	if b.GetBatchSize() == 0 || b.GetBatchSize() > 1<<16 {
+		return nil, fmt.Errorf("worker: rank: %w: batch size %d", ErrLease, b.GetBatchSize())
+	}
+	return arch, nil
 }
 
 // loadDataset reads the slice of the source ds names and checks its digest.
@@ -316,4 +340,128 @@ func orNone(d checkpoint.Digest) string {
 		return "none"
 	}
 	return d.String()
+}
+
+// maxIslands bounds spec.diloco.islands, as the server does.
+const maxIslands = 64
+
+// runIsland is runRank for an island of a DiLoCo job: it trains the
+// island's shard between outer syncs with the server, which holds the
+// outer parameters, so it keeps no checkpoints. StopAtCheckpointSignal
+// stops it right after its next outer sync, where it loses nothing: a
+// later attempt rejoins at the server's outer step.
+func runIsland(ctx context.Context, lf *leaseFile, l *pb.RankLease, conn *grpc.ClientConn, usr1 <-chan os.Signal, stdout, stderr io.Writer) error {
+	cfg, digest, err := islandConfig(l, lf.DataRoot)
+	if err != nil {
+		return err
+	}
+	report(stdout, reportData, digest)
+	b, dl := l.GetSpec().GetBuiltin(), l.GetSpec().GetDiloco()
+	if v := b.GetInitModel(); v != "" {
+		if cfg.Init, err = initModel(ctx, conn, v); err != nil {
+			return err
+		}
+	} else if cfg.Init, err = train.InitMLP(cfg.Arch, cfg.InitSeed); err != nil {
+		return fmt.Errorf("worker: rank: %w: %w", ErrLease, err)
+	}
+	cfg.Arch = nil
+
+	ref := &pb.RankRef{WorkerId: lf.WorkerID, JobId: l.GetJobId(), Attempt: l.GetAttempt(), Rank: l.GetRank()}
+	cfg.Outer, err = remote.NewOuterSyncer(apiv1.NewPoolWorkerServiceClient(conn), ref, remote.OuterConfig{
+		Dim: cfg.Init.Layout().Size(), Int8: dl.GetInt8(), Seed: b.GetSeed(), Island: l.GetIsland(), Retry: remote.DefaultRetry(),
+	})
+	if err != nil {
+		return fmt.Errorf("worker: rank: %w", err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var stopAsked atomic.Bool
+	go func() {
+		select {
+		case <-usr1:
+			stopAsked.Store(true)
+			fmt.Fprintln(stderr, "stop requested: stopping after the next outer sync")
+		case <-ctx.Done():
+		}
+	}()
+	errStopSync := fmt.Errorf("%w: at an outer sync, as the agent asked", ErrRankStopped)
+	cfg.AfterStep = func(step int64, met train.Metrics, _ *model.Model) {
+		report(stdout, reportProgress, strconv.FormatInt(step, 10)+" "+strconv.FormatFloat(met.Loss, 'g', -1, 64))
+	}
+	// AfterSync runs on RunIsland's goroutine only, so prev needs no lock.
+	prev := int64(-1)
+	cfg.AfterSync = func(s trainer.OuterState) {
+		switch {
+		case prev < 0:
+			fmt.Fprintf(stderr, "island %d of %d: job %s attempt %d, %d examples, H %d, outer steps %d, joining at outer step %d\n",
+				l.GetIsland(), dl.GetIslands(), cfg.Job, l.GetAttempt(), cfg.Data.Len(), cfg.InnerSteps, cfg.OuterSteps, s.Step)
+		case s.Late:
+			fmt.Fprintf(stderr, "contribution to outer step %d was late: outer step %d closed without it; continuing from outer step %d\n", prev, prev, s.Step)
+		}
+		prev = s.Step
+		if stopAsked.Load() && !s.Done {
+			cancel(errStopSync)
+		}
+	}
+	res, err := trainer.RunIsland(ctx, cfg)
+	if err == nil {
+		fmt.Fprintf(stderr, "completed outer step %d (joined at outer step %d, %d inner steps, %d late contributions), model %s\n",
+			res.Step, res.Joined, res.InnerSteps, res.Late, res.Digest)
+		return nil
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrRankStopped) {
+		fmt.Fprintf(stderr, "stopped at outer step %d\n", res.Step)
+		return cause
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		fmt.Fprintf(stderr, "stopped during outer step %d\n", res.Step)
+		return fmt.Errorf("%w: at once (outer step %d): %w", ErrRankStopped, res.Step, err)
+	}
+	return fmt.Errorf("worker: rank: %w", err)
+}
+
+// islandConfig is the island's configuration for lease, with its shard of
+// the job's data loaded from dataRoot; digest is the shard's data digest.
+// Outer and Init are left to the caller.
+func islandConfig(l *pb.RankLease, dataRoot string) (trainer.IslandConfig, string, error) {
+	spec := l.GetSpec()
+	b, dl := spec.GetBuiltin(), spec.GetDiloco()
+	islands, island := dl.GetIslands(), l.GetIsland()
+	h, total := dl.GetInnerSteps(), spec.GetTotalSteps()
+	switch {
+	case b == nil:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: a DiLoCo island needs the built-in trainer", ErrLease)
+	case l.GetWorldSize() != 1 || l.GetRank() != 0:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: a DiLoCo island is one rank, got rank %d of %d", ErrLease, l.GetRank(), l.GetWorldSize())
+	case islands < 2 || islands > maxIslands:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: %d islands, want 2 to %d", ErrLease, islands, maxIslands)
+	case island >= islands:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: island %d of %d", ErrLease, island, islands)
+	case h < 1 || h > trainer.MaxSteps:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: %d inner steps, want 1 to %d", ErrLease, h, int64(trainer.MaxSteps))
+	case total < h || total > trainer.MaxSteps || total%h != 0:
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w: total steps %d is not a positive multiple of %d inner steps", ErrLease, total, h)
+	}
+	arch, err := builtinArch(b)
+	if err != nil {
+		return trainer.IslandConfig{}, "", err
+	}
+	all, err := loadDataset(b.GetDataset(), dataRoot)
+	if err != nil {
+		return trainer.IslandConfig{}, "", err
+	}
+	shard, err := trainer.Shard(all, int(island), int(islands))
+	if err != nil {
+		return trainer.IslandConfig{}, "", fmt.Errorf("worker: rank: %w", err)
+	}
+	return trainer.IslandConfig{
+		Job:        l.GetJobId(),
+		Arch:       arch,
+		InitSeed:   b.GetInitSeed(),
+		Data:       shard,
+		Hyper:      sgd.Hyper{Epochs: 1, BatchSize: int(b.GetBatchSize()), LearningRate: float32(b.GetLearningRate()), EvalBatchSize: sgd.Defaults.EvalBatchSize},
+		Seed:       b.GetSeed(),
+		InnerSteps: h,
+		OuterSteps: total / h,
+	}, shard.Digest(), nil
 }

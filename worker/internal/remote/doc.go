@@ -1,7 +1,9 @@
 // Package remote keeps a pool rank's checkpoints on the server and averages
 // its parameters through it: Store is a checkpoint.Store over the
-// PoolWorkerService calls of one rank of one leased attempt, and Syncer a
-// trainer.Syncer over its Average call.
+// PoolWorkerService calls of one rank of one leased attempt, Syncer a
+// trainer.Syncer over its Average call, and OuterSyncer a DiLoCo island's
+// trainer.OuterSyncer over OuterSync (float32 or int8 pseudo-gradients,
+// each request built once so that a retry sends the same bytes).
 //
 // Everything the server sends back is untrusted input: blobs are bounded
 // and their digests checked, manifests are decoded by pool/checkpoint's

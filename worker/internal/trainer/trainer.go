@@ -1,7 +1,9 @@
 // Package trainer is the pool agent's built-in trainer: it runs one rank of a
 // pool job that trains a Fleetlearn MLP with mini-batch SGD (package
 // model/train), checkpoints it, resumes it, and, with several ranks, keeps
-// the ranks on one model by averaging their parameters.
+// the ranks on one model by averaging their parameters. RunIsland runs a
+// DiLoCo island instead: H inner steps from the server's outer parameters,
+// then the pseudo-gradient to the server's outer step (see island.go).
 //
 // # Resume guarantee
 //
