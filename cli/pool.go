@@ -60,6 +60,11 @@ type submitFlags struct {
 	seed, initSeed           uint64
 	syncEvery                int64
 	initModel                string
+	islands, quorum          uint32
+	innerSteps               int64
+	outerLR, outerMomentum   float64
+	grace                    time.Duration
+	int8                     bool
 	env                      []string
 	specFile, thenTask, wait string
 	format                   string
@@ -76,10 +81,15 @@ func newPoolSubmitCommand(a *app) *cobra.Command {
 			"COMMAND as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, ...) plus the checkpoint\n" +
 			"contract (FLEETLEARN_CHECKPOINT_DIR, FLEETLEARN_RESUME_FROM; docs/POOL.md).\n" +
 			"--spec FILE reads the whole job as JSON (the spec field of pool get -o json) instead.\n" +
+			"--islands N makes it a DiLoCo run: N one-rank island jobs train --inner-steps each on\n" +
+			"their own shard, and the server takes an outer Nesterov step on their averaged\n" +
+			"pseudo-gradients; islands may leave and rejoin (--quorum, --grace).\n" +
 			"--then-task FILE creates a federated task (JSON, as task get -o json prints one,\n" +
 			"without a model) from the job's model when the job succeeds.",
 		Example: "  fleetlearn pool submit --output-model mnist-base --ranks 2 --steps 600 --checkpoint-every 100 \\\n" +
 			"    --arch mlp:784,128,10 --dataset mnist-train:0:6000 --sync-every 20\n" +
+			"  fleetlearn pool submit --output-model mnist-base --steps 600 --islands 3 --inner-steps 50 --quorum 2 \\\n" +
+			"    --arch mlp:784,128,10 --dataset mnist-train:0:6000\n" +
 			"  fleetlearn pool submit --output-model lm --ranks 4 --gpus 1 --steps 1000 --checkpoint-every 50 -- python3 train.py",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(f.format); err != nil {
@@ -138,6 +148,13 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 	fl.Uint64Var(&f.initSeed, "init-seed", 1, "built-in trainer: seed of the initial parameters")
 	fl.Int64Var(&f.syncEvery, "sync-every", 0, "built-in trainer: steps between parameter averages of the ranks (default: the checkpoint interval with several ranks)")
 	fl.StringVar(&f.initModel, "init-model", "", "built-in trainer: start from this model (NAME, NAME@N or sha256) instead of --init-seed")
+	fl.Uint32Var(&f.islands, "islands", 0, "built-in trainer: train as this many DiLoCo islands (jobs ID-i0, ID-i1, ... of --ranks 1 each) joined by an outer step every --inner-steps")
+	fl.Int64Var(&f.innerSteps, "inner-steps", 0, "DiLoCo: inner steps H between outer steps; --steps must be a multiple of it")
+	fl.Float64Var(&f.outerLR, "outer-lr", 0, "DiLoCo: outer learning rate (default 0.7)")
+	fl.Float64Var(&f.outerMomentum, "outer-momentum", 0.9, "DiLoCo: outer Nesterov momentum in [0, 1)")
+	fl.Uint32Var(&f.quorum, "quorum", 0, "DiLoCo: islands an outer step needs (default a majority)")
+	fl.DurationVar(&f.grace, "grace", 0, "DiLoCo: how long an outer step with its quorum waits for the other running islands (default 30s)")
+	fl.BoolVar(&f.int8, "int8", false, "DiLoCo: send pseudo-gradients as int8 with per-block scales")
 	fl.StringArrayVar(&f.env, "env", nil, "command jobs: KEY=VALUE for the ranks' environment (repeatable)")
 	fl.StringVar(&f.specFile, "spec", "", "read the job spec from this JSON file; the job flags above are then not allowed")
 	fl.StringVar(&f.thenTask, "then-task", "", "JSON file with a task to create from the job's model when it succeeds")
@@ -148,7 +165,11 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 // jobFlags are the flags --spec replaces.
 var jobFlags = []string{"id", "tenant", "priority", "ranks", "cpu", "memory", "gpus", "max-restarts", "checkpoint-every",
 	"steps", "output-model", "deadline", "arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed",
-	"sync-every", "init-model", "env", "carbon-duration", "carbon-watts"}
+	"sync-every", "init-model", "env", "carbon-duration", "carbon-watts",
+	"islands", "inner-steps", "outer-lr", "outer-momentum", "quorum", "grace", "int8"}
+
+// dilocoFlags are the flags that only a DiLoCo job (--islands) takes.
+var dilocoFlags = []string{"inner-steps", "outer-lr", "outer-momentum", "quorum", "grace", "int8"}
 
 func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobRequest, error) {
 	req := &pb.SubmitJobRequest{}
@@ -215,7 +236,7 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 		s.Carbon = &pb.PoolCarbon{ExpectedDuration: durationpb.New(f.carbonDuration), ExpectedPowerWatts: f.carbonWatts}
 	}
 	if len(args) > 0 {
-		for _, n := range []string{"arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed", "sync-every", "init-model"} {
+		for _, n := range []string{"arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed", "sync-every", "init-model", "islands"} {
 			if cmd.Flags().Changed(n) {
 				return nil, fmt.Errorf("%w: --%s is for the built-in trainer, not for a command job", ErrUsage, n)
 			}
@@ -251,6 +272,32 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 	sync := f.syncEvery
 	if sync == 0 && f.ranks > 1 {
 		sync = f.checkpointEvery
+	}
+	if f.islands == 0 {
+		for _, n := range dilocoFlags {
+			if cmd.Flags().Changed(n) {
+				return nil, fmt.Errorf("%w: --%s is for DiLoCo jobs: give --islands N too", ErrUsage, n)
+			}
+		}
+	} else {
+		if f.innerSteps <= 0 {
+			return nil, fmt.Errorf("%w: --islands needs --inner-steps H, the inner steps between outer steps", ErrUsage)
+		}
+		if cmd.Flags().Changed("ranks") && f.ranks != 1 {
+			return nil, fmt.Errorf("%w: --ranks %d: a DiLoCo island is one rank; --islands says how many run", ErrUsage, f.ranks)
+		}
+		s.Ranks = 1
+		// An island's checkpoints are its outer steps.
+		s.CheckpointInterval = f.innerSteps
+		if cmd.Flags().Changed("checkpoint-every") && f.checkpointEvery != f.innerSteps {
+			return nil, fmt.Errorf("%w: --checkpoint-every: a DiLoCo job checkpoints at its outer steps; leave it out", ErrUsage)
+		}
+		mu := f.outerMomentum
+		s.Diloco = &pb.PoolDiLoCo{Islands: f.islands, InnerSteps: f.innerSteps, OuterLearningRate: f.outerLR,
+			OuterMomentum: &mu, Quorum: f.quorum, Int8: f.int8}
+		if f.grace != 0 {
+			s.Diloco.Grace = durationpb.New(f.grace)
+		}
 	}
 	s.Program = &pb.PoolJobSpec_Builtin{Builtin: &pb.PoolBuiltinTrainer{
 		Arch: arch, InitSeed: f.initSeed, Seed: f.seed, BatchSize: f.batch, LearningRate: f.lr,
@@ -514,6 +561,23 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 		t.row("program", strings.Join(p.Command.GetArgv(), " "))
 	}
 	t.row("steps", fmt.Sprintf("%d of %d, checkpoint at %d (every %d)", j.GetStep(), s.GetTotalSteps(), j.GetCommittedStep(), s.GetCheckpointInterval()))
+	if d := s.GetDiloco(); d != nil {
+		switch {
+		case j.GetParent() != "":
+			t.row("island", fmt.Sprintf("%d of %d of DiLoCo job %s", j.GetIsland(), d.GetIslands(), j.GetParent()))
+		default:
+			ds := j.GetDiloco()
+			mode := "float32"
+			if d.GetInt8() {
+				mode = "int8"
+			}
+			t.row("diloco", fmt.Sprintf("%d islands (%s-i0 ...), H %d, outer step %d of %d, last with islands %v, %d late, %s pseudo-gradients",
+				d.GetIslands(), s.GetId(), d.GetInnerSteps(), ds.GetOuterStep(), ds.GetOuterSteps(), ds.GetLastIslands(), ds.GetLateContributions(), mode))
+		}
+	}
+	if j.GetSyncBytesReceived() > 0 || j.GetSyncBytesSent() > 0 {
+		t.row("sync traffic", fmt.Sprintf("%s received, %s sent", byteSize(uint64(j.GetSyncBytesReceived())), byteSize(uint64(j.GetSyncBytesSent()))))
+	}
 	t.row("restarts", fmt.Sprintf("%d of %d", j.GetRestarts(), s.GetMaxRestarts()))
 	t.row("attempt", strconv.Itoa(int(j.GetAttempt())))
 	var where []string

@@ -61,7 +61,23 @@ func TestPoolSubmitFlags(t *testing.T) {
 		t.Errorf("carbon %v, deadline %v", c, req.GetSpec().GetDeadline())
 	}
 
+	req, err = submitRequest(t, "--output-model", "base", "--steps", "300", "--islands", "3", "--inner-steps", "50",
+		"--quorum", "2", "--grace", "10s", "--int8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, d := req.GetSpec(), req.GetSpec().GetDiloco(); d.GetIslands() != 3 || d.GetInnerSteps() != 50 || d.GetQuorum() != 2 ||
+		d.GetGrace().AsDuration() != 10*time.Second || !d.GetInt8() || d.GetOuterMomentum() != 0.9 || s.GetRanks() != 1 ||
+		s.GetCheckpointInterval() != 50 || s.GetBuiltin().GetSyncEvery() != 0 {
+		t.Errorf("diloco spec %v", s)
+	}
+
 	for name, args := range map[string][]string{
+		"islands without H":       {"--output-model", "x", "--steps", "100", "--islands", "3"},
+		"islands with ranks":      {"--output-model", "x", "--steps", "100", "--islands", "3", "--inner-steps", "10", "--ranks", "2"},
+		"islands with checkpoint": {"--output-model", "x", "--steps", "100", "--islands", "3", "--inner-steps", "10", "--checkpoint-every", "20"},
+		"H without islands":       {"--output-model", "x", "--steps", "100", "--inner-steps", "10"},
+		"islands with command":    {"--output-model", "x", "--steps", "100", "--islands", "3", "--", "true"},
 		"carbon without deadline": {"--output-model", "x", "--steps", "1", "--carbon-duration", "1h", "--carbon-watts", "10"},
 		"carbon without watts":    {"--output-model", "x", "--steps", "1", "--deadline", "2h", "--carbon-duration", "1h"},
 		"no steps":                {"--output-model", "x"},
