@@ -25,6 +25,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
+	"github.com/fleetlearn/fleetlearn/pool/stepdir"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/worker/internal/cmdckpt"
@@ -634,9 +635,9 @@ func (r *rankRun) stopQuietly(proc *runner.Process) {
 // uploadNew uploads the newest committed step directory if it is newer
 // than the last one uploaded, and reports whether it did.
 func (r *rankRun) uploadNew() (bool, error) {
-	step, path, err := runner.LatestCheckpoint(r.ckptDir)
+	step, path, err := stepdir.Latest(r.ckptDir)
 	if err != nil {
-		if errors.Is(err, runner.ErrNoCheckpoint) {
+		if errors.Is(err, stepdir.ErrNoCheckpoint) {
 			return false, nil
 		}
 		return false, err

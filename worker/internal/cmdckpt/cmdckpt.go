@@ -12,18 +12,18 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
-	"github.com/fleetlearn/fleetlearn/worker/internal/runner"
+	"github.com/fleetlearn/fleetlearn/pool/stepdir"
 )
 
 // contractFiles are the only files of a step directory, in the order they
 // are read; the first is required.
-var contractFiles = []string{runner.ModelFile, runner.OptimizerFile, runner.StateFile}
+var contractFiles = []string{stepdir.ModelFile, stepdir.OptimizerFile, stepdir.StateFile}
 
 // maxBytes bounds one contract file: state.json by the runner's own bound,
 // the safetensors files by what a checkpoint may hold in all.
 func maxBytes(name string) int64 {
-	if name == runner.StateFile {
-		return runner.MaxStateBytes
+	if name == stepdir.StateFile {
+		return stepdir.MaxStateBytes
 	}
 	return checkpoint.MaxFilesBytes
 }
@@ -56,7 +56,7 @@ func Upload(s checkpoint.Store, job string, step int64, dir string, opts checkpo
 	var total int64
 	for _, name := range contractFiles {
 		data, err := readRegular(root, name, min(maxBytes(name), checkpoint.MaxFilesBytes-total))
-		if errors.Is(err, fs.ErrNotExist) && name != runner.ModelFile {
+		if errors.Is(err, fs.ErrNotExist) && name != stepdir.ModelFile {
 			continue
 		}
 		if errors.Is(err, fs.ErrNotExist) {
@@ -153,19 +153,19 @@ func checkContract(ck *checkpoint.Checkpoint) error {
 	hasModel := false
 	for _, f := range ck.Files {
 		switch f.Name {
-		case runner.ModelFile:
+		case stepdir.ModelFile:
 			hasModel = true
-		case runner.OptimizerFile:
-		case runner.StateFile:
-			if len(f.Data) > runner.MaxStateBytes {
-				return fmt.Errorf("%s: %d bytes, limit %d: %w", f.Name, len(f.Data), runner.MaxStateBytes, ErrTooLarge)
+		case stepdir.OptimizerFile:
+		case stepdir.StateFile:
+			if len(f.Data) > stepdir.MaxStateBytes {
+				return fmt.Errorf("%s: %d bytes, limit %d: %w", f.Name, len(f.Data), stepdir.MaxStateBytes, ErrTooLarge)
 			}
 		default:
 			return fmt.Errorf("file %q is not one the contract names: %w", f.Name, ErrNotCommandCheckpoint)
 		}
 	}
 	if !hasModel {
-		return fmt.Errorf("no %s: %w", runner.ModelFile, ErrNotCommandCheckpoint)
+		return fmt.Errorf("no %s: %w", stepdir.ModelFile, ErrNotCommandCheckpoint)
 	}
 	return nil
 }

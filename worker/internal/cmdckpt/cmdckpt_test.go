@@ -10,7 +10,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
-	"github.com/fleetlearn/fleetlearn/worker/internal/runner"
+	"github.com/fleetlearn/fleetlearn/pool/stepdir"
 )
 
 // safetensors builds a file by hand: an 8-byte little-endian header length,
@@ -66,9 +66,9 @@ func openStore(t *testing.T) *checkpoint.Dir {
 
 func TestRoundTrip(t *testing.T) {
 	want := map[string][]byte{
-		runner.ModelFile:     bf16Model(),
-		runner.OptimizerFile: optimizerFile(),
-		runner.StateFile:     []byte(`{"epoch": 3, "rng": "AAEC", "cursor": 17}` + "\n"),
+		stepdir.ModelFile:     bf16Model(),
+		stepdir.OptimizerFile: optimizerFile(),
+		stepdir.StateFile:     []byte(`{"epoch": 3, "rng": "AAEC", "cursor": 17}` + "\n"),
 	}
 	src := t.TempDir()
 	stepDir := writeStepDir(t, src, "step-40", want)
@@ -120,12 +120,12 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	// The runner resumes from it, over an older checkpoint already there.
-	writeStepDir(t, dst, "step-20", map[string][]byte{runner.ModelFile: bf16Model()})
-	step, p, err := runner.LatestCheckpoint(dst)
+	writeStepDir(t, dst, "step-20", map[string][]byte{stepdir.ModelFile: bf16Model()})
+	step, p, err := stepdir.Latest(dst)
 	if err != nil || step != 40 || p != path {
 		t.Fatalf("LatestCheckpoint = %d, %s, %v; want 40, %s", step, p, err, path)
 	}
-	f, err := os.Open(filepath.Join(p, runner.ModelFile))
+	f, err := os.Open(filepath.Join(p, stepdir.ModelFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,19 +143,19 @@ func TestRoundTrip(t *testing.T) {
 	if err := os.Mkdir(path+".tmp", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(path, runner.StateFile), []byte("{}"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(path, stepdir.StateFile), []byte("{}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Materialize(s, id, dst); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(filepath.Join(path, runner.StateFile)); !bytes.Equal(got, want[runner.StateFile]) {
+	if got, _ := os.ReadFile(filepath.Join(path, stepdir.StateFile)); !bytes.Equal(got, want[stepdir.StateFile]) {
 		t.Fatalf("state.json after a second Materialize: %q", got)
 	}
 }
 
 func TestUploadModelOnly(t *testing.T) {
-	dir := writeStepDir(t, t.TempDir(), "step-1", map[string][]byte{runner.ModelFile: bf16Model()})
+	dir := writeStepDir(t, t.TempDir(), "step-1", map[string][]byte{stepdir.ModelFile: bf16Model()})
 	s := openStore(t)
 	id, err := Upload(s, "j", 1, dir, checkpoint.Options{})
 	if err != nil {
@@ -165,7 +165,7 @@ func TestUploadModelOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ck.Files) != 1 || ck.Files[0].Name != runner.ModelFile {
+	if len(ck.Files) != 1 || ck.Files[0].Name != stepdir.ModelFile {
 		t.Fatalf("files %v", ck.Files)
 	}
 }
@@ -177,9 +177,9 @@ func TestUploadRefusesSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := openStore(t)
-	for _, name := range []string{runner.ModelFile, runner.OptimizerFile, runner.StateFile} {
+	for _, name := range []string{stepdir.ModelFile, stepdir.OptimizerFile, stepdir.StateFile} {
 		t.Run(name, func(t *testing.T) {
-			dir := writeStepDir(t, t.TempDir(), "step-2", map[string][]byte{runner.ModelFile: bf16Model()})
+			dir := writeStepDir(t, t.TempDir(), "step-2", map[string][]byte{stepdir.ModelFile: bf16Model()})
 			os.Remove(filepath.Join(dir, name))
 			if err := os.Symlink(outside, filepath.Join(dir, name)); err != nil {
 				t.Fatal(err)
@@ -191,15 +191,15 @@ func TestUploadRefusesSymlinks(t *testing.T) {
 	}
 	// One that stays inside the directory is refused too: the contract
 	// names regular files.
-	inside := writeStepDir(t, t.TempDir(), "step-2", map[string][]byte{runner.ModelFile: bf16Model()})
-	if err := os.Symlink(runner.ModelFile, filepath.Join(inside, runner.OptimizerFile)); err != nil {
+	inside := writeStepDir(t, t.TempDir(), "step-2", map[string][]byte{stepdir.ModelFile: bf16Model()})
+	if err := os.Symlink(stepdir.ModelFile, filepath.Join(inside, stepdir.OptimizerFile)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Upload(s, "j", 2, inside, checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
 		t.Fatalf("symlink within the directory: %v, want ErrInvalidStepDir", err)
 	}
 	// A symlinked step directory is refused as well.
-	real := writeStepDir(t, parent, "real", map[string][]byte{runner.ModelFile: bf16Model()})
+	real := writeStepDir(t, parent, "real", map[string][]byte{stepdir.ModelFile: bf16Model()})
 	link := filepath.Join(parent, "step-3")
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
@@ -215,22 +215,22 @@ func TestUploadRefusesSymlinks(t *testing.T) {
 func TestUploadRefusesBadDirs(t *testing.T) {
 	s := openStore(t)
 	parent := t.TempDir()
-	noModel := writeStepDir(t, parent, "step-1", map[string][]byte{runner.StateFile: []byte("{}")})
+	noModel := writeStepDir(t, parent, "step-1", map[string][]byte{stepdir.StateFile: []byte("{}")})
 	if _, err := Upload(s, "j", 1, noModel, checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
 		t.Fatalf("no model: %v, want ErrInvalidStepDir", err)
 	}
 	dirModel := writeStepDir(t, parent, "step-2", nil)
-	if err := os.Mkdir(filepath.Join(dirModel, runner.ModelFile), 0o755); err != nil {
+	if err := os.Mkdir(filepath.Join(dirModel, stepdir.ModelFile), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Upload(s, "j", 2, dirModel, checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
 		t.Fatalf("model is a directory: %v, want ErrInvalidStepDir", err)
 	}
-	ok := writeStepDir(t, parent, "step-3", map[string][]byte{runner.ModelFile: bf16Model()})
+	ok := writeStepDir(t, parent, "step-3", map[string][]byte{stepdir.ModelFile: bf16Model()})
 	if _, err := Upload(s, "j", -1, ok, checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
 		t.Fatalf("negative step: %v, want ErrInvalidStepDir", err)
 	}
-	if _, err := Upload(s, "j", 3, filepath.Join(ok, runner.ModelFile), checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
+	if _, err := Upload(s, "j", 3, filepath.Join(ok, stepdir.ModelFile), checkpoint.Options{}); !errors.Is(err, ErrInvalidStepDir) {
 		t.Fatalf("a file for a directory: %v, want ErrInvalidStepDir", err)
 	}
 }
@@ -243,12 +243,12 @@ func TestUploadRefusesOversized(t *testing.T) {
 		name string
 		size int64
 	}{
-		{runner.StateFile, runner.MaxStateBytes + 1},
-		{runner.ModelFile, checkpoint.MaxFilesBytes + 1},
-		{runner.OptimizerFile, checkpoint.MaxFilesBytes - 10}, // with the model, over the total
+		{stepdir.StateFile, stepdir.MaxStateBytes + 1},
+		{stepdir.ModelFile, checkpoint.MaxFilesBytes + 1},
+		{stepdir.OptimizerFile, checkpoint.MaxFilesBytes - 10}, // with the model, over the total
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := writeStepDir(t, parent, "step-"+c.name, map[string][]byte{runner.ModelFile: bf16Model()})
+			dir := writeStepDir(t, parent, "step-"+c.name, map[string][]byte{stepdir.ModelFile: bf16Model()})
 			if err := os.Truncate(filepath.Join(dir, c.name), 0); errors.Is(err, os.ErrNotExist) {
 				if err := os.WriteFile(filepath.Join(dir, c.name), nil, 0o644); err != nil {
 					t.Fatal(err)
@@ -273,10 +273,10 @@ func TestMaterializeRefusesOtherCheckpoints(t *testing.T) {
 	for name, ck := range map[string]*checkpoint.Checkpoint{
 		"tensors": {Job: "j", Step: 1, Params: params},
 		"tensors and files": {Job: "j", Step: 2, Params: params,
-			Files: []checkpoint.File{{Name: runner.ModelFile, Data: bf16Model()}}},
+			Files: []checkpoint.File{{Name: stepdir.ModelFile, Data: bf16Model()}}},
 		"other file": {Job: "j", Step: 3, Files: []checkpoint.File{
-			{Name: runner.ModelFile, Data: bf16Model()}, {Name: "rng.pt", Data: []byte{1}}}},
-		"no model": {Job: "j", Step: 4, Files: []checkpoint.File{{Name: runner.StateFile, Data: []byte("{}")}}},
+			{Name: stepdir.ModelFile, Data: bf16Model()}, {Name: "rng.pt", Data: []byte{1}}}},
+		"no model": {Job: "j", Step: 4, Files: []checkpoint.File{{Name: stepdir.StateFile, Data: []byte("{}")}}},
 	} {
 		id, err := checkpoint.Write(s, ck, checkpoint.Options{})
 		if err != nil {

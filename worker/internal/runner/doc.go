@@ -59,7 +59,7 @@
 //
 // In Python: os.rename(tmp, final) after writing. A crash at any point
 // leaves either no step-<N> or a complete one; the older checkpoints are
-// untouched. LatestCheckpoint picks the highest committed N whose
+// untouched. stepdir.Latest (package pool/stepdir) picks the highest committed N whose
 // model.safetensors parses with the model package's reader (and whose
 // optional files are sane), ignoring *.tmp, symlinks, stray files and
 // damaged checkpoints, which it skips in favour of older ones. The agent

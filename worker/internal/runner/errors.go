@@ -29,9 +29,6 @@ var (
 	// ErrStopped reports a command the runner stopped, because its context
 	// was cancelled or Stop or Kill was called; it is not the job's fault.
 	ErrStopped = errors.New("command stopped by runner")
-	// ErrNoCheckpoint reports a checkpoint directory with no committed,
-	// readable checkpoint in it.
-	ErrNoCheckpoint = errors.New("no committed checkpoint")
 )
 
 // ExitError describes how a command ended when it did not exit cleanly. It

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/pool/stepdir"
 )
 
 // guard bounds every wait on a child; it is a last resort for a hung test on
@@ -150,7 +151,7 @@ func trainSpec(t *testing.T, py, dir string, steps, every int64) Spec {
 // readParams reads a checkpoint's parameters with the repository's reader.
 func readParams(t *testing.T, ckpt string) *model.Model {
 	t.Helper()
-	f, err := os.Open(filepath.Join(ckpt, ModelFile))
+	f, err := os.Open(filepath.Join(ckpt, stepdir.ModelFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestTrainKillResumeBitwise(t *testing.T) {
 	if !bytes.Contains(res.Tail, []byte("done step=60")) {
 		t.Fatalf("fresh run did not finish:\n%s", res.Tail)
 	}
-	step, path, err := LatestCheckpoint(fresh.CheckpointDir)
+	step, path, err := stepdir.Latest(fresh.CheckpointDir)
 	if err != nil || step != steps {
 		t.Fatalf("fresh LatestCheckpoint = %d, %q, %v; want step %d", step, path, err, steps)
 	}
@@ -226,11 +227,11 @@ func TestTrainKillResumeBitwise(t *testing.T) {
 	if !errors.Is(err, ErrStopped) || !errors.As(err, &ee) || ee.Signal != syscall.SIGKILL {
 		t.Fatalf("killed run: err = %v, want ErrStopped by SIGKILL", err)
 	}
-	if _, err := os.Stat(filepath.Join(killed.CheckpointDir, "step-30.tmp", ModelFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(killed.CheckpointDir, "step-30.tmp", stepdir.ModelFile)); err != nil {
 		t.Fatalf("the killed run should have left a partial step-30.tmp: %v", err)
 	}
 	// (f) The torn .tmp is ignored; the newest committed checkpoint wins.
-	step, path, err = LatestCheckpoint(killed.CheckpointDir)
+	step, path, err = stepdir.Latest(killed.CheckpointDir)
 	if err != nil || step != 20 || path != filepath.Join(killed.CheckpointDir, "step-20") {
 		t.Fatalf("after kill LatestCheckpoint = %d, %q, %v; want step 20", step, path, err)
 	}
@@ -250,7 +251,7 @@ func TestTrainKillResumeBitwise(t *testing.T) {
 	if bytes.Contains(res.Tail, []byte("checkpoint step=20 ")) {
 		t.Fatalf("resumed run redid step 20:\n%s", res.Tail)
 	}
-	step, path, err = LatestCheckpoint(resumed.CheckpointDir)
+	step, path, err = stepdir.Latest(resumed.CheckpointDir)
 	if err != nil || step != steps {
 		t.Fatalf("resumed LatestCheckpoint = %d, %q, %v", step, path, err)
 	}

@@ -1,4 +1,4 @@
-package runner
+package stepdir
 
 import (
 	"cmp"
@@ -22,10 +22,14 @@ const (
 	StateFile     = "state.json"
 )
 
+// ErrNoCheckpoint reports a checkpoint directory with no committed,
+// readable checkpoint.
+var ErrNoCheckpoint = errors.New("stepdir: no committed checkpoint")
+
 // MaxStateBytes bounds state.json: it holds cursors and RNG state, not data.
 const MaxStateBytes = 16 << 20
 
-// LatestCheckpoint returns the step and path of the newest committed, readable
+// Latest returns the step and path of the newest committed, readable
 // checkpoint under dir. A checkpoint is committed when a directory named
 // exactly step-<N> (N a decimal integer without sign or leading zeros) exists:
 // the contract has scripts rename step-<N>.tmp into place, so anything else
@@ -35,13 +39,13 @@ const MaxStateBytes = 16 << 20
 // a JSON object) are skipped in favour of older ones, since resuming from a
 // damaged checkpoint would fail on every retry. It wraps ErrNoCheckpoint when
 // nothing qualifies, including when dir does not exist.
-func LatestCheckpoint(dir string) (step int64, path string, err error) {
+func Latest(dir string) (step int64, path string, err error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, "", fmt.Errorf("runner: latest checkpoint: %s does not exist: %w", dir, ErrNoCheckpoint)
+		return 0, "", fmt.Errorf("stepdir: latest: %s does not exist: %w", dir, ErrNoCheckpoint)
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("runner: latest checkpoint: %w", err)
+		return 0, "", fmt.Errorf("stepdir: latest: %w", err)
 	}
 	type cand struct {
 		step int64
@@ -69,9 +73,9 @@ func LatestCheckpoint(dir string) (step int64, path string, err error) {
 		return c.step, p, nil
 	}
 	if len(skipped) > 0 {
-		return 0, "", fmt.Errorf("runner: latest checkpoint: none of %d candidates verified (newest: %v): %w", len(skipped), skipped[0], ErrNoCheckpoint)
+		return 0, "", fmt.Errorf("stepdir: latest: none of %d candidates verified (newest: %v): %w", len(skipped), skipped[0], ErrNoCheckpoint)
 	}
-	return 0, "", fmt.Errorf("runner: latest checkpoint: none in %s: %w", dir, ErrNoCheckpoint)
+	return 0, "", fmt.Errorf("stepdir: latest: none in %s: %w", dir, ErrNoCheckpoint)
 }
 
 // parseStepName accepts "step-<N>" with N canonical, so that step-7 and

@@ -1,4 +1,4 @@
-package runner
+package stepdir
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ func safetensorsBytes(t *testing.T, vals ...float32) []byte {
 	return b.Bytes()
 }
 
-func TestLatestCheckpoint(t *testing.T) {
+func TestLatest(t *testing.T) {
 	dir := t.TempDir()
 	good := safetensorsBytes(t, 1, 2, 3)
 	state := []byte(`{"step": 1, "rng": [3, [1, 2], null]}`)
@@ -67,7 +67,7 @@ func TestLatestCheckpoint(t *testing.T) {
 		writeCheckpoint(t, filepath.Join(dir, name), ok)
 	}
 
-	step, path, err := LatestCheckpoint(dir)
+	step, path, err := Latest(dir)
 	if err != nil || step != 10 || path != filepath.Join(dir, "step-10") {
 		t.Fatalf("LatestCheckpoint = %d, %q, %v; want 10, step-10", step, path, err)
 	}
@@ -78,13 +78,13 @@ func TestLatestCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if step, path, err := LatestCheckpoint(dir); !errors.Is(err, ErrNoCheckpoint) {
+	if step, path, err := Latest(dir); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("only damaged checkpoints: got %d, %q, %v; want ErrNoCheckpoint", step, path, err)
 	}
-	if _, _, err := LatestCheckpoint(filepath.Join(dir, "absent")); !errors.Is(err, ErrNoCheckpoint) {
+	if _, _, err := Latest(filepath.Join(dir, "absent")); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("missing dir: %v, want ErrNoCheckpoint", err)
 	}
-	if _, _, err := LatestCheckpoint(t.TempDir()); !errors.Is(err, ErrNoCheckpoint) {
+	if _, _, err := Latest(t.TempDir()); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("empty dir: %v, want ErrNoCheckpoint", err)
 	}
 }
