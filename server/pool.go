@@ -8,12 +8,18 @@ import (
 	"path/filepath"
 	"strings"
 
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/pool"
 	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/carbonhttp"
+	"github.com/fleetlearn/fleetlearn/server/internal/kube"
 	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
@@ -53,6 +59,10 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 		return err
 	}
 	v := &service{s: s, blobs: bl}
+	kx, err := s.kubeExecutor(ctx)
+	if err != nil {
+		return err
+	}
 	svc, err := poolsvc.New(poolsvc.Deps{Store: s.store, Clock: s.o.clock, Log: s.o.log.With("component", "pool"),
 		CheckpointDir: PoolCheckpointDir(s.cfg.DataDir),
 		Audit: func(ctx context.Context, ps ...audit.Payload) error {
@@ -66,7 +76,7 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 			return created, err
 		},
 		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss,
-		Carbon: src})
+		Carbon: src, Kube: kx, KubeCheckpointDir: s.cfg.PoolKube.CheckpointDir})
 	if err != nil {
 		return fmt.Errorf("server: pool: %w", err)
 	}
@@ -75,6 +85,44 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 	}
 	s.pool = svc
 	return nil
+}
+
+// kubeExecutor connects the Kubernetes executor, and creates the tenants'
+// queues when the server is given the capacity; nil without a cluster.
+func (s *Server) kubeExecutor(ctx context.Context) (poolsvc.KubeExecutor, error) {
+	k := s.cfg.PoolKube
+	if k.Cluster == "" {
+		return nil, nil
+	}
+	var rc *rest.Config
+	var err error
+	if k.Cluster == "in-cluster" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", k.Cluster)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("server: --pool-kubernetes %s: %w", k.Cluster, err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("server: --pool-kubernetes %s: %w", k.Cluster, err)
+	}
+	ctl, err := kube.NewController(dyn, kube.Config{Namespace: k.Namespace, Image: k.Image, CheckpointClaim: k.CheckpointClaim,
+		ServiceAccount: k.ServiceAccount}, kube.WithLogger(s.o.log.With("component", "kube")), kube.WithClock(s.o.clock))
+	if err != nil {
+		return nil, fmt.Errorf("server: --pool-kubernetes: %w", err)
+	}
+	if k.Capacity != (pool.Resources{}) {
+		tenants := s.cfg.PoolTenants
+		if len(tenants) == 0 {
+			tenants = map[string]pool.Tenant{poolsvc.DefaultTenant: {Weight: 1}}
+		}
+		if err := ctl.EnsureQueues(ctx, tenants, kube.QueueConfig{Namespace: k.Namespace, Capacity: k.Capacity}); err != nil {
+			return nil, fmt.Errorf("server: --pool-kubernetes: creating the tenants' Kueue queues: %w", err)
+		}
+	}
+	return ctl, nil
 }
 
 // storePoolModel stores a pool job's model as a version of family name,

@@ -142,6 +142,29 @@ type Config struct {
 	// $FLEETLEARN_CARBON_TOKEN), read at each submission of a carbon-aware
 	// pool job; empty refuses such jobs.
 	CarbonForecast string
+	// PoolKube runs pool jobs that ask for the Kubernetes executor.
+	PoolKube PoolKube
+}
+
+// PoolKube is the Kubernetes executor of the compute pool: command jobs
+// become JobSets that Kueue admits from their tenant's LocalQueue.
+type PoolKube struct {
+	// Cluster is "in-cluster" (the server's pod's service account) or a
+	// kubeconfig file; empty runs no Kubernetes executor.
+	Cluster string
+	// Namespace of the JobSets and LocalQueues; Image every rank runs.
+	Namespace, Image string
+	// CheckpointClaim is the ReadWriteMany PersistentVolumeClaim of the
+	// ranks' checkpoints; CheckpointDir is where the server mounts it, to
+	// follow the jobs' progress and store their models (empty: it does not).
+	CheckpointClaim, CheckpointDir string
+	// ServiceAccount runs the ranks' pods; empty is the namespace's default.
+	ServiceAccount string
+	// Capacity, when set, makes the server create and update Kueue's
+	// flavors and the tenants' queues (a tenant without a quota gets the
+	// whole capacity); zero leaves the queues to the operator
+	// (deploy/kubernetes/pool/queues.yaml).
+	Capacity pool.Resources
 }
 
 // Option injects a collaborator.

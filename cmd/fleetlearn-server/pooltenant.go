@@ -69,24 +69,10 @@ func parsePoolTenant(v string) (string, pool.Tenant, error) {
 				return "", t, errf("window %q: want a positive duration such as 24h", val)
 			}
 			t.Budget.Window = d
-		case "quota-cpu":
-			f, err := strconv.ParseFloat(val, 64)
-			if err != nil || f < 0 || f > 1<<30 || math.IsNaN(f) {
-				return "", t, errf("quota-cpu %q: want a number of cores", val)
+		case "quota-cpu", "quota-memory", "quota-gpus":
+			if err := parseResource(strings.TrimPrefix(k, "quota-"), val, &t.Quota); err != nil {
+				return "", t, errf("%s %q: %v", k, val, err)
 			}
-			t.Quota.MilliCPU = int64(math.Round(f * 1000))
-		case "quota-memory":
-			n, err := parseBytes(val)
-			if err != nil {
-				return "", t, errf("quota-memory %q: %v", val, err)
-			}
-			t.Quota.Memory = n
-		case "quota-gpus":
-			n, err := strconv.ParseInt(val, 10, 64)
-			if err != nil || n < 0 {
-				return "", t, errf("quota-gpus %q: want a non-negative integer", val)
-			}
-			t.Quota.GPUs = n
 		default:
 			return "", t, errf("unknown setting %q: want cpu-seconds, gpu-seconds, window, quota-cpu, quota-memory or quota-gpus", k)
 		}
@@ -95,6 +81,53 @@ func parsePoolTenant(v string) (string, pool.Tenant, error) {
 		return "", t, errf("a budget needs both a limit (cpu-seconds or gpu-seconds) and a window")
 	}
 	return name, t, nil
+}
+
+// parseResource sets dimension k (cpu in cores, memory in bytes, gpus) of r.
+func parseResource(k, val string, r *pool.Resources) error {
+	switch k {
+	case "cpu":
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil || f < 0 || f > 1<<30 || math.IsNaN(f) {
+			return fmt.Errorf("want a number of cores")
+		}
+		r.MilliCPU = int64(math.Round(f * 1000))
+	case "memory":
+		n, err := parseBytes(val)
+		if err != nil {
+			return err
+		}
+		r.Memory = n
+	case "gpus":
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a non-negative integer")
+		}
+		r.GPUs = n
+	default:
+		return fmt.Errorf("unknown resource; want cpu, memory or gpus")
+	}
+	return nil
+}
+
+// parseCapacity reads cpu=CORES,memory=BYTES,gpus=N, each at most once.
+func parseCapacity(v string) (pool.Resources, error) {
+	var r pool.Resources
+	if v == "" {
+		return r, nil
+	}
+	seen := map[string]bool{}
+	for _, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(p, "=")
+		if !ok || seen[k] {
+			return r, fmt.Errorf("--pool-kube-capacity %q: want cpu=CORES,memory=BYTES,gpus=N, each key once", v)
+		}
+		seen[k] = true
+		if err := parseResource(k, val, &r); err != nil {
+			return r, fmt.Errorf("--pool-kube-capacity: %s %q: %w", k, val, err)
+		}
+	}
+	return r, nil
 }
 
 func parseBytes(v string) (int64, error) {

@@ -36,6 +36,7 @@ type flags struct {
 	writeNATS   string
 	resolverDir string
 	poolTenants []string
+	kubeCapacity string
 }
 
 func versionLine() string {
@@ -174,6 +175,16 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.CarbonForecast, "carbon-forecast", "",
 		"carbon intensity forecast `FILE` (Carbon Aware SDK or WattTime JSON), or a provider URL answering in one of them "+
 			"(https; a bearer token from $FLEETLEARN_CARBON_TOKEN), read at each submission of a pool job with carbon placement")
+	fl.StringVar(&f.cfg.PoolKube.Cluster, "pool-kubernetes", "",
+		"run pool jobs that ask for the Kubernetes executor on a cluster: \"in-cluster\" (this pod's service account) or a kubeconfig `FILE`")
+	fl.StringVar(&f.cfg.PoolKube.Namespace, "pool-kube-namespace", "fleetlearn-pool", "with --pool-kubernetes: the `NAMESPACE` of the JobSets and the tenants' LocalQueues")
+	fl.StringVar(&f.cfg.PoolKube.Image, "pool-kube-image", "", "with --pool-kubernetes: the container `IMAGE` every rank runs; a job's command is its argv")
+	fl.StringVar(&f.cfg.PoolKube.CheckpointClaim, "pool-kube-checkpoint-claim", "", "with --pool-kubernetes: the ReadWriteMany PersistentVolumeClaim `NAME` the ranks keep checkpoints on")
+	fl.StringVar(&f.cfg.PoolKube.CheckpointDir, "pool-kube-checkpoint-dir", "",
+		"with --pool-kubernetes: where this server mounts that claim (`DIR`), to follow the jobs' checkpoints and store their models; empty: jobs end without a stored model")
+	fl.StringVar(&f.cfg.PoolKube.ServiceAccount, "pool-kube-service-account", "", "with --pool-kubernetes: the service account `NAME` of the ranks' pods")
+	fl.StringVar(&f.kubeCapacity, "pool-kube-capacity", "",
+		"with --pool-kubernetes: the cluster's share for the pool, `cpu=CORES,memory=BYTES,gpus=N`; the server then creates and updates Kueue's flavors and the tenants' queues (otherwise apply deploy/kubernetes/pool/queues.yaml)")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
 	fl.StringVar(&f.writeNATS, "write-nats-config", "",
 		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE` (\"-\": standard output), and exit")
@@ -233,6 +244,12 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 		return cfg, 0, err
 	}
 	cfg.PoolTenants = tenants
+	if cfg.PoolKube.Capacity, err = parseCapacity(f.kubeCapacity); err != nil {
+		return cfg, 0, usage("%v", err)
+	}
+	if cfg.PoolKube.Cluster == "" && (f.kubeCapacity != "" || cfg.PoolKube.Image != "" || cfg.PoolKube.CheckpointClaim != "" || cfg.PoolKube.CheckpointDir != "") {
+		return cfg, 0, usage("--pool-kube-* flags need --pool-kubernetes in-cluster|KUBECONFIG")
+	}
 	if cfg.PoolHeartbeat != 0 && (cfg.PoolHeartbeat < 10*time.Millisecond || cfg.PoolHeartbeat > time.Hour) {
 		return cfg, 0, usage("--pool-heartbeat %s: want a duration between 10ms and 1h", cfg.PoolHeartbeat)
 	}

@@ -94,6 +94,61 @@ func (PoolJobState) EnumDescriptor() ([]byte, []int) {
 	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{0}
 }
 
+// PoolExecutor is what runs a job's ranks.
+type PoolExecutor int32
+
+const (
+	// The registered workers, as POOL_EXECUTOR_WORKERS.
+	PoolExecutor_POOL_EXECUTOR_UNSPECIFIED PoolExecutor = 0
+	// The registered workers (fleetlearn-worker).
+	PoolExecutor_POOL_EXECUTOR_WORKERS PoolExecutor = 1
+	// A Kubernetes cluster: the job becomes a JobSet that Kueue admits from
+	// the tenant's queue; only command jobs, and only on a server started
+	// with --pool-kubernetes.
+	PoolExecutor_POOL_EXECUTOR_KUBERNETES PoolExecutor = 2
+)
+
+// Enum value maps for PoolExecutor.
+var (
+	PoolExecutor_name = map[int32]string{
+		0: "POOL_EXECUTOR_UNSPECIFIED",
+		1: "POOL_EXECUTOR_WORKERS",
+		2: "POOL_EXECUTOR_KUBERNETES",
+	}
+	PoolExecutor_value = map[string]int32{
+		"POOL_EXECUTOR_UNSPECIFIED": 0,
+		"POOL_EXECUTOR_WORKERS":     1,
+		"POOL_EXECUTOR_KUBERNETES":  2,
+	}
+)
+
+func (x PoolExecutor) Enum() *PoolExecutor {
+	p := new(PoolExecutor)
+	*p = x
+	return p
+}
+
+func (x PoolExecutor) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PoolExecutor) Descriptor() protoreflect.EnumDescriptor {
+	return file_fleetlearn_v1_pool_proto_enumTypes[1].Descriptor()
+}
+
+func (PoolExecutor) Type() protoreflect.EnumType {
+	return &file_fleetlearn_v1_pool_proto_enumTypes[1]
+}
+
+func (x PoolExecutor) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PoolExecutor.Descriptor instead.
+func (PoolExecutor) EnumDescriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
 // PoolResources is an amount of CPU, memory and GPUs, per rank or per
 // worker.
 type PoolResources struct {
@@ -500,7 +555,9 @@ type PoolJobSpec struct {
 	Carbon *PoolCarbon `protobuf:"bytes,13,opt,name=carbon,proto3" json:"carbon,omitempty"`
 	// Train as DiLoCo islands instead of one gang; only with the built-in
 	// trainer and one rank per island (docs/POOL.md).
-	Diloco        *PoolDiLoCo `protobuf:"bytes,14,opt,name=diloco,proto3" json:"diloco,omitempty"`
+	Diloco *PoolDiLoCo `protobuf:"bytes,14,opt,name=diloco,proto3" json:"diloco,omitempty"`
+	// Where the ranks run; unset means the registered workers.
+	Executor      PoolExecutor `protobuf:"varint,15,opt,name=executor,proto3,enum=fleetlearn.v1.PoolExecutor" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -642,6 +699,13 @@ func (x *PoolJobSpec) GetDiloco() *PoolDiLoCo {
 		return x.Diloco
 	}
 	return nil
+}
+
+func (x *PoolJobSpec) GetExecutor() PoolExecutor {
+	if x != nil {
+		return x.Executor
+	}
+	return PoolExecutor_POOL_EXECUTOR_UNSPECIFIED
 }
 
 type isPoolJobSpec_Program interface {
@@ -4034,7 +4098,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"PoolCarbon\x12F\n" +
 	"\x11expected_duration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10expectedDuration\x120\n" +
-	"\x14expected_power_watts\x18\x02 \x01(\x01R\x12expectedPowerWatts\"\xd8\x04\n" +
+	"\x14expected_power_watts\x18\x02 \x01(\x01R\x12expectedPowerWatts\"\x91\x05\n" +
 	"\vPoolJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1a\n" +
@@ -4051,7 +4115,8 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\abuiltin\x18\v \x01(\v2!.fleetlearn.v1.PoolBuiltinTrainerH\x00R\abuiltin\x126\n" +
 	"\acommand\x18\f \x01(\v2\x1a.fleetlearn.v1.PoolCommandH\x00R\acommand\x121\n" +
 	"\x06carbon\x18\r \x01(\v2\x19.fleetlearn.v1.PoolCarbonR\x06carbon\x121\n" +
-	"\x06diloco\x18\x0e \x01(\v2\x19.fleetlearn.v1.PoolDiLoCoR\x06dilocoB\t\n" +
+	"\x06diloco\x18\x0e \x01(\v2\x19.fleetlearn.v1.PoolDiLoCoR\x06diloco\x127\n" +
+	"\bexecutor\x18\x0f \x01(\x0e2\x1b.fleetlearn.v1.PoolExecutorR\bexecutorB\t\n" +
 	"\aprogram\"\x93\x02\n" +
 	"\n" +
 	"PoolDiLoCo\x12\x18\n" +
@@ -4306,7 +4371,11 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x16POOL_JOB_STATE_RUNNING\x10\x02\x12\x1c\n" +
 	"\x18POOL_JOB_STATE_SUCCEEDED\x10\x03\x12\x19\n" +
 	"\x15POOL_JOB_STATE_FAILED\x10\x04\x12\x1c\n" +
-	"\x18POOL_JOB_STATE_CANCELLED\x10\x05BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\x18POOL_JOB_STATE_CANCELLED\x10\x05*f\n" +
+	"\fPoolExecutor\x12\x1d\n" +
+	"\x19POOL_EXECUTOR_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15POOL_EXECUTOR_WORKERS\x10\x01\x12\x1c\n" +
+	"\x18POOL_EXECUTOR_KUBERNETES\x10\x02BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_pool_proto_rawDescOnce sync.Once
@@ -4320,127 +4389,129 @@ func file_fleetlearn_v1_pool_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_pool_proto_rawDescData
 }
 
-var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(PoolJobState)(0),                   // 0: fleetlearn.v1.PoolJobState
-	(*PoolResources)(nil),               // 1: fleetlearn.v1.PoolResources
-	(*PoolDataset)(nil),                 // 2: fleetlearn.v1.PoolDataset
-	(*PoolBuiltinTrainer)(nil),          // 3: fleetlearn.v1.PoolBuiltinTrainer
-	(*PoolCommand)(nil),                 // 4: fleetlearn.v1.PoolCommand
-	(*PoolCarbon)(nil),                  // 5: fleetlearn.v1.PoolCarbon
-	(*PoolJobSpec)(nil),                 // 6: fleetlearn.v1.PoolJobSpec
-	(*PoolDiLoCo)(nil),                  // 7: fleetlearn.v1.PoolDiLoCo
-	(*PoolDiLoCoStatus)(nil),            // 8: fleetlearn.v1.PoolDiLoCoStatus
-	(*PoolAssignment)(nil),              // 9: fleetlearn.v1.PoolAssignment
-	(*PoolUsage)(nil),                   // 10: fleetlearn.v1.PoolUsage
-	(*PoolJob)(nil),                     // 11: fleetlearn.v1.PoolJob
-	(*PoolWorker)(nil),                  // 12: fleetlearn.v1.PoolWorker
-	(*SubmitJobRequest)(nil),            // 13: fleetlearn.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 14: fleetlearn.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 15: fleetlearn.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 16: fleetlearn.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 17: fleetlearn.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 18: fleetlearn.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 19: fleetlearn.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 20: fleetlearn.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 21: fleetlearn.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 22: fleetlearn.v1.WatchJobResponse
-	(*JobLogsRequest)(nil),              // 23: fleetlearn.v1.JobLogsRequest
-	(*PoolLogLine)(nil),                 // 24: fleetlearn.v1.PoolLogLine
-	(*JobLogsResponse)(nil),             // 25: fleetlearn.v1.JobLogsResponse
-	(*ListWorkersRequest)(nil),          // 26: fleetlearn.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),         // 27: fleetlearn.v1.ListWorkersResponse
-	(*RegisterWorkerRequest)(nil),       // 28: fleetlearn.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),      // 29: fleetlearn.v1.RegisterWorkerResponse
-	(*RankLease)(nil),                   // 30: fleetlearn.v1.RankLease
-	(*RankStop)(nil),                    // 31: fleetlearn.v1.RankStop
-	(*RankStatus)(nil),                  // 32: fleetlearn.v1.RankStatus
-	(*HeartbeatRequest)(nil),            // 33: fleetlearn.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 34: fleetlearn.v1.HeartbeatResponse
-	(*RankExitedRequest)(nil),           // 35: fleetlearn.v1.RankExitedRequest
-	(*RankExitedResponse)(nil),          // 36: fleetlearn.v1.RankExitedResponse
-	(*RankRef)(nil),                     // 37: fleetlearn.v1.RankRef
-	(*PutCheckpointBlobRequest)(nil),    // 38: fleetlearn.v1.PutCheckpointBlobRequest
-	(*PutCheckpointBlobResponse)(nil),   // 39: fleetlearn.v1.PutCheckpointBlobResponse
-	(*HasCheckpointBlobRequest)(nil),    // 40: fleetlearn.v1.HasCheckpointBlobRequest
-	(*HasCheckpointBlobResponse)(nil),   // 41: fleetlearn.v1.HasCheckpointBlobResponse
-	(*GetCheckpointBlobRequest)(nil),    // 42: fleetlearn.v1.GetCheckpointBlobRequest
-	(*GetCheckpointBlobResponse)(nil),   // 43: fleetlearn.v1.GetCheckpointBlobResponse
-	(*CommitCheckpointRequest)(nil),     // 44: fleetlearn.v1.CommitCheckpointRequest
-	(*CommitCheckpointResponse)(nil),    // 45: fleetlearn.v1.CommitCheckpointResponse
-	(*GetRankCheckpointRequest)(nil),    // 46: fleetlearn.v1.GetRankCheckpointRequest
-	(*GetRankCheckpointResponse)(nil),   // 47: fleetlearn.v1.GetRankCheckpointResponse
-	(*ListRankCheckpointsRequest)(nil),  // 48: fleetlearn.v1.ListRankCheckpointsRequest
-	(*ListRankCheckpointsResponse)(nil), // 49: fleetlearn.v1.ListRankCheckpointsResponse
-	(*AverageRequest)(nil),              // 50: fleetlearn.v1.AverageRequest
-	(*AverageResponse)(nil),             // 51: fleetlearn.v1.AverageResponse
-	(*OuterSyncRequest)(nil),            // 52: fleetlearn.v1.OuterSyncRequest
-	(*OuterSyncResponse)(nil),           // 53: fleetlearn.v1.OuterSyncResponse
-	(*AppendLogsRequest)(nil),           // 54: fleetlearn.v1.AppendLogsRequest
-	(*AppendLogsResponse)(nil),          // 55: fleetlearn.v1.AppendLogsResponse
-	nil,                                 // 56: fleetlearn.v1.PoolCommand.EnvEntry
-	(*durationpb.Duration)(nil),         // 57: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 58: google.protobuf.Timestamp
-	(*Task)(nil),                        // 59: fleetlearn.v1.Task
+	(PoolExecutor)(0),                   // 1: fleetlearn.v1.PoolExecutor
+	(*PoolResources)(nil),               // 2: fleetlearn.v1.PoolResources
+	(*PoolDataset)(nil),                 // 3: fleetlearn.v1.PoolDataset
+	(*PoolBuiltinTrainer)(nil),          // 4: fleetlearn.v1.PoolBuiltinTrainer
+	(*PoolCommand)(nil),                 // 5: fleetlearn.v1.PoolCommand
+	(*PoolCarbon)(nil),                  // 6: fleetlearn.v1.PoolCarbon
+	(*PoolJobSpec)(nil),                 // 7: fleetlearn.v1.PoolJobSpec
+	(*PoolDiLoCo)(nil),                  // 8: fleetlearn.v1.PoolDiLoCo
+	(*PoolDiLoCoStatus)(nil),            // 9: fleetlearn.v1.PoolDiLoCoStatus
+	(*PoolAssignment)(nil),              // 10: fleetlearn.v1.PoolAssignment
+	(*PoolUsage)(nil),                   // 11: fleetlearn.v1.PoolUsage
+	(*PoolJob)(nil),                     // 12: fleetlearn.v1.PoolJob
+	(*PoolWorker)(nil),                  // 13: fleetlearn.v1.PoolWorker
+	(*SubmitJobRequest)(nil),            // 14: fleetlearn.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 15: fleetlearn.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 16: fleetlearn.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 17: fleetlearn.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 18: fleetlearn.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 19: fleetlearn.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 20: fleetlearn.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 21: fleetlearn.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 22: fleetlearn.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 23: fleetlearn.v1.WatchJobResponse
+	(*JobLogsRequest)(nil),              // 24: fleetlearn.v1.JobLogsRequest
+	(*PoolLogLine)(nil),                 // 25: fleetlearn.v1.PoolLogLine
+	(*JobLogsResponse)(nil),             // 26: fleetlearn.v1.JobLogsResponse
+	(*ListWorkersRequest)(nil),          // 27: fleetlearn.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 28: fleetlearn.v1.ListWorkersResponse
+	(*RegisterWorkerRequest)(nil),       // 29: fleetlearn.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),      // 30: fleetlearn.v1.RegisterWorkerResponse
+	(*RankLease)(nil),                   // 31: fleetlearn.v1.RankLease
+	(*RankStop)(nil),                    // 32: fleetlearn.v1.RankStop
+	(*RankStatus)(nil),                  // 33: fleetlearn.v1.RankStatus
+	(*HeartbeatRequest)(nil),            // 34: fleetlearn.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 35: fleetlearn.v1.HeartbeatResponse
+	(*RankExitedRequest)(nil),           // 36: fleetlearn.v1.RankExitedRequest
+	(*RankExitedResponse)(nil),          // 37: fleetlearn.v1.RankExitedResponse
+	(*RankRef)(nil),                     // 38: fleetlearn.v1.RankRef
+	(*PutCheckpointBlobRequest)(nil),    // 39: fleetlearn.v1.PutCheckpointBlobRequest
+	(*PutCheckpointBlobResponse)(nil),   // 40: fleetlearn.v1.PutCheckpointBlobResponse
+	(*HasCheckpointBlobRequest)(nil),    // 41: fleetlearn.v1.HasCheckpointBlobRequest
+	(*HasCheckpointBlobResponse)(nil),   // 42: fleetlearn.v1.HasCheckpointBlobResponse
+	(*GetCheckpointBlobRequest)(nil),    // 43: fleetlearn.v1.GetCheckpointBlobRequest
+	(*GetCheckpointBlobResponse)(nil),   // 44: fleetlearn.v1.GetCheckpointBlobResponse
+	(*CommitCheckpointRequest)(nil),     // 45: fleetlearn.v1.CommitCheckpointRequest
+	(*CommitCheckpointResponse)(nil),    // 46: fleetlearn.v1.CommitCheckpointResponse
+	(*GetRankCheckpointRequest)(nil),    // 47: fleetlearn.v1.GetRankCheckpointRequest
+	(*GetRankCheckpointResponse)(nil),   // 48: fleetlearn.v1.GetRankCheckpointResponse
+	(*ListRankCheckpointsRequest)(nil),  // 49: fleetlearn.v1.ListRankCheckpointsRequest
+	(*ListRankCheckpointsResponse)(nil), // 50: fleetlearn.v1.ListRankCheckpointsResponse
+	(*AverageRequest)(nil),              // 51: fleetlearn.v1.AverageRequest
+	(*AverageResponse)(nil),             // 52: fleetlearn.v1.AverageResponse
+	(*OuterSyncRequest)(nil),            // 53: fleetlearn.v1.OuterSyncRequest
+	(*OuterSyncResponse)(nil),           // 54: fleetlearn.v1.OuterSyncResponse
+	(*AppendLogsRequest)(nil),           // 55: fleetlearn.v1.AppendLogsRequest
+	(*AppendLogsResponse)(nil),          // 56: fleetlearn.v1.AppendLogsResponse
+	nil,                                 // 57: fleetlearn.v1.PoolCommand.EnvEntry
+	(*durationpb.Duration)(nil),         // 58: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 59: google.protobuf.Timestamp
+	(*Task)(nil),                        // 60: fleetlearn.v1.Task
 }
 var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
-	2,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
-	56, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
-	57, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
-	1,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
-	58, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
-	4,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
-	5,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
-	7,  // 8: fleetlearn.v1.PoolJobSpec.diloco:type_name -> fleetlearn.v1.PoolDiLoCo
-	57, // 9: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
-	6,  // 10: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	0,  // 11: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
-	58, // 12: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
-	58, // 13: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
-	58, // 14: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
-	9,  // 15: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
-	10, // 16: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
-	58, // 17: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
-	8,  // 18: fleetlearn.v1.PoolJob.diloco:type_name -> fleetlearn.v1.PoolDiLoCoStatus
-	1,  // 19: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
-	1,  // 20: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
-	58, // 21: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
-	6,  // 22: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	59, // 23: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
-	11, // 24: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	11, // 25: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	0,  // 26: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
-	11, // 27: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
-	11, // 28: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	11, // 29: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	58, // 30: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
-	24, // 31: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
-	12, // 32: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
-	1,  // 33: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
-	57, // 34: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	6,  // 35: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	10, // 36: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
-	32, // 37: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
-	30, // 38: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
-	31, // 39: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
-	10, // 40: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
-	37, // 41: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 42: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 43: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 44: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 45: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 46: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 47: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 48: fleetlearn.v1.OuterSyncRequest.ref:type_name -> fleetlearn.v1.RankRef
-	37, // 49: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	24, // 50: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
-	51, // [51:51] is the sub-list for method output_type
-	51, // [51:51] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	3,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
+	57, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
+	58, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
+	2,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
+	59, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
+	4,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
+	5,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
+	6,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
+	8,  // 8: fleetlearn.v1.PoolJobSpec.diloco:type_name -> fleetlearn.v1.PoolDiLoCo
+	1,  // 9: fleetlearn.v1.PoolJobSpec.executor:type_name -> fleetlearn.v1.PoolExecutor
+	58, // 10: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
+	7,  // 11: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	0,  // 12: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
+	59, // 13: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
+	59, // 14: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
+	59, // 15: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
+	10, // 16: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
+	11, // 17: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
+	59, // 18: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
+	9,  // 19: fleetlearn.v1.PoolJob.diloco:type_name -> fleetlearn.v1.PoolDiLoCoStatus
+	2,  // 20: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
+	2,  // 21: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
+	59, // 22: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
+	7,  // 23: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	60, // 24: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
+	12, // 25: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	12, // 26: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	0,  // 27: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
+	12, // 28: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
+	12, // 29: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	12, // 30: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	59, // 31: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
+	25, // 32: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
+	13, // 33: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
+	2,  // 34: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
+	58, // 35: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 36: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	11, // 37: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
+	33, // 38: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
+	31, // 39: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
+	32, // 40: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
+	11, // 41: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
+	38, // 42: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 43: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 44: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 45: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 46: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 47: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 48: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 49: fleetlearn.v1.OuterSyncRequest.ref:type_name -> fleetlearn.v1.RankRef
+	38, // 50: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	25, // 51: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
+	52, // [52:52] is the sub-list for method output_type
+	52, // [52:52] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_pool_proto_init() }
@@ -4459,7 +4530,7 @@ func file_fleetlearn_v1_pool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_pool_proto_rawDesc), len(file_fleetlearn_v1_pool_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -190,7 +190,7 @@ func Render(job *pb.PoolJob, cfg Config) (*jobset.JobSet, error) {
 	// the trivial ones. Rank 0's stable hostname comes from the JobSet's
 	// headless service (the subdomain).
 	master := fmt.Sprintf("%s-%s-0-0.%s", name, replicatedJobName, name)
-	ckptDir := cfg.CheckpointMount + "/" + spec.ID + "/rank-$(RANK)"
+	ckptDir := RankCheckpointDir(cfg.CheckpointMount, spec.ID, "$(RANK)")
 	vars := []corev1.EnvVar{
 		{Name: "RANK", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
 			FieldPath: "metadata.annotations['" + completionIndexAnnotation + "']"}}},
@@ -275,6 +275,13 @@ func Render(job *pb.PoolJob, cfg Config) (*jobset.JobSet, error) {
 // podFailurePolicy fails the Job (reason PodFailurePolicy) when the rank
 // exits with a non-zero code outside retryable. Every other pod failure
 // counts against a backoff limit of 0 (reason BackoffLimitExceeded).
+// RankCheckpointDir is where a rank of job keeps its step-<N> checkpoints
+// (package pool/stepdir) under root, the checkpoint volume's mount: the
+// pods' environment and the server reading the volume both use it.
+func RankCheckpointDir(root, job, rank string) string {
+	return root + "/" + job + "/rank-" + rank
+}
+
 func podFailurePolicy(retryable []int32) *batchv1.PodFailurePolicy {
 	// NotIn matches only failed containers; 0 is listed because the Job
 	// API wants the set, sorted and unique, never empty.

@@ -16,6 +16,7 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
+	"github.com/fleetlearn/fleetlearn/server/internal/kube"
 )
 
 type jobServer struct {
@@ -58,6 +59,9 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 			return nil, err
 		}
 	}
+	if err := s.checkKube(in); err != nil {
+		return nil, err
+	}
 	var forecasts []carbon.Forecast
 	if in.GetCarbon() != nil {
 		if forecasts, err = s.readForecasts(ctx); err != nil {
@@ -90,6 +94,11 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 			out = s.jobs[sp.ID].snapshot()
 			return nil
 		}
+		if onKube(in) {
+			// Kueue admits it: the job is not the scheduler's.
+			rec.Attempt = 1
+			rec.StateReason = "creating JobSet " + kube.JobSetName(sp.ID, 1)
+		}
 		var plan carbonPlan
 		if in.GetCarbon() != nil {
 			if plan, err = s.planCarbon(in, sp, forecasts, now); err != nil {
@@ -114,8 +123,10 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 			s.log.Error("storing a pool job", "job", sp.ID, "err", err)
 			return errorf(codes.Internal, "submit job: storage failed")
 		}
-		if err := s.sched.Submit(sp); err != nil {
-			return invalidf("submit job: %v", err)
+		if !onKube(in) {
+			if err := s.sched.Submit(sp); err != nil {
+				return invalidf("submit job: %v", err)
+			}
 		}
 		s.jobs[sp.ID] = rt
 		out = rt.snapshot()
@@ -123,6 +134,9 @@ func (v *jobServer) SubmitJob(ctx context.Context, req *pb.SubmitJobRequest) (*p
 	})
 	if err != nil {
 		return nil, err
+	}
+	if onKube(in) {
+		out = s.startKube(ctx, out)
 	}
 	return &pb.SubmitJobResponse{Job: out}, nil
 }
@@ -232,6 +246,11 @@ func (v *jobServer) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*p
 			out = rt.snapshot()
 			return nil
 		}
+		if onKube(rt.rec.GetSpec()) {
+			s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_CANCELLED, reason)
+			out = rt.snapshot()
+			return nil
+		}
 		if err := s.sched.Cancel(id); err != nil {
 			return errorf(codes.FailedPrecondition, "cancel job: %v", err)
 		}
@@ -241,6 +260,13 @@ func (v *jobServer) CancelJob(ctx context.Context, req *pb.CancelJobRequest) (*p
 	})
 	if err != nil {
 		return nil, err
+	}
+	if onKube(out.GetSpec()) {
+		if err := s.d.Kube.Stop(ctx, id, out.GetAttempt()); err != nil {
+			s.log.Error("deleting a cancelled job's JobSet", "job", id, "err", err)
+			return nil, errorf(codes.Unavailable, "cancel job: job %s is cancelled, but deleting its JobSet %s failed: %v; delete it with kubectl",
+				id, kube.JobSetName(id, out.GetAttempt()), err)
+		}
 	}
 	return &pb.CancelJobResponse{Job: out}, nil
 }
@@ -364,6 +390,18 @@ func (s *Service) restore(ctx context.Context) error {
 			if err := s.restoreDiLoCo(rec, r.ThenTask, sp); err != nil {
 				return fmt.Errorf("poolsvc: restore job %s: %w", sp.ID, err)
 			}
+			continue
+		}
+		if onKube(rec.GetSpec()) {
+			// The JobSet lives on in the cluster; the watch's first list
+			// brings the record up to date.
+			if s.d.Kube == nil {
+				rt := newJobRT(rec, r.ThenTask, sp)
+				s.jobs[sp.ID] = rt
+				s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_FAILED, "server restarted without --pool-kubernetes; its JobSet is no longer followed")
+				continue
+			}
+			s.jobs[sp.ID] = newJobRT(rec, r.ThenTask, sp)
 			continue
 		}
 		rt := newJobRT(rec, r.ThenTask, sp)

@@ -70,6 +70,13 @@ type Deps struct {
 	// a job with spec.carbon and when such a job ends; nil refuses those
 	// jobs.
 	Carbon carbon.Source
+	// Kube runs jobs whose spec asks for the Kubernetes executor; nil
+	// refuses them.
+	Kube KubeExecutor
+	// KubeCheckpointDir is where the server sees the volume the pods keep
+	// their checkpoints on (kube.Config.CheckpointClaim); empty, a
+	// Kubernetes job's progress and model are not read.
+	KubeCheckpointDir string
 }
 
 // Service is the job service.
@@ -83,6 +90,9 @@ type Service struct {
 
 	reqs     chan func()
 	stop     chan struct{}
+	// kubeDone ends the JobSet watch at Shutdown.
+	kubeStop context.CancelFunc
+	kubeDone chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
 	started  bool
@@ -151,12 +161,24 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	s.started = true
 	go s.loop()
+	if s.d.Kube != nil {
+		ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.kubeStop, s.kubeDone = cancel, make(chan struct{})
+		go func() {
+			defer close(s.kubeDone)
+			s.watchKube(ctx)
+		}()
+	}
 	return nil
 }
 
 // Shutdown stops the loop and ends every waiting call. Safe to call twice.
 func (s *Service) Shutdown() {
 	s.stopOnce.Do(func() {
+		if s.kubeStop != nil {
+			s.kubeStop()
+			<-s.kubeDone
+		}
 		close(s.stop)
 		if s.started {
 			<-s.done
