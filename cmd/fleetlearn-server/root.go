@@ -29,13 +29,13 @@ type serveFunc func(ctx context.Context, cfg server.Config, log *slog.Logger) er
 
 // flags are the command line: the server configuration and what becomes it.
 type flags struct {
-	cfg         server.Config
-	level       string
-	tlsHosts    string
-	publishers  string
-	writeNATS   string
-	resolverDir string
-	poolTenants []string
+	cfg          server.Config
+	level        string
+	tlsHosts     string
+	publishers   string
+	writeNATS    string
+	resolverDir  string
+	poolTenants  []string
 	kubeCapacity string
 }
 

@@ -88,8 +88,8 @@ type Service struct {
 	ckpt  *ckptStores
 	logs  *notifier
 
-	reqs     chan func()
-	stop     chan struct{}
+	reqs chan func()
+	stop chan struct{}
 	// kubeDone ends the JobSet watch at Shutdown.
 	kubeStop context.CancelFunc
 	kubeDone chan struct{}
