@@ -65,6 +65,7 @@ type submitFlags struct {
 	outerLR, outerMomentum   float64
 	grace                    time.Duration
 	int8                     bool
+	executor                 string
 	env                      []string
 	specFile, thenTask, wait string
 	format                   string
@@ -155,6 +156,7 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 	fl.Uint32Var(&f.quorum, "quorum", 0, "DiLoCo: islands an outer step needs (default a majority)")
 	fl.DurationVar(&f.grace, "grace", 0, "DiLoCo: how long an outer step with its quorum waits for the other running islands (default 30s)")
 	fl.BoolVar(&f.int8, "int8", false, "DiLoCo: send pseudo-gradients as int8 with per-block scales")
+	fl.StringVar(&f.executor, "executor", "workers", "what runs the ranks: workers (fleetlearn-worker agents) or kubernetes (a JobSet admitted by Kueue; command jobs, on a server started with --pool-kubernetes)")
 	fl.StringArrayVar(&f.env, "env", nil, "command jobs: KEY=VALUE for the ranks' environment (repeatable)")
 	fl.StringVar(&f.specFile, "spec", "", "read the job spec from this JSON file; the job flags above are then not allowed")
 	fl.StringVar(&f.thenTask, "then-task", "", "JSON file with a task to create from the job's model when it succeeds")
@@ -166,7 +168,7 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 var jobFlags = []string{"id", "tenant", "priority", "ranks", "cpu", "memory", "gpus", "max-restarts", "checkpoint-every",
 	"steps", "output-model", "deadline", "arch", "dataset", "dataset-sha256", "batch", "lr", "seed", "init-seed",
 	"sync-every", "init-model", "env", "carbon-duration", "carbon-watts",
-	"islands", "inner-steps", "outer-lr", "outer-momentum", "quorum", "grace", "int8"}
+	"islands", "inner-steps", "outer-lr", "outer-momentum", "quorum", "grace", "int8", "executor"}
 
 // dilocoFlags are the flags that only a DiLoCo job (--islands) takes.
 var dilocoFlags = []string{"inner-steps", "outer-lr", "outer-momentum", "quorum", "grace", "int8"}
@@ -221,6 +223,16 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 		Id: f.id, Tenant: f.tenant, Priority: f.priority, Ranks: f.ranks,
 		PerRank:     &pb.PoolResources{MilliCpu: int64(math.Round(f.cpu * 1000)), MemoryBytes: mem, Gpus: f.gpus},
 		MaxRestarts: f.maxRestarts, CheckpointInterval: f.checkpointEvery, TotalSteps: f.steps, OutputModel: f.outputModel,
+	}
+	switch f.executor {
+	case "workers":
+	case "kubernetes":
+		s.Executor = pb.PoolExecutor_POOL_EXECUTOR_KUBERNETES
+		if len(args) == 0 {
+			return nil, fmt.Errorf("%w: --executor kubernetes runs a command (give it after --); the built-in trainer runs on workers", ErrUsage)
+		}
+	default:
+		return nil, fmt.Errorf("%w: --executor %q: want workers or kubernetes", ErrUsage, f.executor)
 	}
 	if f.deadline != "" {
 		dl, err := parseDeadline(f.deadline, time.Now())
@@ -583,6 +595,9 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 	var where []string
 	for _, p := range j.GetPlacement() {
 		where = append(where, fmt.Sprintf("%s (ranks %d-%d)", p.GetWorker(), p.GetFirstRank(), p.GetFirstRank()+p.GetRanks()-1))
+	}
+	if s.GetExecutor() == pb.PoolExecutor_POOL_EXECUTOR_KUBERNETES {
+		t.row("executor", "kubernetes")
 	}
 	t.row("placement", orDash(strings.Join(where, ", ")))
 	u := j.GetUsage()

@@ -72,7 +72,17 @@ func TestPoolSubmitFlags(t *testing.T) {
 		t.Errorf("diloco spec %v", s)
 	}
 
+	req, err = submitRequest(t, "--output-model", "lm", "--steps", "10", "--executor", "kubernetes", "--", "python3", "train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.GetSpec().GetExecutor() != pb.PoolExecutor_POOL_EXECUTOR_KUBERNETES {
+		t.Errorf("executor %v", req.GetSpec().GetExecutor())
+	}
+
 	for name, args := range map[string][]string{
+		"kubernetes builtin":      {"--output-model", "x", "--steps", "100", "--executor", "kubernetes"},
+		"bad executor":            {"--output-model", "x", "--steps", "100", "--executor", "slurm", "--", "true"},
 		"islands without H":       {"--output-model", "x", "--steps", "100", "--islands", "3"},
 		"islands with ranks":      {"--output-model", "x", "--steps", "100", "--islands", "3", "--inner-steps", "10", "--ranks", "2"},
 		"islands with checkpoint": {"--output-model", "x", "--steps", "100", "--islands", "3", "--inner-steps", "10", "--checkpoint-every", "20"},
