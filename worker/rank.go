@@ -94,6 +94,26 @@ func report(w io.Writer, kind, text string) {
 	fmt.Fprintf(w, "%s%s %s\n", reportPrefix, kind, text)
 }
 
+// stopRequests records a StopAtCheckpointSignal, saying on stderr that the
+// rank stops after when.
+func stopRequests(ctx context.Context, usr1 <-chan os.Signal, stderr io.Writer, when string) *atomic.Bool {
+	var asked atomic.Bool
+	go func() {
+		select {
+		case <-usr1:
+			asked.Store(true)
+			fmt.Fprintln(stderr, "stop requested: stopping after "+when)
+		case <-ctx.Done():
+		}
+	}()
+	return &asked
+}
+
+// reportStep tells the agent a step is done and its loss.
+func reportStep(w io.Writer, step int64, met train.Metrics) {
+	report(w, reportProgress, strconv.FormatInt(step, 10)+" "+strconv.FormatFloat(met.Loss, 'g', -1, 64))
+}
+
 func oneLine(s string) string {
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > maxLineBytes-64 {
@@ -155,19 +175,11 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 			return fmt.Errorf("worker: rank: %w", err)
 		}
 	}
-	var stopAsked atomic.Bool
-	go func() {
-		select {
-		case <-usr1:
-			stopAsked.Store(true)
-			fmt.Fprintln(stderr, "stop requested: stopping after the next checkpoint")
-		case <-ctx.Done():
-		}
-	}()
+	stopAsked := stopRequests(ctx, usr1, stderr, "the next checkpoint")
 	errStopCheckpoint := fmt.Errorf("%w: at a checkpoint, as the agent asked", ErrRankStopped)
 	errStopServer := fmt.Errorf("%w: the server asked at a checkpoint", ErrRankStopped)
 	cfg.AfterStep = func(step int64, met train.Metrics, _ *model.Model) {
-		report(stdout, reportProgress, strconv.FormatInt(step, 10)+" "+strconv.FormatFloat(met.Loss, 'g', -1, 64))
+		reportStep(stdout, step, met)
 		ckptStep := step%cfg.CheckpointEvery == 0 || step == cfg.TotalSteps
 		switch {
 		case store.StopRequested():
@@ -375,18 +387,10 @@ func runIsland(ctx context.Context, lf *leaseFile, l *pb.RankLease, conn *grpc.C
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var stopAsked atomic.Bool
-	go func() {
-		select {
-		case <-usr1:
-			stopAsked.Store(true)
-			fmt.Fprintln(stderr, "stop requested: stopping after the next outer sync")
-		case <-ctx.Done():
-		}
-	}()
+	stopAsked := stopRequests(ctx, usr1, stderr, "the next outer sync")
 	errStopSync := fmt.Errorf("%w: at an outer sync, as the agent asked", ErrRankStopped)
 	cfg.AfterStep = func(step int64, met train.Metrics, _ *model.Model) {
-		report(stdout, reportProgress, strconv.FormatInt(step, 10)+" "+strconv.FormatFloat(met.Loss, 'g', -1, 64))
+		reportStep(stdout, step, met)
 	}
 	// AfterSync runs on RunIsland's goroutine only, so prev needs no lock.
 	prev := int64(-1)

@@ -561,20 +561,8 @@ func (s *Service) handoffDiLoCo(p *jobRT) {
 	s.sumIslandUsage(p)
 	p.rec.DataSha256 = s.islandData(p)
 	reason := fmt.Sprintf("completed %d outer steps of %d inner steps", d.steps, d.inner)
-	m, imported, err := s.storeOuterModel(ctx, p)
-	if err != nil {
-		s.log.Error("storing a DiLoCo job's model", "job", p.id(), "err", err)
-		s.transition(p, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; the model could not be stored: %v", reason, err), 1024))
-		return
-	}
-	p.rec.OutputVersion = m.GetRef().GetVersion()
-	p.rec.State, p.rec.StateReason = pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, reason
-	p.rec.EndTime = nowProto(s.clk)
-	if err := s.audit(ctx, imported, s.poolJobEvent(p, p.rec.OutputVersion)); err != nil {
-		p.rec.StateReason = clip(reason+"; the audit log did not take the result: "+err.Error(), 1024)
-	}
-	s.save(p)
-	s.createThenTask(ctx, p, m)
+	m, ev, err := s.storeOuterModel(ctx, p)
+	s.succeeded(ctx, p, reason, m, ev, err)
 }
 
 // islandData is the SHA-256 over the islands' data digests in island
@@ -615,9 +603,7 @@ func (s *Service) storeOuterModel(ctx context.Context, p *jobRT) (*pb.Model, aud
 	if err != nil {
 		return nil, audit.ModelImported{}, err
 	}
-	ev := audit.ModelImported{Model: out.GetRef().GetVersion(), SHA256: out.GetRef().GetSha256(), Name: p.spec.OutputModel,
-		SourceJob: p.id(), Size: out.GetRef().GetSizeBytes(), Parameters: out.GetParameterCount()}
-	return out, ev, nil
+	return out, imported(out, p.spec.OutputModel, p.id()), nil
 }
 
 // Outer state file, version 1, little-endian, in the job's checkpoint

@@ -35,13 +35,16 @@ func (s *Service) handoff(rt *jobRT) {
 	reason := fmt.Sprintf("completed %d steps", total)
 	rt.rec.DataSha256 = dataDigest(rt.leases)
 	m, imported, err := s.storeModel(ctx, rt)
+	s.succeeded(ctx, rt, reason, m, imported, err)
+}
+
+// succeeded records a job succeeded with its model m, imported being m's
+// model.imported event, and creates the then_task; when storing the model
+// failed (err), the job succeeded without one and says why.
+func (s *Service) succeeded(ctx context.Context, rt *jobRT, reason string, m *pb.Model, imported audit.ModelImported, err error) {
 	if err != nil {
 		s.log.Error("storing a pool job's model", "job", rt.id(), "err", err)
-		rt.rec.State = pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED
-		rt.rec.StateReason = clip(fmt.Sprintf("%s; the model could not be stored: %v", reason, err), 1024)
-		rt.rec.EndTime = nowProto(s.clk)
-		_ = s.audit(ctx, s.poolJobEvent(rt, ""))
-		s.save(rt)
+		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; the model could not be stored: %v", reason, err), 1024))
 		return
 	}
 	rt.rec.OutputVersion = m.GetRef().GetVersion()
@@ -52,6 +55,12 @@ func (s *Service) handoff(rt *jobRT) {
 	}
 	s.save(rt)
 	s.createThenTask(ctx, rt, m)
+}
+
+// imported is the model.imported event of a pool job's model m.
+func imported(m *pb.Model, name, job string) audit.ModelImported {
+	return audit.ModelImported{Model: m.GetRef().GetVersion(), SHA256: m.GetRef().GetSha256(), Name: name,
+		SourceJob: job, Size: m.GetRef().GetSizeBytes(), Parameters: m.GetParameterCount()}
 }
 
 // finishIsland ends an island whose DiLoCo job took its last outer step;
@@ -114,9 +123,7 @@ func (s *Service) storeModel(ctx context.Context, rt *jobRT) (*pb.Model, audit.M
 	if err != nil {
 		return nil, audit.ModelImported{}, err
 	}
-	ev := audit.ModelImported{Model: m.GetRef().GetVersion(), SHA256: m.GetRef().GetSha256(), Name: rt.spec.OutputModel,
-		SourceJob: rt.id(), Size: m.GetRef().GetSizeBytes(), Parameters: m.GetParameterCount()}
-	return m, ev, nil
+	return m, imported(m, rt.spec.OutputModel, rt.id()), nil
 }
 
 // finalParams are the trained parameters in a final checkpoint: the

@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool"
 	"github.com/fleetlearn/fleetlearn/pool/stepdir"
@@ -178,7 +177,7 @@ func (s *Service) readKubeCheckpoints(job string, ranks int, total int64, final 
 		return rd
 	}
 	path := filepath.Join(kube.RankCheckpointDir(s.d.KubeCheckpointDir, job, "0"), "step-"+strconv.FormatInt(total, 10), stepdir.ModelFile)
-	b, err := readBounded(path, maxKubeModelBytes)
+	b, err := smallfile.Read(path, maxKubeModelBytes)
 	if err != nil {
 		rd.err = fmt.Errorf("the last step's checkpoint: %w", err)
 		return rd
@@ -191,26 +190,6 @@ func (s *Service) readKubeCheckpoints(job string, ranks int, total int64, final 
 	sum := sha256.Sum256(b)
 	rd.final, rd.finalSum = m, hex.EncodeToString(sum[:])
 	return rd
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > limit {
-		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", path, limit)
-	}
-	b := make([]byte, fi.Size())
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil, err
-	}
-	return b, nil
 }
 
 // kubeState moves a Kubernetes job to what its JobSet says.
@@ -270,19 +249,9 @@ func (s *Service) kubeHandoff(rt *jobRT, rd kubeRead) {
 	lin := &pb.PoolLineage{JobId: rt.id(), SpecDigest: rt.rec.SpecDigest, Checkpoint: rd.finalSum,
 		Usage: proto.CloneOf(rt.rec.Usage), Steps: total}
 	m, err := s.d.StoreModel(ctx, rt.spec.OutputModel, out, lin)
-	if err != nil {
-		s.log.Error("storing a Kubernetes job's model", "job", rt.id(), "err", err)
-		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; the model could not be stored: %v", reason, err), 1024))
-		return
+	var ev audit.ModelImported
+	if err == nil {
+		ev = imported(m, rt.spec.OutputModel, rt.id())
 	}
-	rt.rec.OutputVersion = m.GetRef().GetVersion()
-	rt.rec.State, rt.rec.StateReason = pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, reason
-	rt.rec.EndTime = nowProto(s.clk)
-	ev := audit.ModelImported{Model: m.GetRef().GetVersion(), SHA256: m.GetRef().GetSha256(), Name: rt.spec.OutputModel,
-		SourceJob: rt.id(), Size: m.GetRef().GetSizeBytes(), Parameters: m.GetParameterCount()}
-	if err := s.audit(ctx, ev, s.poolJobEvent(rt, rt.rec.OutputVersion)); err != nil {
-		rt.rec.StateReason = clip(reason+"; the audit log did not take the result: "+err.Error(), 1024)
-	}
-	s.save(rt)
-	s.createThenTask(ctx, rt, m)
+	s.succeeded(ctx, rt, reason, m, ev, err)
 }
