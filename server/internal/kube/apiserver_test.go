@@ -19,6 +19,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
@@ -33,6 +35,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,9 +45,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetlearn/fleetlearn/pool"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // assetsEnv names the directory holding the kube-apiserver and etcd
@@ -517,6 +522,8 @@ func TestRealAPIServer(t *testing.T) {
 		})
 	}
 
+	t.Run("controller", func(t *testing.T) { testRealController(t, ctx, dyn) })
+
 	t.Run("refused", func(t *testing.T) {
 		js, err := Render(cpuJob(), testConfig())
 		if err != nil {
@@ -572,4 +579,219 @@ func wantRefused(t *testing.T, ctx context.Context, dyn dynamic.Interface, what 
 		return
 	}
 	t.Logf("%s: refused: %v", what, err)
+}
+
+// testRealController drives the Controller against the real API server in
+// a namespace of its own, playing Kueue (unsuspending) and the JobSet
+// controller (writing status through the status subresource) by hand.
+// The server's defaulting, no-op update detection, label-selected watch
+// and status subresource decide what the controller sees.
+func testRealController(t *testing.T, ctx context.Context, dyn dynamic.Interface) {
+	cfg := testConfig()
+	cfg.Namespace = "fleetlearn-ctl"
+	if _, err := create(ctx, dyn, map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": cfg.Namespace}}); err != nil {
+		t.Fatalf("create namespace %s: %v", cfg.Namespace, err)
+	}
+	logs := &syncBuffer{}
+	c, err := NewController(dyn, cfg, WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobsets := dyn.Resource(JobSetResource).Namespace(cfg.Namespace)
+
+	// Queues: flavors of their own, so the tenant subtest's are not reused.
+	qc := testQueueConfig()
+	qc.Namespace, qc.CPUFlavor, qc.GPUFlavor = cfg.Namespace, "ctl-cpu", "ctl-gpu"
+	tenants := map[string]pool.Tenant{"alpha": testTenant(), "beta": {Weight: 1}}
+	type ref struct {
+		res      schema.GroupVersionResource
+		ns, name string
+	}
+	queueObjects := []ref{{ResourceFlavorResource, "", qc.CPUFlavor}, {ResourceFlavorResource, "", qc.GPUFlavor}}
+	for _, tn := range []string{"alpha", "beta"} {
+		queueObjects = append(queueObjects, ref{ClusterQueueResource, "", QueueName(tn)}, ref{LocalQueueResource, cfg.Namespace, QueueName(tn)})
+	}
+	versions := func(when string) map[ref]string {
+		t.Helper()
+		out := map[ref]string{}
+		for _, r := range queueObjects {
+			var res dynamic.ResourceInterface = dyn.Resource(r.res)
+			if r.ns != "" {
+				res = dyn.Resource(r.res).Namespace(r.ns)
+			}
+			got, err := res.Get(ctx, r.name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("%s: %s %s: %v", when, r.res.Resource, r.name, err)
+			}
+			out[r] = got.GetResourceVersion()
+		}
+		return out
+	}
+	if err := c.EnsureQueues(ctx, tenants, qc); err != nil {
+		t.Fatalf("first EnsureQueues: %v", err)
+	}
+	first := versions("after the first EnsureQueues")
+	// The server defaults spec fields the rendering leaves out, so the
+	// second call's comparison differs and it updates; the server must
+	// find that update a no-op and keep every resource version.
+	if err := c.EnsureQueues(ctx, tenants, qc); err != nil {
+		t.Fatalf("second EnsureQueues: %v", err)
+	}
+	if second := versions("after the second EnsureQueues"); !reflect.DeepEqual(first, second) {
+		t.Errorf("the second EnsureQueues changed objects: resource versions %v, then %v", first, second)
+	}
+	// A real change reaches the server, and only the tenant's ClusterQueue.
+	changed := maps.Clone(tenants)
+	alpha := changed["alpha"]
+	alpha.Weight = 4
+	changed["alpha"] = alpha
+	if err := c.EnsureQueues(ctx, changed, qc); err != nil {
+		t.Fatalf("EnsureQueues with a new weight: %v", err)
+	}
+	third := versions("after changing alpha's weight")
+	for r, v := range first {
+		want := r.res == ClusterQueueResource && r.name == QueueName("alpha")
+		if got := third[r] != v; got != want {
+			t.Errorf("changing alpha's weight: %s %s changed=%v, want %v", r.res.Resource, r.name, got, want)
+		}
+	}
+
+	// Start twice: one JobSet, untouched by the second call.
+	job := cpuJob()
+	job.Spec.Id, job.Spec.Tenant, job.Spec.Ranks = "ctl-train", "alpha", 2
+	id, name := job.Spec.Id, JobSetName(job.Spec.Id, job.Attempt)
+	if err := c.Start(ctx, job); err != nil {
+		t.Fatalf("first Start: %v", err)
+	}
+	stored, err := jobsets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("JobSet after Start: %v", err)
+	}
+	if err := c.Start(ctx, job); err != nil {
+		t.Fatalf("second Start: %v", err)
+	}
+	l, err := jobsets.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Items) != 1 || l.Items[0].GetName() != name || l.Items[0].GetResourceVersion() != stored.GetResourceVersion() {
+		t.Fatalf("after two Starts: %d JobSets (want only %s at resource version %s): %v", len(l.Items), name, stored.GetResourceVersion(), l.Items)
+	}
+
+	// Another job's JobSet holding the name of this job's next attempt.
+	next := proto.Clone(job).(*pb.PoolJob)
+	next.Attempt = 2
+	other := proto.Clone(job).(*pb.PoolJob)
+	other.Spec.Id = "ctl-other"
+	foreignJS, err := Render(other, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignJS.Name = JobSetName(id, next.Attempt)
+	fm, err := ToUnstructured(foreignJS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := create(ctx, dyn, fm)
+	if err != nil {
+		t.Fatalf("create foreign JobSet: %v", err)
+	}
+	if err := c.Start(ctx, next); !errors.Is(err, ErrForeignObject) || !strings.Contains(err.Error(), foreign.GetName()) {
+		t.Fatalf("Start over another job's JobSet: %v, want %v naming %s", err, ErrForeignObject, foreign.GetName())
+	}
+
+	// Watch reports the JobSet that was there before it began; Kueue has
+	// not admitted it, so it is still suspended. The foreign one is
+	// skipped with a log line.
+	sink := newRecSink()
+	stopWatch := startWatch(t, c, sink)
+	st := sink.expectState(t, id, job.Attempt, pool.Queued, "waiting for admission from LocalQueue "+QueueName("alpha"))
+	if st.Restarts != 0 {
+		t.Errorf("queued JobSet: %d restarts, want 0", st.Restarts)
+	}
+	sink.expect(t, "synced", "", 0)
+	if got := logs.String(); !strings.Contains(got, "ignoring JobSet") || !strings.Contains(got, foreign.GetName()) {
+		t.Errorf("no log line for the foreign JobSet %s; logs:\n%s", foreign.GetName(), got)
+	}
+
+	// Admission, as Kueue does it: clear spec.suspend.
+	u, err := jobsets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(u.Object, false, "spec", "suspend"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobsets.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("unsuspend JobSet: %v", err)
+	}
+	sink.expectState(t, id, job.Attempt, pool.Running, "running")
+
+	// writeStatus replaces the JobSet's status through the status
+	// subresource, as the JobSet controller does, and returns the new
+	// resource version.
+	writeStatus := func(what string, status jobset.JobSetStatus) string {
+		t.Helper()
+		u, err := jobsets.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&status)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Object["status"] = m
+		got, err := jobsets.UpdateStatus(ctx, u, metav1.UpdateOptions{FieldValidation: "Strict"})
+		if err != nil {
+			t.Fatalf("%s: update status: %v", what, err)
+		}
+		if got.GetResourceVersion() == u.GetResourceVersion() {
+			t.Fatalf("%s: the status write changed nothing (resource version %s)", what, got.GetResourceVersion())
+		}
+		return got.GetResourceVersion()
+	}
+	ranks := func(ready, active, succeeded int32) []jobset.ReplicatedJobStatus {
+		return []jobset.ReplicatedJobStatus{{Name: replicatedJobName, Ready: ready, Active: active, Succeeded: succeeded}}
+	}
+	// A status change that leaves the mapped state as it was is not
+	// reported: the next report must be the completion.
+	writeStatus("ranks ready", jobset.JobSetStatus{ReplicatedJobsStatus: ranks(1, 1, 0)})
+	done := condTrue(jobset.JobSetCompleted, "AllJobsCompleted")
+	done.Message = "jobset completed successfully"
+	writeStatus("completed", jobset.JobSetStatus{Conditions: []metav1.Condition{done}, Restarts: 1, RestartsCountTowardsMax: 1,
+		TerminalState: string(jobset.JobSetCompleted), ReplicatedJobsStatus: ranks(0, 0, 1)})
+	st = sink.expectState(t, id, job.Attempt, pool.Succeeded, "AllJobsCompleted: jobset completed successfully")
+	if st.Restarts != 1 {
+		t.Errorf("completed JobSet: %d restarts, want 1", st.Restarts)
+	}
+
+	// Stop deletes it, the watch says so, and a second Stop is a no-op.
+	for i := range 2 {
+		if err := c.Stop(ctx, id, job.Attempt); err != nil {
+			t.Fatalf("Stop %d: %v", i+1, err)
+		}
+	}
+	sink.expect(t, "gone", id, job.Attempt)
+	if _, err := jobsets.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("JobSet after Stop: %v, want NotFound", err)
+	}
+	// Stop leaves the foreign JobSet alone.
+	if err := c.Stop(ctx, id, next.Attempt); !errors.Is(err, ErrForeignObject) {
+		t.Errorf("Stop of the attempt whose name another job holds: %v, want %v", err, ErrForeignObject)
+	}
+	if got, err := jobsets.Get(ctx, foreign.GetName(), metav1.GetOptions{}); err != nil || got.GetResourceVersion() != foreign.GetResourceVersion() {
+		t.Errorf("foreign JobSet after Start and Stop refused: %v, resource version %s, want %s", err, got.GetResourceVersion(), foreign.GetResourceVersion())
+	}
+
+	// Once Watch has returned every report has been delivered: nothing
+	// beyond those checked above.
+	stopWatch()
+	for {
+		select {
+		case e := <-sink.ch:
+			t.Errorf("unexpected report after the JobSet was gone: %+v", e)
+		default:
+			return
+		}
+	}
 }
