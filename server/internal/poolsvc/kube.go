@@ -52,8 +52,6 @@ func (s *Service) checkKube(in *pb.PoolJobSpec) error {
 		return errorf(codes.FailedPrecondition, "spec.executor: this server runs no Kubernetes executor; start it with --pool-kubernetes, or leave the executor unset to use the workers")
 	case in.GetCommand() == nil:
 		return invalidf("spec.executor: the Kubernetes executor runs command jobs (the image runs the argv); built-in trainer jobs run on the workers")
-	case in.GetDiloco() != nil:
-		return invalidf("spec.executor: DiLoCo islands run on the workers")
 	case in.GetCarbon() != nil:
 		return invalidf("spec.executor: carbon-aware placement chooses among the workers' zones; it does not apply to the Kubernetes executor")
 	}
@@ -63,11 +61,17 @@ func (s *Service) checkKube(in *pb.PoolJobSpec) error {
 // startKube creates the JobSet of a recorded job; a failure fails the job.
 // It runs off the loop: it talks to the API server.
 func (s *Service) startKube(ctx context.Context, job *pb.PoolJob) *pb.PoolJob {
+	// The job is recorded: a client that hangs up must not leave it
+	// without its JobSet, nor a JobSet the API server took without a job.
+	ctx = context.WithoutCancel(ctx)
 	err := s.d.Kube.Start(ctx, job)
 	if err == nil {
 		return job
 	}
 	s.log.Error("creating a pool job's JobSet", "job", job.GetSpec().GetId(), "err", err)
+	if serr := s.d.Kube.Stop(ctx, job.GetSpec().GetId(), job.GetAttempt()); serr != nil {
+		s.log.Warn("removing what may be left of a failed JobSet", "job", job.GetSpec().GetId(), "err", serr)
+	}
 	out := job
 	_ = s.do(context.WithoutCancel(ctx), func() error {
 		if rt := s.jobs[job.GetSpec().GetId()]; rt != nil && !rt.terminal() {
@@ -79,8 +83,17 @@ func (s *Service) startKube(ctx context.Context, job *pb.PoolJob) *pb.PoolJob {
 	return out
 }
 
-// watchKube feeds the cluster's JobSets into the jobs until ctx ends.
+// kubeProgressEvery is how often running Kubernetes jobs' checkpoints are
+// read, in heartbeat intervals: a JobSet says nothing new while its ranks
+// train and checkpoint.
+const kubeProgressEvery = 5
+
+// watchKube feeds the cluster's JobSets into the jobs until ctx ends, and
+// reads running jobs' progress from the checkpoint volume.
 func (s *Service) watchKube(ctx context.Context) {
+	if s.d.KubeCheckpointDir != "" {
+		go s.pollKubeProgress(ctx)
+	}
 	for ctx.Err() == nil {
 		err := s.d.Kube.Watch(ctx, kubeSink{s: s, ctx: ctx})
 		if ctx.Err() != nil {
@@ -89,6 +102,36 @@ func (s *Service) watchKube(ctx context.Context) {
 		s.log.Error("watching JobSets; Kubernetes jobs do not move until it works", "err", err)
 		if !sleepOr(s, ctx, s.lossAfter()) {
 			return
+		}
+	}
+}
+
+// pollKubeProgress reads the committed step of every running Kubernetes
+// job from the volume, off the loop, and records it.
+func (s *Service) pollKubeProgress(ctx context.Context) {
+	for sleepOr(s, ctx, kubeProgressEvery*s.d.HeartbeatInterval) {
+		type running struct {
+			id    string
+			ranks int
+			total int64
+		}
+		var jobs []running
+		_ = s.do(ctx, func() error {
+			for id, rt := range s.jobs {
+				if onKube(rt.rec.GetSpec()) && rt.rec.GetState() == pb.PoolJobState_POOL_JOB_STATE_RUNNING {
+					jobs = append(jobs, running{id, rt.spec.Ranks, rt.spec.TotalSteps})
+				}
+			}
+			return nil
+		})
+		for _, j := range jobs {
+			rd := s.readKubeCheckpoints(j.id, j.ranks, j.total, false)
+			_ = s.do(ctx, func() error {
+				if rt := s.jobs[j.id]; rt != nil && !rt.terminal() && s.kubeProgress(rt, rd) {
+					s.save(rt)
+				}
+				return nil
+			})
 		}
 	}
 }
@@ -111,12 +154,15 @@ type kubeSink struct {
 	ctx context.Context
 }
 
-// kubeRead is what the checkpoint volume says about a job.
+// kubeRead is what the checkpoint volume says about a job: the step every
+// rank has committed (err, if it could not be read), and the final model
+// (finalErr, if it could not be read).
 type kubeRead struct {
 	committed int64
+	err       error
 	final     *model.Model
 	finalSum  string
-	err       error
+	finalErr  error
 }
 
 func (k kubeSink) JobSetState(job string, attempt uint32, st kube.Status) {
@@ -179,12 +225,12 @@ func (s *Service) readKubeCheckpoints(job string, ranks int, total int64, final 
 	path := filepath.Join(kube.RankCheckpointDir(s.d.KubeCheckpointDir, job, "0"), "step-"+strconv.FormatInt(total, 10), stepdir.ModelFile)
 	b, err := smallfile.Read(path, maxKubeModelBytes)
 	if err != nil {
-		rd.err = fmt.Errorf("the last step's checkpoint: %w", err)
+		rd.finalErr = fmt.Errorf("the last step's checkpoint: %w", err)
 		return rd
 	}
 	m, err := model.ReadSafetensors(bytes.NewReader(b), model.WithInputSize(int64(len(b))))
 	if err != nil {
-		rd.err = fmt.Errorf("%s: %w", path, err)
+		rd.finalErr = fmt.Errorf("%s: %w", path, err)
 		return rd
 	}
 	sum := sha256.Sum256(b)
@@ -199,15 +245,9 @@ func (s *Service) kubeState(job string, attempt uint32, st kube.Status, rd kubeR
 		return
 	}
 	r := rt.rec
-	changed := false
+	changed := s.kubeProgress(rt, rd)
 	if n := uint32(max(st.Restarts, 0)); n != r.Restarts {
 		r.Restarts, changed = n, true
-	}
-	if rd.err == nil && rd.committed > r.CommittedStep {
-		r.CommittedStep, r.Step, changed = rd.committed, max(r.Step, rd.committed), true
-	}
-	if rd.err != nil {
-		s.log.Warn("reading a Kubernetes job's checkpoints", "job", job, "err", rd.err)
 	}
 	reason := clip("Kubernetes: "+st.Reason, 1024)
 	switch st.State {
@@ -226,6 +266,19 @@ func (s *Service) kubeState(job string, attempt uint32, st kube.Status, rd kubeR
 	}
 }
 
+// kubeProgress records the committed step the volume shows, if it is new.
+func (s *Service) kubeProgress(rt *jobRT, rd kubeRead) bool {
+	if rd.err != nil {
+		s.log.Warn("reading a Kubernetes job's checkpoints", "job", rt.id(), "err", rd.err)
+		return false
+	}
+	if r := rt.rec; rd.committed > r.CommittedStep {
+		r.CommittedStep, r.Step = rd.committed, max(r.Step, rd.committed)
+		return true
+	}
+	return false
+}
+
 // kubeHandoff records a succeeded Kubernetes job, with the model of its
 // last checkpoint when the server sees the checkpoint volume.
 func (s *Service) kubeHandoff(rt *jobRT, rd kubeRead) {
@@ -236,8 +289,11 @@ func (s *Service) kubeHandoff(rt *jobRT, rd kubeRead) {
 	case s.d.KubeCheckpointDir == "":
 		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, reason+"; no model stored: the server does not mount the checkpoint volume (--pool-kube-checkpoint-dir)")
 		return
-	case rd.err != nil || rd.final == nil:
+	case rd.err != nil:
 		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; no model stored: %v", reason, rd.err), 1024))
+		return
+	case rd.final == nil:
+		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED, clip(fmt.Sprintf("%s; no model stored: %v", reason, rd.finalErr), 1024))
 		return
 	}
 	out := &model.Model{Tensors: rd.final.Tensors, Lineage: model.Lineage{Job: rt.id(), Source: "pool"}}
