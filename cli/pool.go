@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/fleetlearn/fleetlearn/internal/bytesize"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -215,9 +216,9 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 	if !(f.cpu > 0) || f.cpu > 1e6 || math.IsInf(f.cpu, 0) {
 		return nil, fmt.Errorf("%w: --cpu %v: want a positive number of cores", ErrUsage, f.cpu)
 	}
-	mem, err := parseBytes(f.memory)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --memory: %w", ErrUsage, err)
+	mem, err := bytesize.Parse(f.memory)
+	if err != nil || mem == 0 {
+		return nil, fmt.Errorf("%w: --memory %q: want a size such as 512MiB or 2GiB", ErrUsage, f.memory)
 	}
 	s := &pb.PoolJobSpec{
 		Id: f.id, Tenant: f.tenant, Priority: f.priority, Ranks: f.ranks,
@@ -317,26 +318,6 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 	}}
 	req.Spec = s
 	return req, nil
-}
-
-// parseBytes reads a byte count with an optional binary unit.
-func parseBytes(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
-	num, mult := strings.TrimSpace(s), int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(num, u.suffix) {
-			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || !(v > 0) || v*float64(mult) > float64(1<<50) {
-		return 0, fmt.Errorf("%q: want a size such as 512MiB or 2GiB", s)
-	}
-	return int64(v * float64(mult)), nil
 }
 
 func parseDeadline(s string, now time.Time) (time.Time, error) {

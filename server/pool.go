@@ -94,6 +94,9 @@ func (s *Server) kubeExecutor(ctx context.Context) (poolsvc.KubeExecutor, error)
 	if k.Cluster == "" {
 		return nil, nil
 	}
+	if k.Namespace == "" {
+		k.Namespace = DefaultPoolKubeNamespace
+	}
 	var rc *rest.Config
 	var err error
 	if k.Cluster == "in-cluster" {

@@ -146,13 +146,18 @@ type Config struct {
 	PoolKube PoolKube
 }
 
+// DefaultPoolKubeNamespace holds the pool's JobSets and queues unless
+// PoolKube.Namespace says otherwise.
+const DefaultPoolKubeNamespace = "fleetlearn-pool"
+
 // PoolKube is the Kubernetes executor of the compute pool: command jobs
 // become JobSets that Kueue admits from their tenant's LocalQueue.
 type PoolKube struct {
 	// Cluster is "in-cluster" (the server's pod's service account) or a
 	// kubeconfig file; empty runs no Kubernetes executor.
 	Cluster string
-	// Namespace of the JobSets and LocalQueues; Image every rank runs.
+	// Namespace of the JobSets and LocalQueues (empty:
+	// DefaultPoolKubeNamespace); Image every rank runs.
 	Namespace, Image string
 	// CheckpointClaim is the ReadWriteMany PersistentVolumeClaim of the
 	// ranks' checkpoints; CheckpointDir is where the server mounts it, to

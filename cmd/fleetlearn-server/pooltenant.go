@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/bytesize"
 	"github.com/fleetlearn/fleetlearn/pool"
 )
 
@@ -93,7 +94,7 @@ func parseResource(k, val string, r *pool.Resources) error {
 		}
 		r.MilliCPU = int64(math.Round(f * 1000))
 	case "memory":
-		n, err := parseBytes(val)
+		n, err := bytesize.Parse(val)
 		if err != nil {
 			return err
 		}
@@ -128,24 +129,6 @@ func parseCapacity(v string) (pool.Resources, error) {
 		}
 	}
 	return r, nil
-}
-
-func parseBytes(v string) (int64, error) {
-	mult := int64(1)
-	for _, s := range []struct {
-		suffix string
-		m      int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}} {
-		if n, ok := strings.CutSuffix(v, s.suffix); ok {
-			v, mult = n, s.m
-			break
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return 0, errf("want a non-negative byte count, optionally with KiB, MiB, GiB or TiB")
-	}
-	return n * mult, nil
 }
 
 type tenantError string

@@ -177,7 +177,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 			"(https; a bearer token from $FLEETLEARN_CARBON_TOKEN), read at each submission of a pool job with carbon placement")
 	fl.StringVar(&f.cfg.PoolKube.Cluster, "pool-kubernetes", "",
 		"run pool jobs that ask for the Kubernetes executor on a cluster: \"in-cluster\" (this pod's service account) or a kubeconfig `FILE`")
-	fl.StringVar(&f.cfg.PoolKube.Namespace, "pool-kube-namespace", "fleetlearn-pool", "with --pool-kubernetes: the `NAMESPACE` of the JobSets and the tenants' LocalQueues")
+	fl.StringVar(&f.cfg.PoolKube.Namespace, "pool-kube-namespace", "", "with --pool-kubernetes: the `NAMESPACE` of the JobSets and the tenants' LocalQueues (default "+server.DefaultPoolKubeNamespace+")")
 	fl.StringVar(&f.cfg.PoolKube.Image, "pool-kube-image", "", "with --pool-kubernetes: the container `IMAGE` every rank runs; a job's command is its argv")
 	fl.StringVar(&f.cfg.PoolKube.CheckpointClaim, "pool-kube-checkpoint-claim", "", "with --pool-kubernetes: the ReadWriteMany PersistentVolumeClaim `NAME` the ranks keep checkpoints on")
 	fl.StringVar(&f.cfg.PoolKube.CheckpointDir, "pool-kube-checkpoint-dir", "",
@@ -247,7 +247,7 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	if cfg.PoolKube.Capacity, err = parseCapacity(f.kubeCapacity); err != nil {
 		return cfg, 0, usage("%v", err)
 	}
-	if cfg.PoolKube.Cluster == "" && (f.kubeCapacity != "" || cfg.PoolKube.Image != "" || cfg.PoolKube.CheckpointClaim != "" || cfg.PoolKube.CheckpointDir != "") {
+	if cfg.PoolKube.Cluster == "" && (f.kubeCapacity != "" || cfg.PoolKube.Namespace != "" || cfg.PoolKube.Image != "" || cfg.PoolKube.CheckpointClaim != "" || cfg.PoolKube.CheckpointDir != "") {
 		return cfg, 0, usage("--pool-kube-* flags need --pool-kubernetes in-cluster|KUBECONFIG")
 	}
 	if cfg.PoolHeartbeat != 0 && (cfg.PoolHeartbeat < 10*time.Millisecond || cfg.PoolHeartbeat > time.Hour) {

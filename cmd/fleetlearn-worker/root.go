@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/internal/bytesize"
 	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/worker"
@@ -147,7 +148,7 @@ func newRunCommand() *cobra.Command {
 	fl.StringVar(&cfg.Name, "name", "", "name shown to operators (default: the host name)")
 	fl.StringVar(&cfg.Zone, "zone", "", "grid region or cloud location this machine runs in, as the server's carbon forecast names it (e.g. westus)")
 	fl.Float64Var(&cpus, "cpus", 0, "CPUs to offer, fractions allowed (default: detected)")
-	fl.Int64Var(&cfg.Capacity.MemoryBytes, "memory", 0, "memory to offer in bytes (default: detected)")
+	fl.Var((*bytesize.Value)(&cfg.Capacity.MemoryBytes), "memory", "memory to offer, such as 8GiB or a byte count (default: detected)")
 	fl.BoolVar(&cfg.Insecure, "insecure", false, "connect without TLS, to a server run with --grpc-insecure (the token crosses the network in the clear)")
 	fl.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
