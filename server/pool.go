@@ -112,7 +112,7 @@ func (s *Server) kubeExecutor(ctx context.Context) (poolsvc.KubeExecutor, error)
 		return nil, fmt.Errorf("server: --pool-kubernetes %s: %w", k.Cluster, err)
 	}
 	ctl, err := kube.NewController(dyn, kube.Config{Namespace: k.Namespace, Image: k.Image, CheckpointClaim: k.CheckpointClaim,
-		ServiceAccount: k.ServiceAccount}, kube.WithLogger(s.o.log.With("component", "kube")), kube.WithClock(s.o.clock))
+		ServiceAccount: k.ServiceAccount, RetryableExitCodes: k.RetryableExitCodes}, kube.WithLogger(s.o.log.With("component", "kube")), kube.WithClock(s.o.clock))
 	if err != nil {
 		return nil, fmt.Errorf("server: --pool-kubernetes: %w", err)
 	}

@@ -165,6 +165,9 @@ type PoolKube struct {
 	CheckpointClaim, CheckpointDir string
 	// ServiceAccount runs the ranks' pods; empty is the namespace's default.
 	ServiceAccount string
+	// RetryableExitCodes restart the whole gang (up to max_restarts); any
+	// other non-zero exit fails the job. Node loss and eviction restart it.
+	RetryableExitCodes []int32
 	// Capacity, when set, makes the server create and update Kueue's
 	// flavors and the tenants' queues (a tenant without a quota gets the
 	// whole capacity); zero leaves the queues to the operator

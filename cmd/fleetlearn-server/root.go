@@ -183,6 +183,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.PoolKube.CheckpointDir, "pool-kube-checkpoint-dir", "",
 		"with --pool-kubernetes: where this server mounts that claim (`DIR`), to follow the jobs' checkpoints and store their models; empty: jobs end without a stored model")
 	fl.StringVar(&f.cfg.PoolKube.ServiceAccount, "pool-kube-service-account", "", "with --pool-kubernetes: the service account `NAME` of the ranks' pods")
+	fl.Int32SliceVar(&f.cfg.PoolKube.RetryableExitCodes, "pool-kube-retryable-exit-codes", nil,
+		"with --pool-kubernetes: exit `CODES` of a rank after which the whole gang restarts (up to the job's max restarts); other non-zero exits fail the job")
 	fl.StringVar(&f.kubeCapacity, "pool-kube-capacity", "",
 		"with --pool-kubernetes: the cluster's share for the pool, `cpu=CORES,memory=BYTES,gpus=N`; the server then creates and updates Kueue's flavors and the tenants' queues (otherwise apply deploy/kubernetes/pool/queues.yaml)")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
@@ -247,7 +249,7 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	if cfg.PoolKube.Capacity, err = parseCapacity(f.kubeCapacity); err != nil {
 		return cfg, 0, usage("%v", err)
 	}
-	if cfg.PoolKube.Cluster == "" && (f.kubeCapacity != "" || cfg.PoolKube.Namespace != "" || cfg.PoolKube.Image != "" || cfg.PoolKube.CheckpointClaim != "" || cfg.PoolKube.CheckpointDir != "") {
+	if cfg.PoolKube.Cluster == "" && (f.kubeCapacity != "" || len(cfg.PoolKube.RetryableExitCodes) > 0 || cfg.PoolKube.Namespace != "" || cfg.PoolKube.Image != "" || cfg.PoolKube.CheckpointClaim != "" || cfg.PoolKube.CheckpointDir != "") {
 		return cfg, 0, usage("--pool-kube-* flags need --pool-kubernetes in-cluster|KUBECONFIG")
 	}
 	if cfg.PoolHeartbeat != 0 && (cfg.PoolHeartbeat < 10*time.Millisecond || cfg.PoolHeartbeat > time.Hour) {
