@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +31,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -40,7 +44,7 @@ import (
 )
 
 // The overlays under kubernetes/, each rendered as kubectl apply -k would.
-var overlays = []string{"base", "external-nats"}
+var overlays = []string{"base", "external-nats", "pool-executor"}
 
 const (
 	namespace     = "fleetlearn"
@@ -74,12 +78,19 @@ var fleetlearnBinaries = []string{"fleetlearn", "fleetlearn-server", "fleetlearn
 // manifests are one overlay's rendered resources, decoded into the
 // Kubernetes API types.
 type manifests struct {
-	overlay    string
-	namespaces []*corev1.Namespace
-	configMaps map[string]*corev1.ConfigMap
-	services   []*corev1.Service
-	sets       []*appsv1.StatefulSet
-	pdbs       []*policyv1.PodDisruptionBudget
+	overlay             string
+	namespaces          []*corev1.Namespace
+	configMaps          map[string]*corev1.ConfigMap
+	services            []*corev1.Service
+	sets                []*appsv1.StatefulSet
+	pdbs                []*policyv1.PodDisruptionBudget
+	serviceAccounts     []*corev1.ServiceAccount
+	claims              []*corev1.PersistentVolumeClaim
+	volumes             []*corev1.PersistentVolume
+	roles               []*rbacv1.Role
+	roleBindings        []*rbacv1.RoleBinding
+	clusterRoles        []*rbacv1.ClusterRole
+	clusterRoleBindings []*rbacv1.ClusterRoleBinding
 }
 
 // strictDecoder decodes the kinds the overlays may render and refuses
@@ -87,7 +98,7 @@ type manifests struct {
 // validation does.
 var strictDecoder = func() k8sruntime.Decoder {
 	s := k8sruntime.NewScheme()
-	for _, add := range []func(*k8sruntime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme} {
+	for _, add := range []func(*k8sruntime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, rbacv1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -125,6 +136,20 @@ func renderOverlay(t *testing.T, overlay string) *manifests {
 			m.sets = append(m.sets, o)
 		case *policyv1.PodDisruptionBudget:
 			m.pdbs = append(m.pdbs, o)
+		case *corev1.ServiceAccount:
+			m.serviceAccounts = append(m.serviceAccounts, o)
+		case *corev1.PersistentVolumeClaim:
+			m.claims = append(m.claims, o)
+		case *corev1.PersistentVolume:
+			m.volumes = append(m.volumes, o)
+		case *rbacv1.Role:
+			m.roles = append(m.roles, o)
+		case *rbacv1.RoleBinding:
+			m.roleBindings = append(m.roleBindings, o)
+		case *rbacv1.ClusterRole:
+			m.clusterRoles = append(m.clusterRoles, o)
+		case *rbacv1.ClusterRoleBinding:
+			m.clusterRoleBindings = append(m.clusterRoleBindings, o)
 		case *corev1.Secret:
 			t.Errorf("%s: renders Secret %s: the Secrets hold keys and are created by the documented one-time step", overlay, o.Name)
 		default:
@@ -169,6 +194,8 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 			checkServices(t, m, ls)
 			checkPDBs(t, m)
+			checkClaims(t, m)
+			checkBindings(t, m)
 		})
 	}
 	t.Run("secrets", func(t *testing.T) {
@@ -197,10 +224,21 @@ func TestKubernetesManifests(t *testing.T) {
 
 func checkNamespace(t *testing.T, m *manifests) {
 	t.Helper()
-	if len(m.namespaces) != 1 || m.namespaces[0].Name != namespace {
-		t.Errorf("%s: want the one Namespace %s, have %d", m.overlay, namespace, len(m.namespaces))
-	} else if got := m.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
-		t.Errorf("%s: namespace %s enforces Pod Security %q, want restricted", m.overlay, namespace, got)
+	known := map[string]bool{}
+	for _, n := range m.namespaces {
+		known[n.Name] = true
+		level := n.Labels["pod-security.kubernetes.io/enforce"]
+		switch {
+		case n.Name == namespace && level != "restricted":
+			t.Errorf("%s: namespace %s enforces Pod Security %q, want restricted", m.overlay, n.Name, level)
+		case n.Name != namespace && level != "restricted" && level != "baseline":
+			// The ranks' namespace: their pods have no securityContext, so
+			// restricted would refuse them; nothing here needs privileged.
+			t.Errorf("%s: namespace %s enforces Pod Security %q, want restricted or baseline", m.overlay, n.Name, level)
+		}
+	}
+	if !known[namespace] {
+		t.Errorf("%s: renders no Namespace %s", m.overlay, namespace)
 	}
 	var objs []metav1.Object
 	for _, o := range m.configMaps {
@@ -219,6 +257,25 @@ func checkNamespace(t *testing.T, m *manifests) {
 		if o.GetNamespace() != namespace {
 			t.Errorf("%s: %s is in namespace %q, want %s (the DNS names in the flags and nats.conf name it)",
 				m.overlay, o.GetName(), o.GetNamespace(), namespace)
+		}
+	}
+	// The rest may be in the ranks' namespace too, but in one rendered.
+	var placed []metav1.Object
+	for _, o := range m.serviceAccounts {
+		placed = append(placed, o)
+	}
+	for _, o := range m.claims {
+		placed = append(placed, o)
+	}
+	for _, o := range m.roles {
+		placed = append(placed, o)
+	}
+	for _, o := range m.roleBindings {
+		placed = append(placed, o)
+	}
+	for _, o := range placed {
+		if !known[o.GetNamespace()] {
+			t.Errorf("%s: %s is in namespace %q, which the overlay does not render", m.overlay, o.GetName(), o.GetNamespace())
 		}
 	}
 }
@@ -258,9 +315,17 @@ func checkWorkload(t *testing.T, m *manifests, sts *appsv1.StatefulSet, secretsU
 					where, v.Name, v.Secret.DefaultMode)
 			}
 		case v.EmptyDir != nil:
+		case v.PersistentVolumeClaim != nil:
+			if m.claim(sts.Namespace, v.PersistentVolumeClaim.ClaimName) == nil {
+				t.Errorf("%s: volume %s: claim %s is not rendered in namespace %s, and a pod mounts only claims of its own namespace",
+					where, v.Name, v.PersistentVolumeClaim.ClaimName, sts.Namespace)
+			}
 		default:
 			t.Errorf("%s: volume %s: no check here knows its type", where, v.Name)
 		}
+	}
+	if sa := pod.ServiceAccountName; sa != "" && sa != "default" && m.serviceAccount(sts.Namespace, sa) == nil {
+		t.Errorf("%s: serviceAccountName %s is not rendered in namespace %s: the pod would never be created", where, sa, sts.Namespace)
 	}
 	claims := map[string]bool{}
 	for _, pvc := range sts.Spec.VolumeClaimTemplates {
@@ -285,6 +350,9 @@ func checkWorkload(t *testing.T, m *manifests, sts *appsv1.StatefulSet, secretsU
 			}
 			if mounts[vm.MountPath] {
 				t.Errorf("%s: two volumes at %s", cw, vm.MountPath)
+			}
+			if v := volumes[vm.Name]; v != nil && v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly && !vm.ReadOnly {
+				t.Errorf("%s: volumeMount %s is writable, but its claim is mounted read-only", cw, vm.Name)
 			}
 			mounts[vm.MountPath] = true
 		}
@@ -856,6 +924,7 @@ func checkFleetlearnContainer(t *testing.T, m *manifests, sts *appsv1.StatefulSe
 			t.Errorf("%s: --nats-auth-from=%s is not the read-only mount of Secret fleetlearn-nats-auth (%s)", where, from, kind)
 		}
 	}
+	checkPoolExecutor(t, m, sts, c, f)
 
 	natsURL, external := f["nats-url"]
 	if external {
@@ -909,8 +978,417 @@ func checkFleetlearnContainer(t *testing.T, m *manifests, sts *appsv1.StatefulSe
 	return ls
 }
 
+// apiAccess is a resource the pool executor calls and the verbs it uses.
+type apiAccess struct {
+	group, resource string
+	namespaced      bool // in the pool namespace; otherwise cluster-scoped
+	verbs           []string
+	queues          bool // only with --pool-kube-capacity (Controller.EnsureQueues)
+}
+
+// poolExecutorAccess is every call server/internal/kube's Controller
+// makes: Start creates an attempt's JobSet and reads it back when the
+// create collides, Stop reads and deletes it, Watch lists and watches the
+// namespace's JobSets; EnsureQueues reads, creates and updates the
+// flavors and the tenants' queues. TestKubernetesPoolExecutorCalls keeps
+// it in step with the controller's source.
+var poolExecutorAccess = []apiAccess{
+	{group: "jobset.x-k8s.io", resource: "jobsets", namespaced: true, verbs: []string{"create", "delete", "get", "list", "watch"}},
+	{group: "kueue.x-k8s.io", resource: "localqueues", namespaced: true, verbs: []string{"create", "get", "update"}, queues: true},
+	{group: "kueue.x-k8s.io", resource: "resourceflavors", verbs: []string{"create", "get", "update"}, queues: true},
+	{group: "kueue.x-k8s.io", resource: "clusterqueues", verbs: []string{"create", "get", "update"}, queues: true},
+}
+
+// defaultPoolNamespace is fleetlearn-server's --pool-kube-namespace default.
+const defaultPoolNamespace = "fleetlearn-pool"
+
+// grant is one verb on one resource, in a namespace or ("") cluster-wide.
+type grant struct{ namespace, group, resource, verb string }
+
+func (g grant) String() string {
+	where := "cluster-wide"
+	if g.namespace != "" {
+		where = "in " + g.namespace
+	}
+	return fmt.Sprintf("%s %s.%s %s", g.verb, g.resource, g.group, where)
+}
+
+// requiredGrants are what the executor configured by f calls; none without
+// --pool-kubernetes.
+func requiredGrants(f flagArgs) map[grant]bool {
+	want := map[grant]bool{}
+	if f["pool-kubernetes"] == "" {
+		return want
+	}
+	ns, _ := f.get("pool-kube-namespace", defaultPoolNamespace)
+	for _, a := range poolExecutorAccess {
+		if a.queues && f["pool-kube-capacity"] == "" {
+			continue
+		}
+		scope := ""
+		if a.namespaced {
+			scope = ns
+		}
+		for _, v := range a.verbs {
+			want[grant{scope, a.group, a.resource, v}] = true
+		}
+	}
+	return want
+}
+
+// grantsOf are what the overlay's bindings give service account ns/name,
+// expanded to single verbs on single resources. Wildcards, resource names,
+// aggregation and bindings to roles the overlay does not render cannot be
+// expanded and are reported instead.
+func (m *manifests) grantsOf(t *testing.T, ns, name string) map[grant]bool {
+	t.Helper()
+	got := map[grant]bool{}
+	binds := func(subjects []rbacv1.Subject, bindingNS string) bool {
+		return slices.ContainsFunc(subjects, func(s rbacv1.Subject) bool {
+			sns := s.Namespace
+			if sns == "" {
+				sns = bindingNS
+			}
+			return s.Kind == rbacv1.ServiceAccountKind && s.Name == name && sns == ns
+		})
+	}
+	add := func(where, scope string, rules []rbacv1.PolicyRule) {
+		for _, r := range rules {
+			if len(r.NonResourceURLs) > 0 || len(r.ResourceNames) > 0 ||
+				slices.Contains(r.APIGroups, "*") || slices.Contains(r.Resources, "*") || slices.Contains(r.Verbs, "*") {
+				t.Errorf("%s: %s: rule %v: grant named verbs on named resources, no wildcards, resource names or URLs", m.overlay, where, r)
+				continue
+			}
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						got[grant{scope, g, res, v}] = true
+					}
+				}
+			}
+		}
+	}
+	for _, rb := range m.roleBindings {
+		if !binds(rb.Subjects, rb.Namespace) {
+			continue
+		}
+		where := "rolebinding " + rb.Namespace + "/" + rb.Name
+		if rules, ok := m.roleRules(t, where, rb.Namespace, rb.RoleRef); ok {
+			add(where, rb.Namespace, rules)
+		}
+	}
+	for _, crb := range m.clusterRoleBindings {
+		if !binds(crb.Subjects, "") {
+			continue
+		}
+		where := "clusterrolebinding " + crb.Name
+		if crb.RoleRef.Kind != "ClusterRole" {
+			t.Errorf("%s: %s: roleRef kind %s, want ClusterRole", m.overlay, where, crb.RoleRef.Kind)
+			continue
+		}
+		if rules, ok := m.roleRules(t, where, "", crb.RoleRef); ok {
+			add(where, "", rules)
+		}
+	}
+	return got
+}
+
+// roleRules are the rules of the Role (in ns) or ClusterRole ref names.
+func (m *manifests) roleRules(t *testing.T, where, ns string, ref rbacv1.RoleRef) ([]rbacv1.PolicyRule, bool) {
+	t.Helper()
+	if ref.APIGroup != rbacv1.GroupName {
+		t.Errorf("%s: %s: roleRef apiGroup %q, want %s", m.overlay, where, ref.APIGroup, rbacv1.GroupName)
+		return nil, false
+	}
+	switch ref.Kind {
+	case "Role":
+		for _, r := range m.roles {
+			if r.Namespace == ns && r.Name == ref.Name {
+				return r.Rules, true
+			}
+		}
+	case "ClusterRole":
+		for _, r := range m.clusterRoles {
+			if r.Name == ref.Name {
+				if r.AggregationRule != nil {
+					t.Errorf("%s: %s: ClusterRole %s aggregates others: what it grants is not in the overlay", m.overlay, where, r.Name)
+					return nil, false
+				}
+				return r.Rules, true
+			}
+		}
+	}
+	t.Errorf("%s: %s: roleRef %s %s is not rendered (in namespace %q)", m.overlay, where, ref.Kind, ref.Name, ns)
+	return nil, false
+}
+
+// checkGrants compares what a service account is granted with what it
+// needs, both ways.
+func checkGrants(t *testing.T, where string, got, want map[grant]bool) {
+	t.Helper()
+	var missing, extra []string
+	for g := range want {
+		if !got[g] {
+			missing = append(missing, g.String())
+		}
+	}
+	for g := range got {
+		if !want[g] {
+			extra = append(extra, g.String())
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	if len(missing) > 0 {
+		t.Errorf("%s: not granted, and the pool executor calls them: %s", where, strings.Join(missing, "; "))
+	}
+	if len(extra) > 0 {
+		t.Errorf("%s: granted, and nothing calls them: %s", where, strings.Join(extra, "; "))
+	}
+}
+
+func (m *manifests) namespaceNamed(name string) *corev1.Namespace {
+	for _, n := range m.namespaces {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+func (m *manifests) serviceAccount(ns, name string) *corev1.ServiceAccount {
+	for _, sa := range m.serviceAccounts {
+		if sa.Namespace == ns && sa.Name == name {
+			return sa
+		}
+	}
+	return nil
+}
+
+func (m *manifests) claim(ns, name string) *corev1.PersistentVolumeClaim {
+	for _, c := range m.claims {
+		if c.Namespace == ns && c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// checkPoolExecutor checks the Kubernetes executor's flags of a
+// fleetlearn-server container against the overlay: the service account
+// it calls the API as, granted exactly what the executor calls (nothing
+// without --pool-kubernetes); the pool namespace, the ranks' service
+// account and checkpoint claim there; and, with --pool-kube-checkpoint-dir,
+// a claim of the server's namespace mounted there that reaches the same
+// storage as the ranks' claim.
+func checkPoolExecutor(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, f flagArgs) {
+	t.Helper()
+	where := m.overlay + ": " + sts.Name + "/" + c.Name
+	pod := &sts.Spec.Template.Spec
+	saName := cmp.Or(pod.ServiceAccountName, "default")
+	checkGrants(t, where+": service account "+sts.Namespace+"/"+saName, m.grantsOf(t, sts.Namespace, saName), requiredGrants(f))
+	cluster := f["pool-kubernetes"]
+	if cluster == "" {
+		for k := range f {
+			if strings.HasPrefix(k, "pool-kube-") {
+				t.Errorf("%s: --%s without --pool-kubernetes: the server refuses to start", where, k)
+			}
+		}
+		return
+	}
+	if cluster != "in-cluster" {
+		t.Errorf("%s: --pool-kubernetes=%s: in a pod the server reaches the API as its service account (in-cluster)", where, cluster)
+	}
+	sa := m.serviceAccount(sts.Namespace, saName)
+	switch {
+	case sa == nil:
+		t.Errorf("%s: --pool-kubernetes=in-cluster as service account %s, which the overlay does not render with the server's grants", where, saName)
+	case pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
+		pod.AutomountServiceAccountToken == nil && sa.AutomountServiceAccountToken != nil && !*sa.AutomountServiceAccountToken:
+		t.Errorf("%s: --pool-kubernetes=in-cluster, but the pod gets no service account token", where)
+	}
+	ns, _ := f.get("pool-kube-namespace", defaultPoolNamespace)
+	if m.namespaceNamed(ns) == nil {
+		t.Errorf("%s: --pool-kube-namespace=%s is not rendered", where, ns)
+	}
+	if img := f["pool-kube-image"]; img == "" || strings.ContainsAny(img, " \t\n") {
+		t.Errorf("%s: --pool-kube-image=%q: want an image reference", where, img)
+	}
+	if ra := f["pool-kube-service-account"]; ra != "" {
+		rsa := m.serviceAccount(ns, ra)
+		if rsa == nil {
+			t.Errorf("%s: --pool-kube-service-account=%s is not rendered in %s: the ranks' pods would never be created", where, ra, ns)
+		} else if rsa.AutomountServiceAccountToken == nil || *rsa.AutomountServiceAccountToken {
+			t.Errorf("%s: service account %s/%s mounts a token into the ranks, which run the jobs' code; set automountServiceAccountToken: false", where, ns, ra)
+		}
+		checkGrants(t, where+": the ranks' service account "+ns+"/"+ra, m.grantsOf(t, ns, ra), nil)
+	}
+	claimName := f["pool-kube-checkpoint-claim"]
+	rankClaim := m.claim(ns, claimName)
+	if rankClaim == nil {
+		t.Errorf("%s: --pool-kube-checkpoint-claim=%s is not a claim rendered in %s, where the ranks' pods mount it", where, claimName, ns)
+	} else if !slices.Contains(rankClaim.Spec.AccessModes, corev1.ReadWriteMany) {
+		t.Errorf("%s: claim %s/%s is %v; the ranks of a job share it from several nodes: ReadWriteMany", where, ns, claimName, rankClaim.Spec.AccessModes)
+	}
+	dir := f["pool-kube-checkpoint-dir"]
+	if dir == "" {
+		return
+	}
+	vm, kind := mountHolding(sts, c, dir)
+	name, ok := strings.CutPrefix(kind, "persistentVolumeClaim ")
+	if !ok || vm.MountPath != dir {
+		t.Errorf("%s: --pool-kube-checkpoint-dir=%s is not where a claim is mounted (%s at %s)", where, dir, kind, vm.MountPath)
+		return
+	}
+	if serverClaim := m.claim(sts.Namespace, name); serverClaim != nil && rankClaim != nil {
+		if err := m.sameStorage(rankClaim, serverClaim); err != nil {
+			t.Errorf("%s: --pool-kube-checkpoint-dir=%s: claim %s/%s does not show the ranks' checkpoints: %v", where, dir, sts.Namespace, name, err)
+		}
+	}
+}
+
+// boundVolume is the PersistentVolume pvc is bound to in advance: named by
+// its volumeName and naming it in claimRef, with its class, access modes
+// and at least its size.
+func (m *manifests) boundVolume(pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, error) {
+	id := pvc.Namespace + "/" + pvc.Name
+	if pvc.Spec.VolumeName == "" {
+		return nil, fmt.Errorf("claim %s names no volume: it gets a volume of its own", id)
+	}
+	for _, pv := range m.volumes {
+		if pv.Name != pvc.Spec.VolumeName {
+			continue
+		}
+		ref := pv.Spec.ClaimRef
+		req, have := pvc.Spec.Resources.Requests[corev1.ResourceStorage], pv.Spec.Capacity[corev1.ResourceStorage]
+		switch {
+		case ref == nil:
+			return nil, fmt.Errorf("volume %s is not reserved for claim %s (no claimRef): another claim may bind it", pv.Name, id)
+		case ref.Namespace != pvc.Namespace || ref.Name != pvc.Name:
+			return nil, fmt.Errorf("volume %s is reserved for claim %s/%s, not %s", pv.Name, ref.Namespace, ref.Name, id)
+		case pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != pv.Spec.StorageClassName:
+			return nil, fmt.Errorf("claim %s asks for storage class %v, volume %s is %q: it would not bind (a default class would provision another)",
+				id, pvc.Spec.StorageClassName, pv.Name, pv.Spec.StorageClassName)
+		case slices.ContainsFunc(pvc.Spec.AccessModes, func(a corev1.PersistentVolumeAccessMode) bool { return !slices.Contains(pv.Spec.AccessModes, a) }):
+			return nil, fmt.Errorf("claim %s wants %v, volume %s offers %v", id, pvc.Spec.AccessModes, pv.Name, pv.Spec.AccessModes)
+		case have.Cmp(req) < 0:
+			return nil, fmt.Errorf("claim %s wants %s, volume %s holds %s", id, req.String(), pv.Name, have.String())
+		}
+		return pv, nil
+	}
+	return nil, fmt.Errorf("claim %s names volume %s, which is not rendered", id, pvc.Spec.VolumeName)
+}
+
+// sameStorage reports why claims a and b would not show the same files.
+func (m *manifests) sameStorage(a, b *corev1.PersistentVolumeClaim) error {
+	if a == b {
+		return nil
+	}
+	va, err := m.boundVolume(a)
+	if err != nil {
+		return err
+	}
+	vb, err := m.boundVolume(b)
+	if err != nil {
+		return err
+	}
+	na, nb := va.Spec.NFS, vb.Spec.NFS
+	if na == nil || nb == nil {
+		return fmt.Errorf("volumes %s and %s: only NFS volumes are known here to share their files", va.Name, vb.Name)
+	}
+	if na.Server != nb.Server || path.Clean(na.Path) != path.Clean(nb.Path) {
+		return fmt.Errorf("volume %s is %s:%s, volume %s is %s:%s", va.Name, na.Server, na.Path, vb.Name, nb.Server, nb.Path)
+	}
+	return nil
+}
+
+// checkClaims checks that every claim bound in advance finds its volume,
+// and every reserved volume its claim.
+func checkClaims(t *testing.T, m *manifests) {
+	t.Helper()
+	for _, pvc := range m.claims {
+		if _, err := m.boundVolume(pvc); pvc.Spec.VolumeName != "" && err != nil {
+			t.Errorf("%s: %v", m.overlay, err)
+		}
+	}
+	for _, pv := range m.volumes {
+		if ref := pv.Spec.ClaimRef; ref == nil {
+			t.Errorf("%s: volume %s has no claimRef: any claim of its class may bind it", m.overlay, pv.Name)
+		} else if m.claim(ref.Namespace, ref.Name) == nil {
+			t.Errorf("%s: volume %s is reserved for claim %s/%s, which is not rendered", m.overlay, pv.Name, ref.Namespace, ref.Name)
+		}
+	}
+}
+
+// checkBindings checks that every binding's subjects are service accounts
+// the overlay renders, so that no grant lands on an account someone else
+// may create.
+func checkBindings(t *testing.T, m *manifests) {
+	t.Helper()
+	check := func(where, bindingNS string, subjects []rbacv1.Subject) {
+		for _, s := range subjects {
+			ns := cmp.Or(s.Namespace, bindingNS)
+			if s.Kind != rbacv1.ServiceAccountKind || m.serviceAccount(ns, s.Name) == nil {
+				t.Errorf("%s: %s: subject %s %s/%s is not a service account the overlay renders", m.overlay, where, s.Kind, ns, s.Name)
+			}
+		}
+	}
+	for _, rb := range m.roleBindings {
+		check("rolebinding "+rb.Namespace+"/"+rb.Name, rb.Namespace, rb.Subjects)
+	}
+	for _, crb := range m.clusterRoleBindings {
+		check("clusterrolebinding "+crb.Name, "", crb.Subjects)
+	}
+}
+
+// TestKubernetesPoolExecutorCalls keeps poolExecutorAccess in step with
+// server/internal/kube: the resources it names and the verbs of its
+// dynamic client's calls are the table's.
+func TestKubernetesPoolExecutorCalls(t *testing.T) {
+	const dir = "../server/internal/kube"
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := regexp.MustCompile(`\.(Create|Get|Update|UpdateStatus|Delete|DeleteCollection|List|Watch|Patch|Apply|ApplyStatus)\(ctx\b`)
+	resources := regexp.MustCompile(`\.WithResource\("([a-z]+)"\)`)
+	verbs, named := map[string]bool{}, map[string]bool{}
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range calls.FindAllSubmatch(b, -1) {
+			verbs[strings.ToLower(string(c[1]))] = true
+		}
+		for _, r := range resources.FindAllSubmatch(b, -1) {
+			named[string(r[1])] = true
+		}
+	}
+	tableVerbs, tableResources := map[string]bool{}, map[string]bool{}
+	for _, a := range poolExecutorAccess {
+		tableResources[a.resource] = true
+		for _, v := range a.verbs {
+			tableVerbs[v] = true
+		}
+	}
+	if len(verbs) == 0 || len(named) == 0 {
+		t.Fatalf("found no API calls or resources in %s: the patterns here no longer match its source", dir)
+	}
+	if !maps.Equal(verbs, tableVerbs) {
+		t.Errorf("%s calls %v; poolExecutorAccess (and rbac.yaml) grant %v", dir, slices.Sorted(maps.Keys(verbs)), slices.Sorted(maps.Keys(tableVerbs)))
+	}
+	if !maps.Equal(named, tableResources) {
+		t.Errorf("%s uses resources %v; poolExecutorAccess has %v", dir, slices.Sorted(maps.Keys(named)), slices.Sorted(maps.Keys(tableResources)))
+	}
+}
+
 // mountAt is the volume mount of c that holds p and what backs it:
-// "claim", "emptyDir", "configMap NAME" or "secret NAME".
+// "claim" (a claim template), "persistentVolumeClaim NAME", "emptyDir",
+// "configMap NAME" or "secret NAME".
 func mountHolding(sts *appsv1.StatefulSet, c *corev1.Container, p string) (corev1.VolumeMount, string) {
 	var best corev1.VolumeMount
 	for _, vm := range c.VolumeMounts {
@@ -932,6 +1410,8 @@ func mountHolding(sts *appsv1.StatefulSet, c *corev1.Container, p string) (corev
 			return best, "configMap " + v.ConfigMap.Name
 		case v.EmptyDir != nil:
 			return best, "emptyDir"
+		case v.PersistentVolumeClaim != nil:
+			return best, "persistentVolumeClaim " + v.PersistentVolumeClaim.ClaimName
 		}
 		return best, "volume " + v.Name
 	}
@@ -2010,4 +2490,268 @@ func freeLoopbackPort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestKubernetesPoolExecutorRuns runs the pool-executor overlay's
+// fleetlearn-server command line against an API server in this process
+// that allows only what the overlay's RBAC grants the server's service
+// account, twice: first with no Kueue objects (the server reads and
+// creates the flavors and the default tenant's queues, then lists and
+// watches the JobSets), then with every object's spec replaced (it
+// reads and updates them). Each call must be granted, and each grant on the
+// queues and each JobSet read the start needs must be used. The JobSet
+// writes of a running job (create, get, delete) are left to the table.
+// As in TestKubernetesExternalNATSRuns only what a pod has and this
+// machine lacks is moved: paths into a temporary directory, listen ports
+// to free ones on loopback, and --pool-kubernetes=in-cluster (the pod's
+// service account) to a kubeconfig naming this API server.
+func TestKubernetesPoolExecutorRuns(t *testing.T) {
+	dir := bins(t)
+	m := renderOverlay(t, "pool-executor")
+	sts := m.set("fleetlearn-server")
+	if sts == nil {
+		t.Fatal("pool-executor renders no fleetlearn-server StatefulSet")
+	}
+	c := &sts.Spec.Template.Spec.Containers[0]
+	prog := containerProgramOf(t, m, sts, c)
+	f, err := parseFlagArgs(prog.argv[1:])
+	if err != nil || f["pool-kubernetes"] != "in-cluster" {
+		t.Fatalf("pool-executor: %s/%s: want --pool-kubernetes=in-cluster (%v)", sts.Name, c.Name, err)
+	}
+	api := &fakeAPI{granted: m.grantsOf(t, sts.Namespace, sts.Spec.Template.Spec.ServiceAccountName), objects: map[string]map[string]any{}}
+	hs := httptest.NewServer(api)
+	defer hs.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: pool, cluster: {server: %q}}]
+users: [{name: fleetlearn-server, user: {token: service-account-token}}]
+contexts: [{name: pool, context: {cluster: pool, user: fleetlearn-server}}]
+current-context: pool
+`, hs.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "pod")
+	mirrorPod(t, root, m, sts, c, nil)
+	var args []string
+	for _, a := range prog.argv[1:] {
+		name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		switch name {
+		case "data-dir", "pool-kube-checkpoint-dir":
+			v = filepath.Join(root, v)
+		case "grpc-addr", "metrics-addr", "nats-listen":
+			v = net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLoopbackPort(t)))
+		case "pool-kubernetes":
+			v = kubeconfig
+		}
+		args = append(args, "--"+name+"="+v)
+	}
+
+	ns, _ := f.get("pool-kube-namespace", defaultPoolNamespace)
+	startup := map[grant]bool{
+		{ns, "jobset.x-k8s.io", "jobsets", "list"}:  true,
+		{ns, "jobset.x-k8s.io", "jobsets", "watch"}: true,
+	}
+	for g := range requiredGrants(f) {
+		if g.group == "kueue.x-k8s.io" {
+			startup[g] = true
+		}
+	}
+	used := map[grant]bool{}
+	for run, stale := range []bool{false, true} {
+		if stale {
+			api.staleSpecs()
+		}
+		api.reset()
+		logFile := filepath.Join(t.TempDir(), "fleetlearn-server.log")
+		out, err := os.Create(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := exec.Command(filepath.Join(dir, "fleetlearn-server"), args...)
+		srv.Env, srv.Stdout, srv.Stderr = []string{"HOME=" + t.TempDir()}, out, out
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- srv.Wait() }()
+		serverLog := func() string { b, _ := os.ReadFile(logFile); return kpTail(string(b), 4000) }
+		// Watching the JobSets is the executor's last step of the start.
+		// A refused call ends the wait: the server retries it for ever.
+		watching, refused := false, false
+		for start := time.Now(); !watching && !refused && time.Since(start) < kpGuard; {
+			select {
+			case err := <-exited:
+				out.Close()
+				t.Fatalf("run %d: fleetlearn-server exited: %v; API calls %v\n%s", run, err, api.log(), serverLog())
+			case <-time.After(100 * time.Millisecond):
+			}
+			watching = api.saw(grant{ns, "jobset.x-k8s.io", "jobsets", "watch"})
+			_, denied := api.result()
+			refused = len(denied) > 0
+		}
+		_ = srv.Process.Signal(os.Interrupt)
+		<-exited
+		out.Close()
+		calls, denied := api.result()
+		if len(denied) > 0 {
+			t.Fatalf("run %d: the overlay's RBAC refuses the server %v; API calls %v\n%s", run, denied, api.log(), serverLog())
+		}
+		if !watching {
+			t.Fatalf("run %d: fleetlearn-server did not watch the JobSets within %v; API calls %v\n%s", run, kpGuard, api.log(), serverLog())
+		}
+		maps.Copy(used, calls)
+	}
+	for g := range startup {
+		if !used[g] {
+			t.Errorf("the start never called %s, which the table says the executor needs", g)
+		}
+	}
+}
+
+// fakeAPI is the part of a Kubernetes API server the dynamic client of
+// the pool executor reaches at start: get, create and update of single
+// objects, list and watch of collections, each authorized against granted.
+type fakeAPI struct {
+	granted map[grant]bool
+	mu      sync.Mutex
+	objects map[string]map[string]any // by item path
+	calls   map[grant]bool
+	denied  []string
+	seq     int
+}
+
+// apiPath is /apis/GROUP/VERSION[/namespaces/NS]/RESOURCE[/NAME].
+var apiPath = regexp.MustCompile(`^/apis/([^/]+)/([^/]+)(?:/namespaces/([^/]+))?/([^/]+)(?:/([^/]+))?$`)
+
+func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := apiPath.FindStringSubmatch(r.URL.Path)
+	if p == nil {
+		a.status(w, http.StatusNotFound, "NotFound", "no such path "+r.URL.Path)
+		return
+	}
+	group, version, ns, resource, name := p[1], p[2], p[3], p[4], p[5]
+	verb := map[string]string{http.MethodGet: "get", http.MethodPost: "create", http.MethodPut: "update",
+		http.MethodDelete: "delete", http.MethodPatch: "patch"}[r.Method]
+	watching := r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1"
+	if verb == "get" && name == "" {
+		verb = "list"
+		if watching {
+			verb = "watch"
+		}
+	}
+	g := grant{ns, group, resource, verb}
+	a.mu.Lock()
+	if !a.granted[g] {
+		a.denied = append(a.denied, g.String())
+		a.mu.Unlock()
+		a.status(w, http.StatusForbidden, "Forbidden", "not granted: "+g.String())
+		return
+	}
+	a.calls[g] = true
+	item := strings.TrimSuffix(r.URL.Path, "/"+name)
+	a.mu.Unlock()
+	if verb == "watch" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch verb {
+	case "get":
+		obj, ok := a.objects[r.URL.Path]
+		if !ok {
+			a.status(w, http.StatusNotFound, "NotFound", resource+" "+name+" not found")
+			return
+		}
+		writeJSON(w, http.StatusOK, obj)
+	case "list":
+		items := []any{}
+		for k, o := range a.objects {
+			if path.Dir(k) == item || path.Dir(k) == r.URL.Path {
+				items = append(items, o)
+			}
+		}
+		a.seq++
+		writeJSON(w, http.StatusOK, map[string]any{"apiVersion": group + "/" + version, "kind": "List",
+			"metadata": map[string]any{"resourceVersion": strconv.Itoa(a.seq)}, "items": items})
+	case "create", "update":
+		var obj map[string]any
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&obj); err != nil {
+			a.status(w, http.StatusBadRequest, "BadRequest", err.Error())
+			return
+		}
+		meta, _ := obj["metadata"].(map[string]any)
+		objName, _ := meta["name"].(string)
+		at := r.URL.Path
+		if verb == "create" {
+			at = r.URL.Path + "/" + objName
+			if _, ok := a.objects[at]; ok {
+				a.status(w, http.StatusConflict, "AlreadyExists", resource+" "+objName+" already exists")
+				return
+			}
+		} else if _, ok := a.objects[at]; !ok || objName != name {
+			a.status(w, http.StatusNotFound, "NotFound", resource+" "+name+" not found")
+			return
+		}
+		a.seq++
+		meta["resourceVersion"] = strconv.Itoa(a.seq)
+		a.objects[at] = obj
+		writeJSON(w, map[bool]int{true: http.StatusCreated, false: http.StatusOK}[verb == "create"], obj)
+	default:
+		a.status(w, http.StatusMethodNotAllowed, "MethodNotAllowed", verb+" is not served here")
+	}
+}
+
+func (a *fakeAPI) status(w http.ResponseWriter, code int, reason, msg string) {
+	writeJSON(w, code, map[string]any{"apiVersion": "v1", "kind": "Status", "status": "Failure",
+		"code": code, "reason": reason, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// reset forgets the calls seen so far.
+func (a *fakeAPI) reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls, a.denied = map[grant]bool{}, nil
+}
+
+// staleSpecs replaces every stored object's spec with one the server
+// never writes, so that the next start must update it.
+func (a *fakeAPI) staleSpecs() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, o := range a.objects {
+		o["spec"] = map[string]any{"stale": true}
+	}
+}
+
+func (a *fakeAPI) saw(g grant) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.calls[g]
+}
+
+func (a *fakeAPI) result() (map[grant]bool, []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.calls), slices.Clone(a.denied)
+}
+
+func (a *fakeAPI) log() []string {
+	calls, denied := a.result()
+	var l []string
+	for g := range calls {
+		l = append(l, g.String())
+	}
+	slices.Sort(l)
+	return append(l, denied...)
 }

@@ -29,8 +29,10 @@ import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
-// Resources the controller reads and writes; the server's RBAC role needs
-// get, list, watch, create, update and delete on them.
+// Resources the controller reads and writes. The server's RBAC needs
+// create, delete, get, list and watch on jobsets; create, get and update on
+// the Kueue objects (deploy/kubernetes/pool-executor/rbac.yaml, checked
+// against this code by the deploy tests).
 var (
 	JobSetResource         = jobset.GroupVersion.WithResource("jobsets")
 	ResourceFlavorResource = kueue.GroupVersion.WithResource("resourceflavors")
