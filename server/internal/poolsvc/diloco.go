@@ -126,6 +126,17 @@ func checkDiLoCo(in *pb.PoolJobSpec) error {
 	case in.GetCarbon() != nil:
 		return invalidf("spec.carbon: carbon-aware placement plans one gang; it is not combined with DiLoCo islands")
 	}
+	var params int64
+	for i, w := range b.GetArch() {
+		if i > 0 {
+			params += int64(b.GetArch()[i-1])*int64(w) + int64(w)
+		}
+	}
+	// A pseudo-gradient travels in one message, as an average does.
+	if params*4 > MaxAverageBytes {
+		return invalidf("spec.builtin.arch: %d parameters; a DiLoCo island's float32 pseudo-gradient must fit in %d bytes (at most %d parameters)",
+			params, MaxAverageBytes, MaxAverageBytes/4)
+	}
 	lr := d.GetOuterLearningRate()
 	if math.IsNaN(lr) || lr < 0 || lr > maxOuterLR {
 		return invalidf("spec.diloco.outer_learning_rate %v: want a number in (0, %d], or 0 for %v", lr, maxOuterLR, aggregator.DefaultOuterLR)

@@ -248,6 +248,7 @@ func TestDiLoCoSubmitValidation(t *testing.T) {
 		{"inner steps over total", "spec.diloco.inner_steps", func(s *pb.PoolJobSpec) { s.Diloco.InnerSteps = s.TotalSteps + 10 }},
 		{"total not a multiple of H", "spec.total_steps", func(s *pb.PoolJobSpec) { s.TotalSteps = 25 }},
 		{"checkpoint interval not H", "spec.checkpoint_interval", func(s *pb.PoolJobSpec) { s.CheckpointInterval = 5 }},
+		{"pseudo-gradient over a message", "spec.builtin.arch", func(s *pb.PoolJobSpec) { s.GetBuiltin().Arch = []uint32{4096, 512, 10} }},
 		{"sync_every", "spec.builtin.sync_every", func(s *pb.PoolJobSpec) { s.GetBuiltin().SyncEvery = 5 }},
 		{"init_model", "spec.builtin.init_model", func(s *pb.PoolJobSpec) { s.GetBuiltin().InitModel = strings.Repeat("ab", 32) }},
 		{"carbon", "spec.carbon", func(s *pb.PoolJobSpec) {
