@@ -1,0 +1,349 @@
+package kernel
+
+// The kernels of a small decoder-only transformer, each with its backward
+// pass. Like the rest of the package they check every operand and sum in a
+// fixed order. Each product that feeds an addition is rounded by an explicit
+// conversion: the Go spec lets the compiler fuse x*y+z into one instruction on
+// some architectures (see aggregator/outer.go), which would change the bits.
+//
+// Work per call, for a host that charges it (same unit as GemmFLOPs, and as
+// the host's charges for the existing element-wise kernels):
+//
+//	Embedding       1 per value of out (a row copy)
+//	EmbeddingGrad   1 per value of dout
+//	LayerNorm       8 per value of x
+//	LayerNormGrad  16 per value of x
+//	GELU           12 per value of x (tanh counted as 4)
+//	GELUGrad       16 per value of x
+//	Softmax         5 per value of x, masked values included
+//	SoftmaxGrad     4 per value of y
+//	BatchedGemm     BatchedGemmFLOPs
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ErrArgument reports a scalar argument outside the range a kernel accepts
+// (a non-positive epsilon, a negative causal length, a batch count below 1).
+var ErrArgument = errors.New("kernel: invalid argument")
+
+// tokenIDs checks that every value of ids (n×1) is a row index of a table
+// with rows rows, before any kernel writes, so a refused call changes nothing.
+func tokenIDs(op string, ids Mat, n, rows int) error {
+	if ids.Rows != n || ids.Cols != 1 {
+		return fmt.Errorf("%w: %s: ids is %v, want %dx1", ErrShape, op, ids, n)
+	}
+	for i, v := range ids.Vals() {
+		if _, err := classOf(v, rows); err != nil {
+			return fmt.Errorf("%s: ids row %d: %w (token ids must be integers in [0,%d))", op, i, err, rows)
+		}
+	}
+	return nil
+}
+
+// Embedding writes row ids[i] of table into row i of out. ids is n×1 and holds
+// token ids as float32, as SoftmaxXent's labels do; out is n×table.Cols.
+// Ids that are not integers in [0, table.Rows) are refused with ErrLabel.
+func Embedding(table, ids, out Mat) error {
+	if err := errors.Join(table.check("table"), ids.check("ids"), out.check("out")); err != nil {
+		return fmt.Errorf("embedding: %w", err)
+	}
+	if out.Cols != table.Cols {
+		return fmt.Errorf("%w: embedding: table %v, out %v: out needs the table's %d columns", ErrShape, table, out, table.Cols)
+	}
+	if err := tokenIDs("embedding", ids, out.Rows, table.Rows); err != nil {
+		return err
+	}
+	d := table.Cols
+	for i, v := range ids.Vals() {
+		t := int(v)
+		copy(out.Data[i*d:(i+1)*d], table.Data[t*d:(t+1)*d])
+	}
+	return nil
+}
+
+// EmbeddingGrad adds row i of dout to row ids[i] of dtable for i ascending, so
+// repeated ids accumulate in a fixed order. It accumulates: the caller zeroes
+// dtable first. Every id is checked before dtable changes.
+func EmbeddingGrad(dout, ids, dtable Mat) error {
+	if err := errors.Join(dout.check("dout"), ids.check("ids"), dtable.check("dtable")); err != nil {
+		return fmt.Errorf("embedding_grad: %w", err)
+	}
+	if dout.Cols != dtable.Cols {
+		return fmt.Errorf("%w: embedding_grad: dout %v, dtable %v: column counts differ", ErrShape, dout, dtable)
+	}
+	if err := tokenIDs("embedding_grad", ids, dout.Rows, dtable.Rows); err != nil {
+		return err
+	}
+	d := dout.Cols
+	for i, v := range ids.Vals() {
+		t := int(v)
+		dst := dtable.Data[t*d : (t+1)*d]
+		for j, g := range dout.Data[i*d : (i+1)*d] {
+			dst[j] += g
+		}
+	}
+	return nil
+}
+
+func vecLen(op, name string, m Mat, want int, of string) error {
+	if m.Len() != want {
+		return fmt.Errorf("%w: %s: %s has %d values, want %d (%s)", ErrShape, op, name, m.Len(), want, of)
+	}
+	return nil
+}
+
+// LayerNorm normalises each row of x (n×d) to zero mean and unit biased
+// variance, then scales by gamma and shifts by beta (both 1×d):
+// y = (x−mean)·rstd·gamma + beta with rstd = 1/sqrt(var+eps). It saves each
+// row's mean and rstd in mean and rstd (n×1) for LayerNormGrad. Statistics are
+// accumulated in float64 with a two-pass variance, so rows with a large mean
+// keep their precision. eps must be in (0, 1]; y may alias x.
+func LayerNorm(x, gamma, beta, y, mean, rstd Mat, eps float32) error {
+	if err := errors.Join(x.check("x"), gamma.check("gamma"), beta.check("beta"), y.check("y"),
+		mean.check("mean"), rstd.check("rstd")); err != nil {
+		return fmt.Errorf("layer_norm: %w", err)
+	}
+	n, d := x.Rows, x.Cols
+	if err := errors.Join(sameShape("layer_norm", x, y),
+		vecLen("layer_norm", "gamma", gamma, d, "one per column of x"),
+		vecLen("layer_norm", "beta", beta, d, "one per column of x"),
+		vecLen("layer_norm", "mean", mean, n, "one per row of x"),
+		vecLen("layer_norm", "rstd", rstd, n, "one per row of x")); err != nil {
+		return err
+	}
+	if !(eps > 0 && eps <= 1) {
+		return fmt.Errorf("%w: layer_norm: eps %v not in (0, 1]", ErrArgument, eps)
+	}
+	if n > 0 && d == 0 {
+		return fmt.Errorf("%w: layer_norm: x %v has no columns to normalise", ErrShape, x)
+	}
+	gv, bv, mv, rv := gamma.Vals(), beta.Vals(), mean.Vals(), rstd.Vals()
+	fd, fe := float64(d), float64(eps)
+	for r := 0; r < n; r++ {
+		row := x.Data[r*d : (r+1)*d]
+		var s float64
+		for _, v := range row {
+			s += float64(v)
+		}
+		mu := s / fd
+		var q float64
+		for _, v := range row {
+			dv := float64(v) - mu
+			q += float64(dv * dv)
+		}
+		rs := 1 / math.Sqrt(q/fd+fe)
+		out := y.Data[r*d : (r+1)*d]
+		for j, v := range row {
+			xh := float64((float64(v) - mu) * rs)
+			out[j] = float32(float64(xh*float64(gv[j])) + float64(bv[j]))
+		}
+		mv[r], rv[r] = float32(mu), float32(rs)
+	}
+	return nil
+}
+
+// LayerNormGrad is the exact gradient of LayerNorm given the mean and rstd it
+// saved: with g = dy·gamma and x̂ = (x−mean)·rstd, it writes
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) per row, and adds Σ dy·x̂ to dgamma
+// and Σ dy to dbeta over rows in ascending order (the caller zeroes them).
+// dx may alias dy.
+func LayerNormGrad(dy, x, gamma, mean, rstd, dx, dgamma, dbeta Mat) error {
+	if err := errors.Join(dy.check("dy"), x.check("x"), gamma.check("gamma"), mean.check("mean"),
+		rstd.check("rstd"), dx.check("dx"), dgamma.check("dgamma"), dbeta.check("dbeta")); err != nil {
+		return fmt.Errorf("layer_norm_grad: %w", err)
+	}
+	n, d := x.Rows, x.Cols
+	if err := errors.Join(sameShape("layer_norm_grad", dy, x), sameShape("layer_norm_grad", dx, x),
+		vecLen("layer_norm_grad", "gamma", gamma, d, "one per column of x"),
+		vecLen("layer_norm_grad", "dgamma", dgamma, d, "one per column of x"),
+		vecLen("layer_norm_grad", "dbeta", dbeta, d, "one per column of x"),
+		vecLen("layer_norm_grad", "mean", mean, n, "one per row of x"),
+		vecLen("layer_norm_grad", "rstd", rstd, n, "one per row of x")); err != nil {
+		return err
+	}
+	if n == 0 || d == 0 {
+		return nil
+	}
+	gv, mv, rv, dgv, dbv := gamma.Vals(), mean.Vals(), rstd.Vals(), dgamma.Vals(), dbeta.Vals()
+	fd := float64(d)
+	for r := 0; r < n; r++ {
+		xr, dyr, dxr := x.Data[r*d:(r+1)*d], dy.Data[r*d:(r+1)*d], dx.Data[r*d:(r+1)*d]
+		mu, rs := float64(mv[r]), float64(rv[r])
+		var s1, s2 float64
+		for j, v := range xr {
+			xh := (float64(v) - mu) * rs
+			g := float64(dyr[j]) * float64(gv[j]) // exact: both factors are float32
+			s1 += g
+			s2 += float64(g * xh)
+			dgv[j] += float32(float64(dyr[j]) * xh)
+			dbv[j] += dyr[j]
+		}
+		m1, m2 := s1/fd, s2/fd
+		// Each dx[j] reads only dy[j] and x[j], so dx may overwrite dy in place.
+		for j, v := range xr {
+			xh := (float64(v) - mu) * rs
+			g := float64(dyr[j]) * float64(gv[j])
+			dxr[j] = float32(rs * (g - m1 - float64(xh*m2)))
+		}
+	}
+	return nil
+}
+
+const (
+	geluC = 0.7978845608028654 // sqrt(2/π)
+	geluK = 0.044715
+)
+
+// GELU writes the tanh approximation of the Gaussian error linear unit,
+// 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) (PyTorch's approximate="tanh"),
+// into y, computing in float64. y may alias x.
+func GELU(x, y Mat) error {
+	if err := errors.Join(x.check("x"), y.check("y")); err != nil {
+		return fmt.Errorf("gelu: %w", err)
+	}
+	if err := sameShape("gelu", x, y); err != nil {
+		return err
+	}
+	yv := y.Vals()
+	for i, v := range x.Vals() {
+		f := float64(v)
+		t := math.Tanh(geluC * (f + float64(geluK*float64(f*f)*f)))
+		yv[i] = float32(0.5 * f * (1 + t))
+	}
+	return nil
+}
+
+// GELUGrad writes dy times the derivative of GELU at x into dx; dx may alias dy.
+func GELUGrad(dy, x, dx Mat) error {
+	if err := errors.Join(dy.check("dy"), x.check("x"), dx.check("dx")); err != nil {
+		return fmt.Errorf("gelu_grad: %w", err)
+	}
+	if err := errors.Join(sameShape("gelu_grad", dy, x), sameShape("gelu_grad", dx, x)); err != nil {
+		return err
+	}
+	xv, dxv := x.Vals(), dx.Vals()
+	for i, g := range dy.Vals() {
+		f := float64(xv[i])
+		f2 := f * f // exact: f is a float32
+		t := math.Tanh(geluC * (f + float64(geluK*f2*f)))
+		du := geluC * (1 + float64(3*geluK*f2))
+		sech2 := 1 - float64(t*t)
+		deriv := float64(0.5*(1+t)) + float64(0.5*f*sech2*du)
+		dxv[i] = float32(float64(g) * deriv)
+	}
+	return nil
+}
+
+// Softmax writes the row-wise softmax of x into y, subtracting each row's
+// maximum first so large scores cannot overflow. With causal 0 every column
+// takes part. With causal > 0, x must have causal columns and row r sees only
+// columns c ≤ r mod causal: the layout of attention scores of shape
+// (batch·heads·T)×T with causal = T. Masked columns get exactly 0 and are
+// never read, so whatever they hold cannot leak into the row. y may alias x.
+func Softmax(x, y Mat, causal int) error {
+	if err := errors.Join(x.check("x"), y.check("y")); err != nil {
+		return fmt.Errorf("softmax: %w", err)
+	}
+	if err := sameShape("softmax", x, y); err != nil {
+		return err
+	}
+	if causal < 0 {
+		return fmt.Errorf("%w: softmax: causal %d is negative (0 disables the mask, T masks T×T blocks)", ErrArgument, causal)
+	}
+	c := x.Cols
+	if causal > 0 && c != causal {
+		return fmt.Errorf("%w: softmax: causal %d but x %v has %d columns; causal scores are (batch·heads·T)×T with causal = T", ErrShape, causal, x, c)
+	}
+	if c == 0 {
+		return nil
+	}
+	for r := 0; r < x.Rows; r++ {
+		lim := c
+		if causal > 0 {
+			lim = r%causal + 1
+		}
+		row, out := x.Data[r*c:r*c+lim], y.Data[r*c:(r+1)*c]
+		mx := row[0]
+		for _, v := range row[1:] {
+			mx = max(mx, v)
+		}
+		m := float64(mx)
+		var s float64
+		for j, v := range row {
+			e := float32(math.Exp(float64(v) - m))
+			out[j] = e
+			s += float64(e)
+		}
+		for j := range row {
+			out[j] = float32(float64(out[j]) / s)
+		}
+		clear(out[lim:])
+	}
+	return nil
+}
+
+// SoftmaxGrad writes the gradient through a row-wise softmax whose output was
+// y: dx = y ⊙ (dy − rowsum(dy ⊙ y)). Masked columns of a causal softmax have
+// y = 0 and so get dx = 0. dx may alias dy.
+func SoftmaxGrad(dy, y, dx Mat) error {
+	if err := errors.Join(dy.check("dy"), y.check("y"), dx.check("dx")); err != nil {
+		return fmt.Errorf("softmax_grad: %w", err)
+	}
+	if err := errors.Join(sameShape("softmax_grad", dy, y), sameShape("softmax_grad", dx, y)); err != nil {
+		return err
+	}
+	c := y.Cols
+	for r := 0; r < y.Rows; r++ {
+		dyr, yr, dxr := dy.Data[r*c:(r+1)*c], y.Data[r*c:(r+1)*c], dx.Data[r*c:(r+1)*c]
+		var s float64
+		for j, g := range dyr {
+			s += float64(g) * float64(yr[j]) // exact product of float32s: fusing cannot change it
+		}
+		for j, g := range dyr {
+			dxr[j] = float32(float64(yr[j]) * (float64(g) - s))
+		}
+	}
+	return nil
+}
+
+// BatchedGemm runs batch independent Gemms on equal contiguous row blocks:
+// block i of a ((batch·ra)×ca), of b ((batch·rb)×cb) and of c ((batch·m)×n)
+// give C_i = alpha·op(A_i)·op(B_i) + beta·C_i, with Gemm's semantics and, as
+// each block is a Gemm call on a view, Gemm's exact bits. Per-head attention
+// products (Q·Kᵀ, P·V and their gradients) are its use. batch must be ≥ 1; the
+// shapes are checked before any block is written.
+func BatchedGemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat, batch int) error {
+	if err := errors.Join(a.check("A"), b.check("B"), c.check("C")); err != nil {
+		return fmt.Errorf("batched_gemm: %w", err)
+	}
+	if batch < 1 {
+		return fmt.Errorf("%w: batched_gemm: batch %d, want at least 1", ErrArgument, batch)
+	}
+	for _, m := range []struct {
+		n string
+		m Mat
+	}{{"A", a}, {"B", b}, {"C", c}} {
+		if m.m.Rows%batch != 0 {
+			return fmt.Errorf("%w: batched_gemm: %s %v does not split into %d equal row blocks", ErrShape, m.n, m.m, batch)
+		}
+	}
+	block := func(m Mat, i int) Mat {
+		r := m.Rows / batch
+		sz := r * m.Cols
+		return Mat{Rows: r, Cols: m.Cols, Data: m.Data[i*sz : (i+1)*sz : (i+1)*sz]}
+	}
+	// Every block has the same shape, so block 0 failing Gemm's check (which
+	// writes nothing) stops the call before any block changes.
+	for i := 0; i < batch; i++ {
+		if err := Gemm(transA, transB, alpha, block(a, i), block(b, i), beta, block(c, i)); err != nil {
+			return fmt.Errorf("batched_gemm: block %d of %d: %w", i, batch, err)
+		}
+	}
+	return nil
+}
+
+// BatchedGemmFLOPs is the work BatchedGemm does for batch m×k by k×n products.
+func BatchedGemmFLOPs(batch, m, n, k int) int64 { return int64(batch) * GemmFLOPs(m, n, k) }
