@@ -5,13 +5,51 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 )
 
-// ABIVersion is the module ABI this host implements; see docs/ABI.md.
-const ABIVersion = 1
+// ABIVersion is the newest module ABI this host implements; see docs/ABI.md.
+// Every version from MinABIVersion up is still served: a module built for ABI
+// v1 imports fleetlearn_v1 and runs unchanged.
+const ABIVersion = 2
 
-// HostModule is the import module name of the ABI's host functions.
-const HostModule = "fleetlearn_v1"
+// MinABIVersion is the oldest module ABI this host still serves.
+const MinABIVersion = 1
+
+// HostModule is the import module name of ABIVersion's host functions.
+const HostModule = "fleetlearn_v2"
+
+// HostModuleOf is the import module name of ABI version v's host functions.
+// Each version has its own namespace, and a module imports only from the one
+// of the version it declares.
+func HostModuleOf(v int) string { return "fleetlearn_v" + strconv.Itoa(v) }
+
+// ABIRange says which module ABIs this build serves, for version lines:
+// "module ABI 1-2".
+func ABIRange() string {
+	return fmt.Sprintf("module ABI %d-%d", MinABIVersion, ABIVersion)
+}
+
+// SupportedABIVersions lists the module ABI versions this host serves, oldest
+// first, as an agent advertises them to the server.
+func SupportedABIVersions() []uint32 {
+	out := make([]uint32, 0, ABIVersion-MinABIVersion+1)
+	for v := MinABIVersion; v <= ABIVersion; v++ {
+		out = append(out, uint32(v))
+	}
+	return out
+}
+
+// namespaceVersion is the ABI version whose host module is named mod, or 0
+// when mod names none this host serves.
+func namespaceVersion(mod string) int {
+	for v := MinABIVersion; v <= ABIVersion; v++ {
+		if mod == HostModuleOf(v) {
+			return v
+		}
+	}
+	return 0
+}
 
 // Export names a module must provide.
 const (

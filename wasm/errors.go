@@ -9,7 +9,7 @@ var (
 	ErrHashMismatch = errors.New("wasm: module hash mismatch")
 	// ErrInvalidModule: the bytes are not a valid WebAssembly module (truncated, corrupt).
 	ErrInvalidModule = errors.New("wasm: invalid module")
-	// ErrForbiddenImport: the module imports something outside ABI v1.
+	// ErrForbiddenImport: the module imports something its declared ABI version does not grant.
 	ErrForbiddenImport = errors.New("wasm: forbidden import")
 	// ErrABI: the module does not implement the ABI (missing export, wrong signature).
 	ErrABI = errors.New("wasm: ABI violation")

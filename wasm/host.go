@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -49,6 +50,7 @@ type callState struct {
 	work    int64
 	bytes   int64
 	err     error // first host-detected error; it aborts the call
+	probe   bool  // the load-time version probe: no host function may run
 }
 
 type stateKey struct{}
@@ -159,8 +161,11 @@ func elemBytes(op string, s *callState, n uint32) uint32 {
 	return n * 4
 }
 
+// hostFn is one host function. since is the first ABI version that has it;
+// every later version serves the same function, under its own namespace.
 type hostFn struct {
 	name    string
+	since   int
 	params  []api.ValueType
 	results []api.ValueType
 	fn      func(s *callState, mod api.Module, stack []uint64)
@@ -176,12 +181,17 @@ func u32(v uint64) uint32 { return uint32(v) }
 func s32(v uint64) int32  { return int32(uint32(v)) }
 func fl(v uint64) float32 { return api.DecodeF32(v) }
 
-// hostFunctions is ABI v1's host import module. docs/ABI.md is its reference.
-var hostFunctions = []hostFn{
-	{"input_len", nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+// hostFunctions is every host function of every ABI version, served from
+// this one table so that a function shared by two versions has one
+// implementation. docs/ABI.md is its reference.
+var hostFunctions = slices.Concat(hostFunctionsV1, hostFunctionsV2)
+
+// hostFunctionsV1 is ABI v1's host import module, fleetlearn_v1.
+var hostFunctionsV1 = []hostFn{
+	{"input_len", 1, nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(len(s.input))
 	}},
-	{"input_read", []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
+	{"input_read", 1, []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
 		ptr, n := u32(st[0]), u32(st[1])
 		if int(n) < len(s.input) {
 			s.abort(fmt.Errorf("%w: input_read: buffer of %d bytes, input is %d", ErrKernel, n, len(s.input)))
@@ -191,18 +201,18 @@ var hostFunctions = []hostFn{
 		}
 		st[0] = uint64(len(s.input))
 	}},
-	{"output_write", []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"output_write", 1, []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		ptr, n := u32(st[0]), u32(st[1])
 		if n > maxOutputBytes {
 			s.abort(fmt.Errorf("%w: output_write: %d bytes, limit %d", ErrResult, n, maxOutputBytes))
 		}
 		s.output = append(s.output[:0], s.memRange("output_write", mod, ptr, n)...)
 	}},
-	{"fail", []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"fail", 1, []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		ptr, n := u32(st[0]), min(u32(st[1]), maxFailMsg)
 		s.failMsg = string(s.memRange("fail", mod, ptr, n))
 	}},
-	{"log", []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"log", 1, []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		ptr, n := u32(st[0]), u32(st[1])
 		msg := s.memRange("log", mod, ptr, n)
 		if s.logs+len(msg) > maxLogBytes {
@@ -211,24 +221,24 @@ var hostFunctions = []hostFn{
 		s.logs += len(msg)
 		s.log.Debug("module log", "msg", string(msg))
 	}},
-	{"param_count", nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"param_count", 1, nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.nparams)
 	}},
-	{"param", []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"param", 1, []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		i := s32(st[0])
 		if i < 0 || int(i) >= s.nparams {
 			s.abort(fmt.Errorf("%w: param: index %d not in [0,%d)", ErrKernel, i, s.nparams))
 		}
 		st[0] = uint64(i + 1) // parameters hold the first handles
 	}},
-	{"tensor_new", []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_new", 1, []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		r, c, err := dims("tensor_new", s32(st[0]), s32(st[1]))
 		if err != nil {
 			s.abort(err)
 		}
 		st[0] = uint64(s.newTensor("tensor_new", r, c, false))
 	}},
-	{"tensor_free", []api.ValueType{i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_free", 1, []api.ValueType{i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		h := u32(st[0])
 		t := s.tensor("tensor_free", h)
 		if t.param {
@@ -239,13 +249,13 @@ var hostFunctions = []hostFn{
 		s.free = append(s.free, h)
 		s.pool.put(t.m.Data)
 	}},
-	{"tensor_rows", []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_rows", 1, []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.mat("tensor_rows", u32(st[0])).Rows)
 	}},
-	{"tensor_cols", []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_cols", 1, []api.ValueType{i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.mat("tensor_cols", u32(st[0])).Cols)
 	}},
-	{"tensor_resize", []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_resize", 1, []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		h := u32(st[0])
 		t := s.tensor("tensor_resize", h)
 		r, c, err := dims("tensor_resize", s32(st[1]), s32(st[2]))
@@ -260,7 +270,7 @@ var hostFunctions = []hostFn{
 		}
 		t.m.Rows, t.m.Cols = r, c
 	}},
-	{"tensor_write", []api.ValueType{i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"tensor_write", 1, []api.ValueType{i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		m := s.mat("tensor_write", u32(st[0]))
 		ptr, n := u32(st[1]), u32(st[2])
 		if int(n) != m.Len() {
@@ -273,7 +283,7 @@ var hostFunctions = []hostFn{
 			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		}
 	}},
-	{"tensor_read", []api.ValueType{i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"tensor_read", 1, []api.ValueType{i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		m := s.mat("tensor_read", u32(st[0]))
 		ptr, n := u32(st[1]), u32(st[2])
 		if int(n) != m.Len() {
@@ -285,7 +295,7 @@ var hostFunctions = []hostFn{
 			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 		}
 	}},
-	{"tensor_fill", []api.ValueType{i32, f32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_fill", 1, []api.ValueType{i32, f32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		m := s.mat("tensor_fill", u32(st[0]))
 		s.charge("tensor_fill", int64(m.Len()))
 		v := fl(st[1])
@@ -293,7 +303,7 @@ var hostFunctions = []hostFn{
 			m.Data[i] = v
 		}
 	}},
-	{"tensor_copy", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"tensor_copy", 1, []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		dst, src := s.mat("tensor_copy", u32(st[0])), s.mat("tensor_copy", u32(st[1]))
 		if dst.Rows != src.Rows || dst.Cols != src.Cols {
 			s.abort(fmt.Errorf("%w: tensor_copy: %v into %v", ErrKernel, src, dst))
@@ -301,16 +311,16 @@ var hostFunctions = []hostFn{
 		s.charge("tensor_copy", int64(src.Len()))
 		copy(dst.Vals(), src.Vals())
 	}},
-	{"data_count", nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"data_count", 1, nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.data.Len())
 	}},
-	{"data_dim", nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"data_dim", 1, nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.data.Dim)
 	}},
-	{"data_classes", nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"data_classes", 1, nil, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		st[0] = uint64(s.data.NumClasses)
 	}},
-	{"data_gather", []api.ValueType{i32, i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
+	{"data_gather", 1, []api.ValueType{i32, i32, i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		x, y := s.mat("data_gather", u32(st[0])), s.mat("data_gather", u32(st[1]))
 		ptr, n := u32(st[2]), u32(st[3])
 		d := s.data
@@ -328,7 +338,7 @@ var hostFunctions = []hostFn{
 			y.Data[r] = float32(d.Labels[i])
 		}
 	}},
-	{"gemm", []api.ValueType{i32, i32, f32, i32, i32, f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"gemm", 1, []api.ValueType{i32, i32, f32, i32, i32, f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		a, b, c := s.mat("gemm", u32(st[3])), s.mat("gemm", u32(st[4])), s.mat("gemm", u32(st[6]))
 		k := a.Cols
 		if u32(st[0]) != 0 {
@@ -341,35 +351,35 @@ var hostFunctions = []hostFn{
 			s.kernelErr(err)
 		}
 	}},
-	{"bias_add", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"bias_add", 1, []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("bias_add", u32(st[0]))
 		s.charge("bias_add", int64(x.Len()))
 		if err := kernel.BiasAdd(x, s.mat("bias_add", u32(st[1]))); err != nil {
 			s.kernelErr(err)
 		}
 	}},
-	{"col_sum", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"col_sum", 1, []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("col_sum", u32(st[0]))
 		s.charge("col_sum", int64(x.Len()))
 		if err := kernel.ColSum(x, s.mat("col_sum", u32(st[1]))); err != nil {
 			s.kernelErr(err)
 		}
 	}},
-	{"relu", []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"relu", 1, []api.ValueType{i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("relu", u32(st[0]))
 		s.charge("relu", int64(x.Len()))
 		if err := kernel.ReLU(x, s.mat("relu", u32(st[1]))); err != nil {
 			s.kernelErr(err)
 		}
 	}},
-	{"relu_grad", []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"relu_grad", 1, []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		dy := s.mat("relu_grad", u32(st[0]))
 		s.charge("relu_grad", int64(dy.Len()))
 		if err := kernel.ReLUGrad(dy, s.mat("relu_grad", u32(st[1])), s.mat("relu_grad", u32(st[2]))); err != nil {
 			s.kernelErr(err)
 		}
 	}},
-	{"softmax_xent", []api.ValueType{i32, i32, i32}, []api.ValueType{f64}, func(s *callState, _ api.Module, st []uint64) {
+	{"softmax_xent", 1, []api.ValueType{i32, i32, i32}, []api.ValueType{f64}, func(s *callState, _ api.Module, st []uint64) {
 		logits := s.mat("softmax_xent", u32(st[0]))
 		s.charge("softmax_xent", 5*int64(logits.Len()))
 		loss, err := kernel.SoftmaxXent(logits, s.mat("softmax_xent", u32(st[1])), s.optMat("softmax_xent", u32(st[2])))
@@ -378,7 +388,7 @@ var hostFunctions = []hostFn{
 		}
 		st[0] = api.EncodeF64(loss)
 	}},
-	{"count_correct", []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
+	{"count_correct", 1, []api.ValueType{i32, i32}, []api.ValueType{i32}, func(s *callState, _ api.Module, st []uint64) {
 		logits := s.mat("count_correct", u32(st[0]))
 		s.charge("count_correct", int64(logits.Len()))
 		n, err := kernel.CountCorrect(logits, s.mat("count_correct", u32(st[1])))
@@ -387,19 +397,19 @@ var hostFunctions = []hostFn{
 		}
 		st[0] = uint64(n)
 	}},
-	{"axpy", []api.ValueType{f32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"axpy", 1, []api.ValueType{f32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("axpy", u32(st[1]))
 		s.charge("axpy", 2*int64(x.Len()))
 		if err := kernel.Axpy(fl(st[0]), x, s.mat("axpy", u32(st[2]))); err != nil {
 			s.kernelErr(err)
 		}
 	}},
-	{"scale", []api.ValueType{f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+	{"scale", 1, []api.ValueType{f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("scale", u32(st[1]))
 		s.charge("scale", int64(x.Len()))
 		kernel.Scale(fl(st[0]), x)
 	}},
-	{"norm2", []api.ValueType{i32}, []api.ValueType{f64}, func(s *callState, _ api.Module, st []uint64) {
+	{"norm2", 1, []api.ValueType{i32}, []api.ValueType{f64}, func(s *callState, _ api.Module, st []uint64) {
 		x := s.mat("norm2", u32(st[0]))
 		s.charge("norm2", 2*int64(x.Len()))
 		st[0] = api.EncodeF64(kernel.Norm2(x))
@@ -426,24 +436,38 @@ func (s *callState) deadline() error {
 	}
 }
 
-// instantiateHost registers the ABI host module in r. Each function checks the
-// call's context first, so a call past its deadline stops at its next host call
-// even when the module's own code would not reach a check.
+// instantiateHost registers one host module per served ABI version in r:
+// fleetlearn_vN exports every function whose since is at most N. Each function
+// checks the call's context first, so a call past its deadline stops at its
+// next host call even when the module's own code would not reach a check.
 func instantiateHost(ctx context.Context, r wazero.Runtime) error {
-	b := r.NewHostModuleBuilder(HostModule)
-	for _, f := range hostFunctions {
-		f := f
-		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, stack []uint64) {
+	wrapped := make([]api.GoModuleFunc, len(hostFunctions))
+	for i, f := range hostFunctions {
+		wrapped[i] = func(ctx context.Context, mod api.Module, stack []uint64) {
 			s := stateOf(ctx)
 			if s.err != nil {
 				s.abort(s.err)
+			}
+			if s.probe {
+				s.abort(fmt.Errorf("%w: %s called while the host read fleetlearn_abi_version at load; call host functions only from train and evaluate",
+					ErrABI, f.name))
 			}
 			if err := s.deadline(); err != nil {
 				s.abort(fmt.Errorf("%s: %w", f.name, err))
 			}
 			f.fn(s, mod, stack)
-		}), f.params, f.results).Export(f.name)
+		}
 	}
-	_, err := b.Instantiate(ctx)
-	return err
+	for v := MinABIVersion; v <= ABIVersion; v++ {
+		b := r.NewHostModuleBuilder(HostModuleOf(v))
+		for i, f := range hostFunctions {
+			if f.since <= v {
+				b.NewFunctionBuilder().WithGoModuleFunction(wrapped[i], f.params, f.results).Export(f.name)
+			}
+		}
+		if _, err := b.Instantiate(ctx); err != nil {
+			return fmt.Errorf("%s: %w", HostModuleOf(v), err)
+		}
+	}
+	return nil
 }

@@ -383,17 +383,11 @@ func TestForbiddenImport(t *testing.T) {
 }
 
 // TestABI: a module must export the ABI's entry points with their signatures
-// and speak ABI v1; the version handshake happens on each call.
+// and declare an ABI version the host serves; Load reads the version.
 func TestABI(t *testing.T) {
-	t.Run("version 2", func(t *testing.T) {
-		m, err := loadHand(t, handModule(2, returnZero, nil, nil).Encode())
-		if err != nil {
-			t.Fatalf("load: %v", err)
-		}
-		_, err = safeTrain(t, context.Background(), m, wasm.Call{Model: tinyModel(t), Data: tinyData()})
-		wantSentinel(t, err, wasm.ErrABIVersion, "v2")
-		_, err = m.Evaluate(context.Background(), wasm.Call{Model: tinyModel(t), Data: tinyData()})
-		wantSentinel(t, err, wasm.ErrABIVersion, "v2")
+	t.Run("version 3", func(t *testing.T) {
+		_, err := loadHand(t, handModule(3, returnZero, nil, nil).Encode())
+		wantSentinel(t, err, wasm.ErrABIVersion, "v3")
 		requireHealthy(t)
 	})
 	drop := func(name string) func(*wasmbin.Module) {

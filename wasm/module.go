@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
@@ -28,11 +29,16 @@ type Module struct {
 	hash     string
 	compiled wazero.CompiledModule
 	e        *entry
+	version  int
 	close    sync.Once
 }
 
 // SHA256 is the lowercase hex hash of the module's bytes.
 func (m *Module) SHA256() string { return m.hash }
+
+// ABIVersion is the ABI version the module declares (its
+// fleetlearn_abi_version), one this host serves.
+func (m *Module) ABIVersion() int { return m.version }
 
 // Close releases the module's compiled code. It is safe to call twice.
 func (m *Module) Close(ctx context.Context) error {
@@ -110,7 +116,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	}
 	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool}
 	defer st.release()
-	req := request{ABI: ABIVersion, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
+	req := request{ABI: m.version, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
 	if len(req.Hyper) == 0 {
 		req.Hyper = json.RawMessage("{}")
@@ -138,34 +144,20 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	}
 
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, lim.Timeout)
-	defer cancel()
-	st.ctx = cctx
-	cctx = context.WithValue(cctx, stateKey{}, st)
-	alloc := &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage}
-	cctx = experimental.WithMemoryAllocator(cctx, alloc)
-	out := &boundedBuffer{max: 16 << 10}
-	var seed [32]byte
-	binary.LittleEndian.PutUint64(seed[:], c.Seed)
-	mc := wazero.NewModuleConfig().
-		WithName("").
-		WithStartFunctions(exportInit).
-		WithStdout(out).WithStderr(out).
-		WithRandSource(rand.NewChaCha8(seed))
-	inst, err := m.s.rt.InstantiateModule(cctx, m.compiled, mc)
+	inst, err := m.s.instantiate(ctx, m.compiled, st, lim, c.Seed)
+	defer inst.close(ctx)
+	cctx, out, alloc := inst.ctx, inst.out, inst.alloc
 	if err != nil {
 		return nil, callErr(op, "instantiate", st, cctx, err, out, lim, alloc)
 	}
-	defer inst.Close(context.WithoutCancel(ctx))
-
-	verRes, err := inst.ExportedFunction(exportVersion).Call(cctx)
-	if err != nil {
+	verRes, err := inst.mod.ExportedFunction(exportVersion).Call(cctx)
+	if err != nil || st.err != nil {
 		return nil, callErr(op, exportVersion, st, cctx, err, out, lim, alloc)
 	}
-	if v := int32(uint32(verRes[0])); v != ABIVersion {
-		return nil, fmt.Errorf("%s: %w: module speaks v%d, host speaks v%d", op, ErrABIVersion, v, ABIVersion)
+	if v := int(int32(uint32(verRes[0]))); v != m.version {
+		return nil, fmt.Errorf("%s: %w: module declared ABI v%d at load and declares v%d now", op, ErrABIVersion, m.version, v)
 	}
-	res, err := inst.ExportedFunction(entry).Call(cctx)
+	res, err := inst.mod.ExportedFunction(entry).Call(cctx)
 	if err != nil || st.err != nil {
 		return nil, callErr(op, entry, st, cctx, err, out, lim, alloc)
 	}
@@ -197,6 +189,47 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		result.Model = out
 	}
 	return result, nil
+}
+
+// instance is one fresh instantiation of a module under one call's limits.
+// ctx carries the call state, the memory allocator and the deadline; it and
+// out and alloc are set even when instantiation failed, for callErr.
+type instance struct {
+	mod    api.Module
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    *boundedBuffer
+	alloc  *capAllocator
+}
+
+// instantiate runs the module's start function in a fresh instance whose
+// host calls see st, whose memory is capped at lim.MemoryPages and which is
+// closed when lim.Timeout passes. seed drives the module's random source.
+func (s *Sandbox) instantiate(ctx context.Context, cm wazero.CompiledModule, st *callState, lim Limits, seed uint64) (*instance, error) {
+	in := &instance{out: &boundedBuffer{max: 16 << 10}, alloc: &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage}}
+	cctx, cancel := context.WithTimeout(ctx, lim.Timeout)
+	in.cancel = cancel
+	st.ctx = cctx
+	cctx = context.WithValue(cctx, stateKey{}, st)
+	in.ctx = experimental.WithMemoryAllocator(cctx, in.alloc)
+	var rs [32]byte
+	binary.LittleEndian.PutUint64(rs[:], seed)
+	mc := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(exportInit).
+		WithStdout(in.out).WithStderr(in.out).
+		WithRandSource(rand.NewChaCha8(rs))
+	mod, err := s.rt.InstantiateModule(in.ctx, cm, mc)
+	in.mod = mod
+	return in, err
+}
+
+// close releases the instance, if there is one, and its deadline.
+func (in *instance) close(ctx context.Context) {
+	if in.mod != nil {
+		in.mod.Close(context.WithoutCancel(ctx))
+	}
+	in.cancel()
 }
 
 // memoryPage is wasm's page size.

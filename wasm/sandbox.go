@@ -183,9 +183,12 @@ func Hash(code []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// Load checks that code hashes to wantSHA256 (lowercase hex), compiles it, and
-// checks that it imports nothing outside ABI v1 and exports its entry points.
-// The version handshake happens on each call, in a fresh instance.
+// Load checks that code hashes to wantSHA256 (lowercase hex), compiles it,
+// checks that it exports the ABI's entry points and reads the ABI version it
+// declares, and refuses it unless this host serves that version and the
+// module imports only from that version's namespace. Reading the version runs
+// the module's initialisation once, under the sandbox's default limits; each
+// call checks the version again, in its own fresh instance.
 func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Module, error) {
 	if len(code) > s.cfg.maxCode {
 		return nil, fmt.Errorf("wasm: load: %w: %d bytes, limit %d", ErrInvalidModule, len(code), s.cfg.maxCode)
@@ -208,7 +211,7 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 	}
 	s.mu.Unlock()
 	if !ok {
-		e.cm, e.err = s.compile(ctx, code, got)
+		e.cm, e.version, e.err = s.compile(ctx, code, got)
 		close(e.ready)
 		if e.err != nil {
 			s.mu.Lock()
@@ -227,27 +230,63 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 	s.mu.Lock()
 	e.refs++
 	s.mu.Unlock()
-	return &Module{s: s, hash: got, compiled: e.cm, e: e}, nil
+	return &Module{s: s, hash: got, compiled: e.cm, e: e, version: e.version}, nil
 }
 
 // entry is one compiled module shared by every Module loaded from the same bytes.
 type entry struct {
-	ready chan struct{}
-	cm    wazero.CompiledModule
-	err   error
-	refs  int
+	ready   chan struct{}
+	cm      wazero.CompiledModule
+	version int // the ABI version the module declares
+	err     error
+	refs    int
 }
 
-func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero.CompiledModule, error) {
+// compile compiles code, checks its shape and reads the ABI version it
+// declares. Reading the version runs the module (its _initialize and
+// fleetlearn_abi_version) in a fresh instance under the sandbox's default
+// limits, with every host function refused, so that a module importing from
+// a namespace its version does not have is refused here rather than on its
+// first call.
+func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero.CompiledModule, int, error) {
+	op := "wasm: load " + hash[:12]
 	cm, err := s.rt.CompileModule(ctx, code)
 	if err != nil {
-		return nil, fmt.Errorf("wasm: load %s: %w: %v", hash[:12], ErrInvalidModule, err)
+		return nil, 0, fmt.Errorf("%s: %w: %v", op, ErrInvalidModule, err)
 	}
-	if err := s.checkShape(cm); err != nil {
+	im, err := s.checkShape(cm)
+	if err != nil {
 		cm.Close(ctx)
-		return nil, fmt.Errorf("wasm: load %s: %w", hash[:12], err)
+		return nil, 0, fmt.Errorf("%s: %w", op, err)
 	}
-	return cm, nil
+	v, err := s.probeVersion(ctx, op, cm)
+	if err == nil {
+		err = im.checkVersion(v)
+		if err != nil {
+			err = fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if err != nil {
+		cm.Close(ctx)
+		return nil, 0, err
+	}
+	return cm, v, nil
+}
+
+// probeVersion calls fleetlearn_abi_version in a fresh instance of cm.
+func (s *Sandbox) probeVersion(ctx context.Context, op string, cm wazero.CompiledModule) (int, error) {
+	lim := s.cfg.limits
+	st := &callState{log: s.cfg.logger, limits: lim, handles: []*tensor{nil}, pool: &s.pool, probe: true}
+	inst, err := s.instantiate(ctx, cm, st, lim, 0)
+	defer inst.close(ctx)
+	if err != nil {
+		return 0, callErr(op, "instantiate", st, inst.ctx, err, inst.out, lim, inst.alloc)
+	}
+	res, err := inst.mod.ExportedFunction(exportVersion).Call(inst.ctx)
+	if err != nil || st.err != nil {
+		return 0, callErr(op, exportVersion, st, inst.ctx, err, inst.out, lim, inst.alloc)
+	}
+	return int(int32(uint32(res[0]))), nil
 }
 
 // release drops one reference to a shared compilation, closing it with the last.
@@ -267,42 +306,77 @@ func (s *Sandbox) release(ctx context.Context, e *entry) error {
 }
 
 // checkShape refuses imports outside the ABI, imports with the wrong
-// signature, and modules without the ABI's exports.
-func (s *Sandbox) checkShape(cm wazero.CompiledModule) error {
+// signature, and modules without the ABI's exports. It returns the version
+// whose host namespace the module imports from (0 if it imports none): a
+// module imports from exactly one, that of the version it declares.
+func (s *Sandbox) checkShape(cm wazero.CompiledModule) (imports, error) {
+	var im imports
 	for _, f := range cm.ImportedFunctions() {
 		mod, name, _ := f.Import()
 		var params, results []api.ValueType
-		switch {
-		case mod == HostModule && hostByName[name] != nil:
-			params, results = hostByName[name].params, hostByName[name].results
+		v := namespaceVersion(mod)
+		switch h := hostByName[name]; {
+		case v != 0 && h != nil && h.since <= v:
+			params, results = h.params, h.results
+			if im.ns != 0 && im.ns != v {
+				return im, fmt.Errorf("%w: imports both %s and %s.%s; a module imports host functions from one namespace, that of the ABI version it declares",
+					ErrForbiddenImport, im.first, mod, name)
+			}
+			if im.ns == 0 {
+				im.ns, im.first = v, mod+"."+name
+			}
+		case v != 0 && h != nil:
+			return im, fmt.Errorf("%w: %s.%s is not in ABI v%d: it is new in v%d; declare fleetlearn_abi_version %d and import it from %s",
+				ErrForbiddenImport, mod, name, v, h.since, h.since, HostModuleOf(h.since))
 		case mod == wasiModule && wasiAllowed[name]:
 			d := s.wasi[name]
 			params, results = d.ParamTypes(), d.ResultTypes()
 		default:
-			return fmt.Errorf("%w: %s.%s is not granted by ABI v%d", ErrForbiddenImport, mod, name, ABIVersion)
+			return im, fmt.Errorf("%w: %s.%s is not granted by ABI v%d to v%d", ErrForbiddenImport, mod, name, MinABIVersion, ABIVersion)
 		}
 		if !slices.Equal(f.ParamTypes(), params) || !slices.Equal(f.ResultTypes(), results) {
-			return fmt.Errorf("%w: import %s.%s has signature %v -> %v, ABI v%d has %v -> %v", ErrABI, mod, name,
-				typeNames(f.ParamTypes()), typeNames(f.ResultTypes()), ABIVersion, typeNames(params), typeNames(results))
+			return im, fmt.Errorf("%w: import %s.%s has signature %v -> %v, the ABI has %v -> %v", ErrABI, mod, name,
+				typeNames(f.ParamTypes()), typeNames(f.ResultTypes()), typeNames(params), typeNames(results))
 		}
 	}
 	for _, m := range cm.ImportedMemories() {
 		mod, name, _ := m.Import()
-		return fmt.Errorf("%w: memory %s.%s (modules must define their own memory)", ErrForbiddenImport, mod, name)
+		return im, fmt.Errorf("%w: memory %s.%s (modules must define their own memory)", ErrForbiddenImport, mod, name)
 	}
 	exports := cm.ExportedFunctions()
 	want := map[string][2]int{exportVersion: {0, 1}, exportTrain: {0, 1}, exportEvaluate: {0, 1}}
 	for name, sig := range want {
 		f, ok := exports[name]
 		if !ok {
-			return fmt.Errorf("%w: missing export %q", ErrABI, name)
+			return im, fmt.Errorf("%w: missing export %q", ErrABI, name)
 		}
 		if len(f.ParamTypes()) != sig[0] || len(f.ResultTypes()) != sig[1] || f.ResultTypes()[0] != api.ValueTypeI32 {
-			return fmt.Errorf("%w: export %q must be () -> i32", ErrABI, name)
+			return im, fmt.Errorf("%w: export %q must be () -> i32", ErrABI, name)
 		}
 	}
 	if len(cm.ExportedMemories()) == 0 {
-		return fmt.Errorf("%w: module exports no memory", ErrABI)
+		return im, fmt.Errorf("%w: module exports no memory", ErrABI)
+	}
+	return im, nil
+}
+
+// imports is what checkShape learnt of a module's host imports: the ABI
+// version whose namespace they come from (0 when there are none) and the
+// first of them, to name in an error.
+type imports struct {
+	ns    int
+	first string
+}
+
+// checkVersion refuses a declared ABI version this host does not serve, and
+// imports from a namespace other than the declared version's.
+func (im imports) checkVersion(declared int) error {
+	if declared < MinABIVersion || declared > ABIVersion {
+		return fmt.Errorf("%w: module declares ABI v%d, this host serves v%d to v%d", ErrABIVersion, declared, MinABIVersion, ABIVersion)
+	}
+	if im.ns != 0 && im.ns != declared {
+		return fmt.Errorf("%w: module declares ABI v%d but imports %s; ABI v%d modules import host functions from %s",
+			ErrForbiddenImport, declared, im.first, declared, HostModuleOf(declared))
 	}
 	return nil
 }

@@ -14,5 +14,8 @@
 // (bad handle, mismatched shapes, budget exhausted) aborts the call on the host
 // side with a descriptive error; SDK calls therefore return no errors.
 //
+// Modules that need ABI v2's kernels (embedding, layer norm, GELU, softmax,
+// batched gemm) use package wasm/sdk/v2 instead, which has the same API.
+//
 // Everything but this file builds only for GOOS=wasip1.
 package sdk

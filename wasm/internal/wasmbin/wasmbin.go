@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // ValType is a value type's encoding.
@@ -306,4 +307,77 @@ func FuncBodies(b []byte) ([]Body, error) {
 		return bodies, nil
 	}
 	return nil, fmt.Errorf("%w: no code section", ErrMalformed)
+}
+
+// Imports lists a module's imports in order. A memory import has Memory set;
+// a table or global import, which Fleetlearn's tests never write, is refused.
+func Imports(b []byte) ([]Import, error) {
+	secs, err := Sections(b)
+	if err != nil {
+		return nil, err
+	}
+	name := func(end, off int) (string, int, error) {
+		n, p, err := readU32(b[:end], off)
+		if err != nil {
+			return "", 0, err
+		}
+		if p+int(n) > end {
+			return "", 0, fmt.Errorf("%w: name runs past the import section", ErrMalformed)
+		}
+		return string(b[p : p+int(n)]), p + int(n), nil
+	}
+	for _, s := range secs {
+		if s.ID != SectionImport {
+			continue
+		}
+		n, off, err := readU32(b[:s.End], s.Start)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Import, 0, min(n, 1<<16))
+		for range n {
+			var im Import
+			if im.Module, off, err = name(s.End, off); err != nil {
+				return nil, err
+			}
+			if im.Name, off, err = name(s.End, off); err != nil {
+				return nil, err
+			}
+			if off >= s.End {
+				return nil, fmt.Errorf("%w: import %s.%s has no kind", ErrMalformed, im.Module, im.Name)
+			}
+			kind := b[off]
+			switch kind {
+			case 0x00:
+				if im.Type, off, err = readU32(b[:s.End], off+1); err != nil {
+					return nil, err
+				}
+			case 0x02:
+				im.Memory = true
+				if off+1 >= s.End {
+					return nil, fmt.Errorf("%w: memory import %s.%s has no limits", ErrMalformed, im.Module, im.Name)
+				}
+				flags := b[off+1]
+				if _, off, err = readU32(b[:s.End], off+2); err != nil {
+					return nil, err
+				}
+				if flags&1 != 0 {
+					if _, off, err = readU32(b[:s.End], off); err != nil {
+						return nil, err
+					}
+				}
+			default:
+				return nil, fmt.Errorf("%w: import %s.%s of kind %d", ErrMalformed, im.Module, im.Name, kind)
+			}
+			out = append(out, im)
+		}
+		return out, nil
+	}
+	return nil, nil
+}
+
+// F32Const is f32.const v.
+func F32Const(v float32) []byte {
+	u := math.Float32bits(v)
+	return []byte{0x43, byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24)}
 }

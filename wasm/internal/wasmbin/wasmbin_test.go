@@ -123,3 +123,46 @@ func TestWalkRefusesMalformed(t *testing.T) {
 		}
 	}
 }
+
+// TestImportsRoundTrip: Imports reads back what Encode wrote, and refuses a
+// section cut short.
+func TestImportsRoundTrip(t *testing.T) {
+	want := []Import{{Module: "fleetlearn_v2", Name: "gelu", Type: 1}, {Module: "env", Name: "memory", Memory: true},
+		{Module: "wasi_snapshot_preview1", Name: "fd_write", Type: 0}}
+	m := Module{Types: []FuncType{{}, {Params: []ValType{I32, I32}}}, Imports: want}
+	b := m.Encode()
+	got, err := Imports(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Imports = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("import %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if none, err := Imports(Module{}.Encode()); err != nil || len(none) != 0 {
+		t.Errorf("module without imports: %v, %v", none, err)
+	}
+	secs, err := Sections(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secs {
+		if s.ID == SectionImport {
+			cut := append([]byte(nil), b[:s.End-1]...)
+			cut[s.Start-1]-- // the section's size byte, so the section still ends the module
+			if _, err := Imports(cut); !errors.Is(err, ErrMalformed) {
+				t.Errorf("cut import section: %v, want ErrMalformed", err)
+			}
+		}
+	}
+}
+
+func TestF32Const(t *testing.T) {
+	if got := F32Const(1); !bytes.Equal(got, []byte{0x43, 0, 0, 0x80, 0x3f}) {
+		t.Errorf("F32Const(1) = %x", got)
+	}
+}
