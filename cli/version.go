@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -12,7 +11,7 @@ import (
 
 // versionLine is what `fleetlearn version` and `fleetlearn --version` print.
 func versionLine() string {
-	return version.Get().String("fleetlearn", "module ABI "+strconv.Itoa(wasm.ABIVersion))
+	return version.Get().String("fleetlearn", wasm.ABIRange())
 }
 
 func newVersionCommand() *cobra.Command {

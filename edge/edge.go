@@ -336,7 +336,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	dev, err := devproto.New(devproto.Config{
 		CheckIn: &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
 			DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
-			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}},
+			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: wasm.SupportedABIVersions()}},
 		Work: a.participate, Clock: a.o.clock, Jitter: a.jitter, Log: a.o.log,
 		Observer: devproto.Observer{
 			CheckedIn: func(*pb.CheckInResponse) { a.checkIns.Add(1) },

@@ -93,7 +93,7 @@ func Enroll(ctx context.Context, cfg EnrollConfig) (*Enrollment, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	res, err := apiv1.NewEnrollmentServiceClient(conn).Enroll(ctx, &pb.EnrollRequest{Token: cfg.Token, KeyId: key.ID(),
-		DeviceId: cfg.DeviceID, Attributes: &pb.DeviceAttributes{AgentVersion: Version, SupportedAbiVersions: []uint32{wasm.ABIVersion}}})
+		DeviceId: cfg.DeviceID, Attributes: &pb.DeviceAttributes{AgentVersion: Version, SupportedAbiVersions: wasm.SupportedABIVersions()}})
 	if err != nil {
 		return nil, enrollError(err, cfg, keyPath, newKey)
 	}

@@ -109,7 +109,7 @@ func (d *scripted) checkInRaw(t testing.TB, b []byte) *pb.CheckInResponse {
 // eligibleCheckIn is what a capable device with data says.
 func (d *scripted) eligibleCheckIn(task string) *pb.CheckIn {
 	return &pb.CheckIn{DeviceId: d.id, TaskIds: []string{task}, Attributes: &pb.DeviceAttributes{
-		ExamplesAvailable: 200, AgentVersion: "scripted/1", SupportedAbiVersions: []uint32{wasm.ABIVersion}}}
+		ExamplesAvailable: 200, AgentVersion: "scripted/1", SupportedAbiVersions: wasm.SupportedABIVersions()}}
 }
 
 // join checks in until the device is in the cohort of the given round.
@@ -316,7 +316,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 		long := d.eligibleCheckIn(task)
 		long.Attributes.DeviceClass = strings.Repeat("x", 20<<10)
 		oldABI := d.eligibleCheckIn(task)
-		oldABI.Attributes.SupportedAbiVersions = []uint32{wasm.ABIVersion + 1}
+		oldABI.Attributes.SupportedAbiVersions = []uint32{wasm.ABIVersion + 1} // none the task's module declares
 		noData := d.eligibleCheckIn(task)
 		noData.Attributes.ExamplesAvailable = 0
 		badID := d.eligibleCheckIn(task)
@@ -334,7 +334,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 			{"oversized", mustMarshal(t, long), notEligible, "exceeds"},
 			{"device id", mustMarshal(t, badID), notEligible, "a device checks in only as itself"},
 			{"impersonation", mustMarshal(t, impersonation), notEligible, "a device checks in only as itself"},
-			{"no ABI", mustMarshal(t, oldABI), noABI, fmt.Sprintf("ABI v%d", wasm.ABIVersion)},
+			{"no ABI", mustMarshal(t, oldABI), noABI, "device does not support module ABI v"},
 			{"no examples", mustMarshal(t, noData), notEligible, "needs at least 1 examples"},
 		} {
 			resp := d.checkInRaw(t, c.body)

@@ -455,8 +455,8 @@ func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader
 	if h.GetSha256() != "" && h.GetSha256() != sha {
 		return nil, invalid("module bytes hash to %s, header says %s", sha, h.GetSha256())
 	}
-	if abi := h.GetAbiVersion(); abi != 0 && abi != wasm.ABIVersion {
-		return nil, invalid("module declares ABI v%d, this server supports v%d", abi, wasm.ABIVersion)
+	if abi := h.GetAbiVersion(); abi != 0 && (abi < wasm.MinABIVersion || abi > wasm.ABIVersion) {
+		return nil, invalid("module declares ABI v%d, this server supports v%d to v%d", abi, wasm.MinABIVersion, wasm.ABIVersion)
 	}
 	signed, err := v.checkModuleSignature(h, sha)
 	if err != nil {
@@ -466,16 +466,20 @@ func (v *service) RegisterModule(ctx context.Context, h *pb.RegisterModuleHeader
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	abi := uint32(mod.ABIVersion())
 	mod.Close(ctx)
+	if h.GetAbiVersion() != 0 && h.GetAbiVersion() != abi {
+		return nil, invalid("the header says module ABI v%d, the module declares v%d (fleetlearn_abi_version)", h.GetAbiVersion(), abi)
+	}
 	if _, err := v.blobs.Put(ctx, code); err != nil {
 		return nil, err
 	}
-	m := &pb.Module{Ref: &pb.ModuleRef{Sha256: sha, AbiVersion: wasm.ABIVersion, SizeBytes: uint64(len(code)), Name: h.GetName()},
+	m := &pb.Module{Ref: &pb.ModuleRef{Sha256: sha, AbiVersion: abi, SizeBytes: uint64(len(code)), Name: h.GetName()},
 		Signature: h.GetSignature(), KeyId: signed.KeyID}
 	if err := v.s.store.InsertModule(ctx, m, v.s.o.now()); err != nil {
 		return nil, err
 	}
-	if err := v.recorded(ctx, audit.ModuleRegistered{Module: sha, Name: h.GetName(), ABI: wasm.ABIVersion,
+	if err := v.recorded(ctx, audit.ModuleRegistered{Module: sha, Name: h.GetName(), ABI: uint64(abi),
 		Size: uint64(len(code)), Signer: signed.KeyID}); err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ func usage(format string, a ...any) error { return cliflags.Usage(format, a...) 
 func isUsage(err error) bool { return cliflags.IsUsage(err) }
 
 func versionLine() string {
-	return version.Get().String("fleetlearn-edge", fmt.Sprintf("module ABI %d", wasm.ABIVersion))
+	return version.Get().String("fleetlearn-edge", wasm.ABIRange())
 }
 
 const long = `fleetlearn-edge is the Fleetlearn device agent. It checks in with the

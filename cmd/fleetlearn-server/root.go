@@ -40,7 +40,7 @@ type flags struct {
 }
 
 func versionLine() string {
-	return version.Get().String("fleetlearn-server", fmt.Sprintf("module ABI %d", wasm.ABIVersion))
+	return version.Get().String("fleetlearn-server", wasm.ABIRange())
 }
 
 const long = `fleetlearn-server is the Fleetlearn aggregator: it runs federated training

@@ -197,7 +197,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 		d.proto, err = devproto.New(devproto.Config{
 			CheckIn: &pb.CheckIn{DeviceId: d.id, Attributes: &pb.DeviceAttributes{
 				ExamplesAvailable: cfg.Examples, Charging: true, Idle: true, Unmetered: true,
-				AgentVersion: AgentVersion, SupportedAbiVersions: []uint32{wasm.ABIVersion}}},
+				AgentVersion: AgentVersion, SupportedAbiVersions: wasm.SupportedABIVersions()}},
 			Work: d.work, Clock: o.clock, Jitter: f.jitter, Log: o.log,
 			Observer: devproto.Observer{CheckedIn: f.onCheckIn, GaveUp: func(plan *pb.RoundPlan, attempts int, err error) {
 				f.failures.Add(1)

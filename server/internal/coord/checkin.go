@@ -179,10 +179,19 @@ func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time
 
 // eligible checks a device against the task's eligibility and ABI.
 func (t *taskRun) eligible(a *pb.DeviceAttributes) (string, pb.RetryReason) {
-	if !slices.Contains(a.GetSupportedAbiVersions(), uint32(wasm.ABIVersion)) {
-		return fmt.Sprintf("device does not support module ABI v%d", wasm.ABIVersion), pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI
+	if abi := t.moduleABI(); !slices.Contains(a.GetSupportedAbiVersions(), abi) {
+		return fmt.Sprintf("device does not support module ABI v%d", abi), pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI
 	}
 	return t.meets(a), pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE
+}
+
+// moduleABI is the ABI the task's module declared when it was registered;
+// modules registered before the registry recorded it are v1.
+func (t *taskRun) moduleABI() uint32 {
+	if v := t.spec.GetModule().GetAbiVersion(); v != 0 {
+		return v
+	}
+	return wasm.MinABIVersion
 }
 
 func (t *taskRun) meets(a *pb.DeviceAttributes) string {

@@ -314,7 +314,7 @@ func (h *harness) enroll(id string, examples uint64) *device {
 }
 
 func (d *device) attrs() *pb.DeviceAttributes {
-	return &pb.DeviceAttributes{ExamplesAvailable: d.examples, SupportedAbiVersions: []uint32{wasm.ABIVersion}}
+	return &pb.DeviceAttributes{ExamplesAvailable: d.examples, SupportedAbiVersions: wasm.SupportedABIVersions()}
 }
 
 // checkInAs sends a check-in on subject's device with the body's device id

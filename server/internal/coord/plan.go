@@ -15,7 +15,6 @@ import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
-	"github.com/fleetlearn/fleetlearn/wasm"
 )
 
 // Defaults for task fields left zero.
@@ -123,7 +122,7 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		rr.Deadline = rr.Deadline.Add(4 * secureStageTimeout(t.spec.GetSecagg()))
 	}
 	ev := audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
-		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility())}
+		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility(), t.moduleABI())}
 	if t.secure(kind) {
 		// The parameters every participant derives, as the plans carry them.
 		if _, cfg, err := t.secureConfig(round, t.wanted(), rr.Seed); err == nil {
@@ -144,9 +143,9 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 }
 
 // eligibilityText states the round's kind and who could join it, for the audit log.
-func eligibilityText(kind pb.RoundKind, e *pb.Eligibility) string {
+func eligibilityText(kind pb.RoundKind, e *pb.Eligibility, abi uint32) string {
 	parts := []string{"kind=" + strings.ToLower(strings.TrimPrefix(kind.String(), "ROUND_KIND_")),
-		fmt.Sprintf("min_examples=%d", max(e.GetMinExamples(), 1)), fmt.Sprintf("abi=%d", wasm.ABIVersion)}
+		fmt.Sprintf("min_examples=%d", max(e.GetMinExamples(), 1)), fmt.Sprintf("abi=%d", abi)}
 	for _, c := range []struct {
 		on   bool
 		name string
