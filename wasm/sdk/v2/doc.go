@@ -21,5 +21,9 @@
 // aborts the call on the host side with a descriptive error; SDK calls
 // therefore return no errors.
 //
-// Everything but this file builds only for GOOS=wasip1.
+// Everything but this file builds only for GOOS=wasip1. The files named
+// *_gen.go are wasm/sdk's, rebound to fleetlearn_v2 by gensdk (go generate);
+// what v2 adds is in imports_v2.go and transformer.go.
 package sdk
+
+//go:generate go run ../internal/gensdk/cmd
