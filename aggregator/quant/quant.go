@@ -93,16 +93,7 @@ func Quantize(x []float32, block int, rng rand.Source) (Quantized, error) {
 // scaleFor returns the smallest float32 s (from m/127 upwards) with
 // 127·s ≥ m, so that no value of the block maps beyond ±127; 0 for m = 0.
 // 127·s is exact in float64 (24 + 7 bits), so the comparison is too.
-func scaleFor(m float64) float32 {
-	if m == 0 {
-		return 0
-	}
-	s := float32(m / maxCode)
-	for float64(s)*maxCode < m {
-		s = math.Nextafter32(s, float32(math.Inf(1)))
-	}
-	return s
-}
+func scaleFor(m float64) float32 { return scaleForCode(m, maxCode) }
 
 func blocks(n, block int) int { return (n + block - 1) / block }
 
