@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -59,7 +61,7 @@ func newDataCommand(a *app) *cobra.Command {
 		Use:   "data",
 		Short: "Write device datasets (docs/DATASET.md format) from public datasets",
 	}
-	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST))
+	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataGoSrcCommand(a, installedGoroot))
 	return cmd
 }
 
@@ -147,13 +149,13 @@ func checkOutDir(dir string, force bool) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil
 	case err != nil:
-		return fmt.Errorf("data mnist: %w", err)
+		return fmt.Errorf("--out: %w", err)
 	case !fi.IsDir():
 		return fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, dir)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("data mnist: %w", err)
+		return fmt.Errorf("--out: %w", err)
 	}
 	if len(entries) > 0 && !force {
 		return fmt.Errorf("%w: --out %s is not empty; pass --force to replace the datasets in it", ErrUsage, dir)
@@ -300,4 +302,222 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// installedGoroot asks the go command on PATH where its GOROOT is.
+func installedGoroot() (string, error) {
+	var stderr bytes.Buffer
+	cmd := exec.Command("go", "env", "GOROOT")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOROOT: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", errors.New("go env GOROOT printed nothing")
+	}
+	return dir, nil
+}
+
+type gosrcFlags struct {
+	out, goroot    string
+	window, stride int
+	maxDevices     int
+	force          bool
+}
+
+// The directories data gosrc writes under --out; device datasets go one
+// level down so that no package name can collide with the other two.
+const (
+	gosrcDevicesDir = "devices"
+	gosrcEvalDir    = "eval"
+	gosrcPublicDir  = "public"
+)
+
+func newDataGoSrcCommand(_ *app, goroot func() (string, error)) *cobra.Command {
+	var f gosrcFlags
+	cmd := &cobra.Command{
+		Use:   "gosrc --out DIR",
+		Short: "Split the Go standard library's source into next-token device datasets, one per package",
+		Long: "gosrc turns the installed Go standard library's source into next-token prediction datasets\n" +
+			"(docs/DATASET.md, \"Go source\"): each example is a window of --window byte-level tokens and its\n" +
+			"label the token after it. About one package in ten, chosen by a hash of its path, is public and\n" +
+			"goes to DIR/public for pool pretraining; every other package is one device, DIR/devices/PATH\n" +
+			"with / in its path written as -. The last tenth of each device's windows is held out into\n" +
+			"DIR/eval, for task create --server-eval-dataset. The output depends only on the source and the\n" +
+			"flags. Nothing is downloaded.",
+		Example: "  fleetlearn data gosrc --out datasets\n" +
+			"  fleetlearn data gosrc --out datasets --goroot /usr/local/go --window 128 --stride 32 --max-devices 20",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(); err != nil {
+				return err
+			}
+			if err := checkOutDir(f.out, f.force); err != nil {
+				return err
+			}
+			root := f.goroot
+			if root == "" {
+				var err error
+				if root, err = goroot(); err != nil {
+					return fmt.Errorf("data gosrc: finding the Go installation: %w; pass --goroot DIR", err)
+				}
+			}
+			src := filepath.Join(root, "src")
+			if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
+				return fmt.Errorf("%w: %s is not a directory; --goroot must name a Go installation (go env GOROOT)", ErrUsage, src)
+			}
+			pkgs, err := data.GoSource(src, data.GoSourceOptions{})
+			if err != nil {
+				return fmt.Errorf("data gosrc: %w", err)
+			}
+			return f.write(cmd.OutOrStdout(), cmd.ErrOrStderr(), src, pkgs)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.out, "out", "", "directory to write DIR/devices/PACKAGE, DIR/eval and DIR/public into (required)")
+	fl.StringVar(&f.goroot, "goroot", "", "Go installation whose src to read (default: go env GOROOT)")
+	fl.IntVar(&f.window, "window", data.DefaultWindow, fmt.Sprintf("tokens per example, the feature dimension, in [1, %d]", data.MaxWindow))
+	fl.IntVar(&f.stride, "stride", data.DefaultStride, "tokens between the starts of consecutive examples")
+	fl.IntVar(&f.maxDevices, "max-devices", 0, "write at most this many device datasets, the first packages in path order; 0 writes all")
+	fl.BoolVar(&f.force, "force", false, "write into a directory that is not empty, replacing the datasets there")
+	cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func (f *gosrcFlags) check() error {
+	switch {
+	case f.out == "":
+		return fmt.Errorf("%w: --out must name a directory", ErrUsage)
+	case f.window < 1 || f.window > data.MaxWindow:
+		return fmt.Errorf("%w: --window %d must be between 1 and %d", ErrUsage, f.window, data.MaxWindow)
+	case f.stride < 1:
+		return fmt.Errorf("%w: --stride %d must be at least 1", ErrUsage, f.stride)
+	case f.maxDevices < 0:
+		return fmt.Errorf("%w: --max-devices %d must be 0 (all) or more", ErrUsage, f.maxDevices)
+	}
+	return nil
+}
+
+// gosrcDirName is a package path as one directory name: every byte outside
+// letters, digits, '.', '_' and '-' becomes '-', so "net/http" is
+// "net-http".
+func gosrcDirName(path string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' {
+			return r
+		}
+		return '-'
+	}, path)
+}
+
+func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage) error {
+	opts := data.WindowOptions{Window: f.window, Stride: f.stride}
+	var (
+		devices     []data.GoPackageSplit
+		public      []*data.Dataset
+		publicPaths []string
+		textBytes   int
+	)
+	dirs := map[string]string{}
+	for _, p := range pkgs {
+		s, err := data.SplitGoPackage(p, opts)
+		if err != nil {
+			return fmt.Errorf("data gosrc: %w", err)
+		}
+		textBytes += len(p.Text)
+		if s.Public {
+			public = append(public, s.Train, s.HeldOut)
+			publicPaths = append(publicPaths, p.Path)
+			continue
+		}
+		if f.maxDevices > 0 && len(devices) == f.maxDevices {
+			continue
+		}
+		if s.Train.Len() == 0 {
+			// Too short for one training window at this --window.
+			continue
+		}
+		name := gosrcDirName(p.Path)
+		if other, dup := dirs[name]; dup {
+			return fmt.Errorf("data gosrc: packages %s and %s would both be written to %s", other, p.Path, name)
+		}
+		dirs[name] = p.Path
+		devices = append(devices, s)
+	}
+	if len(devices) == 0 {
+		return fmt.Errorf("%w: %s holds no package long enough for a --window %d training example", ErrUsage, src, f.window)
+	}
+
+	abs, err := filepath.Abs(f.out)
+	if err != nil {
+		return fmt.Errorf("data gosrc: %w", err)
+	}
+	devRoot := filepath.Join(f.out, gosrcDevicesDir)
+	if err := os.MkdirAll(devRoot, 0o700); err != nil {
+		return fmt.Errorf("data gosrc: %w", err)
+	}
+	held := make([]*data.Dataset, 0, len(devices))
+	for _, s := range devices {
+		if err := data.WriteDir(filepath.Join(devRoot, gosrcDirName(s.Path)), s.Train, "gosrc/"+s.Path); err != nil {
+			return fmt.Errorf("data gosrc: %w", err)
+		}
+		held = append(held, s.HeldOut)
+	}
+	eval, err := data.ConcatDatasets(held...)
+	if err != nil {
+		return fmt.Errorf("data gosrc: %w", err)
+	}
+	if err := data.WriteDir(filepath.Join(f.out, gosrcEvalDir), eval, "gosrc-heldout"); err != nil {
+		return fmt.Errorf("data gosrc: %w", err)
+	}
+	var pub *data.Dataset
+	if len(public) > 0 {
+		if pub, err = data.ConcatDatasets(public...); err != nil {
+			return fmt.Errorf("data gosrc: %w", err)
+		}
+		if err := data.WriteDir(filepath.Join(f.out, gosrcPublicDir), pub, "gosrc-public"); err != nil {
+			return fmt.Errorf("data gosrc: %w", err)
+		}
+	}
+	// Device datasets of an earlier run with other packages would
+	// otherwise pass for part of this one.
+	if entries, err := os.ReadDir(devRoot); err == nil {
+		for _, e := range entries {
+			if _, ours := dirs[e.Name()]; !ours {
+				fmt.Fprintf(warn, "warning: %s is not part of this split; remove it before enrolling devices on this directory\n",
+					filepath.Join(devRoot, e.Name()))
+			}
+		}
+	}
+
+	fmt.Fprintf(w, "Go source from %s: %d packages, %d bytes; windows of %d tokens, stride %d, %d-token vocabulary\n",
+		src, len(pkgs), textBytes, f.window, f.stride, data.VocabSize)
+	fmt.Fprintf(w, "wrote %d device datasets to %s:\n", len(devices), filepath.Join(abs, gosrcDevicesDir))
+	sizes := make([]int, len(devices))
+	for i, s := range devices {
+		sizes[i] = s.Train.Len()
+	}
+	if len(devices) <= maxSplitRows {
+		t := newTable(w, "  DATASET", "PACKAGE", "EXAMPLES", "HELD OUT")
+		for _, s := range devices {
+			t.row("  "+gosrcDirName(s.Path), s.Path, strconv.Itoa(s.Train.Len()), strconv.Itoa(s.HeldOut.Len()))
+		}
+		t.flush()
+	}
+	sorted := slices.Sorted(slices.Values(sizes))
+	fmt.Fprintf(w, "  examples per device: min %d, median %d, max %d\n", sorted[0], sorted[len(sorted)/2], sorted[len(sorted)-1])
+	fmt.Fprintf(w, "wrote the server evaluation set %s: %d held-out examples of those devices' packages\n",
+		filepath.Join(abs, gosrcEvalDir), eval.Len())
+	if pub != nil {
+		fmt.Fprintf(w, "wrote the public pretraining set %s: %d examples of %d packages (%s)\n",
+			filepath.Join(abs, gosrcPublicDir), pub.Len(), len(publicPaths), strings.Join(publicPaths, " "))
+	} else {
+		fmt.Fprintf(w, "no package fell in the public bucket: no public pretraining set written\n")
+	}
+	fmt.Fprintf(w, "\nNext, for each device dataset, each agent with its own --data-dir:\n")
+	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, gosrcDevicesDir, "PACKAGE")))
+	fmt.Fprintf(w, "and have the server evaluate on %s with task create --server-eval-dataset.\n", shellQuote(filepath.Join(abs, gosrcEvalDir)))
+	return nil
 }
