@@ -48,8 +48,15 @@ func TestTaskPausesForWantOfDevices(t *testing.T) {
 	}
 	id := created.GetTask().GetId()
 	paused := h.WaitTask(t, id, time.Minute, pb.TaskState_TASK_STATE_PAUSED)
-	if r := paused.GetStateReason(); !strings.HasPrefix(r, "paused after 3 rounds in a row were abandoned for want of devices "+
-		"(round 3: selection closed with 0 devices, below the report goal 16); 3 devices are enrolled") {
+	// Both timers are 20 ms: on a loaded machine a round may start with
+	// both expired and see the report deadline first, which is still a
+	// want of devices (coord's runPlain).
+	r := paused.GetStateReason()
+	selection := strings.HasPrefix(r, "paused after 3 rounds in a row were abandoned for want of devices "+
+		"(round 3: selection closed with 0 devices, below the report goal 16); 3 devices are enrolled")
+	deadline := strings.HasPrefix(r, "paused after 3 rounds in a row were abandoned for want of devices "+
+		"(round 3: report deadline passed with 0 reports, below the report goal 16); 3 devices are enrolled")
+	if !selection && !deadline {
 		t.Fatalf("paused: %q", r)
 	}
 	if rounds := h.Rounds(t, id); len(rounds) != 3 {
