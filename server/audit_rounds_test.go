@@ -27,7 +27,7 @@ func TestAuditRoundEvents(t *testing.T) {
 	startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(100, 8, 3, uint64(i+1)) })
 	task := h.CreateTask(t, baseTask("audited", version, module, 2))
 	done := h.WaitTask(t, task.Id, 3*time.Minute, // a hang guard: -race on a loaded machine is slow
-		 pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+		pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
 		t.Fatalf("task %v: %s", done.State, done.StateReason)
 	}
