@@ -86,7 +86,7 @@ func newModuleRegisterCommand(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "module name, for display and audit (required)")
-	cmd.Flags().Uint32Var(&abi, "abi", 1, "host ABI version the module was built against")
+	cmd.Flags().Uint32Var(&abi, "abi", 0, "host ABI version the module declares; the server refuses the module if it declares another (default: read from the module)")
 	cmd.Flags().StringVar(&sigFile, "signature", "", "file holding the publisher's signature (fleetlearn module sign)")
 	cmd.Flags().StringVar(&keyFile, "signing-key", "", "publisher key (PEM) to sign the module with")
 	cmd.MarkFlagRequired("name")

@@ -240,8 +240,10 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// No ABI version in the header: the server reads the one the module
+	// declares.
 	mod, err := client.RegisterModule(ctx, apiv1.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
-		AbiVersion: wasm.ABIVersion, Signature: []byte(sig)}, bytes.NewReader(code))
+		Signature: []byte(sig)}, bytes.NewReader(code))
 	if err != nil {
 		return nil, fmt.Errorf("register module: %w", err)
 	}
