@@ -211,13 +211,20 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 	}
 	s.mu.Unlock()
 	if !ok {
-		e.cm, e.version, e.err = s.compile(ctx, code, got)
-		close(e.ready)
-		if e.err != nil {
-			s.mu.Lock()
-			delete(s.modules, got)
-			s.mu.Unlock()
-		}
+		// The compilation, and the instance that reads the declared
+		// version, outlive the caller that started them: a loader whose
+		// context ends (a round that closed) must not fail the loaders
+		// waiting on the same bytes, nor make the next one start over.
+		// Both are bounded by the sandbox's default limits.
+		go func() {
+			e.cm, e.version, e.err = s.compile(context.WithoutCancel(ctx), code, got)
+			if e.err != nil {
+				s.mu.Lock()
+				delete(s.modules, got)
+				s.mu.Unlock()
+			}
+			close(e.ready)
+		}()
 	}
 	select {
 	case <-e.ready:
