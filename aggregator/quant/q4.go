@@ -1,7 +1,6 @@
 package quant
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -138,14 +137,7 @@ func (q Quantized4) AppendBinary(b []byte) ([]byte, error) {
 	if q.n == 0 {
 		return nil, fmt.Errorf("quant: encode4: empty vector: %w", ErrShape)
 	}
-	b = append(b, magic4...)
-	b = append(b, version4)
-	b = binary.LittleEndian.AppendUint32(b, uint32(q.n))
-	b = binary.LittleEndian.AppendUint32(b, uint32(q.block))
-	for _, s := range q.scales {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s))
-	}
-	return append(b, q.packed...), nil
+	return append(appendHeader(b, magic4, version4, q.n, q.block, q.scales), q.packed...), nil
 }
 
 // Decode4 decodes a 4-bit encoding of exactly n values (the model's
@@ -167,39 +159,11 @@ func Decode4(b []byte, n int) (Quantized4, error) {
 // receiver's own. It refuses malformed input with ErrFormat and leaves q
 // unchanged then. What it allocates is bounded by len(b).
 func (q *Quantized4) UnmarshalBinary(b []byte) error {
-	if len(b) < headerSize {
-		return fmt.Errorf("quant: decode4: %d bytes, shorter than the %d-byte header: %w", len(b), headerSize, ErrFormat)
+	n, block, scales, raw, err := decodeHeader(b, header{op: "decode4", magic: magic4, version: version4,
+		what: "a 4-bit update", maxScale: maxScale4, payload: func(n uint64) uint64 { return (n + 1) / 2 }})
+	if err != nil {
+		return err
 	}
-	if string(b[:4]) != magic4 {
-		return fmt.Errorf("quant: decode4: magic %q, want %q (not a 4-bit update): %w", b[:4], magic4, ErrFormat)
-	}
-	if b[4] != version4 {
-		return fmt.Errorf("quant: decode4: version %d, want %d: %w", b[4], version4, ErrFormat)
-	}
-	n := uint64(binary.LittleEndian.Uint32(b[5:]))
-	block := uint64(binary.LittleEndian.Uint32(b[9:]))
-	if n == 0 || n > MaxLen {
-		return fmt.Errorf("quant: decode4: %d values, want 1 to %d: %w", n, MaxLen, ErrFormat)
-	}
-	if block == 0 || block > MaxBlock {
-		return fmt.Errorf("quant: decode4: block size %d not in [1, %d]: %w", block, MaxBlock, ErrFormat)
-	}
-	nb := (n + block - 1) / block
-	if want := headerSize + 4*nb + (n+1)/2; uint64(len(b)) != want {
-		return fmt.Errorf("quant: decode4: %d bytes, want %d for %d values in blocks of %d: %w", len(b), want, n, block, ErrFormat)
-	}
-	scales := make([]float32, nb)
-	p := b[headerSize:]
-	for i := range scales {
-		bits := binary.LittleEndian.Uint32(p[4*i:])
-		s := math.Float32frombits(bits)
-		// The sign bit catches −0 too, which Quantize4 never writes.
-		if bits>>31 != 0 || !(s <= maxScale4) {
-			return fmt.Errorf("quant: decode4: scale %d = %v not in [0, %v]: %w", i, s, maxScale4, ErrFormat)
-		}
-		scales[i] = s
-	}
-	raw := p[4*nb:]
 	if n%2 == 1 && raw[len(raw)-1]>>4 != 0 {
 		// Otherwise two encodings would decode to the same values.
 		return fmt.Errorf("quant: decode4: padding nibble after the last of %d values is %d, want 0: %w", n, raw[len(raw)-1]>>4, ErrFormat)

@@ -95,6 +95,66 @@ func Quantize(x []float32, block int, rng rand.Source) (Quantized, error) {
 // 127·s is exact in float64 (24 + 7 bits), so the comparison is too.
 func scaleFor(m float64) float32 { return scaleForCode(m, maxCode) }
 
+// appendHeader appends what both encodings start with: magic, version, n,
+// block and the scales.
+func appendHeader(b []byte, magic string, version byte, n, block int, scales []float32) []byte {
+	b = append(b, magic...)
+	b = append(b, version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	b = binary.LittleEndian.AppendUint32(b, uint32(block))
+	for _, s := range scales {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s))
+	}
+	return b
+}
+
+// header says how decodeHeader checks one encoding: payload is the length
+// of the codes of n values.
+type header struct {
+	op, magic, what string
+	version         byte
+	maxScale        float32
+	payload         func(n uint64) uint64
+}
+
+// decodeHeader checks the shared header and the total length, and returns
+// n, the block size, the scales and the codes' bytes.
+func decodeHeader(b []byte, h header) (n, block uint64, scales []float32, payload []byte, err error) {
+	if len(b) < headerSize {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: %d bytes, shorter than the %d-byte header: %w", h.op, len(b), headerSize, ErrFormat)
+	}
+	if string(b[:4]) != h.magic {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: magic %q, want %q (not %s): %w", h.op, b[:4], h.magic, h.what, ErrFormat)
+	}
+	if b[4] != h.version {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: version %d, want %d: %w", h.op, b[4], h.version, ErrFormat)
+	}
+	n = uint64(binary.LittleEndian.Uint32(b[5:]))
+	block = uint64(binary.LittleEndian.Uint32(b[9:]))
+	if n == 0 || n > MaxLen {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: %d values, want 1 to %d: %w", h.op, n, MaxLen, ErrFormat)
+	}
+	if block == 0 || block > MaxBlock {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: block size %d not in [1, %d]: %w", h.op, block, MaxBlock, ErrFormat)
+	}
+	nb := (n + block - 1) / block
+	if want := headerSize + 4*nb + h.payload(n); uint64(len(b)) != want {
+		return 0, 0, nil, nil, fmt.Errorf("quant: %s: %d bytes, want %d for %d values in blocks of %d: %w", h.op, len(b), want, n, block, ErrFormat)
+	}
+	scales = make([]float32, nb)
+	p := b[headerSize:]
+	for i := range scales {
+		bits := binary.LittleEndian.Uint32(p[4*i:])
+		s := math.Float32frombits(bits)
+		// The sign bit catches −0 too, which the quantizers never write.
+		if bits>>31 != 0 || !(s <= h.maxScale) {
+			return 0, 0, nil, nil, fmt.Errorf("quant: %s: scale %d = %v not in [0, %v]: %w", h.op, i, s, h.maxScale, ErrFormat)
+		}
+		scales[i] = s
+	}
+	return n, block, scales, p[4*nb:], nil
+}
+
 func blocks(n, block int) int { return (n + block - 1) / block }
 
 // Len returns the number of values.
@@ -138,13 +198,7 @@ func (q Quantized) AppendBinary(b []byte) ([]byte, error) {
 	if q.n == 0 {
 		return nil, fmt.Errorf("quant: encode: empty vector: %w", ErrShape)
 	}
-	b = append(b, magic...)
-	b = append(b, version)
-	b = binary.LittleEndian.AppendUint32(b, uint32(q.n))
-	b = binary.LittleEndian.AppendUint32(b, uint32(q.block))
-	for _, s := range q.scales {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s))
-	}
+	b = appendHeader(b, magic, version, q.n, q.block, q.scales)
 	for _, c := range q.codes {
 		b = append(b, byte(c))
 	}
@@ -170,39 +224,11 @@ func Decode(b []byte, n int) (Quantized, error) {
 // receiver's own. It refuses malformed input with ErrFormat and leaves q
 // unchanged then. What it allocates is bounded by len(b).
 func (q *Quantized) UnmarshalBinary(b []byte) error {
-	if len(b) < headerSize {
-		return fmt.Errorf("quant: decode: %d bytes, shorter than the %d-byte header: %w", len(b), headerSize, ErrFormat)
+	n, block, scales, raw, err := decodeHeader(b, header{op: "decode", magic: magic, version: version,
+		what: "an int8 pseudo-gradient", maxScale: maxScale, payload: func(n uint64) uint64 { return n }})
+	if err != nil {
+		return err
 	}
-	if string(b[:4]) != magic {
-		return fmt.Errorf("quant: decode: magic %q, want %q (not an int8 pseudo-gradient): %w", b[:4], magic, ErrFormat)
-	}
-	if b[4] != version {
-		return fmt.Errorf("quant: decode: version %d, want %d: %w", b[4], version, ErrFormat)
-	}
-	n := uint64(binary.LittleEndian.Uint32(b[5:]))
-	block := uint64(binary.LittleEndian.Uint32(b[9:]))
-	if n == 0 || n > MaxLen {
-		return fmt.Errorf("quant: decode: %d values, want 1 to %d: %w", n, MaxLen, ErrFormat)
-	}
-	if block == 0 || block > MaxBlock {
-		return fmt.Errorf("quant: decode: block size %d not in [1, %d]: %w", block, MaxBlock, ErrFormat)
-	}
-	nb := (n + block - 1) / block
-	if want := headerSize + 4*nb + n; uint64(len(b)) != want {
-		return fmt.Errorf("quant: decode: %d bytes, want %d for %d values in blocks of %d: %w", len(b), want, n, block, ErrFormat)
-	}
-	scales := make([]float32, nb)
-	p := b[headerSize:]
-	for i := range scales {
-		bits := binary.LittleEndian.Uint32(p[4*i:])
-		s := math.Float32frombits(bits)
-		// The sign bit catches −0 too, which Quantize never writes.
-		if bits>>31 != 0 || !(s <= maxScale) {
-			return fmt.Errorf("quant: decode: scale %d = %v not in [0, %v]: %w", i, s, maxScale, ErrFormat)
-		}
-		scales[i] = s
-	}
-	raw := p[4*nb:]
 	codes := make([]int8, n)
 	for i, c := range raw {
 		code := int8(c)
