@@ -579,19 +579,13 @@ func (s *Service) handoffDiLoCo(p *jobRT) {
 // islandData is the SHA-256 over the islands' data digests in island
 // order; "" unless each island reported one.
 func (s *Service) islandData(p *jobRT) string {
-	h := sha256.New()
-	for _, id := range p.diloco.islands {
-		k := s.jobs[id]
-		if k == nil {
-			return ""
+	ds := make([]string, len(p.diloco.islands))
+	for i, id := range p.diloco.islands {
+		if k := s.jobs[id]; k != nil {
+			ds[i] = k.rec.GetDataSha256()
 		}
-		b, err := hex.DecodeString(k.rec.GetDataSha256())
-		if err != nil || len(b) != sha256.Size {
-			return ""
-		}
-		h.Write(b)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return digestOfDigests(ds)
 }
 
 func (s *Service) storeOuterModel(ctx context.Context, p *jobRT) (*pb.Model, audit.ModelImported, error) {

@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool"
@@ -100,7 +100,7 @@ func (s *Service) watchKube(ctx context.Context) {
 			return
 		}
 		s.log.Error("watching JobSets; Kubernetes jobs do not move until it works", "err", err)
-		if !sleepOr(s, ctx, s.lossAfter()) {
+		if !clock.Sleep(s.clk, s.lossAfter(), ctx.Done()) {
 			return
 		}
 	}
@@ -109,7 +109,7 @@ func (s *Service) watchKube(ctx context.Context) {
 // pollKubeProgress reads the committed step of every running Kubernetes
 // job from the volume, off the loop, and records it.
 func (s *Service) pollKubeProgress(ctx context.Context) {
-	for sleepOr(s, ctx, kubeProgressEvery*s.d.HeartbeatInterval) {
+	for clock.Sleep(s.clk, kubeProgressEvery*s.d.HeartbeatInterval, ctx.Done()) {
 		type running struct {
 			id    string
 			ranks int
@@ -133,17 +133,6 @@ func (s *Service) pollKubeProgress(ctx context.Context) {
 				return nil
 			})
 		}
-	}
-}
-
-func sleepOr(s *Service, ctx context.Context, d time.Duration) bool {
-	t := s.clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

@@ -512,9 +512,19 @@ func (s *Service) maybeHandoff(rt *jobRT) {
 // dataDigest is the SHA-256 over the ranks' shard digests in rank order;
 // "" unless every rank reported one.
 func dataDigest(ls []*lease) string {
+	ds := make([]string, len(ls))
+	for i, le := range ls {
+		ds[i] = le.data
+	}
+	return digestOfDigests(ds)
+}
+
+// digestOfDigests is the SHA-256 over hex SHA-256 digests in order; "" if
+// any is missing or malformed.
+func digestOfDigests(ds []string) string {
 	h := sha256.New()
-	for _, le := range ls {
-		b, err := hex.DecodeString(le.data)
+	for _, d := range ds {
+		b, err := hex.DecodeString(d)
 		if err != nil || len(b) != sha256.Size {
 			return ""
 		}
