@@ -270,3 +270,24 @@ func TestLayering(t *testing.T) {
 		}
 	}
 }
+
+// moduleLibs are compiled into WASM update modules as well as run natively:
+// they may import only the standard library and each other, so modules stay
+// small and the model code a module runs is the code the native trainer runs.
+var moduleLibs = []string{"model/sgd", "model/lm"}
+
+func TestModuleLibrariesUseOnlyTheStandardLibrary(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if !slices.ContainsFunc(moduleLibs, func(d string) bool { return p.path == mod+"/"+d }) {
+			continue
+		}
+		for _, dep := range p.deps {
+			if dep == "" || !strings.Contains(strings.Split(dep, "/")[0], ".") {
+				continue // the standard library
+			}
+			if !slices.ContainsFunc(moduleLibs, func(d string) bool { return dep == mod+"/"+d }) {
+				t.Errorf("%s depends on %s; module libraries may use only the standard library and %v", p.path, dep, moduleLibs)
+			}
+		}
+	}
+}

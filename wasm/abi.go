@@ -81,6 +81,8 @@ type request struct {
 	Seed   uint64          `json:"seed"`
 	Params []paramInfo     `json:"params"`
 	Data   dataInfo        `json:"data"`
+	// Trainable is ABI 2's: the parameter indices a train call may change.
+	Trainable []int `json:"trainable,omitempty"`
 }
 
 type paramInfo struct {

@@ -2,8 +2,10 @@ package wasm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -355,6 +357,18 @@ func TestV2MatchesNative(t *testing.T) {
 	res, err := safeTrain(t, context.Background(), m, wasm.Call{Model: init, Data: ds})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The module writes every parameter: told that "y" is frozen, its
+	// result is refused.
+	var allButY []int
+	for i := range shapes {
+		if shapes[i].name != "y" {
+			allButY = append(allButY, i)
+		}
+	}
+	if _, err := m.Train(context.Background(), wasm.Call{Model: init, Data: ds, Trainable: allButY}); !errors.Is(err, wasm.ErrResult) ||
+		!strings.Contains(err.Error(), "frozen parameter y changed") {
+		t.Fatalf("a module changing a frozen parameter: %v, want ErrResult naming y", err)
 	}
 
 	// The same sequence, natively.

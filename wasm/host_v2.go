@@ -20,6 +20,8 @@ const (
 	workGELUGrad      = 16
 	workSoftmax       = 5
 	workSoftmaxGrad   = 4
+	workHeads         = 1
+	workAdamW         = 12
 )
 
 // batchGroupWork is about how much batched gemm work runs between two
@@ -89,6 +91,29 @@ var hostFunctionsV2 = []hostFn{
 		dy := s.mat("softmax_grad", u32(st[0]))
 		s.charge("softmax_grad", workSoftmaxGrad*int64(dy.Len()))
 		if err := kernel.SoftmaxGrad(dy, s.mat("softmax_grad", u32(st[1])), s.mat("softmax_grad", u32(st[2]))); err != nil {
+			s.kernelErr(err)
+		}
+	}},
+	{"split_heads", 2, []api.ValueType{i32, i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+		x, y := s.mat("split_heads", u32(st[0])), s.mat("split_heads", u32(st[1]))
+		s.charge("split_heads", workHeads*int64(x.Len()))
+		if err := kernel.SplitHeads(x, y, int(s32(st[2])), int(s32(st[3]))); err != nil {
+			s.kernelErr(err)
+		}
+	}},
+	{"merge_heads", 2, []api.ValueType{i32, i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+		y, x := s.mat("merge_heads", u32(st[0])), s.mat("merge_heads", u32(st[1]))
+		s.charge("merge_heads", workHeads*int64(x.Len()))
+		if err := kernel.MergeHeads(y, x, int(s32(st[2])), int(s32(st[3]))); err != nil {
+			s.kernelErr(err)
+		}
+	}},
+	{"adamw", 2, []api.ValueType{i32, i32, i32, i32, f32, f32, f32, f32, f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
+		const op = "adamw"
+		p, g, m, v := s.mat(op, u32(st[0])), s.mat(op, u32(st[1])), s.mat(op, u32(st[2])), s.mat(op, u32(st[3]))
+		s.charge(op, workAdamW*int64(p.Len()))
+		h := kernel.AdamW{LR: fl(st[4]), Beta1: fl(st[5]), Beta2: fl(st[6]), Eps: fl(st[7]), WeightDecay: fl(st[8]), Step: int(s32(st[9]))}
+		if err := kernel.AdamWStep(p, g, m, v, h); err != nil {
 			s.kernelErr(err)
 		}
 	}},

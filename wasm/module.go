@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -54,6 +55,12 @@ type Call struct {
 	Hyper  json.RawMessage // task hyper-parameters, passed to the module verbatim
 	Seed   uint64          // drives example order and the module's random source
 	Limits Limits          // zero fields take the sandbox defaults
+	// Trainable lists, ascending, the indices of the parameters a train
+	// call may change; empty means all. It needs ABI 2 or later (the
+	// request's "trainable" field): a v1 module cannot be told, so such a
+	// call is refused. A module that changes a parameter outside the list
+	// fails with ErrResult.
+	Trainable []int
 }
 
 // Result is what a call returned, validated.
@@ -114,9 +121,13 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {
 		return nil, fmt.Errorf("%s: %w: hyper-parameters are not JSON", op, ErrInvalidCall)
 	}
+	frozen, err := frozenParams(c, m.version)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
 	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool}
 	defer st.release()
-	req := request{ABI: m.version, Kind: entry, Hyper: c.Hyper, Seed: c.Seed,
+	req := request{ABI: m.version, Kind: entry, Hyper: c.Hyper, Seed: c.Seed, Trainable: c.Trainable,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
 	if len(req.Hyper) == 0 {
 		req.Hyper = json.RawMessage("{}")
@@ -138,7 +149,6 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
 	}
 	st.nparams = len(c.Model.Tensors)
-	var err error
 	if st.input, err = json.Marshal(req); err != nil {
 		return nil, fmt.Errorf("%s: %w: %v", op, ErrInvalidCall, err)
 	}
@@ -182,6 +192,10 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 			d := st.handles[i+1].m.Data
 			if j := floats.FirstNonFinite(d); j >= 0 {
 				return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, in.Name, j, d[j])
+			}
+			if frozen != nil && frozen[i] && !sameBits(d, in.Data) {
+				return nil, fmt.Errorf("%s: %w: frozen parameter %s changed (the call trains only %d of %d parameters)",
+					op, ErrResult, in.Name, len(c.Trainable), len(c.Model.Tensors))
 			}
 			out.Tensors[i] = model.Tensor{Name: in.Name, Shape: slices.Clone(in.Shape), Data: d[:len(d):len(d)]}
 		}
@@ -267,4 +281,38 @@ func firstLine(err error) string {
 		return s[:i]
 	}
 	return s
+}
+
+// frozenParams checks a call's trainable list and returns which parameters
+// it freezes (nil: none).
+func frozenParams(c Call, version int) ([]bool, error) {
+	if len(c.Trainable) == 0 {
+		return nil, nil
+	}
+	if version < 2 {
+		return nil, fmt.Errorf("%w: training only some parameters needs a module of ABI 2 or later; this one declares %d", ErrInvalidCall, version)
+	}
+	frozen := make([]bool, len(c.Model.Tensors))
+	for i := range frozen {
+		frozen[i] = true
+	}
+	for k, i := range c.Trainable {
+		if i < 0 || i >= len(frozen) || k > 0 && i <= c.Trainable[k-1] {
+			return nil, fmt.Errorf("%w: trainable parameter list %v is not ascending indices below %d", ErrInvalidCall, c.Trainable, len(frozen))
+		}
+		frozen[i] = false
+	}
+	return frozen, nil
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }

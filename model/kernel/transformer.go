@@ -347,3 +347,123 @@ func BatchedGemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c M
 
 // BatchedGemmFLOPs is the work BatchedGemm does for batch m×k by k×n products.
 func BatchedGemmFLOPs(batch, m, n, k int) int64 { return int64(batch) * GemmFLOPs(m, n, k) }
+
+// headShape checks that x, in token-major layout (seqs·T)×(heads·dh), and y,
+// in head-major layout (seqs·heads·T)×dh, hold the same attention heads.
+func headShape(op string, x, y Mat, seq, heads int) error {
+	if err := errors.Join(x.check("x"), y.check("y")); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if seq < 1 || heads < 1 {
+		return fmt.Errorf("%w: %s: sequence length %d and heads %d must be at least 1", ErrArgument, op, seq, heads)
+	}
+	if x.Rows%seq != 0 || x.Cols%heads != 0 {
+		return fmt.Errorf("%w: %s: token-major %v is not whole sequences of %d tokens by %d heads", ErrShape, op, x, seq, heads)
+	}
+	if y.Rows != x.Rows*heads || y.Cols != x.Cols/heads {
+		return fmt.Errorf("%w: %s: head-major %v, want %dx%d for token-major %v with %d heads", ErrShape, op, y, x.Rows*heads, x.Cols/heads, x, heads)
+	}
+	return nil
+}
+
+// SplitHeads copies x, laid out (seqs·T)×(heads·dh) with head h of token t in
+// columns [h·dh, (h+1)·dh) (what a projection x·Wᵀ produces), into y laid out
+// (seqs·heads·T)×dh, one T×dh block per (sequence, head): the layout
+// BatchedGemm and a causal Softmax work on. It is a permutation: no value
+// changes. seq is T.
+func SplitHeads(x, y Mat, seq, heads int) error {
+	if err := headShape("split_heads", x, y, seq, heads); err != nil {
+		return err
+	}
+	permuteHeads(x, y, seq, heads, false)
+	return nil
+}
+
+// MergeHeads is SplitHeads' inverse: y (seqs·heads·T)×dh back into x
+// (seqs·T)×(heads·dh). It is also SplitHeads' gradient, as SplitHeads is
+// MergeHeads'.
+func MergeHeads(y, x Mat, seq, heads int) error {
+	if err := headShape("merge_heads", x, y, seq, heads); err != nil {
+		return err
+	}
+	permuteHeads(x, y, seq, heads, true)
+	return nil
+}
+
+func permuteHeads(x, y Mat, seq, heads int, merge bool) {
+	dh := y.Cols
+	seqs := x.Rows / seq
+	for s := 0; s < seqs; s++ {
+		for h := 0; h < heads; h++ {
+			for t := 0; t < seq; t++ {
+				xr := x.Data[(s*seq+t)*x.Cols+h*dh:][:dh]
+				yr := y.Data[((s*heads+h)*seq+t)*dh:][:dh]
+				if merge {
+					copy(xr, yr)
+				} else {
+					copy(yr, xr)
+				}
+			}
+		}
+	}
+}
+
+// AdamW holds the scalars of one AdamW step (Loshchilov and Hutter,
+// decoupled weight decay). Step counts from 1 and sets the bias corrections.
+type AdamW struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	Step                               int
+}
+
+func (h AdamW) check() error {
+	ok := func(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+	switch {
+	case !ok(h.LR) || h.LR < 0:
+		return fmt.Errorf("learning rate %v, want finite and ≥ 0", h.LR)
+	case !ok(h.Beta1) || h.Beta1 < 0 || h.Beta1 >= 1, !ok(h.Beta2) || h.Beta2 < 0 || h.Beta2 >= 1:
+		return fmt.Errorf("betas %v, %v, want each in [0, 1)", h.Beta1, h.Beta2)
+	case !ok(h.Eps) || h.Eps <= 0:
+		return fmt.Errorf("eps %v, want finite and > 0", h.Eps)
+	case !ok(h.WeightDecay) || h.WeightDecay < 0:
+		return fmt.Errorf("weight decay %v, want finite and ≥ 0", h.WeightDecay)
+	case h.Step < 1 || h.Step > 1<<30:
+		return fmt.Errorf("step %d, want in [1, 2^30]", h.Step)
+	}
+	return nil
+}
+
+// AdamWStep applies one AdamW update to p from gradient g, updating the
+// first and second moments m and v in place (all the same shape; start m
+// and v at zero):
+//
+//	m ← β1·m + (1−β1)·g,  v ← β2·v + (1−β2)·g²
+//	p ← p − lr·(m̂/(√v̂ + ε) + wd·p),  m̂ = m/(1−β1^t), v̂ = v/(1−β2^t)
+//
+// in float64 per value, rounded to float32 once per stored value. Work: 12
+// per value.
+func AdamWStep(p, g, m, v Mat, h AdamW) error {
+	if err := errors.Join(p.check("p"), g.check("g"), m.check("m"), v.check("v")); err != nil {
+		return fmt.Errorf("adamw: %w", err)
+	}
+	if err := errors.Join(sameShape("adamw", p, g), sameShape("adamw", p, m), sameShape("adamw", p, v)); err != nil {
+		return err
+	}
+	if err := h.check(); err != nil {
+		return fmt.Errorf("%w: adamw: %v", ErrArgument, err)
+	}
+	b1, b2 := float64(h.Beta1), float64(h.Beta2)
+	c1 := 1 / (1 - math.Pow(b1, float64(h.Step)))
+	c2 := 1 / (1 - math.Pow(b2, float64(h.Step)))
+	lr, eps, wd := float64(h.LR), float64(h.Eps), float64(h.WeightDecay)
+	pv, gv, mv, vv := p.Vals(), g.Vals(), m.Vals(), v.Vals()
+	for i, gi := range gv {
+		gf := float64(gi)
+		mi := float64(float32(float64(b1*float64(mv[i])) + float64((1-b1)*gf)))
+		vi := float64(float32(float64(b2*float64(vv[i])) + float64((1-b2)*float64(gf*gf))))
+		mv[i], vv[i] = float32(mi), float32(vi)
+		pi := float64(pv[i])
+		upd := float64(mi*c1)/(math.Sqrt(float64(vi*c2))+eps) + float64(wd*pi)
+		pv[i] = float32(pi - float64(lr*upd))
+	}
+	return nil
+}

@@ -18,6 +18,7 @@ import (
 const (
 	MLP     = "github.com/fleetlearn/fleetlearn/wasm/examples/mlp"
 	Softmax = "github.com/fleetlearn/fleetlearn/wasm/examples/softmax"
+	LM      = "github.com/fleetlearn/fleetlearn/wasm/examples/lm"
 )
 
 // Module builds the Go package pkg (an import path, or a directory relative

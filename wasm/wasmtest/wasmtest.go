@@ -15,6 +15,7 @@ import (
 const (
 	MLP     = build.MLP
 	Softmax = build.Softmax
+	LM      = build.LM
 )
 
 var (

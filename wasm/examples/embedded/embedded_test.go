@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -92,11 +93,20 @@ func TestModulesRunInTheSandbox(t *testing.T) {
 	}
 	defer sb.Close(ctx)
 	d := &data.Dataset{Features: []float32{0, 1, 0, 1, 1, 0, 1, 0, 0.5, 0.5, 0, 0}, Labels: []uint8{0, 1, 1}, Dim: 4, NumClasses: 2}
-	archs := map[string][]int{"mlp": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}}
+	archs := map[string][]int{"mlp": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}, "lm": nil}
 	for _, m := range List() {
 		arch, ok := archs[m.Name]
 		if !ok {
 			t.Fatalf("%s: no test model for it", m.Name)
+		}
+		var init *model.Model
+		if arch == nil {
+			// Windows of 4 tokens over a vocabulary of 2.
+			if init, err = train.InitLM(train.LMConfig{Vocab: 2, Context: 4, Dim: 8, Layers: 1}, 1); err != nil {
+				t.Fatal(err)
+			}
+		} else if init, err = train.InitMLP(arch, 1); err != nil {
+			t.Fatal(err)
 		}
 		code, err := m.Code()
 		if err != nil {
@@ -106,11 +116,11 @@ func TestModulesRunInTheSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
-		init, err := train.InitMLP(arch, 1)
-		if err != nil {
-			t.Fatal(err)
+		call := wasm.Call{Model: init, Data: d}
+		if arch == nil {
+			call.Data = &data.Dataset{Features: []float32{0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0}, Labels: []uint8{0, 1, 1}, Dim: 4, NumClasses: 2}
 		}
-		res, err := mod.Evaluate(ctx, wasm.Call{Model: init, Data: d})
+		res, err := mod.Evaluate(ctx, call)
 		if err != nil {
 			t.Fatalf("%s: evaluate: %v", m.Name, err)
 		}

@@ -8,6 +8,9 @@ import _ "embed"
 // reproducible with it; another release builds other bytes.
 const GoVersion = "go1.26.8"
 
+//go:embed lm.wasm.gz
+var lmWASMGzip []byte
+
 //go:embed mlp.wasm.gz
 var mlpWASMGzip []byte
 
@@ -18,6 +21,14 @@ var noopWASMGzip []byte
 var softmaxWASMGzip []byte
 
 var modules = []Module{
+	{
+		Name:        "lm",
+		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/lm",
+		Description: "decoder-only transformer language model (package lm), AdamW, ABI v2; trains only the task's trainable tensors (partial and LoRA fine-tuning)",
+		SHA256:      "fef8a0a2cec0b5062142e56dbbd056ae263c66f1a6a86ab6a4850206a7ec504c",
+		Size:        3576772,
+		gz:          lmWASMGzip,
+	},
 	{
 		Name:        "mlp",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/mlp",

@@ -30,3 +30,12 @@ func hostSoftmaxGrad(dy, y, dx uint32)
 
 //go:wasmimport fleetlearn_v2 batched_gemm
 func hostBatchedGemm(transA, transB uint32, alpha float32, a, b uint32, beta float32, c uint32, batch int32)
+
+//go:wasmimport fleetlearn_v2 split_heads
+func hostSplitHeads(x, y uint32, seq, heads int32)
+
+//go:wasmimport fleetlearn_v2 merge_heads
+func hostMergeHeads(y, x uint32, seq, heads int32)
+
+//go:wasmimport fleetlearn_v2 adamw
+func hostAdamW(p, g, m, v uint32, lr, beta1, beta2, eps, weightDecay float32, step int32)

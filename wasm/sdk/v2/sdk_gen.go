@@ -24,6 +24,9 @@ type Request struct {
 	Seed   uint64          `json:"seed"`
 	Params []ParamInfo     `json:"params"`
 	Data   DataInfo        `json:"data"`
+	// Trainable lists the indices of the parameters train may change
+	// (empty: all); the host refuses a result that changed any other.
+	Trainable []int `json:"trainable,omitempty"`
 }
 
 // ParamInfo names one model parameter and its shape.

@@ -48,3 +48,18 @@ func SoftmaxGrad(dy, y, dx Tensor) { hostSoftmaxGrad(dy.h, y.h, dx.h) }
 func BatchedGemm(transA, transB bool, alpha float32, a, b Tensor, beta float32, c Tensor, batch int) {
 	hostBatchedGemm(b2u(transA), b2u(transB), alpha, a.h, b.h, beta, c.h, int32(batch))
 }
+
+// SplitHeads copies x, (seqs·seq)×(heads·dh) with head h in columns
+// [h·dh, (h+1)·dh), into y, (seqs·heads·seq)×dh with one seq×dh block per
+// sequence and head: the layout BatchedGemm and a causal Softmax take.
+func SplitHeads(x, y Tensor, seq, heads int) { hostSplitHeads(x.h, y.h, int32(seq), int32(heads)) }
+
+// MergeHeads is SplitHeads' inverse (and its gradient): y back into x.
+func MergeHeads(y, x Tensor, seq, heads int) { hostMergeHeads(y.h, x.h, int32(seq), int32(heads)) }
+
+// AdamW applies one AdamW step (decoupled weight decay) to p from gradient
+// g, updating the moments m and v (zero them before the first step). step
+// counts from 1 and sets the bias corrections.
+func AdamW(p, g, m, v Tensor, lr, beta1, beta2, eps, weightDecay float32, step int) {
+	hostAdamW(p.h, g.h, m.h, v.h, lr, beta1, beta2, eps, weightDecay, int32(step))
+}

@@ -28,6 +28,11 @@ func Generate(dir string) (map[string][]byte, error) {
 			{"//go:wasmimport fleetlearn_v1 ", "//go:wasmimport fleetlearn_v2 "},
 			{"const ABIVersion = 1\n", "const ABIVersion = 2\n"},
 			{`// Host functions of ABI v1, module "fleetlearn_v1".`, `// Host functions of ABI v1, served to v2 modules by module "fleetlearn_v2".`},
+			// ABI 2's request names the parameters a train call may change.
+			{"\tData   DataInfo        `json:\"data\"`\n", "\tData   DataInfo        `json:\"data\"`\n" +
+				"\t// Trainable lists the indices of the parameters train may change\n" +
+				"\t// (empty: all); the host refuses a result that changed any other.\n" +
+				"\tTrainable []int `json:\"trainable,omitempty\"`\n"},
 		} {
 			b = bytes.ReplaceAll(b, []byte(r.old), []byte(r.new))
 		}

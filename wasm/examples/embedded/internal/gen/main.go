@@ -38,6 +38,8 @@ type example struct {
 
 // examples are the modules shipped in the binaries, sorted by name.
 var examples = []example{
+	{"lm", "github.com/fleetlearn/fleetlearn/wasm/examples/lm",
+		"decoder-only transformer language model (package lm), AdamW, ABI v2; trains only the task's trainable tensors (partial and LoRA fine-tuning)"},
 	{"mlp", "github.com/fleetlearn/fleetlearn/wasm/examples/mlp",
 		"multi-layer perceptron (fc1, fc2, … with ReLU), mini-batch SGD with optional FedProx; the demo's module"},
 	{"noop", "github.com/fleetlearn/fleetlearn/wasm/examples/noop",
