@@ -169,7 +169,6 @@ func equalFloats(a, b []float32) bool {
 	return true
 }
 
-
 // TestLMStepperMatchesTrainAndResumes: steps equal TrainLM's epochs bit for
 // bit, and a stepper rebuilt from parameters, cursor and optimizer state
 // halfway continues to the same bits.
