@@ -27,6 +27,7 @@ func newModelCommand(a *app) *cobra.Command {
 		newModelListCommand(a),
 		newModelGetCommand(a),
 		newModelInitCommand(a),
+		newModelLoRACommand(a),
 		newModelLineageCommand(a),
 	)
 	return cmd

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -41,20 +42,46 @@ func newModelInitCommand(_ *app) *cobra.Command {
 		force           bool
 	)
 	cmd := &cobra.Command{
-		Use:   "init --arch mlp:SIZES -o FILE",
+		Use:   "init --arch mlp:SIZES|lm:SIZES -o FILE",
 		Short: "Write a seeded, untrained model to a safetensors file, for model import",
 		Long: "init writes a multi-layer perceptron with the layer sizes of --arch (input first, classes last;\n" +
 			"ReLU between layers), its weights drawn He-uniform from --seed and its biases zero, as the demo\n" +
 			"initialises its base model. The same --arch and --seed always give the same file. Tensors are\n" +
 			"named fc<i>.weight [out, in] and fc<i>.bias [out], as PyTorch's nn.Linear stores them, which is\n" +
-			"what the example mlp update module trains.",
+			"what the example mlp update module trains.\n\n" +
+			"With lm:d=D,layers=L,context=T[,vocab=V][,hidden=F] it writes the decoder-only transformer the\n" +
+			"example lm module trains (package model/lm): width D, L blocks, windows of T tokens (the\n" +
+			"--window of `fleetlearn data gosrc`), a vocabulary of V ids (98, the byte vocabulary of data\n" +
+			"gosrc, by default) and an MLP of width F (4·D by default).",
 		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors\n" +
-			"  fleetlearn model init --arch mlp:784,256,64,10 --seed 7 -o base.safetensors --name mnist-deep",
+			"  fleetlearn model init --arch mlp:784,256,64,10 --seed 7 -o base.safetensors --name mnist-deep\n" +
+			"  fleetlearn model init --arch lm:d=128,layers=4,context=64 -o lm.safetensors --name gocode",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sizes, params, err := parseArch(arch)
-			if err != nil {
-				return err
+			var (
+				m      *model.Model
+				params int64
+			)
+			if strings.HasPrefix(arch, lmArchPrefix) {
+				c, err := parseLMArch(arch)
+				if err != nil {
+					return err
+				}
+				if m, err = train.InitLM(c, seed); err != nil {
+					return fmt.Errorf("%w: --arch %q: %v", ErrUsage, arch, err)
+				}
+				for _, t := range m.Tensors {
+					params += int64(len(t.Data))
+				}
+			} else {
+				sizes, n, err := parseArch(arch)
+				if err != nil {
+					return err
+				}
+				if m, err = train.InitMLP(sizes, seed); err != nil {
+					return fmt.Errorf("model init: %w", err)
+				}
+				params = n
 			}
 			if err := ident.Name(name); err != nil {
 				return fmt.Errorf("%w: --name %q %v", ErrUsage, name, err)
@@ -63,9 +90,8 @@ func newModelInitCommand(_ *app) *cobra.Command {
 			if _, err := os.Lstat(out); err == nil && !force {
 				return fmt.Errorf("%w: %s exists; pass --force to replace it", ErrUsage, out)
 			}
-			m, err := train.InitMLP(sizes, seed)
-			if err != nil {
-				return fmt.Errorf("model init: %w", err)
+			if !cmd.Flags().Changed("name") && m.Tensors[0].Name == "tok_emb.weight" {
+				name = "gocode"
 			}
 			m.Lineage.Source = fmt.Sprintf("fleetlearn model init --arch %s --seed %d", arch, seed)
 			sum, size, err := writeModelFile(out, m, force)
@@ -81,11 +107,11 @@ func newModelInitCommand(_ *app) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&arch, "arch", "", fmt.Sprintf("architecture: mlp: then %d to %d comma-separated layer sizes from 1 to %d, input first (required)",
+	fl.StringVar(&arch, "arch", "", fmt.Sprintf("architecture: mlp: then %d to %d comma-separated layer sizes from 1 to %d, input first; or lm:d=D,layers=L,context=T[,vocab=V][,hidden=F] (required)",
 		minArchSizes, maxArchSizes, maxLayerSize))
 	fl.StringVarP(&out, "output", "o", "", "safetensors file to write (required); it appears only once complete")
 	fl.Uint64Var(&seed, "seed", 1, "seed of the initial weights")
-	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command")
+	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command (gocode for lm:)")
 	fl.BoolVar(&force, "force", false, "replace --output if it exists")
 	for _, n := range []string{"arch", "output"} {
 		cmd.MarkFlagRequired(n)
@@ -102,7 +128,7 @@ func parseArch(arch string) ([]int, int64, error) {
 	}
 	spec, ok := strings.CutPrefix(arch, archPrefix)
 	if !ok {
-		return nil, 0, usage("want %sSIZES, such as mlp:784,128,10 (mlp is the only architecture)", archPrefix)
+		return nil, 0, usage("want %sSIZES, such as mlp:784,128,10, or %sd=D,layers=L,context=T", archPrefix, lmArchPrefix)
 	}
 	fields := strings.Split(spec, ",")
 	if len(fields) < minArchSizes || len(fields) > maxArchSizes {
@@ -168,4 +194,50 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+const lmArchPrefix = "lm:"
+
+// parseLMArch parses --arch lm:KEY=N,...: d, layers and context are
+// required, vocab and hidden optional; every key once, values decimal, and
+// the model must fit the import limit.
+func parseLMArch(arch string) (train.LMConfig, error) {
+	usage := func(format string, args ...any) error {
+		return fmt.Errorf("%w: --arch %q: "+format, append([]any{ErrUsage, arch}, args...)...)
+	}
+	c := train.LMConfig{Vocab: data.VocabSize}
+	fields := map[string]*int{"d": &c.Dim, "layers": &c.Layers, "context": &c.Context, "vocab": &c.Vocab, "hidden": &c.Hidden}
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(strings.TrimPrefix(arch, lmArchPrefix), ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		dst, known := fields[k]
+		if !ok || !known {
+			return c, usage("%q is not KEY=N with KEY one of d, layers, context, vocab, hidden", kv)
+		}
+		if seen[k] {
+			return c, usage("%s given twice", k)
+		}
+		seen[k] = true
+		n, err := strconv.Atoi(v)
+		if v == "" || strings.Trim(v, "0123456789") != "" || err != nil || n < 1 || n > maxLayerSize {
+			return c, usage("%s=%q is not a whole number from 1 to %d", k, v, maxLayerSize)
+		}
+		*dst = n
+	}
+	for _, k := range []string{"d", "layers", "context"} {
+		if !seen[k] {
+			return c, usage("%s=N is required (for example lm:d=128,layers=4,context=64)", k)
+		}
+	}
+	h := int64(c.Hidden)
+	if h == 0 {
+		h = 4 * int64(c.Dim)
+	}
+	d := int64(c.Dim)
+	params := int64(c.Vocab)*d*2 + int64(c.Context)*d + int64(c.Layers)*(4*d*d+2*h*d+h+7*d) + 2*d
+	if params*4 > maxInitModelBytes-initHeaderAllowance {
+		return c, usage("%d parameters (%s of float32) exceed what model import accepts by default (%s)",
+			params, byteSize(uint64(params)*4), byteSize(maxInitModelBytes))
+	}
+	return c, nil
 }

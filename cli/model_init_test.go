@@ -214,3 +214,56 @@ func TestModelInitRefusesBadFlags(t *testing.T) {
 		t.Errorf("refused commands left %v", entries)
 	}
 }
+
+func TestModelInitLMAndLoRA(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "lm.safetensors")
+	out, err := modelInitCLI(t, "--arch", "lm:d=16,layers=2,context=8", "-o", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "--name gocode") {
+		t.Errorf("output %q does not suggest the gocode name", out)
+	}
+	m, _ := readModel(t, base)
+	if !train.IsLM(m) || len(m.Tensors) != 2+2*12+3 {
+		t.Fatalf("%d tensors, LM %v", len(m.Tensors), train.IsLM(m))
+	}
+	for _, bad := range []string{"lm:d=16,layers=2", "lm:d=16,layers=2,context=8,d=4", "lm:d=16,layers=x,context=8",
+		"lm:d=16,layers=2,context=8,heads=2", "lm:d=0,layers=2,context=8", "lm:"} {
+		if _, err := modelInitCLI(t, "--arch", bad, "-o", filepath.Join(dir, "bad")); !errors.Is(err, ErrUsage) {
+			t.Errorf("--arch %s: %v, want ErrUsage", bad, err)
+		}
+	}
+	run := func(args ...string) (string, error) {
+		cmd := newModelLoRACommand(&app{getenv: func(string) string { return "" }})
+		var o bytes.Buffer
+		cmd.SetOut(&o)
+		cmd.SetErr(&o)
+		cmd.SetArgs(args)
+		err := cmd.ExecuteContext(t.Context())
+		return o.String(), err
+	}
+	lora := filepath.Join(dir, "lora.safetensors")
+	if _, err := run("add", base, "--rank", "2", "--targets", "attn.q,mlp.fc", "-o", lora); err != nil {
+		t.Fatal(err)
+	}
+	lm, _ := readModel(t, lora)
+	if got := len(train.LoRAParams(lm)); got != 2*2*2 {
+		t.Fatalf("%d adapter tensors, want 8", got)
+	}
+	if _, err := run("add", base, "--targets", "attn.x", "-o", filepath.Join(dir, "x")); !errors.Is(err, ErrUsage) {
+		t.Errorf("unknown target: %v", err)
+	}
+	if _, err := run("add", lora, "--targets", "attn.q", "-o", filepath.Join(dir, "y")); !errors.Is(err, ErrUsage) {
+		t.Errorf("adapting twice: %v", err)
+	}
+	merged := filepath.Join(dir, "merged.safetensors")
+	if _, err := run("merge", lora, "-o", merged); err != nil {
+		t.Fatal(err)
+	}
+	mm, _ := readModel(t, merged)
+	if len(mm.Tensors) != len(m.Tensors) || len(train.LoRAParams(mm)) != 0 {
+		t.Fatalf("merged model has %d tensors", len(mm.Tensors))
+	}
+}
