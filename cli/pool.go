@@ -79,7 +79,9 @@ func newPoolSubmitCommand(a *app) *cobra.Command {
 		Use:   "submit --output-model NAME --steps N [flags] [-- COMMAND ARGS...]",
 		Short: "Submit a pool job and print it",
 		Long: "submit queues a job of --ranks identical ranks. Without a command the ranks run the\n" +
-			"workers' built-in trainer (an MLP, --arch, on --dataset); with one, each rank runs\n" +
+			"workers' built-in trainer on --dataset: an MLP (--arch) with SGD, or, when --init-model is a\n" +
+			"language model (model init --arch lm:...), that model with AdamW (--lr, --batch; the other\n" +
+			"AdamW settings are package lm's defaults). With a command, each rank runs\n" +
 			"COMMAND as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, ...) plus the checkpoint\n" +
 			"contract (FLEETLEARN_CHECKPOINT_DIR, FLEETLEARN_RESUME_FROM; docs/POOL.md).\n" +
 			"--spec FILE reads the whole job as JSON (the spec field of pool get -o json) instead.\n" +
@@ -92,6 +94,8 @@ func newPoolSubmitCommand(a *app) *cobra.Command {
 			"    --arch mlp:784,128,10 --dataset mnist-train:0:6000 --sync-every 20\n" +
 			"  fleetlearn pool submit --output-model mnist-base --steps 600 --islands 3 --inner-steps 50 --quorum 2 \\\n" +
 			"    --arch mlp:784,128,10 --dataset mnist-train:0:6000\n" +
+			"  fleetlearn pool submit --output-model gocode --ranks 2 --steps 2000 --checkpoint-every 100 --sync-every 20 \\\n" +
+			"    --init-model gocode-init --dataset dir:public --batch 16 --lr 0.001\n" +
 			"  fleetlearn pool submit --output-model lm --ranks 4 --gpus 1 --steps 1000 --checkpoint-every 50 -- python3 train.py",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(f.format); err != nil {
@@ -145,11 +149,11 @@ func (f *submitFlags) bind(cmd *cobra.Command) {
 	fl.StringVar(&f.dataset, "dataset", "mnist-train", "built-in trainer: SOURCE[:FIRST[:COUNT]], SOURCE mnist-train, mnist-test or dir:NAME (under the worker's --data-root)")
 	fl.StringVar(&f.datasetSHA, "dataset-sha256", "", "built-in trainer: refuse data whose digest differs")
 	fl.Uint32Var(&f.batch, "batch", 32, "built-in trainer: examples per step")
-	fl.Float64Var(&f.lr, "lr", 0.05, "built-in trainer: SGD learning rate")
+	fl.Float64Var(&f.lr, "lr", 0.05, "built-in trainer: SGD learning rate, or AdamW's, at most 1, for a language model")
 	fl.Uint64Var(&f.seed, "seed", 1, "built-in trainer: seed of the example order")
 	fl.Uint64Var(&f.initSeed, "init-seed", 1, "built-in trainer: seed of the initial parameters")
 	fl.Int64Var(&f.syncEvery, "sync-every", 0, "built-in trainer: steps between parameter averages of the ranks (default: the checkpoint interval with several ranks)")
-	fl.StringVar(&f.initModel, "init-model", "", "built-in trainer: start from this model (NAME, NAME@N or sha256) instead of --init-seed")
+	fl.StringVar(&f.initModel, "init-model", "", "built-in trainer: start from this model (NAME, NAME@N or sha256) instead of --init-seed; a language model trains with AdamW")
 	fl.Uint32Var(&f.islands, "islands", 0, "built-in trainer: train as this many DiLoCo islands (jobs ID-i0, ID-i1, ... of --ranks 1 each) joined by an outer step every --inner-steps")
 	fl.Int64Var(&f.innerSteps, "inner-steps", 0, "DiLoCo: inner steps H between outer steps; --steps must be a multiple of it")
 	fl.Float64Var(&f.outerLR, "outer-lr", 0, "DiLoCo: outer learning rate (default 0.7)")
@@ -269,13 +273,19 @@ func (f *submitFlags) request(cmd *cobra.Command, args []string) (*pb.SubmitJobR
 	if len(f.env) > 0 {
 		return nil, fmt.Errorf("%w: --env is for command jobs (give the command after --)", ErrUsage)
 	}
-	sizes, _, err := parseArch(f.arch)
-	if err != nil {
-		return nil, err
-	}
-	arch := make([]uint32, len(sizes))
-	for i, n := range sizes {
-		arch[i] = uint32(n)
+	var arch []uint32
+	// A registered model brings its own layout (an MLP's, or a language
+	// model's that no widths describe), so the default --arch is not sent
+	// with it.
+	if f.initModel == "" || cmd.Flags().Changed("arch") {
+		sizes, _, err := parseArch(f.arch)
+		if err != nil {
+			return nil, err
+		}
+		arch = make([]uint32, len(sizes))
+		for i, n := range sizes {
+			arch[i] = uint32(n)
+		}
 	}
 	ds, err := parseDataset(f.dataset)
 	if err != nil {

@@ -72,6 +72,23 @@ func TestPoolSubmitFlags(t *testing.T) {
 		t.Errorf("diloco spec %v", s)
 	}
 
+	// A registered model brings its layout: the default --arch is not sent
+	// with it, an explicit one is.
+	req, err = submitRequest(t, "--output-model", "gocode", "--steps", "100", "--init-model", "gocode-init", "--dataset", "dir:public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := req.GetSpec().GetBuiltin(); len(b.GetArch()) != 0 || b.GetInitModel() != "gocode-init" {
+		t.Errorf("init model job: arch %v, init model %q", b.GetArch(), b.GetInitModel())
+	}
+	req, err = submitRequest(t, "--output-model", "base", "--steps", "100", "--init-model", "base", "--arch", "mlp:784,64,10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := req.GetSpec().GetBuiltin(); len(b.GetArch()) != 3 {
+		t.Errorf("init model job with --arch: arch %v", b.GetArch())
+	}
+
 	req, err = submitRequest(t, "--output-model", "lm", "--steps", "10", "--executor", "kubernetes", "--", "python3", "train.py")
 	if err != nil {
 		t.Fatal(err)

@@ -87,8 +87,9 @@ func newPoolCluster(t *testing.T) *poolCluster {
 }
 
 // startWorker mints a pool-worker token the way an operator would, starts
-// fleetlearn-worker with room for one rank, and waits until it is ready.
-func (pc *poolCluster) startWorker(name string) *poolWorker {
+// fleetlearn-worker with room for one rank and the extra flags, and waits
+// until it is ready.
+func (pc *poolCluster) startWorker(name string, extra ...string) *poolWorker {
 	t := pc.t
 	t.Helper()
 	dir := t.TempDir()
@@ -97,9 +98,10 @@ func (pc *poolCluster) startWorker(name string) *poolWorker {
 	if err := os.WriteFile(tokFile, []byte(tok+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, name, pc.workerBin, "run", "--server", pc.grpcAddr, "--ca", server.CAFile(pc.dataDir),
+	args := append([]string{"run", "--server", pc.grpcAddr, "--ca", server.CAFile(pc.dataDir),
 		"--token-file", tokFile, "--work-dir", filepath.Join(dir, "work"), "--name", name,
-		"--cpus", "1", "--memory", fmt.Sprint(workerMemory), "--log-level", "debug")
+		"--cpus", "1", "--memory", fmt.Sprint(workerMemory), "--log-level", "debug"}, extra...)
+	p := start(t, name, pc.workerBin, args...)
 	w := &poolWorker{name: name, p: p}
 	pc.waitFor("worker "+name+" ready", func() bool {
 		for _, wk := range pc.workers() {

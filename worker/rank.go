@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/lm"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
@@ -194,8 +195,12 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 	if l.GetResumeStep() > 0 {
 		from = fmt.Sprintf("resuming from the checkpoint at step %d", l.GetResumeStep())
 	}
-	fmt.Fprintf(stderr, "rank %d of %d: job %s attempt %d, %d examples, steps %d, checkpoint every %d, %s\n",
-		cfg.Rank, cfg.WorldSize, cfg.Job, l.GetAttempt(), cfg.Data.Len(), cfg.TotalSteps, cfg.CheckpointEvery, from)
+	kind := "MLP, SGD"
+	if cfg.Init != nil && train.IsLM(cfg.Init) {
+		kind = "language model, AdamW"
+	}
+	fmt.Fprintf(stderr, "rank %d of %d: job %s attempt %d, %s, %d examples, steps %d, checkpoint every %d, %s\n",
+		cfg.Rank, cfg.WorldSize, cfg.Job, l.GetAttempt(), kind, cfg.Data.Len(), cfg.TotalSteps, cfg.CheckpointEvery, from)
 	res, err := trainer.Run(ctx, cfg)
 	if err == nil {
 		fmt.Fprintf(stderr, "completed step %d (resumed from checkpoint %s), checkpoint %s, model %s\n", res.Step, orNone(res.ResumedFrom), res.Checkpoint, res.Digest)
@@ -255,6 +260,7 @@ func trainerConfig(l *pb.RankLease, dataRoot string) (trainer.Config, string, er
 		InitSeed:        b.GetInitSeed(),
 		Data:            shard,
 		Hyper:           sgd.Hyper{Epochs: 1, BatchSize: int(b.GetBatchSize()), LearningRate: float32(b.GetLearningRate()), EvalBatchSize: sgd.Defaults.EvalBatchSize},
+		LMHyper:         lmHyper(b),
 		Seed:            b.GetSeed(),
 		TotalSteps:      spec.GetTotalSteps(),
 		CheckpointEvery: spec.GetCheckpointInterval(),
@@ -267,6 +273,16 @@ func trainerConfig(l *pb.RankLease, dataRoot string) (trainer.Config, string, er
 		cfg.SyncEvery = 0
 	}
 	return cfg, shard.Digest(), nil
+}
+
+// lmHyper is AdamW's settings for a job whose initial model is a language
+// model: the job's batch size and learning rate, lm.Defaults for the rest
+// (warmup, betas, weight decay, clipping, heads). The trainer validates
+// them when the model turns out to be one.
+func lmHyper(b *pb.PoolBuiltinTrainer) lm.Hyper {
+	h := lm.Defaults
+	h.BatchSize, h.LearningRate = int(b.GetBatchSize()), float32(b.GetLearningRate())
+	return h
 }
 
 // builtinArch checks b's layer widths and batch size and returns the

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/model/lm"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -103,5 +104,19 @@ func TestConfigErrorsSayWhatToDo(t *testing.T) {
 func TestRankExitCode(t *testing.T) {
 	if RankExitCode(nil) != RankExitCompleted || RankExitCode(ErrRankStopped) != RankExitStopped || RankExitCode(ErrData) != RankExitFailed {
 		t.Fatal("exit codes")
+	}
+}
+
+// A job's batch size and learning rate reach AdamW as they reach SGD; the
+// rest of AdamW's settings are package lm's defaults.
+func TestLMHyperFromJob(t *testing.T) {
+	h := lmHyper(&pb.PoolBuiltinTrainer{BatchSize: 24, LearningRate: 3e-4})
+	want := lm.Defaults
+	want.BatchSize, want.LearningRate = 24, 3e-4
+	if h != want {
+		t.Fatalf("lm hyper %+v, want %+v", h, want)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

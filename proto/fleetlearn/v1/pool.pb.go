@@ -297,7 +297,8 @@ func (x *PoolDataset) GetSha256() string {
 // sync_every steps.
 type PoolBuiltinTrainer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Layer widths, input first (for MNIST, 784, ..., 10).
+	// Layer widths of an MLP, input first (for MNIST, 784, ..., 10). May be
+	// empty when init_model is set: the registered model brings its layout.
 	Arch []uint32 `protobuf:"varint,1,rep,packed,name=arch,proto3" json:"arch,omitempty"`
 	// Seed of the initial parameters.
 	InitSeed uint64 `protobuf:"varint,2,opt,name=init_seed,json=initSeed,proto3" json:"init_seed,omitempty"`
@@ -305,14 +306,16 @@ type PoolBuiltinTrainer struct {
 	Seed uint64 `protobuf:"varint,3,opt,name=seed,proto3" json:"seed,omitempty"`
 	// Examples per step.
 	BatchSize uint32 `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	// SGD learning rate.
+	// SGD learning rate; AdamW's, at most 1, when init_model is a language
+	// model (package model/lm), whose other AdamW settings are lm.Defaults.
 	LearningRate float64 `protobuf:"fixed64,5,opt,name=learning_rate,json=learningRate,proto3" json:"learning_rate,omitempty"`
 	// Steps between parameter averages of the ranks; 0 with one rank. The
 	// job's checkpoint interval must be a multiple of it.
 	SyncEvery int64 `protobuf:"varint,6,opt,name=sync_every,json=syncEvery,proto3" json:"sync_every,omitempty"`
 	// The data.
 	Dataset *PoolDataset `protobuf:"bytes,7,opt,name=dataset,proto3" json:"dataset,omitempty"`
-	// Version of a registered model to start from instead of init_seed.
+	// Version of a registered model to start from instead of init_seed. A
+	// language model trains with AdamW, an MLP with SGD.
 	InitModel     string `protobuf:"bytes,8,opt,name=init_model,json=initModel,proto3" json:"init_model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -122,7 +122,7 @@ func checkDiLoCo(in *pb.PoolJobSpec) error {
 	case b.GetSyncEvery() != 0:
 		return invalidf("spec.builtin.sync_every: islands sync through the outer step; leave it 0")
 	case b.GetInitModel() != "":
-		return invalidf("spec.builtin.init_model: a DiLoCo job starts from builtin.init_seed; starting islands from a registered model is not supported")
+		return invalidf("spec.builtin.init_model: a DiLoCo job starts from builtin.init_seed (an MLP of builtin.arch); starting islands from a registered model, a language model among them, is not supported")
 	case in.GetCarbon() != nil:
 		return invalidf("spec.carbon: carbon-aware placement plans one gang; it is not combined with DiLoCo islands")
 	}

@@ -60,7 +60,10 @@ func checkProgram(in *pb.PoolJobSpec) error {
 
 func checkBuiltin(b *pb.PoolBuiltinTrainer, in *pb.PoolJobSpec) error {
 	arch := b.GetArch()
-	if len(arch) < 2 || len(arch) > maxArchLayers {
+	// A registered model brings its own layout, an MLP's or a language
+	// model's (which no list of widths describes), so arch may be left out.
+	ownLayout := len(arch) == 0 && b.GetInitModel() != ""
+	if !ownLayout && (len(arch) < 2 || len(arch) > maxArchLayers) {
 		return invalidf("spec.builtin.arch: %d layers; want 2 to %d widths, input first", len(arch), maxArchLayers)
 	}
 	var params int64

@@ -104,6 +104,10 @@ func (c *IslandConfig) validate() error {
 		return fmt.Errorf("%w: no data", ErrConfig)
 	case (c.Init == nil) == (len(c.Arch) == 0):
 		return fmt.Errorf("%w: give exactly one of Init and Arch", ErrConfig)
+	case train.IsLM(c.Init):
+		// The outer step would need AdamW's moments per island across
+		// rejoins, which an island, keeping no checkpoints, cannot hold.
+		return fmt.Errorf("%w: DiLoCo islands train MLPs with SGD; a language model is not supported on islands", ErrConfig)
 	case c.Outer == nil:
 		return fmt.Errorf("%w: an island needs an OuterSyncer", ErrConfig)
 	case c.InnerSteps < 1 || c.InnerSteps > MaxSteps:

@@ -1,21 +1,23 @@
 // Package trainer is the pool agent's built-in trainer: it runs one rank of a
-// pool job that trains a Fleetlearn MLP with mini-batch SGD (package
-// model/train), checkpoints it, resumes it, and, with several ranks, keeps
-// the ranks on one model by averaging their parameters. RunIsland runs a
-// DiLoCo island instead: H inner steps from the server's outer parameters,
-// then the pseudo-gradient to the server's outer step (see island.go).
+// pool job that trains a Fleetlearn MLP with mini-batch SGD or a language
+// model (package model/lm) with AdamW, both from package model/train,
+// checkpoints it, resumes it, and, with several ranks, keeps the ranks on
+// one model by averaging their parameters. RunIsland runs a DiLoCo island
+// of an MLP instead: H inner steps from the server's outer parameters, then
+// the pseudo-gradient to the server's outer step (see island.go).
 //
 // # Resume guarantee
 //
-// A rank's training state after step s is its parameters and its data
-// cursor (epoch, batch): the example order of an epoch depends only on the
-// shard size, the seed and the epoch (sgd.Order). Run checkpoints exactly
-// that (Checkpoint.Params, Cursor, and the seed as RNG) and resumes from
-// checkpoint.LoadLatest, so a run interrupted at any step and resumed from
-// its store ends with parameters bitwise equal to an uninterrupted run with
-// the same configuration, and even with the same checkpoint ids, since a
-// checkpoint's id is the digest of its content. What an interruption costs
-// is the steps since the last committed checkpoint.
+// A rank's training state after step s is its parameters, its data cursor
+// (epoch, batch) and, for a language model, AdamW's moments and step count:
+// the example order of an epoch depends only on the shard size, the seed
+// and the epoch (sgd.Order). Run checkpoints exactly that
+// (Checkpoint.Params, Optimizer, Cursor, and the seed as RNG) and resumes
+// from checkpoint.LoadLatest, so a run interrupted at any step and resumed
+// from its store ends with parameters bitwise equal to an uninterrupted run
+// with the same configuration, and even with the same checkpoint ids, since
+// a checkpoint's id is the digest of its content. What an interruption
+// costs is the steps since the last committed checkpoint.
 //
 // # Sharding
 //
@@ -35,6 +37,14 @@
 // parameters and the ranks resume in step. LocalSync implements Syncer for
 // ranks in one process; the pool server offers the same interface across
 // machines.
+//
+// Only parameters are averaged. A language model's ranks each keep their
+// own AdamW moments, updated from their own gradients and checkpointed in
+// their own store: averaging moments would double the sync traffic, and
+// the moments of a rank's shard are what its next steps need to scale its
+// own gradients, as DiLoCo's workers keep their own inner AdamW state.
+// The ranks' checkpoints of one step therefore agree on parameters, not on
+// optimizer state.
 package trainer
 
 import (
@@ -45,6 +55,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/lm"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
@@ -80,12 +91,17 @@ type Config struct {
 	Job string
 	// Init is the model training starts from; it must be the same on
 	// every rank. When nil, Arch and InitSeed make one with train.InitMLP.
+	// A language model (train.IsLM) trains with AdamW (train.LMStepper),
+	// any other model with SGD (train.Stepper).
 	Init     *model.Model
 	Arch     []int
 	InitSeed uint64
 	// Data is this rank's shard (see Shard).
 	Data  *data.Dataset
 	Hyper sgd.Hyper // Epochs is ignored: TotalSteps says how long to train
+	// LMHyper replaces Hyper when Init is a language model; Epochs and
+	// MaxSteps are ignored there too, and every parameter trains.
+	LMHyper lm.Hyper
 	// Seed drives the example order (sgd.Order).
 	Seed uint64
 	// TotalSteps is the number of mini-batch steps of the whole run,
@@ -161,6 +177,54 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// stepper is what Run needs of a model's trainer: train.Stepper (through
+// sgdStepper) and train.LMStepper satisfy it.
+type stepper interface {
+	Step() (train.Metrics, error)
+	Cursor() (epoch, batch int)
+	Seek(epoch, batch int) error
+	Model() *model.Model
+	SetModel(m *model.Model) error
+	// OptimizerState returns a copy of the optimizer's state to checkpoint
+	// beside the parameters, nil when the optimizer keeps none.
+	OptimizerState() *model.Model
+	// SetOptimizerState restores what OptimizerState returned, nil
+	// included, and refuses state of another optimizer or model.
+	SetOptimizerState(st *model.Model) error
+}
+
+// sgdStepper is train.Stepper as a stepper: plain SGD keeps no state
+// besides the parameters.
+type sgdStepper struct{ *train.Stepper }
+
+func (sgdStepper) OptimizerState() *model.Model { return nil }
+
+func (sgdStepper) SetOptimizerState(st *model.Model) error {
+	if st != nil {
+		return fmt.Errorf("%d optimizer tensors, but SGD keeps none", len(st.Tensors))
+	}
+	return nil
+}
+
+// newStepper makes the stepper for init and returns it with its batch
+// size.
+func newStepper(cfg *Config, init *model.Model) (stepper, int, error) {
+	if !train.IsLM(init) {
+		st, err := train.NewStepper(init, cfg.Data, cfg.Hyper, cfg.Seed)
+		return sgdStepper{st}, cfg.Hyper.BatchSize, err
+	}
+	if cfg.TotalSteps > lm.MaxSteps {
+		// AdamW's step count is checkpointed as a float32, exact only
+		// this far.
+		return nil, 0, fmt.Errorf("a language model trains at most %d steps, not %d", lm.MaxSteps, cfg.TotalSteps)
+	}
+	st, err := train.NewLMStepper(init, cfg.Data, cfg.LMHyper, cfg.Seed, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, cfg.LMHyper.BatchSize, nil
+}
+
 func (c *Config) shardName() string { return fmt.Sprintf("rank %d of %d", c.Rank, c.WorldSize) }
 
 func (c *Config) rng() []byte { return binary.LittleEndian.AppendUint64(nil, c.Seed) }
@@ -181,11 +245,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			return Result{}, fmt.Errorf("trainer: run: %w: %w", ErrConfig, err)
 		}
 	}
-	st, err := train.NewStepper(init, cfg.Data, cfg.Hyper, cfg.Seed)
+	st, bs, err := newStepper(&cfg, init)
 	if err != nil {
 		return Result{}, fmt.Errorf("trainer: run: %w: %w", ErrConfig, err)
 	}
-	if res, err = resume(&cfg, st); err != nil {
+	if res, err = resume(&cfg, st, bs); err != nil {
 		return Result{}, err
 	}
 	saver, err := checkpoint.NewSaver(cfg.Store, cfg.SaverOptions)
@@ -229,12 +293,13 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		if res.Step%cfg.CheckpointEvery == 0 || last {
 			epoch, batch := st.Cursor()
 			ck := &checkpoint.Checkpoint{
-				Job:    cfg.Job,
-				Step:   res.Step,
-				Parent: parent, // zero after the first save: the Saver links its own
-				Params: st.Model(),
-				Cursor: checkpoint.Cursor{Epoch: int64(epoch), Offset: int64(batch) * int64(cfg.Hyper.BatchSize), Shard: cfg.shardName()},
-				RNG:    cfg.rng(),
+				Job:       cfg.Job,
+				Step:      res.Step,
+				Parent:    parent, // zero after the first save: the Saver links its own
+				Params:    st.Model(),
+				Optimizer: st.OptimizerState(),
+				Cursor:    checkpoint.Cursor{Epoch: int64(epoch), Offset: int64(batch) * int64(bs), Shard: cfg.shardName()},
+				RNG:       cfg.rng(),
 			}
 			if err := saver.Save(ck); err != nil {
 				return res, fmt.Errorf("trainer: run: checkpoint step %d: %w", res.Step, err)
@@ -250,7 +315,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 
 // resume loads the latest checkpoint, if any, into st after checking that it
 // was written by this very run.
-func resume(cfg *Config, st *train.Stepper) (Result, error) {
+func resume(cfg *Config, st stepper, batchSize int) (Result, error) {
 	ck, err := checkpoint.LoadLatest(cfg.Store)
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		return Result{}, nil
@@ -258,7 +323,7 @@ func resume(cfg *Config, st *train.Stepper) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("trainer: resume: %w", err)
 	}
-	bs := int64(cfg.Hyper.BatchSize)
+	bs := int64(batchSize)
 	switch {
 	case ck.Params == nil:
 		// A command job's checkpoint holds files, not parameters.
@@ -279,13 +344,19 @@ func resume(cfg *Config, st *train.Stepper) (Result, error) {
 	if err := st.SetModel(ck.Params); err != nil {
 		return Result{}, fmt.Errorf("trainer: resume %s: %w: %w", ck.ID, ErrResume, err)
 	}
+	// Without its moments AdamW would restart from zero and the run
+	// would no longer equal an uninterrupted one, so a checkpoint without
+	// them is refused rather than resumed approximately.
+	if err := st.SetOptimizerState(ck.Optimizer); err != nil {
+		return Result{}, fmt.Errorf("trainer: resume %s: %w: optimizer state: %w", ck.ID, ErrResume, err)
+	}
 	if err := st.Seek(int(ck.Cursor.Epoch), int(ck.Cursor.Offset/bs)); err != nil {
 		return Result{}, fmt.Errorf("trainer: resume %s: %w: %w", ck.ID, ErrResume, err)
 	}
 	return Result{Step: ck.Step, ResumedFrom: ck.ID}, nil
 }
 
-func average(ctx context.Context, cfg *Config, st *train.Stepper, step int64, weight float64) error {
+func average(ctx context.Context, cfg *Config, st stepper, step int64, weight float64) error {
 	m := st.Model()
 	avg, err := cfg.Sync.Average(ctx, step, m.Flatten(), weight)
 	if err != nil {
