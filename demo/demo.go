@@ -67,7 +67,10 @@ type Config struct {
 	ClipNorm        float64
 	DPDelta         float64
 	Seed            uint64
-	DataDir         string // server state; "" uses a temporary directory
+	// UpdateEncoding is the task's update encoding: none (float32), int8
+	// or int4, quantized with error feedback.
+	UpdateEncoding pb.UpdateEncoding
+	DataDir        string // server state; "" uses a temporary directory
 	// OutDir is the one directory the demo writes its results to
 	// (results.csv, accuracy.png; privacy.csv and privacy.png for a sweep),
 	// created if missing; "" is DefaultOutDir.
@@ -298,6 +301,7 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		ServerEvalDataset: evalDir,
 		Secagg:            secure,
 		Dp:                privacy,
+		UpdateEncoding:    cfg.UpdateEncoding,
 	}
 	rankCommand := cfg.RankCommand
 	if len(rankCommand) == 0 {
@@ -306,14 +310,15 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	poolCtx, stopPool := context.WithCancel(ctx)
-	waitPool, err := startPool(poolCtx, srv, dataDir, rankCommand, cfg.Log)
+	waitPool, err := startPool(poolCtx, srv, dataDir, "", rankCommand, cfg.Log)
 	if err != nil {
 		stopPool()
 		return nil, err
 	}
 	defer func() { stopPool(); waitPool() }()
 	pr.printf("compute pool: %d workers (embedded), ranks run as child processes", poolWorkers)
-	job, baseModel, err := pretrainOnPool(ctx, conn, cfg, pr, then)
+	job, baseModel, err := pretrainOnPool(ctx, conn, pretrainJob(cfg),
+		fmt.Sprintf("%d public examples (%d epochs)", cfg.BaseExamples, pretrainEpochs), pr, then)
 	if err != nil {
 		return nil, err
 	}

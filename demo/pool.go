@@ -71,7 +71,7 @@ const (
 // startPool starts the demo's workers, in this process, each running its
 // ranks as child processes of rankCommand. They stop when ctx ends; wait
 // returns once they have.
-func startPool(ctx context.Context, srv *server.Server, dataDir string, rankCommand []string, log *slog.Logger) (wait func(), err error) {
+func startPool(ctx context.Context, srv *server.Server, dataDir, dataRoot string, rankCommand []string, log *slog.Logger) (wait func(), err error) {
 	var wg sync.WaitGroup
 	for i := range poolWorkers {
 		tok, err := srv.MintToken(fmt.Sprintf("demo-worker-%d", i), []identity.Role{identity.RolePoolWorker}, time.Hour)
@@ -81,7 +81,7 @@ func startPool(ctx context.Context, srv *server.Server, dataDir string, rankComm
 		a, err := worker.New(worker.Config{
 			Server: srv.GRPCAddr(), CAPEM: srv.CACertPEM(), Token: tok, Name: fmt.Sprintf("demo-worker-%d", i),
 			Capacity: worker.Capacity{MilliCPU: poolRankCPU, MemoryBytes: poolWorkerMemory},
-			WorkDir:  filepath.Join(dataDir, "workers", fmt.Sprint(i)), RankCommand: rankCommand,
+			WorkDir:  filepath.Join(dataDir, "workers", fmt.Sprint(i)), RankCommand: rankCommand, DataRoot: dataRoot,
 			Logger: log.With("component", "worker", "worker", i),
 		})
 		if err != nil {
@@ -125,16 +125,15 @@ func defaultRankCommand() ([]string, error) {
 // pretrainOnPool submits the pretraining job, with then the fine-tuning
 // task to create from its model, and follows it to the end. It returns the
 // job as it ended and the base model.
-func pretrainOnPool(ctx context.Context, conn *grpc.ClientConn, cfg Config, pr *progress, then *pb.Task) (*pb.PoolJob, *model.Model, error) {
-	spec := pretrainJob(cfg)
+func pretrainOnPool(ctx context.Context, conn *grpc.ClientConn, spec *pb.PoolJobSpec, what string, pr *progress, then *pb.Task) (*pb.PoolJob, *model.Model, error) {
 	pool := apiv1.NewPoolServiceClient(conn)
 	if _, err := pool.SubmitJob(ctx, &pb.SubmitJobRequest{Spec: spec, ThenTask: then}); err != nil {
 		return nil, nil, fmt.Errorf("submit the pretraining job: %w", err)
 	}
 	checkpoints := int((spec.GetTotalSteps() + spec.GetCheckpointInterval() - 1) / spec.GetCheckpointInterval())
 	ph := pr.start("pretraining", checkpoints, fmt.Sprintf(
-		"pretraining the base model on the pool: job %s, %d ranks on %d workers, %d public examples, %d steps (%d epochs)",
-		spec.GetId(), spec.GetRanks(), poolWorkers, cfg.BaseExamples, spec.GetTotalSteps(), pretrainEpochs))
+		"pretraining the base model on the pool: job %s, %d ranks on %d workers, %s, %d steps",
+		spec.GetId(), spec.GetRanks(), poolWorkers, what, spec.GetTotalSteps()))
 	stream, err := pool.WatchJob(ctx, &pb.WatchJobRequest{JobId: spec.GetId()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("watch the pretraining job: %w", err)

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
@@ -135,6 +136,11 @@ type Agent struct {
 		values  []byte
 		payload []byte
 	}
+
+	// feedbacks holds the error feedback of quantized updates, by task
+	// (feedback.go); under mu.
+	feedbacks    map[string]*feedbackState
+	feedbackUses uint64
 
 	checkIns, rounds, reports, refused, failures atomic.Int64
 	lastReason                                   atomic.Value // string: last refusal reason
@@ -409,8 +415,12 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	if err != nil {
 		return err
 	}
+	train, sub, err := trainable(plan, m)
+	if err != nil {
+		return devproto.Permanent(fmt.Errorf("plan: %w", err))
+	}
 	call := wasm.Call{Model: m, Data: a.data, Hyper: plan.Hyperparameters, Seed: wire.DeviceSeed(plan.Seed, a.cfg.DeviceID),
-		Limits: lim}
+		Limits: lim, Trainable: train}
 	switch {
 	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN && plan.GetSecagg() != nil:
 		// A secure round's stages move on without the device: another
@@ -425,15 +435,26 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 		if err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
-		a.scratch.delta = updateOf(a.scratch.delta, m, res.Model)
+		a.scratch.delta = updateOf(a.scratch.delta, m, res.Model, train)
+		enc := plan.GetUpdateEncoding()
+		var ef *feedbackState
+		if enc == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+			a.dropFeedback(plan.TaskId)
+		} else {
+			// The residual joins the update before the clip and any local
+			// noise, so that what is sent obeys the same bounds as a float32
+			// update would.
+			ef = a.feedback(plan.TaskId, sub)
+			if err := ef.fb.AddTo(a.scratch.delta); err != nil {
+				ef.fb.Reset()
+			}
+		}
 		delta, err := a.privatize(a.scratch.delta, plan)
 		if err != nil {
 			return err
 		}
-		a.scratch.values = wire.AppendDense(a.scratch.values[:0], delta)
-		values := a.scratch.values
-		layout := make([]*pb.TensorSpec, len(m.Tensors))
-		for i, t := range m.Tensors {
+		layout := make([]*pb.TensorSpec, len(sub.Tensors))
+		for i, t := range sub.Tensors {
 			shape := make([]uint64, len(t.Shape))
 			for j, d := range t.Shape {
 				shape[j] = uint64(d)
@@ -442,16 +463,47 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 		}
 		rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics},
-			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}},
-			PayloadSha256: wire.SHA256(values), KeyId: a.key.ID()}
+			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}, KeyId: a.key.ID()}
+		var sent []float32
+		if ef == nil {
+			a.scratch.values = wire.AppendDense(a.scratch.values[:0], delta)
+			values := a.scratch.values
+			rep.Payload = &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}}
+			rep.PayloadSha256 = wire.SHA256(values)
+		} else {
+			bits, err := encodingBits(enc)
+			if err != nil {
+				return devproto.Permanent(err)
+			}
+			src, err := quantRand()
+			if err != nil {
+				return err
+			}
+			var data []byte
+			if data, sent, err = quant.Encode(delta, bits, quant.DefaultBlock, src); err != nil {
+				return fmt.Errorf("quantize update: %w", err)
+			}
+			rep.Payload = &pb.UpdateReport_Quantized{Quantized: &pb.QuantizedUpdate{Encoding: enc, Data: data, Layout: layout}}
+			// The signature covers the quantized bytes themselves.
+			rep.PayloadSha256 = wire.SHA256(data)
+		}
 		if rep.Signature, err = a.signReport(identity.UpdateStatement(rep)); err != nil {
 			return err
 		}
 		if a.scratch.payload, err = (proto.MarshalOptions{}).MarshalAppend(a.scratch.payload[:0], rep); err != nil {
 			return err
 		}
-		return r.Publish(a.scratch.payload)
+		if err := r.Publish(a.scratch.payload); err != nil {
+			return err
+		}
+		if ef != nil {
+			// Kept only once published: a retried attempt starts from the
+			// residual the server's last update left.
+			if err := ef.fb.Keep(delta, sent); err != nil {
+				ef.fb.Reset()
+			}
+		}
+		return nil
 	case plan.Kind == pb.RoundKind_ROUND_KIND_EVALUATE:
 		res, err := mod.Evaluate(ctx, call)
 		if err != nil {

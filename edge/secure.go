@@ -53,7 +53,11 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
-	encode, err := a.secureEncoder(plan, call.Model.Layout().Size(), round.Bits(), n)
+	_, upd, err := trainable(plan, call.Model)
+	if err != nil {
+		return err
+	}
+	encode, err := a.secureEncoder(plan, upd, round.Bits(), n)
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
@@ -150,7 +154,7 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 				return errDroppedOut
 			}
 		case *pb.SecAggDown_ForwardedShares:
-			values, err := a.secureInput(ctx, mod, call, encode)
+			values, keep, err := a.secureInput(ctx, mod, call, encode)
 			if err != nil {
 				return err
 			}
@@ -158,9 +162,15 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 			if err != nil {
 				return fmt.Errorf("secure round: %w", err)
 			}
+			// The signed hash is of the values; packing only shrinks them
+			// to the ring's ⌈bits/8⌉ bytes each for the trip.
+			sum := wire.MaskedSHA256(mu)
+			if err := secagg.Pack(mu); err != nil {
+				return fmt.Errorf("secure round: %w", err)
+			}
 			rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 				ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: wire.MaskedSHA256(mu), KeyId: a.key.ID()}
+				Payload: &pb.UpdateReport_Masked{Masked: mu}, PayloadSha256: sum, KeyId: a.key.ID()}
 			if rep.Signature, err = a.signReport(identity.UpdateStatement(rep)); err != nil {
 				return err
 			}
@@ -171,6 +181,7 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 			if err := r.Publish(payload); err != nil {
 				return err
 			}
+			keep()
 			if drop(DropAfterMasked) {
 				return errDroppedOut
 			}
@@ -195,15 +206,22 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 }
 
 // encoder turns a trained update and its example count into the vector a
-// secure round masks.
-type encoder func(delta []float32, examples int) ([]uint32, error)
+// secure round masks, and a keep to call once it is sent: it records the
+// quantization residual for error feedback (a no-op without).
+type encoder func(delta []float32, examples int) (values []uint32, keep func(), err error)
 
 // secureEncoder returns the round's encoding. With distributed DP the update
 // is rotated, clipped, scaled, rounded and noised on the device
 // (privacy/dp); otherwise it is clipped to the norm bound, weighted by the
 // example count (1 under DP; capped at the round's weight bound), quantized,
-// and the weight appended.
-func (a *Agent) secureEncoder(plan *pb.RoundPlan, dim, bits, n int) (encoder, error) {
+// and the weight appended. With a quantized update encoding (an 8-bit ring)
+// the residual of that quantization is error feedback: it joins the next
+// update of the task before the clip, so every bound that DP and the
+// server's slack rely on holds for what is masked. Distributed DP quantizes
+// inside its own encoder (rotated, noised, in the integer domain) and keeps
+// no residual.
+func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (encoder, error) {
+	dim := m.Layout().Size()
 	if dc, ok := privacyconf.Distributed(plan.GetDp()); ok {
 		dist, err := dp.DistributedFor(dc, dim, bits)
 		if err != nil {
@@ -217,40 +235,72 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, dim, bits, n int) (encoder, er
 		if err != nil {
 			return nil, err
 		}
-		return func(delta []float32, _ int) ([]uint32, error) { return enc.Encode(delta) }, nil
+		return func(delta []float32, _ int) ([]uint32, func(), error) {
+			v, err := enc.Encode(delta)
+			return v, func() {}, err
+		}, nil
 	}
 	cfg := plan.GetSecagg()
 	quant, err := secagg.NewQuantizer(bits, cfg.GetClipRange(), n, cfg.GetMaxWeight())
 	if err != nil {
 		return nil, err
 	}
-	return func(delta []float32, examples int) ([]uint32, error) {
+	var ef *feedbackState
+	if plan.GetUpdateEncoding() == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+		a.dropFeedback(plan.TaskId)
+	} else {
+		ef = a.feedback(plan.TaskId, m)
+	}
+	return func(delta []float32, examples int) ([]uint32, func(), error) {
+		if ef != nil {
+			if err := ef.fb.AddTo(delta); err != nil {
+				ef.fb.Reset()
+			}
+		}
 		delta, err := a.privatize(delta, plan)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		weight := min(float64(examples), cfg.GetMaxWeight())
 		if plan.GetDp() != nil {
 			weight = 1
 		}
 		if weight <= 0 {
-			return nil, fmt.Errorf("module reported %d examples", examples)
+			return nil, nil, fmt.Errorf("module reported %d examples", examples)
 		}
 		var seed [32]byte
 		if _, err := crand.Read(seed[:]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return quant.Quantize(delta, weight, mrand.New(mrand.NewChaCha8(seed)))
+		rng := mrand.New(mrand.NewChaCha8(seed))
+		if ef == nil {
+			v, err := quant.Quantize(delta, weight, rng)
+			return v, func() {}, err
+		}
+		residual := make([]float32, len(delta))
+		v, err := quant.QuantizeResidual(delta, weight, rng, residual)
+		if err != nil {
+			return nil, nil, err
+		}
+		// residual is clip(y) − sent, so "sent" here is y − residual.
+		return v, func() {
+			for i := range residual {
+				residual[i] = delta[i] - residual[i]
+			}
+			if err := ef.fb.Keep(delta, residual); err != nil {
+				ef.fb.Reset()
+			}
+		}, nil
 	}, nil
 }
 
 // secureInput trains and encodes the update for masking.
-func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, encode encoder) ([]uint32, error) {
+func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, encode encoder) ([]uint32, func(), error) {
 	res, err := mod.Train(ctx, call)
 	if err != nil {
-		return nil, fmt.Errorf("train: %w", err)
+		return nil, nil, fmt.Errorf("train: %w", err)
 	}
-	a.scratch.delta = updateOf(a.scratch.delta, call.Model, res.Model)
+	a.scratch.delta = updateOf(a.scratch.delta, call.Model, res.Model, call.Trainable)
 	return encode(a.scratch.delta, res.NumExamples)
 }
 
@@ -275,16 +325,51 @@ func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) ([]float32, error
 }
 
 // updateOf writes the trained model minus the round's model, flattened, over
-// dst's storage. The sandbox returns the same layout it was given.
-func updateOf(dst []float32, before, after *model.Model) []float32 {
+// dst's storage: the tensors train lists, in order, or all when it is empty.
+// The sandbox returns the same layout it was given.
+func updateOf(dst []float32, before, after *model.Model, train []int) []float32 {
 	dst = dst[:0]
-	for i, t := range after.Tensors {
+	n := len(train)
+	if n == 0 {
+		n = len(after.Tensors)
+	}
+	for k := range n {
+		i := k
+		if len(train) > 0 {
+			i = train[k]
+		}
+		t := after.Tensors[i]
 		b := before.Tensors[i].Data
-		n := len(dst)
-		dst = slices.Grow(dst, len(t.Data))[:n+len(t.Data)]
+		off := len(dst)
+		dst = slices.Grow(dst, len(t.Data))[:off+len(t.Data)]
 		for j, x := range t.Data {
-			dst[n+j] = x - b[j]
+			dst[off+j] = x - b[j]
 		}
 	}
 	return dst
+}
+
+// trainable reads the plan's trainable list against the round's model: the
+// indices (nil: every tensor trains) and the model of just those tensors,
+// sharing m's storage, whose layout the update has. A list that is not
+// ascending indices of m's tensors is refused: the server resolved it
+// against this very model.
+func trainable(plan *pb.RoundPlan, m *model.Model) ([]int, *model.Model, error) {
+	list := plan.GetTrainable()
+	if len(list) == 0 {
+		return nil, m, nil
+	}
+	if len(list) > len(m.Tensors) {
+		return nil, nil, fmt.Errorf("trainable: %d entries for a model of %d tensors", len(list), len(m.Tensors))
+	}
+	idx := make([]int, len(list))
+	sub := &model.Model{Lineage: m.Lineage, Tensors: make([]model.Tensor, len(list))}
+	for k, v := range list {
+		if int64(v) >= int64(len(m.Tensors)) || k > 0 && v <= list[k-1] {
+			return nil, nil, fmt.Errorf("trainable: %v is not ascending indices below %d", list, len(m.Tensors))
+		}
+		idx[k] = int(v)
+		sub.Tensors[k] = m.Tensors[v]
+	}
+	return idx, sub, nil
 }

@@ -209,7 +209,8 @@ func DeviceInboxPrefix(device string) string { return "_INBOX_" + device }
 
 // DevicePermissions are exactly what a device may do on NATS: check in on
 // its own subject,
-// publish its own reports into FL_REPORTS and its own SecAgg messages, read
+// publish its own reports (and their chunks) into FL_REPORTS and its own
+// SecAgg messages, read
 // blobs with direct gets, and receive announcements, audit checkpoints, its
 // own receipts, SecAgg messages and replies.
 func DevicePermissions(device string) (natsjwt.Permissions, error) {
@@ -222,6 +223,7 @@ func DevicePermissions(device string) (natsjwt.Permissions, error) {
 		wire.CheckInSubject(device),
 		"fl.report.*.*."+device,
 		"fl.eval.*.*."+device,
+		"fl.chunk.*.*."+device,
 		"fl.secagg.up.*.*."+device,
 		"fl.failure.*.*."+device,
 		// objfetch: ObjectStore() and Stream() read the stream info;

@@ -70,7 +70,7 @@ func TestAuthorityJWTs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if uc.Issuer != a.AccountPublicKey() || uc.Subject != user.ID() || uc.Name != "dev-1" || uc.Expires != 0 ||
-		!uc.Pub.Allow.Contains("fl.report.*.*.dev-1") || !uc.Sub.Allow.Contains("_INBOX_dev-1.>") {
+		!uc.Pub.Allow.Contains("fl.report.*.*.dev-1") || !uc.Pub.Allow.Contains("fl.chunk.*.*.dev-1") || !uc.Sub.Allow.Contains("_INBOX_dev-1.>") {
 		t.Fatalf("device claims %+v", uc)
 	}
 	creds, err := identity.FormatCreds(dj, user.Seed())

@@ -385,7 +385,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 			body    []byte
 			want    string
 		}{
-			{"tensor count", open, with(func(r *pb.UpdateReport) { r.GetDense().Layout = r.GetDense().Layout[:1] }), "update has 1 tensors, model has 2"},
+			{"tensor count", open, with(func(r *pb.UpdateReport) { r.GetDense().Layout = r.GetDense().Layout[:1] }), "update has 1 tensors, the task trains 2"},
 			{"tensor shape", open, with(func(r *pb.UpdateReport) { r.GetDense().Layout[0].Shape = []uint64{8, 3} }), "has shape"},
 			{"tensor rank", open, with(func(r *pb.UpdateReport) { r.GetDense().Layout[0].Shape = []uint64{24} }), "fc1.weight"},
 			{"tensor name", open, with(func(r *pb.UpdateReport) { r.GetDense().Layout[1].Name = "fc9.bias" }), "fc9.bias"},

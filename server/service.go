@@ -102,6 +102,9 @@ func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
 	if d := t.GetServerEvalDataset(); d != "" {
 		settings["server_eval_dataset"] = d
 	}
+	if e := t.GetUpdateEncoding(); e != pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+		settings["update_encoding"] = coord.EncodingName(e)
+	}
 	if d := t.GetDp(); d.GetMechanism() > pb.DPMechanism_DP_MECHANISM_NONE {
 		f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 		settings["dp_mechanism"] = d.GetMechanism().String()
@@ -156,6 +159,10 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if t.GetSelectionTimeout().AsDuration() < 0 || t.GetReportTimeout().AsDuration() < 0 {
 		return invalid("timeouts must not be negative")
 	}
+	// Before the secure aggregation check: int8 sets the ring's bits.
+	if err := coord.CheckUpdateEncoding(t); err != nil {
+		return invalid("%v", err)
+	}
 	// Refuse what this server cannot honour rather than run unprotected rounds.
 	if sa := t.GetSecagg(); sa != nil {
 		rule := t.GetAggregation().GetRule()
@@ -184,24 +191,38 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 		return invalid("base model %s has digest %s, not the %s the task expects: check the version (fleetlearn model lineage %s)",
 			mrow.Version, mrow.Version, sha, mrow.Version)
 	}
-	if _, err := v.s.store.Module(ctx, t.GetModule().GetSha256()); err != nil {
+	mod, err := v.s.store.Module(ctx, t.GetModule().GetSha256())
+	if err != nil {
 		return invalid("module %q: %v", t.GetModule().GetSha256(), err)
 	}
-	if _, err := coord.NewRule(t.Aggregation, max(mrow.Params, 1)); err != nil {
-		return invalid("aggregation: %v", err)
-	}
-	// The bounds on one device's influence are fixed now, with the model's
-	// defaults, and stored with the task (and its audit event).
 	base, err := v.model(ctx, t.GetModel().GetVersion())
 	if err != nil {
 		return err
 	}
-	rb, err := coord.ResolveRobustness(t, base)
+	// Everything below sizes the update, which holds the trained tensors only.
+	idx, sub, err := coord.Trainable(t, base)
+	if err != nil {
+		return invalid("%v", err)
+	}
+	if abi := mod.Ref.GetAbiVersion(); idx != nil && abi < 2 {
+		return invalid("trainable %v needs a module of ABI 2 or later (such as fleetlearn module example lm); module %s declares ABI %d, which cannot be told what to freeze",
+			t.GetTrainable(), t.GetModule().GetSha256(), max(abi, 1))
+	}
+	params := 0
+	for _, x := range sub.Tensors {
+		params += len(x.Data)
+	}
+	if _, err := coord.NewRule(t.Aggregation, max(params, 1)); err != nil {
+		return invalid("aggregation: %v", err)
+	}
+	// The bounds on one device's influence are fixed now, with the model's
+	// defaults, and stored with the task (and its audit event).
+	rb, err := coord.ResolveRobustness(t, sub)
 	if err != nil {
 		return invalid("aggregation: %v", err)
 	}
 	rb.Apply(t)
-	if err := coord.CheckDP(t, mrow.Params); err != nil {
+	if err := coord.CheckDP(t, params); err != nil {
 		return invalid("%v", err)
 	}
 	return nil

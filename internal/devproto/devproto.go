@@ -133,6 +133,11 @@ type Config struct {
 	MaxAttempts int
 	Log         *slog.Logger
 	Observer    Observer
+	// ChunkBytes is the data per chunk of a report larger than one message
+	// (default: the connection's max payload less wire.ChunkOverhead); a
+	// negative value stores every report as one message, so that one over
+	// the limit fails with ErrTooLarge.
+	ChunkBytes int
 }
 
 // Device is one device's protocol state. Run drives it; Announce feeds it
@@ -147,6 +152,7 @@ type Device struct {
 	maxAttempts int
 	log         *slog.Logger
 	obs         Observer
+	chunkBytes  int
 
 	wake chan time.Duration // check-in spread of an announcement
 
@@ -187,7 +193,7 @@ func New(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("devproto: check-in: %w", err)
 	}
 	d := &Device{id: id, checkIn: b, filter: slices.Clone(cfg.CheckIn.GetTaskIds()), work: cfg.Work,
-		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, maxAttempts: cfg.MaxAttempts, log: cfg.Log, obs: cfg.Observer,
+		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, maxAttempts: cfg.MaxAttempts, log: cfg.Log, obs: cfg.Observer, chunkBytes: cfg.ChunkBytes,
 		wake: make(chan time.Duration, 1), tasks: map[string]*taskState{}}
 	if d.jitter == nil {
 		var seed [32]byte

@@ -39,14 +39,16 @@ func half(d time.Duration) time.Duration { return d / 2 }
 // stands in for the aggregator (answering check-ins with whatever answer
 // holds, acknowledging plan failures), and a device's connection.
 type fixture struct {
-	t      *testing.T
-	clk    *clock.Fake
-	srv    *nats.Conn // the responder's
-	srvJS  jetstream.JetStream
-	nc     *nats.Conn // the device's
-	js     jetstream.JetStream
-	mu     sync.Mutex
-	answer *pb.CheckInResponse
+	t *testing.T
+	// chunkBytes is the device's Config.ChunkBytes.
+	chunkBytes int
+	clk        *clock.Fake
+	srv        *nats.Conn // the responder's
+	srvJS      jetstream.JetStream
+	nc         *nats.Conn // the device's
+	js         jetstream.JetStream
+	mu         sync.Mutex
+	answer     *pb.CheckInResponse
 
 	checkIns chan *nats.Msg
 	failures chan *nats.Msg
@@ -130,7 +132,7 @@ func (f *fixture) start(work devproto.Work, tasks ...string) *devproto.Device {
 		}
 	})
 	d, err := devproto.New(devproto.Config{CheckIn: &pb.CheckIn{DeviceId: "dev-1", TaskIds: tasks}, Work: work,
-		Clock: f.clk, Jitter: half, Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		Clock: f.clk, Jitter: half, ChunkBytes: f.chunkBytes, Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -483,18 +485,22 @@ func TestFailingPlanStopsAtDeadline(t *testing.T) {
 }
 
 // TestTooLargeNotRetried: a report over the stream's message limit or over
-// NATS's max payload fails at once with ErrTooLarge, is not retried, and
-// the round is given up and reported after one attempt.
+// NATS's max payload (with chunking off, or chunks over the stream's limit)
+// fails at once with ErrTooLarge, is not retried, and the round is given up
+// and reported after one attempt.
 func TestTooLargeNotRetried(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		size int
+		name       string
+		size       int
+		chunkBytes int
 	}{
-		{"stream limit", 2 << 10},  // the stream refuses it
-		{"max payload", 100 << 10}, // the client refuses it before sending
+		{"stream limit", 2 << 10, 0},   // the stream refuses it
+		{"max payload", 100 << 10, -1}, // the client refuses it before sending
+		{"chunk over the stream limit", 100 << 10, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, "fl.report.>", "fl.eval.>")
+			f := newFixture(t, "fl.report.>", "fl.eval.>", "fl.chunk.>")
+			f.chunkBytes = tc.chunkBytes
 			errs := make(chan error, 8)
 			f.setAnswer(f.plan("t-1", 1, time.Hour))
 			f.start(func(ctx context.Context, r *devproto.Round) error {

@@ -40,7 +40,7 @@ func (r *Round) JetStream() jetstream.JetStream { return r.js }
 // report may already be stored. Once it is, the device takes a plan for this
 // round again as already served.
 func (r *Round) Publish(payload []byte) error {
-	if err := PublishReport(r.reportCtx, r.d.clk, r.js, r.Plan, r.d.id, payload, r.d.jitter); err != nil {
+	if err := publishReport(r.reportCtx, r.d.clk, r.js, r.Plan, r.d.id, payload, r.d.jitter, r.d.chunkBytes); err != nil {
 		return err
 	}
 	r.d.mu.Lock()
@@ -81,30 +81,54 @@ func reportSubject(plan *pb.RoundPlan, device string) (subject, msgID string, er
 // as a duplicate if an earlier copy arrived. It retries through reconnects
 // with back-off (100 ms doubling to 5 s, plus jitter; none when jitter is
 // nil) until ctx ends; a report over the size limit fails at once with
-// ErrTooLarge.
+// ErrTooLarge. A report larger than one message (the connection's max
+// payload less wire.ChunkOverhead) is stored in chunks, see publishChunked.
 func PublishReport(ctx context.Context, clk clock.Clock, js jetstream.JetStream, plan *pb.RoundPlan, device string,
 	payload []byte, jitter func(time.Duration) time.Duration) error {
+	return publishReport(ctx, clk, js, plan, device, payload, jitter, 0)
+}
+
+// publishReport is PublishReport with the chunk size of Config.ChunkBytes.
+func publishReport(ctx context.Context, clk clock.Clock, js jetstream.JetStream, plan *pb.RoundPlan, device string,
+	payload []byte, jitter func(time.Duration) time.Duration, chunkBytes int) error {
 	subj, id, err := reportSubject(plan, device)
 	if err != nil {
 		return err
 	}
+	if size := chunkSize(js, chunkBytes); size > 0 && len(payload) > size {
+		return publishChunked(ctx, clk, js, plan, device, id, payload, size, jitter)
+	}
+	if _, err := publishMsg(ctx, clk, js, &nats.Msg{Subject: subj, Data: payload}, id, jitter); err != nil {
+		if errors.Is(err, ErrTooLarge) {
+			return fmt.Errorf("%w: %d bytes: %w", ErrTooLarge, len(payload), err)
+		}
+		return fmt.Errorf("publish report: %w", err)
+	}
+	return nil
+}
+
+// publishMsg stores m under msgID, retrying as PublishReport describes, and
+// returns the stream's acknowledgement. A message over a size limit fails
+// at once with ErrTooLarge.
+func publishMsg(ctx context.Context, clk clock.Clock, js jetstream.JetStream, m *nats.Msg, msgID string,
+	jitter func(time.Duration) time.Duration) (*jetstream.PubAck, error) {
 	wait := backoff.New(publishBackoff, publishBackoffMax, jitter)
 	for {
 		pctx, cancel := withTimeout(ctx, clk, PublishTimeout, fmt.Errorf("%w after %v", errTimeout, PublishTimeout))
 		// This loop is the only retry, on the device's clock.
-		_, err := js.Publish(pctx, subj, payload, jetstream.WithMsgID(id), jetstream.WithRetryAttempts(0))
+		ack, err := js.PublishMsg(pctx, m, jetstream.WithMsgID(msgID), jetstream.WithRetryAttempts(0))
 		if err != nil && ctx.Err() == nil && pctx.Err() != nil {
 			err = context.Cause(pctx)
 		}
 		cancel()
 		if err == nil {
-			return nil
+			return ack, nil
 		}
 		if tooLarge(err) {
-			return fmt.Errorf("%w: %d bytes: %w", ErrTooLarge, len(payload), err)
+			return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
 		}
 		if !clock.Sleep(clk, wait.Next(), ctx.Done()) || ctx.Err() != nil {
-			return fmt.Errorf("publish report: %w (last error: %w)", context.Cause(ctx), err)
+			return nil, fmt.Errorf("%w (last error: %w)", context.Cause(ctx), err)
 		}
 	}
 }

@@ -59,6 +59,20 @@ func (q *Quantizer) Step() float64 { return 1 / q.scale }
 // the fractional part, so the expectation is exact), then appends the
 // weight the same way. rng supplies the rounding randomness.
 func (q *Quantizer) Quantize(update []float32, weight float64, rng *rand.Rand) ([]uint32, error) {
+	return q.QuantizeResidual(update, weight, rng, nil)
+}
+
+// QuantizeResidual is Quantize that also writes, when residual is not
+// nil, what rounding lost of each clipped element, in update units:
+// residual[i] = clip(update[i]) − code[i]/(weight·scale), under one Step/weight
+// in magnitude. A device adds it to its next update (error feedback), so
+// the coarse steps of a small ring delay resolution instead of losing it.
+// What clipping cut off is not in it: the bound is the point of the clip.
+// residual must have len(update) values.
+func (q *Quantizer) QuantizeResidual(update []float32, weight float64, rng *rand.Rand, residual []float32) ([]uint32, error) {
+	if residual != nil && len(residual) != len(update) {
+		return nil, fmt.Errorf("secagg: quantize: %w: residual of %d elements for %d", ErrConfig, len(residual), len(update))
+	}
 	if rng == nil {
 		return nil, fmt.Errorf("secagg: quantize: %w: nil rng", ErrConfig)
 	}
@@ -76,7 +90,11 @@ func (q *Quantizer) Quantize(update []float32, weight float64, rng *rand.Rand) (
 			return nil, fmt.Errorf("secagg: quantize: %w: element %d is %v", ErrRange, i, v)
 		}
 		v = max(-q.clip, min(q.clip, v))
-		out[i] = q.encode(stochasticRound(v*f, rng))
+		c := stochasticRound(v*f, rng)
+		out[i] = q.encode(c)
+		if residual != nil {
+			residual[i] = float32(v - float64(c)/f)
+		}
 	}
 	out[len(update)] = q.encode(stochasticRound(weight*q.wscale, rng))
 	return out, nil

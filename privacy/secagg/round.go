@@ -14,9 +14,11 @@ import (
 const (
 	// MaxParticipants bounds the cohort of one round.
 	MaxParticipants = 10000
-	// MaxDim bounds the length of a masked vector (16 MiB of values, twice
-	// the largest NATS message the round protocol allows).
-	MaxDim = 1 << 22
+	// MaxDim bounds the length of a masked vector: 2^25 values, 128 MiB
+	// as uint32, room for the update of a 64 MB model and its weight, which
+	// travels as a chunked report (docs/PROTOCOL.md). A round's server
+	// holds a few vectors of this length at most, so it bounds memory too.
+	MaxDim = 1 << 25
 	// DefaultBits is the modulus exponent when Config.Bits is 0.
 	DefaultBits = 32
 	// GraphLogFactor is c in the default degree k = 2⌈c·log2 n⌉.

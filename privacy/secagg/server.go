@@ -114,6 +114,9 @@ func (s *Server) Stage() Stage { return s.stage }
 // Round returns the server's round.
 func (s *Server) Round() *Round { return s.r }
 
+// Dim returns the length of the masked vectors the server sums.
+func (s *Server) Dim() int { return s.dim }
+
 func (s *Server) enter(want Stage, op string) error {
 	if s.err != nil {
 		return fmt.Errorf("secagg: %s: %w: %w", op, ErrAborted, s.err)
@@ -434,6 +437,9 @@ func (s *Server) AddMasked(m *pb.MaskedUpdate) error {
 	}
 	if s.inS[id] {
 		return fmt.Errorf("secagg: %s: participant %d: %w", op, id, ErrDuplicate)
+	}
+	if err := Unpack(m, s.r.bits, s.dim); err != nil {
+		return fmt.Errorf("secagg: %s: participant %d: %w", op, id, err)
 	}
 	if int(m.Bits) != s.r.bits || len(m.Values) != s.dim {
 		return fmt.Errorf("secagg: %s: participant %d: %w: %d values of %d bits, want %d of %d",

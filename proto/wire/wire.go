@@ -42,8 +42,9 @@ const (
 	SubjectAuditCheckpoint = "fl.audit.checkpoint"
 )
 
-// Report subjects: fl.report.<task>.<round>.<device> and fl.eval.<task>.<round>.<device>.
-var StreamSubjects = []string{"fl.report.>", "fl.eval.>"}
+// Report subjects: fl.report.<task>.<round>.<device> and fl.eval.<task>.<round>.<device>;
+// the chunks of reports too large for one message, fl.chunk.<task>.<round>.<device>.
+var StreamSubjects = []string{"fl.report.>", "fl.eval.>", "fl.chunk.>"}
 
 // Stored notices: the reports stream republishes the headers (not the
 // payload) of every report it stores on SubjectStoredPrefix + the report's
@@ -330,6 +331,58 @@ func parseTaskRoundDevice(rest, subj string) (task string, round uint64, device 
 		return "", 0, "", err
 	}
 	return parts[0], round, parts[2], nil
+}
+
+// Chunked reports (docs/PROTOCOL.md, Chunked reports): a report larger than
+// one message is stored as ReportChunk messages on the device's chunk
+// subject, then a ReportManifest, marked by HeaderChunked, on the report
+// subject under the report's message id.
+const (
+	// HeaderChunked marks a ReportManifest on a report subject; its value is
+	// ChunkedV1.
+	HeaderChunked = "Fl-Report-Chunked"
+	ChunkedV1     = "1"
+	// MaxReportChunks bounds the chunks of one report.
+	MaxReportChunks = 4096
+	// MinChunkBytes is the smallest chunk but the last a server accepts, so
+	// that a report is never cut into tiny pieces (MaxReportChunks of them
+	// carry at least 64 MiB; devices cut chunks of about 8 MiB).
+	MinChunkBytes = 16 << 10
+	// ChunkOverhead is what a chunk message adds to its data (envelope,
+	// message id header), with room to spare: devices cut chunks of the
+	// connection's max payload less this.
+	ChunkOverhead = 16 << 10
+)
+
+// ChunkSubject is where a device stores the chunks of its report for a
+// round; its NATS permissions let no other device publish there.
+func ChunkSubject(task string, round uint64, device string) string {
+	return "fl.chunk." + task + "." + strconv.FormatUint(round, 10) + "." + device
+}
+
+// ChunkFilter is the stream subject filter of all chunks of one round.
+func ChunkFilter(task string, round uint64) string {
+	return "fl.chunk." + task + "." + strconv.FormatUint(round, 10) + ".*"
+}
+
+// ParseChunkSubject splits fl.chunk.<task>.<round>.<device>.
+func ParseChunkSubject(subj string) (task string, round uint64, device string, err error) {
+	rest, ok := strings.CutPrefix(subj, "fl.chunk.")
+	if !ok {
+		return "", 0, "", fmt.Errorf("%w: %q is not a chunk subject", ErrToken, subj)
+	}
+	return parseTaskRoundDevice(rest, subj)
+}
+
+// IsChunkSubject reports whether subj is in the chunk namespace.
+func IsChunkSubject(subj string) bool { return strings.HasPrefix(subj, "fl.chunk.") }
+
+// ChunkMsgID is the de-duplication id of one chunk: a retry of the same
+// chunk of the same report is dropped by the stream (and acknowledged with
+// the first copy's sequence), while a different report of a later attempt
+// gets ids of its own.
+func ChunkMsgID(reportID, payloadSHA256 string, index int) string {
+	return reportID + "/" + payloadSHA256 + "/" + strconv.Itoa(index)
 }
 
 // IsEvalSubject reports whether a report subject carries an evaluation report.

@@ -141,6 +141,63 @@ func (RoundKind) EnumDescriptor() ([]byte, []int) {
 	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{1}
 }
 
+// UpdateEncoding is the wire form of a training update.
+type UpdateEncoding int32
+
+const (
+	// float32 values in a DenseUpdate ("none"), the default.
+	UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED UpdateEncoding = 0
+	// FLQ8: int8 codes with a float32 scale per block of 256 values, about
+	// 3.9 times smaller than float32 (aggregator/quant). With secure
+	// aggregation, the SecAgg ring has 8 bits.
+	UpdateEncoding_UPDATE_ENCODING_INT8 UpdateEncoding = 1
+	// FLQ4: 4-bit codes, two to a byte, with a float32 scale per block of 256
+	// values, about 7.8 times smaller than float32 (aggregator/quant).
+	// Plaintext rounds only.
+	UpdateEncoding_UPDATE_ENCODING_INT4 UpdateEncoding = 2
+)
+
+// Enum value maps for UpdateEncoding.
+var (
+	UpdateEncoding_name = map[int32]string{
+		0: "UPDATE_ENCODING_UNSPECIFIED",
+		1: "UPDATE_ENCODING_INT8",
+		2: "UPDATE_ENCODING_INT4",
+	}
+	UpdateEncoding_value = map[string]int32{
+		"UPDATE_ENCODING_UNSPECIFIED": 0,
+		"UPDATE_ENCODING_INT8":        1,
+		"UPDATE_ENCODING_INT4":        2,
+	}
+)
+
+func (x UpdateEncoding) Enum() *UpdateEncoding {
+	p := new(UpdateEncoding)
+	*p = x
+	return p
+}
+
+func (x UpdateEncoding) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UpdateEncoding) Descriptor() protoreflect.EnumDescriptor {
+	return file_fleetlearn_v1_round_proto_enumTypes[2].Descriptor()
+}
+
+func (UpdateEncoding) Type() protoreflect.EnumType {
+	return &file_fleetlearn_v1_round_proto_enumTypes[2]
+}
+
+func (x UpdateEncoding) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UpdateEncoding.Descriptor instead.
+func (UpdateEncoding) EnumDescriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+}
+
 // RoundEventType is a round lifecycle transition.
 type RoundEventType int32
 
@@ -187,11 +244,11 @@ func (x RoundEventType) String() string {
 }
 
 func (RoundEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[2].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[3].Descriptor()
 }
 
 func (RoundEventType) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[2]
+	return &file_fleetlearn_v1_round_proto_enumTypes[3]
 }
 
 func (x RoundEventType) Number() protoreflect.EnumNumber {
@@ -200,7 +257,7 @@ func (x RoundEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RoundEventType.Descriptor instead.
 func (RoundEventType) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
 }
 
 // DeviceAttributes describes a device's current state for eligibility
@@ -701,6 +758,14 @@ type RoundPlan struct {
 	// zero means none. In a secure round the device clips its update to it
 	// before masking, since the server cannot check a masked update.
 	MaxUpdateNorm float64 `protobuf:"fixed64,13,opt,name=max_update_norm,json=maxUpdateNorm,proto3" json:"max_update_norm,omitempty"`
+	// How the device encodes its update (Task.update_encoding): a plaintext
+	// round's report carries a QuantizedUpdate unless it is unspecified; a
+	// secure round keeps its quantization residual as error feedback.
+	UpdateEncoding UpdateEncoding `protobuf:"varint,14,opt,name=update_encoding,json=updateEncoding,proto3,enum=fleetlearn.v1.UpdateEncoding" json:"update_encoding,omitempty"`
+	// Ascending indices of the model tensors that train (Task.trainable
+	// resolved against the base model); the update holds exactly these
+	// tensors, in this order. Empty: every tensor.
+	Trainable     []uint32 `protobuf:"varint,15,rep,packed,name=trainable,proto3" json:"trainable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -826,6 +891,87 @@ func (x *RoundPlan) GetMaxUpdateNorm() float64 {
 	return 0
 }
 
+func (x *RoundPlan) GetUpdateEncoding() UpdateEncoding {
+	if x != nil {
+		return x.UpdateEncoding
+	}
+	return UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED
+}
+
+func (x *RoundPlan) GetTrainable() []uint32 {
+	if x != nil {
+		return x.Trainable
+	}
+	return nil
+}
+
+// QuantizedUpdate is a model delta as DenseUpdate but quantized with
+// stochastic rounding and the device's error feedback (the residual of
+// earlier rounds added before quantizing).
+type QuantizedUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Encoding of data; must equal the round's RoundPlan.update_encoding.
+	Encoding UpdateEncoding `protobuf:"varint,1,opt,name=encoding,proto3,enum=fleetlearn.v1.UpdateEncoding" json:"encoding,omitempty"`
+	// The FLQ8 or FLQ4 encoding of the values in layout order (see package
+	// aggregator/quant): header, block scales, codes.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Tensors contained in data, in order.
+	Layout        []*TensorSpec `protobuf:"bytes,3,rep,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuantizedUpdate) Reset() {
+	*x = QuantizedUpdate{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuantizedUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuantizedUpdate) ProtoMessage() {}
+
+func (x *QuantizedUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuantizedUpdate.ProtoReflect.Descriptor instead.
+func (*QuantizedUpdate) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *QuantizedUpdate) GetEncoding() UpdateEncoding {
+	if x != nil {
+		return x.Encoding
+	}
+	return UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED
+}
+
+func (x *QuantizedUpdate) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *QuantizedUpdate) GetLayout() []*TensorSpec {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
 // DenseUpdate is an unmasked model delta: the trained weights minus the
 // weights of RoundPlan.model, after clipping and any local noise.
 type DenseUpdate struct {
@@ -841,7 +987,7 @@ type DenseUpdate struct {
 
 func (x *DenseUpdate) Reset() {
 	*x = DenseUpdate{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +999,7 @@ func (x *DenseUpdate) String() string {
 func (*DenseUpdate) ProtoMessage() {}
 
 func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +1012,7 @@ func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenseUpdate.ProtoReflect.Descriptor instead.
 func (*DenseUpdate) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DenseUpdate) GetValues() []byte {
@@ -906,10 +1052,12 @@ type UpdateReport struct {
 	//
 	//	*UpdateReport_Dense
 	//	*UpdateReport_Masked
+	//	*UpdateReport_Quantized
 	Payload isUpdateReport_Payload `protobuf_oneof:"payload"`
 	// SHA-256 of the payload values, as 64 lowercase hexadecimal characters:
-	// of DenseUpdate.values, or of MaskedUpdate.values encoded as consecutive
-	// little-endian uint32.
+	// of DenseUpdate.values, of QuantizedUpdate.data, or of the masked values
+	// (MaskedUpdate.values, or MaskedUpdate.packed unpacked) encoded as
+	// consecutive little-endian uint32.
 	PayloadSha256 string `protobuf:"bytes,10,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
 	// Ed25519 signature by the device's enrolled key over the report statement
 	// (identity.ReportStatement: kind, task, round, device, model version,
@@ -923,7 +1071,7 @@ type UpdateReport struct {
 
 func (x *UpdateReport) Reset() {
 	*x = UpdateReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1083,7 @@ func (x *UpdateReport) String() string {
 func (*UpdateReport) ProtoMessage() {}
 
 func (x *UpdateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1096,7 @@ func (x *UpdateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateReport.ProtoReflect.Descriptor instead.
 func (*UpdateReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateReport) GetTaskId() string {
@@ -1025,6 +1173,15 @@ func (x *UpdateReport) GetMasked() *MaskedUpdate {
 	return nil
 }
 
+func (x *UpdateReport) GetQuantized() *QuantizedUpdate {
+	if x != nil {
+		if x, ok := x.Payload.(*UpdateReport_Quantized); ok {
+			return x.Quantized
+		}
+	}
+	return nil
+}
+
 func (x *UpdateReport) GetPayloadSha256() string {
 	if x != nil {
 		return x.PayloadSha256
@@ -1060,9 +1217,17 @@ type UpdateReport_Masked struct {
 	Masked *MaskedUpdate `protobuf:"bytes,9,opt,name=masked,proto3,oneof"`
 }
 
+type UpdateReport_Quantized struct {
+	// Quantized update, for rounds without secure aggregation whose
+	// RoundPlan.update_encoding is set.
+	Quantized *QuantizedUpdate `protobuf:"bytes,13,opt,name=quantized,proto3,oneof"`
+}
+
 func (*UpdateReport_Dense) isUpdateReport_Payload() {}
 
 func (*UpdateReport_Masked) isUpdateReport_Payload() {}
+
+func (*UpdateReport_Quantized) isUpdateReport_Payload() {}
 
 // EvaluationReport is a device's result for an evaluation round.
 type EvaluationReport struct {
@@ -1093,7 +1258,7 @@ type EvaluationReport struct {
 
 func (x *EvaluationReport) Reset() {
 	*x = EvaluationReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1270,7 @@ func (x *EvaluationReport) String() string {
 func (*EvaluationReport) ProtoMessage() {}
 
 func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1283,7 @@ func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluationReport.ProtoReflect.Descriptor instead.
 func (*EvaluationReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EvaluationReport) GetTaskId() string {
@@ -1217,7 +1382,7 @@ type RoundEvent struct {
 
 func (x *RoundEvent) Reset() {
 	*x = RoundEvent{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1394,7 @@ func (x *RoundEvent) String() string {
 func (*RoundEvent) ProtoMessage() {}
 
 func (x *RoundEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1407,7 @@ func (x *RoundEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundEvent.ProtoReflect.Descriptor instead.
 func (*RoundEvent) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RoundEvent) GetTaskId() string {
@@ -1350,7 +1515,7 @@ type ReportReceipt struct {
 
 func (x *ReportReceipt) Reset() {
 	*x = ReportReceipt{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1527,7 @@ func (x *ReportReceipt) String() string {
 func (*ReportReceipt) ProtoMessage() {}
 
 func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1540,7 @@ func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReceipt.ProtoReflect.Descriptor instead.
 func (*ReportReceipt) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportReceipt) GetTaskId() string {
@@ -1434,7 +1599,7 @@ type RoundAnnouncement struct {
 
 func (x *RoundAnnouncement) Reset() {
 	*x = RoundAnnouncement{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1611,7 @@ func (x *RoundAnnouncement) String() string {
 func (*RoundAnnouncement) ProtoMessage() {}
 
 func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1624,7 @@ func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundAnnouncement.ProtoReflect.Descriptor instead.
 func (*RoundAnnouncement) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{12}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RoundAnnouncement) GetTaskId() string {
@@ -1493,6 +1658,175 @@ func (x *RoundAnnouncement) GetWanted() uint32 {
 func (x *RoundAnnouncement) GetCheckInSpread() *durationpb.Duration {
 	if x != nil {
 		return x.CheckInSpread
+	}
+	return nil
+}
+
+// ReportChunk is one piece of a report too large for one NATS message
+// (docs/PROTOCOL.md, Chunked reports). A device stores its chunks on its own
+// chunk subject, then a ReportManifest on the report subject.
+type ReportChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Position of data in the report, from 0.
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Chunks of the report.
+	Count uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Bytes of the whole report.
+	TotalSize uint64 `protobuf:"varint,3,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	// Lowercase hex sha256 of the whole report.
+	PayloadSha256 string `protobuf:"bytes,4,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
+	// The report's bytes [index*chunk_size, min(total_size, (index+1)*chunk_size)).
+	Data          []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportChunk) Reset() {
+	*x = ReportChunk{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportChunk) ProtoMessage() {}
+
+func (x *ReportChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportChunk.ProtoReflect.Descriptor instead.
+func (*ReportChunk) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReportChunk) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ReportChunk) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ReportChunk) GetTotalSize() uint64 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+func (x *ReportChunk) GetPayloadSha256() string {
+	if x != nil {
+		return x.PayloadSha256
+	}
+	return ""
+}
+
+func (x *ReportChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// ReportManifest stands for a chunked report on the report subject, under the
+// report's message id, so that report de-duplication and intake stay as they
+// are; the header Fl-Report-Chunked marks it.
+type ReportManifest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chunks of the report; equals the length of sequences.
+	Count uint32 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// Bytes of the whole report.
+	TotalSize uint64 `protobuf:"varint,2,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	// Lowercase hex sha256 of the whole report.
+	PayloadSha256 string `protobuf:"bytes,3,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
+	// Bytes of every chunk but the last, which holds the rest.
+	ChunkSize uint64 `protobuf:"varint,4,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	// Stream sequence of each chunk in FL_REPORTS, by index, as the stream
+	// acknowledged it (a duplicate's acknowledgement names the first copy).
+	Sequences     []uint64 `protobuf:"varint,5,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportManifest) Reset() {
+	*x = ReportManifest{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportManifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportManifest) ProtoMessage() {}
+
+func (x *ReportManifest) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportManifest.ProtoReflect.Descriptor instead.
+func (*ReportManifest) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReportManifest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ReportManifest) GetTotalSize() uint64 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+func (x *ReportManifest) GetPayloadSha256() string {
+	if x != nil {
+		return x.PayloadSha256
+	}
+	return ""
+}
+
+func (x *ReportManifest) GetChunkSize() uint64 {
+	if x != nil {
+		return x.ChunkSize
+	}
+	return 0
+}
+
+func (x *ReportManifest) GetSequences() []uint64 {
+	if x != nil {
+		return x.Sequences
 	}
 	return nil
 }
@@ -1534,7 +1868,7 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x04plan\x18\x01 \x01(\v2\x18.fleetlearn.v1.RoundPlanH\x00R\x04plan\x12<\n" +
 	"\vretry_after\x18\x02 \x01(\v2\x19.fleetlearn.v1.RetryAfterH\x00R\n" +
 	"retryAfterB\b\n" +
-	"\x06result\"\xa8\x04\n" +
+	"\x06result\"\x8e\x05\n" +
 	"\tRoundPlan\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1549,10 +1883,16 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	" \x01(\v2\x1b.fleetlearn.v1.SecAggConfigR\x06secagg\x12'\n" +
 	"\x02dp\x18\v \x01(\v2\x17.fleetlearn.v1.DPConfigR\x02dp\x12%\n" +
 	"\x0eparticipant_id\x18\f \x01(\rR\rparticipantId\x12&\n" +
-	"\x0fmax_update_norm\x18\r \x01(\x01R\rmaxUpdateNorm\"X\n" +
+	"\x0fmax_update_norm\x18\r \x01(\x01R\rmaxUpdateNorm\x12F\n" +
+	"\x0fupdate_encoding\x18\x0e \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\x0eupdateEncoding\x12\x1c\n" +
+	"\ttrainable\x18\x0f \x03(\rR\ttrainable\"\x93\x01\n" +
+	"\x0fQuantizedUpdate\x129\n" +
+	"\bencoding\x18\x01 \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\bencoding\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x121\n" +
+	"\x06layout\x18\x03 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"X\n" +
 	"\vDenseUpdate\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x121\n" +
-	"\x06layout\x18\x02 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"\xcb\x03\n" +
+	"\x06layout\x18\x02 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"\x8b\x04\n" +
 	"\fUpdateReport\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
@@ -1562,7 +1902,8 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\fnum_examples\x18\x06 \x01(\x04R\vnumExamples\x120\n" +
 	"\ametrics\x18\a \x01(\v2\x16.fleetlearn.v1.MetricsR\ametrics\x122\n" +
 	"\x05dense\x18\b \x01(\v2\x1a.fleetlearn.v1.DenseUpdateH\x00R\x05dense\x125\n" +
-	"\x06masked\x18\t \x01(\v2\x1b.fleetlearn.v1.MaskedUpdateH\x00R\x06masked\x12%\n" +
+	"\x06masked\x18\t \x01(\v2\x1b.fleetlearn.v1.MaskedUpdateH\x00R\x06masked\x12>\n" +
+	"\tquantized\x18\r \x01(\v2\x1e.fleetlearn.v1.QuantizedUpdateH\x00R\tquantized\x12%\n" +
 	"\x0epayload_sha256\x18\n" +
 	" \x01(\tR\rpayloadSha256\x12\x1c\n" +
 	"\tsignature\x18\v \x01(\fR\tsignature\x12\x15\n" +
@@ -1604,7 +1945,22 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x18.fleetlearn.v1.RoundKindR\x04kind\x12\x16\n" +
 	"\x06wanted\x18\x04 \x01(\rR\x06wanted\x12A\n" +
-	"\x0fcheck_in_spread\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rcheckInSpread*\xc0\x01\n" +
+	"\x0fcheck_in_spread\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rcheckInSpread\"\x93\x01\n" +
+	"\vReportChunk\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x03 \x01(\x04R\ttotalSize\x12%\n" +
+	"\x0epayload_sha256\x18\x04 \x01(\tR\rpayloadSha256\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"\xa9\x01\n" +
+	"\x0eReportManifest\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x02 \x01(\x04R\ttotalSize\x12%\n" +
+	"\x0epayload_sha256\x18\x03 \x01(\tR\rpayloadSha256\x12\x1d\n" +
+	"\n" +
+	"chunk_size\x18\x04 \x01(\x04R\tchunkSize\x12\x1c\n" +
+	"\tsequences\x18\x05 \x03(\x04R\tsequences*\xc0\x01\n" +
 	"\vRetryReason\x12\x1c\n" +
 	"\x18RETRY_REASON_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRY_REASON_NO_TASK\x10\x01\x12\x1d\n" +
@@ -1615,7 +1971,11 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\tRoundKind\x12\x1a\n" +
 	"\x16ROUND_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ROUND_KIND_TRAIN\x10\x01\x12\x17\n" +
-	"\x13ROUND_KIND_EVALUATE\x10\x02*\xac\x01\n" +
+	"\x13ROUND_KIND_EVALUATE\x10\x02*e\n" +
+	"\x0eUpdateEncoding\x12\x1f\n" +
+	"\x1bUPDATE_ENCODING_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14UPDATE_ENCODING_INT8\x10\x01\x12\x18\n" +
+	"\x14UPDATE_ENCODING_INT4\x10\x02*\xac\x01\n" +
 	"\x0eRoundEventType\x12 \n" +
 	"\x1cROUND_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ROUND_EVENT_TYPE_OPENED\x10\x01\x12\x1b\n" +
@@ -1635,66 +1995,74 @@ func file_fleetlearn_v1_round_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_round_proto_rawDescData
 }
 
-var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fleetlearn_v1_round_proto_goTypes = []any{
 	(RetryReason)(0),              // 0: fleetlearn.v1.RetryReason
 	(RoundKind)(0),                // 1: fleetlearn.v1.RoundKind
-	(RoundEventType)(0),           // 2: fleetlearn.v1.RoundEventType
-	(*DeviceAttributes)(nil),      // 3: fleetlearn.v1.DeviceAttributes
-	(*CheckIn)(nil),               // 4: fleetlearn.v1.CheckIn
-	(*PlanFailure)(nil),           // 5: fleetlearn.v1.PlanFailure
-	(*PlanFailureAck)(nil),        // 6: fleetlearn.v1.PlanFailureAck
-	(*RetryAfter)(nil),            // 7: fleetlearn.v1.RetryAfter
-	(*CheckInResponse)(nil),       // 8: fleetlearn.v1.CheckInResponse
-	(*RoundPlan)(nil),             // 9: fleetlearn.v1.RoundPlan
-	(*DenseUpdate)(nil),           // 10: fleetlearn.v1.DenseUpdate
-	(*UpdateReport)(nil),          // 11: fleetlearn.v1.UpdateReport
-	(*EvaluationReport)(nil),      // 12: fleetlearn.v1.EvaluationReport
-	(*RoundEvent)(nil),            // 13: fleetlearn.v1.RoundEvent
-	(*ReportReceipt)(nil),         // 14: fleetlearn.v1.ReportReceipt
-	(*RoundAnnouncement)(nil),     // 15: fleetlearn.v1.RoundAnnouncement
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*ModelRef)(nil),              // 17: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 18: fleetlearn.v1.ModuleRef
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*Limits)(nil),                // 20: fleetlearn.v1.Limits
-	(*SecAggConfig)(nil),          // 21: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 22: fleetlearn.v1.DPConfig
-	(*TensorSpec)(nil),            // 23: fleetlearn.v1.TensorSpec
-	(*Metrics)(nil),               // 24: fleetlearn.v1.Metrics
-	(*MaskedUpdate)(nil),          // 25: fleetlearn.v1.MaskedUpdate
+	(UpdateEncoding)(0),           // 2: fleetlearn.v1.UpdateEncoding
+	(RoundEventType)(0),           // 3: fleetlearn.v1.RoundEventType
+	(*DeviceAttributes)(nil),      // 4: fleetlearn.v1.DeviceAttributes
+	(*CheckIn)(nil),               // 5: fleetlearn.v1.CheckIn
+	(*PlanFailure)(nil),           // 6: fleetlearn.v1.PlanFailure
+	(*PlanFailureAck)(nil),        // 7: fleetlearn.v1.PlanFailureAck
+	(*RetryAfter)(nil),            // 8: fleetlearn.v1.RetryAfter
+	(*CheckInResponse)(nil),       // 9: fleetlearn.v1.CheckInResponse
+	(*RoundPlan)(nil),             // 10: fleetlearn.v1.RoundPlan
+	(*QuantizedUpdate)(nil),       // 11: fleetlearn.v1.QuantizedUpdate
+	(*DenseUpdate)(nil),           // 12: fleetlearn.v1.DenseUpdate
+	(*UpdateReport)(nil),          // 13: fleetlearn.v1.UpdateReport
+	(*EvaluationReport)(nil),      // 14: fleetlearn.v1.EvaluationReport
+	(*RoundEvent)(nil),            // 15: fleetlearn.v1.RoundEvent
+	(*ReportReceipt)(nil),         // 16: fleetlearn.v1.ReportReceipt
+	(*RoundAnnouncement)(nil),     // 17: fleetlearn.v1.RoundAnnouncement
+	(*ReportChunk)(nil),           // 18: fleetlearn.v1.ReportChunk
+	(*ReportManifest)(nil),        // 19: fleetlearn.v1.ReportManifest
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*ModelRef)(nil),              // 21: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 22: fleetlearn.v1.ModuleRef
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*Limits)(nil),                // 24: fleetlearn.v1.Limits
+	(*SecAggConfig)(nil),          // 25: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 26: fleetlearn.v1.DPConfig
+	(*TensorSpec)(nil),            // 27: fleetlearn.v1.TensorSpec
+	(*Metrics)(nil),               // 28: fleetlearn.v1.Metrics
+	(*MaskedUpdate)(nil),          // 29: fleetlearn.v1.MaskedUpdate
 }
 var file_fleetlearn_v1_round_proto_depIdxs = []int32{
-	3,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
-	16, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
+	4,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
+	20, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
 	0,  // 2: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
-	9,  // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
-	7,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
+	10, // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
+	8,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
 	1,  // 5: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
-	17, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
-	18, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
-	19, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
-	20, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
-	21, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	22, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
-	23, // 12: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	24, // 13: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
-	10, // 14: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
-	25, // 15: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
-	24, // 16: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
-	2,  // 17: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
-	1,  // 18: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
-	19, // 19: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
-	24, // 20: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
-	17, // 21: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
-	1,  // 22: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
-	16, // 23: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	21, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
+	22, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
+	23, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
+	24, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
+	25, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	26, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
+	2,  // 12: fleetlearn.v1.RoundPlan.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	2,  // 13: fleetlearn.v1.QuantizedUpdate.encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	27, // 14: fleetlearn.v1.QuantizedUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	27, // 15: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	28, // 16: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
+	12, // 17: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
+	29, // 18: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
+	11, // 19: fleetlearn.v1.UpdateReport.quantized:type_name -> fleetlearn.v1.QuantizedUpdate
+	28, // 20: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
+	3,  // 21: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
+	1,  // 22: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
+	23, // 23: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
+	28, // 24: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
+	21, // 25: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
+	1,  // 26: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
+	20, // 27: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_round_proto_init() }
@@ -1709,17 +2077,18 @@ func file_fleetlearn_v1_round_proto_init() {
 		(*CheckInResponse_Plan)(nil),
 		(*CheckInResponse_RetryAfter)(nil),
 	}
-	file_fleetlearn_v1_round_proto_msgTypes[8].OneofWrappers = []any{
+	file_fleetlearn_v1_round_proto_msgTypes[9].OneofWrappers = []any{
 		(*UpdateReport_Dense)(nil),
 		(*UpdateReport_Masked)(nil),
+		(*UpdateReport_Quantized)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_round_proto_rawDesc), len(file_fleetlearn_v1_round_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   13,
+			NumEnums:      4,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -569,8 +569,13 @@ type MaskedUpdate struct {
 	// Modulus exponent; must equal SecAggConfig.bits of the round.
 	Bits uint32 `protobuf:"varint,2,opt,name=bits,proto3" json:"bits,omitempty"`
 	// Masked elements, each in [0, 2^bits), in the order of the model's
-	// parameters (the same layout a DenseUpdate would use).
-	Values        []uint32 `protobuf:"fixed32,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// parameters (the same layout a DenseUpdate would use). Older agents
+	// send these; set either values or packed, not both.
+	Values []uint32 `protobuf:"fixed32,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// The masked elements packed at ceil(bits/8) bytes each, little-endian,
+	// so that the wire size follows bits (1 byte each for an 8-bit ring
+	// against 4 for values).
+	Packed        []byte `protobuf:"bytes,4,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -622,6 +627,13 @@ func (x *MaskedUpdate) GetBits() uint32 {
 func (x *MaskedUpdate) GetValues() []uint32 {
 	if x != nil {
 		return x.Values
+	}
+	return nil
+}
+
+func (x *MaskedUpdate) GetPacked() []byte {
+	if x != nil {
+		return x.Packed
 	}
 	return nil
 }
@@ -1470,11 +1482,12 @@ const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12%\n" +
 	"\x0eparticipant_id\x18\x03 \x01(\rR\rparticipantId\x125\n" +
-	"\x06shares\x18\x04 \x03(\v2\x1d.fleetlearn.v1.EncryptedShareR\x06shares\"a\n" +
+	"\x06shares\x18\x04 \x03(\v2\x1d.fleetlearn.v1.EncryptedShareR\x06shares\"y\n" +
 	"\fMaskedUpdate\x12%\n" +
 	"\x0eparticipant_id\x18\x01 \x01(\rR\rparticipantId\x12\x12\n" +
 	"\x04bits\x18\x02 \x01(\rR\x04bits\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\aR\x06values\"e\n" +
+	"\x06values\x18\x03 \x03(\aR\x06values\x12\x16\n" +
+	"\x06packed\x18\x04 \x01(\fR\x06packed\"e\n" +
 	"\vSurvivorSet\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12'\n" +

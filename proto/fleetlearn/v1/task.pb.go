@@ -522,7 +522,19 @@ type Task struct {
 	// same data. Unset until the evaluation ran, and for tasks without
 	// server_eval_dataset; set with no values when no metric passed the
 	// server's checks. Output only.
-	BaseMetrics   *Metrics `protobuf:"bytes,25,opt,name=base_metrics,json=baseMetrics,proto3" json:"base_metrics,omitempty"`
+	BaseMetrics *Metrics `protobuf:"bytes,25,opt,name=base_metrics,json=baseMetrics,proto3" json:"base_metrics,omitempty"`
+	// How devices encode their updates: float32 by default, or int8 / int4
+	// quantized with error feedback (about 3.9 / 7.8 times fewer bytes).
+	// With secure aggregation only int8 is allowed, and it sets an 8-bit
+	// SecAgg ring (secagg.bits 0 or 8).
+	UpdateEncoding UpdateEncoding `protobuf:"varint,26,opt,name=update_encoding,json=updateEncoding,proto3,enum=fleetlearn.v1.UpdateEncoding" json:"update_encoding,omitempty"`
+	// Which parameters train (partial fine-tuning); the others stay frozen on
+	// every device and only the trained ones travel, in model order. Each
+	// entry is a tensor name, a path.Match pattern over names
+	// ("blocks.3.*", "lm_head.weight"), or "lora" for every LoRA adapter
+	// tensor (*.lora_a, *.lora_b); each must match at least one tensor.
+	// Empty trains every parameter. Needs a module of ABI 2 or later.
+	Trainable     []string `protobuf:"bytes,27,rep,name=trainable,proto3" json:"trainable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -728,6 +740,20 @@ func (x *Task) GetServerEvalDataset() string {
 func (x *Task) GetBaseMetrics() *Metrics {
 	if x != nil {
 		return x.BaseMetrics
+	}
+	return nil
+}
+
+func (x *Task) GetUpdateEncoding() UpdateEncoding {
+	if x != nil {
+		return x.UpdateEncoding
+	}
+	return UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED
+}
+
+func (x *Task) GetTrainable() []string {
+	if x != nil {
+		return x.Trainable
 	}
 	return nil
 }
@@ -973,7 +999,7 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\x12+\n" +
 	"\x11unbounded_updates\x18\t \x01(\bR\x10unboundedUpdates\x125\n" +
 	"\x17max_examples_per_report\x18\n" +
-	" \x01(\x04R\x14maxExamplesPerReport\"\x98\t\n" +
+	" \x01(\x04R\x14maxExamplesPerReport\"\xfe\t\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -1004,7 +1030,9 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\vupdate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12.\n" +
 	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\x129\n" +
-	"\fbase_metrics\x18\x19 \x01(\v2\x16.fleetlearn.v1.MetricsR\vbaseMetrics\"\xba\x04\n" +
+	"\fbase_metrics\x18\x19 \x01(\v2\x16.fleetlearn.v1.MetricsR\vbaseMetrics\x12F\n" +
+	"\x0fupdate_encoding\x18\x1a \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\x0eupdateEncoding\x12\x1c\n" +
+	"\ttrainable\x18\x1b \x03(\tR\ttrainable\"\xba\x04\n" +
 	"\fRoundSummary\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1081,7 +1109,8 @@ var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(*Limits)(nil),                // 13: fleetlearn.v1.Limits
 	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 	(*Metrics)(nil),               // 15: fleetlearn.v1.Metrics
-	(RoundKind)(0),                // 16: fleetlearn.v1.RoundKind
+	(UpdateEncoding)(0),           // 16: fleetlearn.v1.UpdateEncoding
+	(RoundKind)(0),                // 17: fleetlearn.v1.RoundKind
 }
 var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	1,  // 0: fleetlearn.v1.AggregationConfig.rule:type_name -> fleetlearn.v1.AggregationRule
@@ -1099,18 +1128,19 @@ var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	14, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
 	14, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
 	15, // 14: fleetlearn.v1.Task.base_metrics:type_name -> fleetlearn.v1.Metrics
-	16, // 15: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
-	2,  // 16: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
-	14, // 17: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
-	14, // 18: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
-	15, // 19: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
-	8,  // 20: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
-	7,  // 21: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	16, // 15: fleetlearn.v1.Task.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	17, // 16: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
+	2,  // 17: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
+	14, // 18: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
+	14, // 19: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
+	15, // 20: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
+	8,  // 21: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
+	7,  // 22: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_task_proto_init() }

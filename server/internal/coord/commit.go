@@ -226,7 +226,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if err := t.addCentralNoise(delta, col.TotalWeight()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
 		}
-		flat := t.global.Flatten()
+		flat := trainableOf(t.global, t.train).Flatten()
 		if restore, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
@@ -239,7 +239,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if optState, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
-		if next, err = t.global.Layout().Unflatten(flat); err != nil {
+		if next, err = t.withTrained(flat); err != nil {
 			return err
 		}
 		next.Lineage = model.Lineage{Parent: t.global.Lineage.Version, Task: t.id, Round: int64(r.row.Round), Source: "federated"}
@@ -254,7 +254,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		next.Lineage.Version = version
 		newRow = &store.ModelRow{Version: version, Name: t.spec.GetName(), Parent: t.global.Lineage.Version,
 			TaskID: t.id, Round: r.row.Round, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
-			Tensors: len(next.Tensors), Params: len(flat), Size: int64(buf.Len()), Created: t.c.now()}
+			Tensors: len(next.Tensors), Params: paramCount(next), Size: int64(buf.Len()), Created: t.c.now()}
 		if t.evalSet != nil {
 			for k, v := range t.serverEval(ctx, next) {
 				metrics[k] = v

@@ -249,7 +249,7 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 func (c *Coordinator) purgeRound(task string, round uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, f := range wire.RoundFilters(task, round) {
+	for _, f := range append(wire.RoundFilters(task, round), wire.ChunkFilter(task, round)) {
 		if err := c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(f)); err != nil {
 			c.d.Log.Warn("purging round reports", "task", task, "round", round, "err", err)
 		}
@@ -357,6 +357,10 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 	subj := m.Header.Get(jetstream.SubjectHeader)
 	if subj == "" {
 		subj = strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix)
+	}
+	if wire.IsChunkSubject(subj) {
+		c.handleStoredChunk(subj)
+		return
 	}
 	task, round, device, err := wire.ParseReportSubject(subj)
 	if err != nil {

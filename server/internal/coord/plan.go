@@ -209,6 +209,10 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 		Secagg:          t.spec.GetSecagg(),
 		MaxUpdateNorm:   t.robust.MaxUpdateNorm,
 	}
+	if rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		p.UpdateEncoding = t.spec.GetUpdateEncoding()
+		p.Trainable = planTrainable(t.train)
+	}
 	if t.dp != nil && rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
 		// Devices clip to the DP bound; evaluation rounds release metrics only.
 		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.cfg.GetClipNorm()

@@ -64,7 +64,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		if len(assigned) > 0 {
 			return t.abandon(ctx, r, errSecureResume.Error())
 		}
-		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.wanted, t.global.Layout().Size()); err != nil {
+		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.wanted, t.ulayout.Size()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 		}
 		r.plan.Secagg = r.secure.cfg
@@ -220,7 +220,7 @@ func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metric
 	if wire.IsEvalSubject(m.Subject()) {
 		kind = "evaluation"
 	}
-	t.settle(r, m, kind, func() (string, error) { return t.acceptReport(r, col, mm, m, kind) })
+	t.settleChunked(r, m, kind, func(m jetstream.Msg) (string, error) { return t.acceptReport(r, col, mm, m, kind) })
 }
 
 // settle counts a report's bytes, runs accept, and answers the device with a

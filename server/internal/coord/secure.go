@@ -394,7 +394,7 @@ func checkSender(claimed, actual uint32) error {
 // handleMasked takes a masked update report into the secure sum, or refuses
 // it with a receipt.
 func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
-	t.settle(r, m, "update", func() (string, error) { return t.acceptMasked(r, m) })
+	t.settleChunked(r, m, "update", func(m jetstream.Msg) (string, error) { return t.acceptMasked(r, m) })
 }
 
 func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
@@ -427,6 +427,11 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
 		return device, refuse("a masked report carries no plaintext metrics")
 	case mu.ParticipantId != seat.Participant:
 		return device, refuse("masked update for participant %d from participant %d", mu.ParticipantId, seat.Participant)
+	}
+	// Packed values (⌈bits/8⌉ bytes each) become uint32s first: the signed
+	// hash is over the values, whichever form carried them.
+	if err := secagg.Unpack(mu, sec.round.Bits(), sec.srv.Dim()); err != nil {
+		return device, refuse("%v", err)
 	}
 	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
 		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)

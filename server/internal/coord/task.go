@@ -34,8 +34,12 @@ type taskRun struct {
 	round   *roundRun
 
 	// Loaded once per run.
-	spec    *pb.Task
-	global  *model.Model // current model
+	spec   *pb.Task
+	global *model.Model // current model
+	// train lists the tensors that train (nil: all), ulayout the update's
+	// layout: those tensors of the model, in order.
+	train   []int
+	ulayout model.Layout
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
@@ -77,6 +81,8 @@ type roundRun struct {
 	// decoded holds the report being checked: collectors copy what they
 	// keep, so one buffer serves the round's reports (handled one at a time).
 	decoded []float32
+	// chunked holds a chunked report while it is checked (chunks.go).
+	chunked []byte
 }
 
 func (r *roundRun) poke() {
@@ -157,11 +163,16 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.robust, err = ResolveRobustness(t.spec, nil); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
-	if t.rule, err = NewRule(t.spec.GetAggregation(), len(t.global.Flatten())); err != nil {
+	var sub *model.Model
+	if t.train, sub, err = Trainable(t.spec, t.global); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	t.ulayout = sub.Layout()
+	if t.rule, err = NewRule(t.spec.GetAggregation(), t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: aggregation: %w", t.id, err)
 	}
 	if cfg := ResolveDP(t.spec); cfg != nil {
-		if t.dp, err = newDPRun(t.spec, cfg, t.global.Layout().Size()); err != nil {
+		if t.dp, err = newDPRun(t.spec, cfg, t.ulayout.Size()); err != nil {
 			return fmt.Errorf("task %s: %w", t.id, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -186,23 +187,53 @@ func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bo
 	return nil
 }
 
-// checkDense decodes a dense update and checks it against the model layout.
+// checkDense decodes a plaintext update, float32 or quantized as the task
+// says, into float32 and checks it against the model layout: one
+// conversion into the round's buffer, bounded by the model's size.
 func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) ([]float32, error) {
-	d := rep.GetDense()
-	if d == nil {
+	want := t.spec.GetUpdateEncoding()
+	var (
+		layout []*pb.TensorSpec
+		body   []byte
+		bits   int
+	)
+	switch p := rep.Payload.(type) {
+	case *pb.UpdateReport_Dense:
+		if want != pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+			return nil, refuse("update is float32, task %s takes %s updates", t.id, encodingName(want))
+		}
+		layout, body = p.Dense.GetLayout(), p.Dense.GetValues()
+	case *pb.UpdateReport_Quantized:
+		q := p.Quantized
+		switch {
+		case want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
+			return nil, refuse("update is %s-quantized, task %s takes float32 updates", encodingName(q.GetEncoding()), t.id)
+		case q.GetEncoding() != want:
+			return nil, refuse("update is %s-quantized, task %s takes %s updates", encodingName(q.GetEncoding()), t.id, encodingName(want))
+		case want == pb.UpdateEncoding_UPDATE_ENCODING_INT8:
+			bits = 8
+		case want == pb.UpdateEncoding_UPDATE_ENCODING_INT4:
+			bits = 4
+		default:
+			return nil, refuse("update encoding %v is unknown", want)
+		}
+		layout, body = q.GetLayout(), q.GetData()
+	case nil:
 		return nil, refuse("update has no dense payload")
+	default:
+		return nil, refuse("update has no dense payload (a masked one, but round %d is not secure)", r.row.Round)
 	}
-	if got := wire.SHA256(d.Values); got != rep.PayloadSha256 {
+	if got := wire.SHA256(body); got != rep.PayloadSha256 {
 		return nil, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
 	}
-	layout := t.global.Layout()
-	if len(d.Layout) != len(layout.Entries) {
-		return nil, refuse("update has %d tensors, model has %d", len(d.Layout), len(layout.Entries))
+	ml := t.ulayout
+	if len(layout) != len(ml.Entries) {
+		return nil, refuse("update has %d tensors, the task trains %d", len(layout), len(ml.Entries))
 	}
-	for i, e := range layout.Entries {
-		s := d.Layout[i]
+	for i, e := range ml.Entries {
+		s := layout[i]
 		if s.Name != e.Name || len(s.Shape) != len(e.Shape) {
-			return nil, refuse("tensor %d is %s%v, model has %s%v", i, s.Name, s.Shape, e.Name, e.Shape)
+			return nil, refuse("tensor %d is %s%v, the task trains %s%v", i, s.Name, s.Shape, e.Name, e.Shape)
 		}
 		for j := range e.Shape {
 			if s.Shape[j] != uint64(e.Shape[j]) {
@@ -210,7 +241,15 @@ func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) ([]float32, erro
 			}
 		}
 	}
-	v, err := wire.DecodeDenseInto(r.decoded, d.Values, layout.Size())
+	var (
+		v   []float32
+		err error
+	)
+	if bits == 0 {
+		v, err = wire.DecodeDenseInto(r.decoded, body, ml.Size())
+	} else {
+		v, err = quant.DecodeInto(r.decoded, body, bits, ml.Size())
+	}
 	if err != nil {
 		return nil, refuse("%v", err)
 	}

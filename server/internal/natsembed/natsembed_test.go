@@ -206,6 +206,10 @@ func TestNATSDevicePermissions(t *testing.T) {
 		if _, err := ajs.Publish(ctx, wire.EvalSubject("task1", 3, "devA"), []byte("eval")); err != nil {
 			t.Fatal(err)
 		}
+		// The chunks of a report too large for one message, on its own chunk subject.
+		if _, err := ajs.Publish(ctx, wire.ChunkSubject("task1", 3, "devA"), []byte("chunk")); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("blob by direct get", func(t *testing.T) {
@@ -269,6 +273,7 @@ func TestNATSDevicePermissions(t *testing.T) {
 			wire.ReportSubject("task1", 3, "devB"),
 			wire.EvalSubject("task1", 3, "devB"),
 			wire.SecAggUpSubject("task1", 3, "devB"),
+			wire.ChunkSubject("task1", 3, "devB"), // a chunk for another device's report
 			wire.ReceiptSubject("devB"),
 			wire.SubjectAnnounce,
 			wire.SubjectAuditCheckpoint,
@@ -301,12 +306,13 @@ func TestNATSDevicePermissions(t *testing.T) {
 			aerr.expectViolation(t, "Subscription to \""+subj+"\"")
 			_ = sub.Unsubscribe()
 		}
-		// Nothing forged reached the stream: only devA's two reports are there.
+		// Nothing forged reached the stream: only devA's two reports and its chunk are there.
 		info, err := reports.Info(ctx, jetstream.WithSubjectFilter("fl.>"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State.Msgs != 2 || len(info.State.Subjects) != 2 || info.State.Subjects[wire.ReportSubject("task1", 3, "devB")] != 0 {
+		if info.State.Msgs != 3 || len(info.State.Subjects) != 3 || info.State.Subjects[wire.ReportSubject("task1", 3, "devB")] != 0 ||
+			info.State.Subjects[wire.ChunkSubject("task1", 3, "devB")] != 0 {
 			t.Fatalf("stream holds %d messages on %v", info.State.Msgs, info.State.Subjects)
 		}
 		// B's connection is unaffected by A's violations.
