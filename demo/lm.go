@@ -45,6 +45,8 @@ type LMConfig struct {
 	Cohort int // reports per round
 	// LoRARank is the rank of the LoRA task's adapters.
 	LoRARank int
+	// PretrainSteps are the pool job's steps; 0 is 240.
+	PretrainSteps int
 	// GoRoot is the Go installation whose src the corpus comes from; ""
 	// is the GOROOT this program was built with.
 	GoRoot string
@@ -70,7 +72,7 @@ const (
 	lmDim        = 64
 	lmLayers     = 2
 	lmPerDevice  = 128 // windows a device trains on, at most
-	lmPretrain   = 240 // pool steps
+	lmPretrain   = 240 // pool steps, by default
 	lmPoolBatch  = 16
 	lmPoolLR     = 0.003
 	lmPublicMax  = 4000 // public windows the pool trains on, at most
@@ -170,6 +172,12 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	}
 	if cfg.GoRoot == "" {
 		cfg.GoRoot = runtime.GOROOT()
+	}
+	if cfg.PretrainSteps == 0 {
+		cfg.PretrainSteps = lmPretrain
+	}
+	if cfg.PretrainSteps < 8 || cfg.PretrainSteps > 1<<20 {
+		return nil, fmt.Errorf("pretraining steps %d, want 8 to %d", cfg.PretrainSteps, 1<<20)
 	}
 	if cfg.OutDir == "" {
 		cfg.OutDir = DefaultOutDir
@@ -301,9 +309,9 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	spec := &pb.PoolJobSpec{
 		Id: "pretrain-gocode", Tenant: "default", Ranks: poolWorkers,
 		PerRank:     &pb.PoolResources{MilliCpu: poolRankCPU, MemoryBytes: poolRankMemory},
-		MaxRestarts: 3, CheckpointInterval: lmPretrain / 4, TotalSteps: lmPretrain, OutputModel: "gocode",
+		MaxRestarts: 3, CheckpointInterval: int64(cfg.PretrainSteps / 8 * 2), TotalSteps: int64(cfg.PretrainSteps), OutputModel: "gocode",
 		Program: &pb.PoolJobSpec_Builtin{Builtin: &pb.PoolBuiltinTrainer{InitModel: initVersion, Seed: cfg.Seed,
-			BatchSize: lmPoolBatch, LearningRate: lmPoolLR, SyncEvery: lmPretrain / 8,
+			BatchSize: lmPoolBatch, LearningRate: lmPoolLR, SyncEvery: int64(cfg.PretrainSteps / 8),
 			Dataset: &pb.PoolDataset{Source: "dir:public", First: 0, Count: int64(public.Len())}}},
 	}
 	_, base, err := pretrainOnPool(ctx, conn, spec, fmt.Sprintf("%d public windows of Go source, AdamW", public.Len()), pr, nil)
