@@ -67,6 +67,9 @@ func newModelLoRACommand(_ *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(train.LoRAParams(m)) == 0 {
+				return fmt.Errorf("%w: %s has no LoRA adapters, so there is nothing to merge", ErrUsage, args[0])
+			}
 			mm, err := train.MergeLoRA(m)
 			if err != nil {
 				return fmt.Errorf("%w: %v", ErrUsage, err)

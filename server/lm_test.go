@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -176,5 +179,50 @@ func TestLanguageModelFineTuning(t *testing.T) {
 		t.Errorf("LoRA held-out loss %.4f, base %.4f", loraLoss, baseMet.Loss)
 	case fullBytes/loraBytes < 10:
 		t.Errorf("LoRA reports are only %.1fx smaller", fullBytes/loraBytes)
+	}
+}
+
+// TestTrainableTaskRefusals: partial fine-tuning needs a module that can
+// be told what to freeze, and a list that names tensors the model has.
+func TestTrainableTaskRefusals(t *testing.T) {
+	h := servertest.New(t)
+	m, err := train.InitLM(train.LMConfig{Vocab: data.VocabSize, Context: 8, Dim: 8, Layers: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "tiny-lm", m)
+	code := func(name string) []byte {
+		mod, err := embedded.Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := mod.Code()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	lmModule, softmax := h.RegisterModule(t, "lm", code("lm")), h.RegisterModule(t, "softmax", code("softmax"))
+	for _, tc := range []struct {
+		module    string
+		trainable []string
+		want      string
+	}{
+		{softmax, []string{"lm_head.weight"}, "needs a module of ABI 2 or later"},
+		{lmModule, []string{"blocks.1.*"}, `"blocks.1.*" matches no tensor`},
+		{lmModule, []string{"lora"}, "no LoRA adapter in the base model"},
+		{lmModule, []string{"[x"}, "not a valid pattern"},
+	} {
+		task := baseTask("partial", version, tc.module, 1)
+		task.Trainable = tc.trainable
+		_, err := h.Tasks.CreateTask(t.Context(), &pb.CreateTaskRequest{Task: task})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("trainable %v: %v, want InvalidArgument containing %q", tc.trainable, err, tc.want)
+		}
+	}
+	task := baseTask("partial", version, lmModule, 1)
+	task.Trainable = []string{"blocks.0.*", "lm_head.weight"}
+	if _, err := h.Tasks.CreateTask(t.Context(), &pb.CreateTaskRequest{Task: task}); err != nil {
+		t.Fatalf("a valid partial task: %v", err)
 	}
 }

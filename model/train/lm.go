@@ -328,7 +328,7 @@ func AddLoRA(m *model.Model, rank int, targets []string, seed uint64) (*model.Mo
 			continue
 		}
 		if tensorOf(m, base+".lora_a") != nil {
-			return nil, fmt.Errorf("%w: %s already has a LoRA adapter", ErrArch, base)
+			return nil, fmt.Errorf("%w: %s already has a LoRA adapter (fold it in first: fleetlearn model lora merge)", ErrArch, base)
 		}
 		out, in := t.Shape[0], t.Shape[1]
 		a := make([]float32, rank*in)

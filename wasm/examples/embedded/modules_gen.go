@@ -25,8 +25,8 @@ var modules = []Module{
 		Name:        "lm",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/lm",
 		Description: "decoder-only transformer language model (package lm), AdamW, ABI v2; trains only the task's trainable tensors (partial and LoRA fine-tuning)",
-		SHA256:      "fef8a0a2cec0b5062142e56dbbd056ae263c66f1a6a86ab6a4850206a7ec504c",
-		Size:        3576772,
+		SHA256:      "4103757c46552fbf19a23163f4e93694fc12de8c36c6ce48992c138da390154c",
+		Size:        3576845,
 		gz:          lmWASMGzip,
 	},
 	{

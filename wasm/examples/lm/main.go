@@ -95,9 +95,13 @@ func setup(req *sdk.Request) (lm.Hyper, *lm.Arch, []sdk.Tensor, error) {
 	return h, a, ts, nil
 }
 
-func result(m lm.Metrics) *sdk.Result {
-	return &sdk.Result{NumExamples: m.Examples, Metrics: map[string]float64{
-		"loss": m.Loss, "accuracy": m.Accuracy, "perplexity": m.Perplexity(), "steps": float64(m.Steps)}}
+func result(m lm.Metrics, train bool) *sdk.Result {
+	r := &sdk.Result{NumExamples: m.Examples, Metrics: map[string]float64{
+		"loss": m.Loss, "accuracy": m.Accuracy, "perplexity": m.Perplexity()}}
+	if train {
+		r.Metrics["steps"] = float64(m.Steps)
+	}
+	return r
 }
 
 func train(req *sdk.Request) (*sdk.Result, error) {
@@ -113,7 +117,7 @@ func train(req *sdk.Request) (*sdk.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return result(m), nil
+	return result(m, true), nil
 }
 
 func evaluate(req *sdk.Request) (*sdk.Result, error) {
@@ -125,5 +129,5 @@ func evaluate(req *sdk.Request) (*sdk.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return result(m), nil
+	return result(m, false), nil
 }
