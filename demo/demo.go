@@ -7,7 +7,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -19,12 +18,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
@@ -34,8 +31,6 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
-	"github.com/fleetlearn/fleetlearn/wasm"
-	"github.com/fleetlearn/fleetlearn/wasm/examples/embedded"
 )
 
 // Config sizes the demo.
@@ -208,80 +203,33 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	ph.step("held-out set written")
 
-	publisher, publisherJWKS, err := newPublisher()
+	sys, err := startSystem(ctx, dataDir, "off", cfg.Log)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
-		GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", PaceWindow: 300 * time.Millisecond,
-		ModulePublishersJWKS: publisherJWKS}, server.WithLogger(cfg.Log))
+	defer sys.close()
+	srv, conn := sys.srv, sys.conn
+	mod, sha, err := sys.registerExample(ctx, "mlp")
 	if err != nil {
 		return nil, err
 	}
-	if err := srv.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer srv.Shutdown(context.WithoutCancel(ctx))
-	conn, err := client.Dial(srv.GRPCAddr(), client.WithCA(srv.CACertPEM()), client.WithToken(srv.AdminToken()))
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
+	pr.printf("update module: mlp, sha256 %s (embedded)", sha)
 
-	// The module ships inside the binary, built reproducibly from
-	// wasm/examples/mlp: the demo needs neither a Go toolchain nor the source.
-	mlp, err := embedded.Lookup("mlp")
-	if err != nil {
-		return nil, err
-	}
-	code, err := mlp.Code()
-	if err != nil {
-		return nil, err
-	}
-	pr.printf("update module: mlp, sha256 %s (embedded)", mlp.SHA256)
-	sig, err := publisher.SignModule("mlp", code)
-	if err != nil {
-		return nil, err
-	}
-	// No ABI version in the header: the server reads the one the module
-	// declares.
-	mod, err := client.RegisterModule(ctx, apiv1.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "mlp",
-		Signature: []byte(sig)}, bytes.NewReader(code))
-	if err != nil {
-		return nil, fmt.Errorf("register module: %w", err)
-	}
-
-	// The fleet: real agents over NATS, sharing one sandbox's compiled code.
-	sb, err := wasm.New(wasm.WithCacheDir(filepath.Join(dataDir, "edge-wasm-cache")))
-	if err != nil {
-		return nil, err
-	}
-	defer sb.Close(context.WithoutCancel(ctx))
-	fleetCtx, stopFleet := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stopFleet(); wg.Wait() }()
-	ph = pr.start("enrolling agents", len(parts), fmt.Sprintf("enrolling %d edge agents", len(parts)))
-	devices := apiv1.NewDeviceServiceClient(conn)
+	// The fleet: real agents over NATS.
+	datasets := make([]*data.Dataset, len(parts))
 	for i, idx := range parts {
-		id := fmt.Sprintf("edge-%03d", i)
-		dir := filepath.Join(dataDir, "edges", strconv.Itoa(i))
-		if err := enrollAgent(ctx, srv, devices, id, dir); err != nil {
-			return nil, err
-		}
-		opts := []edge.Option{edge.WithDataset(private.Subset(idx)), edge.WithSandbox(sb), edge.WithLogger(cfg.Log)}
-		if cfg.SecureAggregation && cfg.Dropout > 0 {
-			opts = append(opts, edge.WithDropout(dropout(cfg.Seed, id, cfg.Dropout)))
-		}
-		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: dir,
-			DeviceID: id, Charging: true, Idle: true, Unmetered: true, DeviceClass: "sim"}, opts...)
-		if err != nil {
-			return nil, err
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); a.Run(fleetCtx) }()
-		ph.step(id)
+		datasets[i] = private.Subset(idx)
 	}
-	pr.end()
+	stopFleet, err := sys.startFleet(ctx, pr, dataDir, datasets, cfg.Log, func(id string) []edge.Option {
+		if cfg.SecureAggregation && cfg.Dropout > 0 {
+			return []edge.Option{edge.WithDropout(dropout(cfg.Seed, id, cfg.Dropout))}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer stopFleet()
 
 	hyper, _ := json.Marshal(Hyper)
 	var secure *pb.SecAggConfig

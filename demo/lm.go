@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -26,15 +25,11 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
-	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
-	"github.com/fleetlearn/fleetlearn/server"
-	"github.com/fleetlearn/fleetlearn/wasm"
-	"github.com/fleetlearn/fleetlearn/wasm/examples/embedded"
 )
 
 // LMConfig sizes the language-model demo: federated code completion on
@@ -215,44 +210,17 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 		return nil, err
 	}
 
-	publisher, publisherJWKS, err := newPublisher()
+	sys, err := startSystem(ctx, dataDir, "127.0.0.1:0", cfg.Log)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
-		GRPCAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", PaceWindow: 300 * time.Millisecond,
-		ModulePublishersJWKS: publisherJWKS}, server.WithLogger(cfg.Log))
+	defer sys.close()
+	srv, conn := sys.srv, sys.conn
+	mod, sha, err := sys.registerExample(ctx, "lm")
 	if err != nil {
 		return nil, err
 	}
-	if err := srv.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer srv.Shutdown(context.WithoutCancel(ctx))
-	conn, err := client.Dial(srv.GRPCAddr(), client.WithCA(srv.CACertPEM()), client.WithToken(srv.AdminToken()))
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-
-	lmMod, err := embedded.Lookup("lm")
-	if err != nil {
-		return nil, err
-	}
-	code, err := lmMod.Code()
-	if err != nil {
-		return nil, err
-	}
-	sig, err := publisher.SignModule("lm", code)
-	if err != nil {
-		return nil, err
-	}
-	mod, err := client.RegisterModule(ctx, apiv1.NewModuleServiceClient(conn), &pb.RegisterModuleHeader{Name: "lm",
-		Signature: []byte(sig)}, bytes.NewReader(code))
-	if err != nil {
-		return nil, fmt.Errorf("register module: %w", err)
-	}
-	pr.printf("update module: lm (transformer, AdamW, ABI %d), sha256 %s (embedded)", mod.GetRef().GetAbiVersion(), lmMod.SHA256)
+	pr.printf("update module: lm (transformer, AdamW, ABI %d), sha256 %s (embedded)", mod.GetRef().GetAbiVersion(), sha)
 
 	init, err := train.InitLM(train.LMConfig{Vocab: data.VocabSize, Context: lmContext, Dim: lmDim, Layers: lmLayers}, cfg.Seed)
 	if err != nil {
@@ -264,33 +232,11 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 		return nil, err
 	}
 
-	// The fleet.
-	sb, err := wasm.New(wasm.WithCacheDir(filepath.Join(dataDir, "edge-wasm-cache")))
+	stopFleet, err := sys.startFleet(ctx, pr, dataDir, devices, cfg.Log, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer sb.Close(context.WithoutCancel(ctx))
-	fleetCtx, stopFleet := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stopFleet(); wg.Wait() }()
-	ph = pr.start("enrolling agents", len(devices), fmt.Sprintf("enrolling %d edge agents", len(devices)))
-	deviceAPI := apiv1.NewDeviceServiceClient(conn)
-	for i, d := range devices {
-		id := fmt.Sprintf("edge-%03d", i)
-		dir := filepath.Join(dataDir, "edges", strconv.Itoa(i))
-		if err := enrollAgent(ctx, srv, deviceAPI, id, dir); err != nil {
-			return nil, err
-		}
-		a, err := edge.New(edge.Config{NATSURL: srv.NATSURL(), DataDir: dir, DeviceID: id, Charging: true, Idle: true,
-			Unmetered: true, DeviceClass: "sim"}, edge.WithDataset(d), edge.WithSandbox(sb), edge.WithLogger(cfg.Log))
-		if err != nil {
-			return nil, err
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); a.Run(fleetCtx) }()
-		ph.step(id)
-	}
-	pr.end()
+	defer stopFleet()
 
 	// Pretraining on the pool, from the registered initial model.
 	rankCommand := cfg.RankCommand

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -193,7 +192,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 			if j := floats.FirstNonFinite(d); j >= 0 {
 				return nil, fmt.Errorf("%s: %w: weight %s[%d] is %v", op, ErrResult, in.Name, j, d[j])
 			}
-			if frozen != nil && frozen[i] && !sameBits(d, in.Data) {
+			if frozen != nil && frozen[i] && !floats.SameBits(d, in.Data) {
 				return nil, fmt.Errorf("%s: %w: frozen parameter %s changed (the call trains only %d of %d parameters)",
 					op, ErrResult, in.Name, len(c.Trainable), len(c.Model.Tensors))
 			}
@@ -303,16 +302,4 @@ func frozenParams(c Call, version int) ([]bool, error) {
 		frozen[i] = false
 	}
 	return frozen, nil
-}
-
-func sameBits(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }

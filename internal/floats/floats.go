@@ -30,3 +30,18 @@ func FirstNonFinite(v []float32) int {
 	}
 	return -1
 }
+
+// SameBits reports whether a and b hold the same float32 values bit for
+// bit: NaNs compare by payload, and +0 differs from -0, as a bitwise
+// reproducibility check needs.
+func SameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}

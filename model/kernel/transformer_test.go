@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 )
 
@@ -15,18 +16,6 @@ func cloneMat(m kernel.Mat) kernel.Mat {
 }
 
 func ids(vs ...float32) kernel.Mat { return kernel.Mat{Rows: len(vs), Cols: 1, Data: vs} }
-
-func sameBits(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
-}
 
 // weighted is Σ w·y in float64: a loss whose gradient with respect to y is w.
 func weighted(w, y kernel.Mat) float64 {
@@ -212,7 +201,7 @@ func TestLayerNormForward(t *testing.T) {
 	}
 	// y may alias x.
 	in := cloneMat(x)
-	if err := kernel.LayerNorm(in, gamma, beta, in, kernel.NewMat(n, 1), kernel.NewMat(n, 1), eps); err != nil || !sameBits(in.Data, y.Data) {
+	if err := kernel.LayerNorm(in, gamma, beta, in, kernel.NewMat(n, 1), kernel.NewMat(n, 1), eps); err != nil || !floats.SameBits(in.Data, y.Data) {
 		t.Fatalf("layer_norm in place differs: %v", err)
 	}
 }
@@ -244,7 +233,7 @@ func TestLayerNormGradient(t *testing.T) {
 	if err := kernel.LayerNormGrad(dy, x, gamma, mean, rstd, dy, g2, b2); err != nil {
 		t.Fatal(err)
 	}
-	if !sameBits(dy.Data, dx.Data) {
+	if !floats.SameBits(dy.Data, dx.Data) {
 		t.Errorf("layer_norm_grad in place: dx differs")
 	}
 	for j := range d {
@@ -268,7 +257,7 @@ func TestGELU(t *testing.T) {
 			t.Errorf("gelu(%v) = %v, want %v", x.Data[i], y.Data[i], w)
 		}
 	}
-	if err := kernel.GELU(x, x); err != nil || !sameBits(x.Data, y.Data) {
+	if err := kernel.GELU(x, x); err != nil || !floats.SameBits(x.Data, y.Data) {
 		t.Errorf("gelu in place: %v, %v", x.Data, err)
 	}
 
@@ -346,7 +335,7 @@ func TestSoftmaxCausal(t *testing.T) {
 			}
 		}
 	}
-	if err := kernel.Softmax(x, x, 0); err != nil || !sameBits(x.Data, y.Data) {
+	if err := kernel.Softmax(x, x, 0); err != nil || !floats.SameBits(x.Data, y.Data) {
 		t.Errorf("softmax in place differs: %v", err)
 	}
 }
@@ -381,7 +370,7 @@ func TestSoftmaxGradient(t *testing.T) {
 		checkGrad(t, name, x.Data, dx.Data, loss, 1e-2, 1e-3)
 		loss() // checkGrad left y at a perturbed x
 		dy := cloneMat(w)
-		if err := kernel.SoftmaxGrad(dy, y, dy); err != nil || !sameBits(dy.Data, dx.Data) {
+		if err := kernel.SoftmaxGrad(dy, y, dy); err != nil || !floats.SameBits(dy.Data, dx.Data) {
 			t.Errorf("%s: softmax_grad in place differs: %v", name, err)
 		}
 	}
@@ -414,7 +403,7 @@ func TestBatchedGemmMatchesGemm(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if !sameBits(c.Data, want.Data) {
+		if !floats.SameBits(c.Data, want.Data) {
 			t.Errorf("trans %v: batched result differs from per-block gemm", tr)
 		}
 		if kernel.Norm2(c) == 0 {
@@ -466,7 +455,7 @@ func TestTransformerDeterminism(t *testing.T) {
 	}
 	first, second := run(), run()
 	for i := range first {
-		if !sameBits(first[i], second[i]) {
+		if !floats.SameBits(first[i], second[i]) {
 			t.Errorf("output %d differs between equal runs", i)
 		}
 	}

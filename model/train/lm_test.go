@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 	"github.com/fleetlearn/fleetlearn/model/lm"
 )
@@ -132,7 +133,7 @@ func TestTrainLMLearnsAndFreezes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, tn := range tuned.Tensors {
-		changed := !equalFloats(tn.Data, lora.Tensors[i].Data)
+		changed := !floats.SameBits(tn.Data, lora.Tensors[i].Data)
 		if adapter := slices.Contains(LoRAParams(lora), i); adapter != changed {
 			t.Errorf("%s: adapter %v, changed %v", tn.Name, adapter, changed)
 		}
@@ -155,18 +156,6 @@ func TestTrainLMLearnsAndFreezes(t *testing.T) {
 	if math.Abs(mergedMet.Loss-tunedMet.Loss) > 1e-4 || !(tunedMet.Loss < before.Loss) {
 		t.Fatalf("LoRA loss %.5f, merged %.5f, base %.5f", tunedMet.Loss, mergedMet.Loss, before.Loss)
 	}
-}
-
-func equalFloats(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLMStepperMatchesTrainAndResumes: steps equal TrainLM's epochs bit for

@@ -9,7 +9,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 	"github.com/fleetlearn/fleetlearn/model/lm"
-	"github.com/fleetlearn/fleetlearn/model/sgd"
 )
 
 // LMStepper is TrainLM cut into single AdamW steps, for a trainer that
@@ -20,17 +19,13 @@ import (
 // all three continues bit for bit. h.Epochs and h.MaxSteps are ignored; the
 // caller decides when to stop.
 type LMStepper struct {
-	d        *data.Dataset
-	h        lm.Hyper
-	seed     uint64
-	m        *model.Model
-	k        *kops
-	tr       *lm.Trainer[*kernel.Mat]
-	trainIdx []int
+	d  *data.Dataset
+	h  lm.Hyper
+	m  *model.Model
+	k  *kops
+	tr *lm.Trainer[*kernel.Mat]
 
-	epoch, batch int
-	batches      [][]int32
-	perEpoch     int
+	cursor
 }
 
 // NewLMStepper returns an LMStepper at cursor (0, 0) training a copy of the
@@ -54,48 +49,25 @@ func NewLMStepper(m *model.Model, d *data.Dataset, h lm.Hyper, seed uint64, trai
 	if err != nil {
 		return nil, fmt.Errorf("train: new lm stepper: %w", err)
 	}
-	return &LMStepper{d: d, h: h, seed: seed, m: own, k: k, tr: tr, trainIdx: slices.Clone(trainable),
-		perEpoch: (d.Len() + h.BatchSize - 1) / h.BatchSize}, nil
+	return &LMStepper{d: d, h: h, m: own, k: k, tr: tr,
+		cursor: newCursor(d.Len(), h.BatchSize, seed)}, nil
 }
 
 // Step runs the batch at the cursor and advances it. The metrics are the
 // batch's (accuracy per predicted token), before the update.
 func (s *LMStepper) Step() (Metrics, error) {
-	if s.batches == nil {
-		s.batches = sgd.Batches(sgd.Order(s.d.Len(), s.seed, s.epoch), s.h.BatchSize)
-	}
-	batch := s.batches[s.batch]
+	batch := s.peek()
 	loss, c := s.tr.Step(batch)
 	if s.k.err != nil {
 		return Metrics{}, fmt.Errorf("train: lm step: %w", s.k.err)
 	}
-	if s.batch++; s.batch == len(s.batches) {
-		s.epoch, s.batch, s.batches = s.epoch+1, 0, nil
-	}
+	s.advance()
 	tokens := len(batch) * s.d.Dim
 	met := Metrics{Loss: loss, Accuracy: float64(c) / float64(tokens), Examples: len(batch)}
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		return met, fmt.Errorf("%w: batch loss %v", ErrDiverged, loss)
 	}
 	return met, nil
-}
-
-// Cursor returns the epoch and batch the next Step runs.
-func (s *LMStepper) Cursor() (epoch, batch int) { return s.epoch, s.batch }
-
-// BatchesPerEpoch returns the number of Steps in one epoch.
-func (s *LMStepper) BatchesPerEpoch() int { return s.perEpoch }
-
-// Seek moves the cursor, as Stepper.Seek does.
-func (s *LMStepper) Seek(epoch, batch int) error {
-	if epoch < 0 || epoch > math.MaxInt32 || batch < 0 || batch >= s.perEpoch {
-		return fmt.Errorf("train: seek (%d, %d) with %d batches per epoch: %w", epoch, batch, s.perEpoch, ErrCursor)
-	}
-	if epoch != s.epoch {
-		s.batches = nil
-	}
-	s.epoch, s.batch = epoch, batch
-	return nil
 }
 
 // Model returns the stepper's own model, changed in place by each Step.

@@ -36,15 +36,12 @@ var ErrCursor = errors.New("train: cursor out of range")
 type Stepper struct {
 	d      *data.Dataset
 	h      sgd.Hyper
-	seed   uint64
 	m      *model.Model
 	ls     []layer
 	anchor []layer
 	n      *net
 
-	epoch, batch int
-	batches      [][]int32 // the batches of epoch, computed once per epoch
-	perEpoch     int
+	cursor
 }
 
 // NewStepper returns a Stepper at cursor (0, 0) training a copy of m on d.
@@ -60,9 +57,9 @@ func NewStepper(m *model.Model, d *data.Dataset, h sgd.Hyper, seed uint64) (*Ste
 	if err != nil {
 		return nil, fmt.Errorf("train: new stepper: %w", err)
 	}
-	s := &Stepper{d: d, h: h, seed: seed, m: own, ls: ls,
-		n:        newNet(ls, min(h.BatchSize, d.Len())),
-		perEpoch: (d.Len() + h.BatchSize - 1) / h.BatchSize,
+	s := &Stepper{d: d, h: h, m: own, ls: ls,
+		n:      newNet(ls, min(h.BatchSize, d.Len())),
+		cursor: newCursor(d.Len(), h.BatchSize, seed),
 	}
 	if h.Mu > 0 {
 		// A copy of its own, so that the caller changing m later cannot
@@ -80,42 +77,17 @@ func NewStepper(m *model.Model, d *data.Dataset, h sgd.Hyper, seed uint64) (*Ste
 // reported as ErrDiverged after the update has been applied: the
 // parameters are then no longer worth training on.
 func (s *Stepper) Step() (Metrics, error) {
-	if s.batches == nil {
-		s.batches = sgd.Batches(sgd.Order(s.d.Len(), s.seed, s.epoch), s.h.BatchSize)
-	}
-	batch := s.batches[s.batch]
+	batch := s.peek()
 	loss, c, err := s.n.step(s.d, batch, s.anchor, s.h)
 	if err != nil {
 		return Metrics{}, err
 	}
-	if s.batch++; s.batch == len(s.batches) {
-		s.epoch, s.batch, s.batches = s.epoch+1, 0, nil
-	}
+	s.advance()
 	met := Metrics{Loss: loss, Accuracy: float64(c) / float64(len(batch)), Examples: len(batch)}
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		return met, fmt.Errorf("%w: batch loss %v", ErrDiverged, loss)
 	}
 	return met, nil
-}
-
-// Cursor returns the epoch and batch the next Step runs.
-func (s *Stepper) Cursor() (epoch, batch int) { return s.epoch, s.batch }
-
-// BatchesPerEpoch returns the number of Steps in one epoch.
-func (s *Stepper) BatchesPerEpoch() int { return s.perEpoch }
-
-// Seek moves the cursor so that the next Step runs the given batch of the
-// given epoch. It refuses, with ErrCursor, a negative epoch or a batch
-// outside [0, BatchesPerEpoch).
-func (s *Stepper) Seek(epoch, batch int) error {
-	if epoch < 0 || epoch > math.MaxInt32 || batch < 0 || batch >= s.perEpoch {
-		return fmt.Errorf("train: seek (%d, %d) with %d batches per epoch: %w", epoch, batch, s.perEpoch, ErrCursor)
-	}
-	if epoch != s.epoch {
-		s.batches = nil
-	}
-	s.epoch, s.batch = epoch, batch
-	return nil
 }
 
 // Model returns the Stepper's own model, not a copy: each Step changes its

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/lm"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -265,7 +266,7 @@ func TestLMTwoRanks(t *testing.T) {
 	bitsEqual(t, "rank 1 vs rank 0", res[1].Model, res[0].Model)
 	a, b := loadStep(t, stores[0], 25), loadStep(t, stores[1], 25)
 	bitsEqual(t, "checkpoints of one step", a.Params, b.Params)
-	if a.Optimizer == nil || b.Optimizer == nil || slicesEqualBits(a.Optimizer.Flatten(), b.Optimizer.Flatten()) {
+	if a.Optimizer == nil || b.Optimizer == nil || floats.SameBits(a.Optimizer.Flatten(), b.Optimizer.Flatten()) {
 		t.Fatal("the ranks' checkpoints should hold each rank's own AdamW moments")
 	}
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -320,7 +321,7 @@ func TestTwoRanksTrainOneModel(t *testing.T) {
 			t.Fatalf("step %d: %d calls recorded", step, len(calls)/2)
 		}
 		sent0, got0, sent1, got1 := calls[0], calls[1], calls[2], calls[3]
-		if slicesEqualBits(sent0, sent1) || slicesEqualBits(sent0, got0) || !slicesEqualBits(got0, got1) {
+		if floats.SameBits(sent0, sent1) || floats.SameBits(sent0, got0) || !floats.SameBits(got0, got1) {
 			t.Fatalf("step %d: the ranks did not average", step)
 		}
 	}
@@ -367,18 +368,6 @@ func TestTwoRanksTrainOneModel(t *testing.T) {
 			t.Fatalf("rank %d: final checkpoint %s, uninterrupted %s", r, got[r].Checkpoint, res[r].Checkpoint)
 		}
 	}
-}
-
-func slicesEqualBits(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 func loadLatest(t *testing.T, s checkpoint.Store) *checkpoint.Checkpoint {
