@@ -149,20 +149,11 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.OutDir == "" {
 		cfg.OutDir = DefaultOutDir
 	}
-	// Made first, so that a directory the demo cannot write fails it before
-	// minutes of training rather than after.
-	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
-		return nil, fmt.Errorf("output directory: %w", err)
+	dataDir, removeData, err := workDirs(cfg.OutDir, cfg.DataDir)
+	if err != nil {
+		return nil, err
 	}
-	dataDir := cfg.DataDir
-	if dataDir == "" {
-		d, err := os.MkdirTemp("", "fleetlearn-demo-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		dataDir = d
-	}
+	defer removeData()
 	pr := &progress{w: cfg.Out, terminal: cfg.Terminal}
 	defer pr.end()
 

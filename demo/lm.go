@@ -177,18 +177,11 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	if cfg.OutDir == "" {
 		cfg.OutDir = DefaultOutDir
 	}
-	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
-		return nil, fmt.Errorf("output directory: %w", err)
+	dataDir, removeData, err := workDirs(cfg.OutDir, cfg.DataDir)
+	if err != nil {
+		return nil, err
 	}
-	dataDir := cfg.DataDir
-	if dataDir == "" {
-		d, err := os.MkdirTemp("", "fleetlearn-demo-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		dataDir = d
-	}
+	defer removeData()
 	pr := &progress{w: cfg.Out, terminal: cfg.Terminal}
 	defer pr.end()
 	pr.printf("Fleetlearn language-model demo: federated code completion on the Go standard library, %d devices (one package each), %d rounds of %d reports; results go to %s",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -122,4 +123,21 @@ func (s *system) startFleet(ctx context.Context, pr *progress, dataDir string, d
 	}
 	pr.end()
 	return stop, nil
+}
+
+// workDirs makes the output directory first, so that one the demo cannot
+// write fails it before minutes of training rather than after, and returns
+// the data directory: dataDir, or a temporary one that done removes.
+func workDirs(outDir, dataDir string) (dir string, done func(), err error) {
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return "", nil, fmt.Errorf("output directory: %w", err)
+	}
+	if dataDir != "" {
+		return dataDir, func() {}, nil
+	}
+	d, err := os.MkdirTemp("", "fleetlearn-demo-")
+	if err != nil {
+		return "", nil, err
+	}
+	return d, func() { os.RemoveAll(d) }, nil
 }

@@ -74,18 +74,7 @@ func (s *LMStepper) Step() (Metrics, error) {
 func (s *LMStepper) Model() *model.Model { return s.m }
 
 // SetModel copies m's parameters in, as Stepper.SetModel does.
-func (s *LMStepper) SetModel(m *model.Model) error {
-	if m == nil || !m.Layout().Equal(s.m.Layout()) {
-		return fmt.Errorf("train: set model: %w: tensors differ from the stepper's", ErrArch)
-	}
-	if err := m.Validate(); err != nil {
-		return fmt.Errorf("train: set model: %w", err)
-	}
-	for i, t := range m.Tensors {
-		copy(s.m.Tensors[i].Data, t.Data)
-	}
-	return nil
-}
+func (s *LMStepper) SetModel(m *model.Model) error { return setParams(s.m, m) }
 
 // optimizer-state tensor names: the moments of parameter <name> and the
 // step count.

@@ -101,15 +101,19 @@ func (s *Stepper) Model() *model.Model { return s.m }
 // same tensors as the Stepper's model (ErrArch otherwise) and finite values
 // (model.Validate's error otherwise); on error nothing changes. The cursor
 // and, with FedProx, the anchor stay where they are.
-func (s *Stepper) SetModel(m *model.Model) error {
-	if m == nil || !m.Layout().Equal(s.m.Layout()) {
+func (s *Stepper) SetModel(m *model.Model) error { return setParams(s.m, m) }
+
+// setParams copies m's values into dst, whose tensors m must have, all
+// finite; on error dst is unchanged.
+func setParams(dst, m *model.Model) error {
+	if m == nil || !m.Layout().Equal(dst.Layout()) {
 		return fmt.Errorf("train: set model: %w: tensors differ from the stepper's", ErrArch)
 	}
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("train: set model: %w", err)
 	}
 	for i, t := range m.Tensors {
-		copy(s.m.Tensors[i].Data, t.Data)
+		copy(dst.Tensors[i].Data, t.Data)
 	}
 	return nil
 }
