@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -106,20 +109,29 @@ func checkSafetensorsPrefix(l *localFile) error {
 }
 
 func newModelExportCommand(a *app) *cobra.Command {
-	var out string
+	var (
+		out   string
+		merge bool
+	)
 	cmd := &cobra.Command{
 		Use:   "export MODEL -o FILE",
 		Short: "Download a model version to a safetensors file",
 		Long: "export downloads MODEL: NAME (its newest version), NAME@N (its N-th), a\n" +
-			"version's sha256, or 12 or more leading digits of one.",
-		Example: "  fleetlearn model export ft -o final.safetensors   # the newest model task ft committed",
-		Args:    cobra.ExactArgs(1),
+			"version's sha256, or 12 or more leading digits of one. With --merge-lora it writes\n" +
+			"the model with its LoRA adapters folded into their weights (W + B·A) and removed,\n" +
+			"as fleetlearn model lora merge does, after checking the download.",
+		Example: "  fleetlearn model export ft -o final.safetensors   # the newest model task ft committed\n" +
+			"  fleetlearn model export ft-lora --merge-lora -o merged.safetensors",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
 				c := apiv1.NewModelServiceClient(conn)
 				version, err := resolveModel(ctx, c, args[0])
 				if err != nil {
 					return err
+				}
+				if merge {
+					return exportMerged(ctx, cmd, c, version, out)
 				}
 				m, err := exportModel(ctx, c, version, out)
 				if err != nil {
@@ -136,8 +148,35 @@ func newModelExportCommand(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write (required); it appears only once complete and verified")
+	cmd.Flags().BoolVar(&merge, "merge-lora", false, "fold the model's LoRA adapters into their weights and drop them")
 	cmd.MarkFlagRequired("output")
 	return cmd
+}
+
+// exportMerged downloads version, verified, and writes it with its LoRA
+// adapters merged.
+func exportMerged(ctx context.Context, cmd *cobra.Command, c apiv1.ModelServiceClient, version, out string) error {
+	_, raw, err := client.ExportModelBytes(ctx, c, version, 0)
+	if err != nil {
+		if errors.Is(err, client.ErrProtocol) {
+			return fmt.Errorf("model export: %w: %v", ErrProtocol, err)
+		}
+		return err
+	}
+	m, err := model.ReadSafetensors(bytes.NewReader(raw))
+	if err != nil {
+		return fmt.Errorf("model export: %s: %w", version, err)
+	}
+	if len(train.LoRAParams(m)) == 0 {
+		return fmt.Errorf("%w: model %s has no LoRA adapters; export it without --merge-lora", ErrUsage, version)
+	}
+	merged, err := train.MergeLoRA(m)
+	if err != nil {
+		return fmt.Errorf("model export: %w", err)
+	}
+	merged.Lineage = m.Lineage
+	merged.Lineage.Source = "fleetlearn model export --merge-lora " + version
+	return writeLoRAResult(cmd, out, merged, true, m)
 }
 
 // exportModel downloads version into path atomically, checking the bytes

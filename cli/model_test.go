@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fleetlearn/fleetlearn/cli"
+	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/train"
 )
 
 // safetensors returns a safetensors file with one F32 tensor of n values.
@@ -260,5 +263,63 @@ func TestModelRefPrefix(t *testing.T) {
 	_, err = run(t, addr, "model", "get", a.Ref.Version[:13])
 	if !errors.Is(err, cli.ErrUnknownModel) || !strings.Contains(err.Error(), "both a model name and a sha256 prefix") {
 		t.Errorf("name and prefix: %v", err)
+	}
+}
+
+func TestModelExportMergeLoRA(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	base, err := train.InitLM(train.LMConfig{Vocab: 5, Context: 4, Dim: 8, Layers: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lora, err := train.AddLoRA(base, 2, []string{"attn.q"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Non-zero B, so that the merge changes the query weight.
+	for i := range lora.Tensors {
+		if strings.HasSuffix(lora.Tensors[i].Name, ".lora_b") {
+			for j := range lora.Tensors[i].Data {
+				lora.Tensors[i].Data[j] = 0.5
+			}
+		}
+	}
+	encode := func(m *model.Model) []byte {
+		var buf bytes.Buffer
+		if err := model.WriteSafetensors(&buf, m); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	f.addModel("tuned", encode(lora))
+	f.addModel("plain", encode(base))
+	path := filepath.Join(t.TempDir(), "merged.safetensors")
+	if _, err := run(t, addr, "model", "export", "tuned", "--merge-lora", "-o", path); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.ReadSafetensors(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := train.MergeLoRA(lora)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Tensors) != len(base.Tensors) || got.Layout().Size() != want.Layout().Size() {
+		t.Fatalf("merged export has %d tensors, want %d", len(got.Tensors), len(base.Tensors))
+	}
+	for i := range want.Tensors {
+		if !slices.Equal(got.Tensors[i].Data, want.Tensors[i].Data) {
+			t.Fatalf("%s differs from train.MergeLoRA", want.Tensors[i].Name)
+		}
+	}
+	if _, err := run(t, addr, "model", "export", "plain", "--merge-lora", "-o", path+".2"); !errors.Is(err, cli.ErrUsage) ||
+		!strings.Contains(err.Error(), "no LoRA adapters") {
+		t.Fatalf("merging a model without adapters: %v", err)
 	}
 }

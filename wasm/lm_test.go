@@ -35,6 +35,9 @@ func goText(t testing.TB, window, n int) *data.Dataset {
 // bit for bit, for full, partial and LoRA fine-tuning, and the same
 // evaluation metrics.
 func TestLMMatchesNative(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiling the lm module under the race detector takes minutes on 2 cores; the plain run crosschecks")
+	}
 	d := goText(t, 16, 20)
 	base, err := train.InitLM(train.LMConfig{Vocab: data.VocabSize, Context: 16, Dim: 32, Layers: 2}, 5)
 	if err != nil {
@@ -102,6 +105,9 @@ func TestLMMatchesNative(t *testing.T) {
 // TestTrainableRefusals: a v1 module cannot be told what to freeze, a bad
 // list is refused, and a module that changes a frozen parameter fails.
 func TestTrainableRefusals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiling the lm module under the race detector takes minutes on 2 cores")
+	}
 	s := newSandbox(t)
 	d := goText(t, 16, 4)
 	m, err := train.InitLM(train.LMConfig{Vocab: data.VocabSize, Context: 16, Dim: 32, Layers: 1}, 5)
