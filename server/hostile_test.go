@@ -191,7 +191,12 @@ func completed(t testing.TB, h *servertest.Harness, task string, timeout time.Du
 func checkHonest(t testing.TB, agents ...*edge.Agent) {
 	t.Helper()
 	for _, a := range agents {
-		if s := a.Stats(); s.Refused != 0 || s.Failures != 0 {
+		s := a.Stats()
+		// On a loaded machine an agent may retry a round's plan after the
+		// round committed without it, and be told the round is over: that
+		// is the protocol working, not a report refused for what it held.
+		late := s.Refused == 1 && strings.Contains(a.LastRefusal(), "is not open")
+		if s.Refused != 0 && !late || s.Failures != 0 {
 			t.Errorf("honest %s: %+v, last refusal %q", a.ID(), s, a.LastRefusal())
 		}
 	}
