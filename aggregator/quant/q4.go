@@ -33,18 +33,8 @@ type Quantized4 struct {
 // round instead of losing. It draws one Uint64 from rng per value and
 // takes the same x, block and rng as Quantize.
 func Quantize4(x []float32, block int, rng rand.Source) (Quantized4, error) {
-	switch {
-	case block < 1 || block > MaxBlock:
-		return Quantized4{}, fmt.Errorf("quant: quantize4: block size %d not in [1, %d]: %w", block, MaxBlock, ErrConfig)
-	case rng == nil:
-		return Quantized4{}, fmt.Errorf("quant: quantize4: no random source: %w", ErrConfig)
-	case len(x) == 0 || len(x) > MaxLen:
-		return Quantized4{}, fmt.Errorf("quant: quantize4: %d values, want 1 to %d: %w", len(x), MaxLen, ErrShape)
-	}
-	for i, v := range x {
-		if !(math.Abs(float64(v)) <= MaxAbs) { // also false for NaN
-			return Quantized4{}, fmt.Errorf("quant: quantize4: x[%d] = %v: not finite or beyond %g: %w", i, v, float64(MaxAbs), ErrRange)
-		}
+	if err := checkInput("quantize4", x, block, rng); err != nil {
+		return Quantized4{}, err
 	}
 	q := Quantized4{
 		n:      len(x),

@@ -43,18 +43,8 @@ type Quantized struct {
 // have 1 to MaxLen values, each finite and at most MaxAbs in magnitude;
 // block must be in [1, MaxBlock] and rng non-nil.
 func Quantize(x []float32, block int, rng rand.Source) (Quantized, error) {
-	switch {
-	case block < 1 || block > MaxBlock:
-		return Quantized{}, fmt.Errorf("quant: quantize: block size %d not in [1, %d]: %w", block, MaxBlock, ErrConfig)
-	case rng == nil:
-		return Quantized{}, fmt.Errorf("quant: quantize: no random source: %w", ErrConfig)
-	case len(x) == 0 || len(x) > MaxLen:
-		return Quantized{}, fmt.Errorf("quant: quantize: %d values, want 1 to %d: %w", len(x), MaxLen, ErrShape)
-	}
-	for i, v := range x {
-		if !(math.Abs(float64(v)) <= MaxAbs) { // also false for NaN
-			return Quantized{}, fmt.Errorf("quant: quantize: x[%d] = %v: not finite or beyond %g: %w", i, v, float64(MaxAbs), ErrRange)
-		}
+	if err := checkInput("quantize", x, block, rng); err != nil {
+		return Quantized{}, err
 	}
 	q := Quantized{
 		n:      len(x),
@@ -241,5 +231,25 @@ func (q *Quantized) UnmarshalBinary(b []byte) error {
 		codes[i] = code
 	}
 	*q = Quantized{n: int(n), block: int(block), scales: scales, codes: codes}
+	return nil
+}
+
+// checkInput is what both encoders accept: 1 to MaxLen values, each finite
+// and at most MaxAbs in magnitude, a block in [1, MaxBlock] and a random
+// source.
+func checkInput(op string, x []float32, block int, rng rand.Source) error {
+	switch {
+	case block < 1 || block > MaxBlock:
+		return fmt.Errorf("quant: %s: block size %d not in [1, %d]: %w", op, block, MaxBlock, ErrConfig)
+	case rng == nil:
+		return fmt.Errorf("quant: %s: no random source: %w", op, ErrConfig)
+	case len(x) == 0 || len(x) > MaxLen:
+		return fmt.Errorf("quant: %s: %d values, want 1 to %d: %w", op, len(x), MaxLen, ErrShape)
+	}
+	for i, v := range x {
+		if !(math.Abs(float64(v)) <= MaxAbs) { // also false for NaN
+			return fmt.Errorf("quant: %s: x[%d] = %v: not finite or beyond %g: %w", op, i, v, float64(MaxAbs), ErrRange)
+		}
+	}
 	return nil
 }
