@@ -70,9 +70,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 				if m, err = train.InitLM(c, seed); err != nil {
 					return fmt.Errorf("%w: --arch %q: %v", ErrUsage, arch, err)
 				}
-				for _, t := range m.Tensors {
-					params += int64(len(t.Data))
-				}
+				params = int64(m.Layout().Size())
 			} else {
 				sizes, n, err := parseArch(arch)
 				if err != nil {

@@ -105,19 +105,13 @@ func writeLoRAResult(cmd *cobra.Command, out string, m *model.Model, force bool,
 	if err != nil {
 		return err
 	}
-	count := func(m *model.Model) (n int64) {
-		for _, t := range m.Tensors {
-			n += int64(len(t.Data))
-		}
-		return n
-	}
-	adapters := int64(0)
+	nAdapters := 0
 	for _, i := range train.LoRAParams(m) {
-		adapters += int64(len(m.Tensors[i].Data))
+		nAdapters += len(m.Tensors[i].Data)
 	}
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "wrote %s: %d parameters in %d tensors (from %d), %d of them in adapters (%s)\n",
-		out, count(m), len(m.Tensors), len(from.Tensors), adapters, byteSize(uint64(size)))
+		out, m.Layout().Size(), len(m.Tensors), len(from.Tensors), nAdapters, byteSize(uint64(size)))
 	_, err = fmt.Fprintf(w, "sha256 %s\n", sum)
 	return err
 }

@@ -278,9 +278,7 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range base.Tensors {
-		res.FullParams += len(t.Data)
-	}
+	res.FullParams = base.Layout().Size()
 	for _, i := range train.LoRAParams(lora) {
 		res.LoRAParams += len(lora.Tensors[i].Data)
 	}

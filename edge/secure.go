@@ -363,13 +363,12 @@ func trainable(plan *pb.RoundPlan, m *model.Model) ([]int, *model.Model, error) 
 		return nil, nil, fmt.Errorf("trainable: %d entries for a model of %d tensors", len(list), len(m.Tensors))
 	}
 	idx := make([]int, len(list))
-	sub := &model.Model{Lineage: m.Lineage, Tensors: make([]model.Tensor, len(list))}
 	for k, v := range list {
-		if int64(v) >= int64(len(m.Tensors)) || k > 0 && v <= list[k-1] {
-			return nil, nil, fmt.Errorf("trainable: %v is not ascending indices below %d", list, len(m.Tensors))
-		}
-		idx[k] = int(v)
-		sub.Tensors[k] = m.Tensors[v]
+		idx[k] = int(min(v, uint32(len(m.Tensors)))) // out of range either way, without wrapping
+	}
+	sub, err := m.Select(idx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trainable: %w", err)
 	}
 	return idx, sub, nil
 }

@@ -33,4 +33,7 @@ var (
 	// ErrInvalidOffsets reports data offsets that do not index the buffer
 	// exactly: reversed, overlapping, leaving holes or trailing bytes.
 	ErrInvalidOffsets = errors.New("invalid data offsets")
+	// ErrInvalidSelection reports tensor indices that are not ascending
+	// indices of the model's tensors.
+	ErrInvalidSelection = errors.New("invalid tensor selection")
 )

@@ -156,3 +156,25 @@ func (m *Model) Clone() *Model {
 	}
 	return c
 }
+
+// Select returns the model of m's tensors idx, in that order, sharing their
+// storage with m and with m's lineage: the part of a model a partial
+// fine-tuning trains and sends. Empty idx selects every tensor and returns
+// m itself. idx must be ascending indices of m's tensors
+// (ErrInvalidSelection otherwise).
+func (m *Model) Select(idx []int) (*Model, error) {
+	if len(idx) == 0 {
+		return m, nil
+	}
+	if m == nil {
+		return nil, ErrNilModel
+	}
+	sub := &Model{Lineage: m.Lineage, Tensors: make([]Tensor, len(idx))}
+	for k, i := range idx {
+		if i < 0 || i >= len(m.Tensors) || k > 0 && i <= idx[k-1] {
+			return nil, fmt.Errorf("model: select %v: %w: want ascending indices below %d", idx, ErrInvalidSelection, len(m.Tensors))
+		}
+		sub.Tensors[k] = m.Tensors[i]
+	}
+	return sub, nil
+}

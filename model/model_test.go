@@ -168,3 +168,28 @@ func TestClone(t *testing.T) {
 		t.Error("Clone of nil is not nil")
 	}
 }
+
+func TestSelect(t *testing.T) {
+	m, err := model.New(model.Tensor{Name: "a", Shape: []int{1}, Data: []float32{1}},
+		model.Tensor{Name: "b", Shape: []int{2}, Data: []float32{2, 3}},
+		model.Tensor{Name: "c", Shape: []int{1}, Data: []float32{4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, err := m.Select(nil); err != nil || all != m {
+		t.Fatalf("empty selection: %v, %v", all, err)
+	}
+	sub, err := m.Select([]int{0, 2})
+	if err != nil || len(sub.Tensors) != 2 || sub.Tensors[1].Name != "c" {
+		t.Fatalf("select [0 2]: %+v, %v", sub, err)
+	}
+	sub.Tensors[1].Data[0] = 9 // shares storage
+	if m.Tensors[2].Data[0] != 9 {
+		t.Fatal("the selection does not share the model's storage")
+	}
+	for _, bad := range [][]int{{3}, {-1}, {1, 0}, {1, 1}} {
+		if _, err := m.Select(bad); !errors.Is(err, model.ErrInvalidSelection) {
+			t.Errorf("select %v: %v, want ErrInvalidSelection", bad, err)
+		}
+	}
+}

@@ -208,10 +208,7 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 		return invalid("trainable %v needs a module of ABI 2 or later (such as fleetlearn module example lm); module %s declares ABI %d, which cannot be told what to freeze",
 			t.GetTrainable(), t.GetModule().GetSha256(), max(abi, 1))
 	}
-	params := 0
-	for _, x := range sub.Tensors {
-		params += len(x.Data)
-	}
+	params := sub.Layout().Size()
 	if _, err := coord.NewRule(t.Aggregation, max(params, 1)); err != nil {
 		return invalid("aggregation: %v", err)
 	}

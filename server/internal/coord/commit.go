@@ -226,7 +226,11 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if err := t.addCentralNoise(delta, col.TotalWeight()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
 		}
-		flat := trainableOf(t.global, t.train).Flatten()
+		trained, err := t.global.Select(t.train)
+		if err != nil {
+			return err
+		}
+		flat := trained.Flatten()
 		if restore, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
@@ -254,7 +258,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		next.Lineage.Version = version
 		newRow = &store.ModelRow{Version: version, Name: t.spec.GetName(), Parent: t.global.Lineage.Version,
 			TaskID: t.id, Round: r.row.Round, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
-			Tensors: len(next.Tensors), Params: paramCount(next), Size: int64(buf.Len()), Created: t.c.now()}
+			Tensors: len(next.Tensors), Params: next.Layout().Size(), Size: int64(buf.Len()), Created: t.c.now()}
 		if t.evalSet != nil {
 			for k, v := range t.serverEval(ctx, next) {
 				metrics[k] = v

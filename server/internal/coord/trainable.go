@@ -60,30 +60,16 @@ func Trainable(task *pb.Task, base *model.Model) ([]int, *model.Model, error) {
 		}
 	}
 	var idx []int
-	sub := &model.Model{Lineage: base.Lineage}
-	for i, t := range base.Tensors {
+	for i := range base.Tensors {
 		if on[i] {
 			idx = append(idx, i)
-			sub.Tensors = append(sub.Tensors, t)
 		}
 	}
 	if len(idx) == len(base.Tensors) {
 		return nil, base, nil
 	}
-	return idx, sub, nil
-}
-
-// trainableOf is the update's part of m: the tensors idx names (all when
-// idx is nil), sharing m's storage.
-func trainableOf(m *model.Model, idx []int) *model.Model {
-	if idx == nil {
-		return m
-	}
-	sub := &model.Model{Lineage: m.Lineage, Tensors: make([]model.Tensor, len(idx))}
-	for k, i := range idx {
-		sub.Tensors[k] = m.Tensors[i]
-	}
-	return sub
+	sub, err := base.Select(idx)
+	return idx, sub, err
 }
 
 func planTrainable(idx []int) []uint32 {
@@ -116,12 +102,4 @@ func (t *taskRun) withTrained(flat []float32) (*model.Model, error) {
 		return nil, err
 	}
 	return next, nil
-}
-
-func paramCount(m *model.Model) int {
-	n := 0
-	for _, t := range m.Tensors {
-		n += len(t.Data)
-	}
-	return n
 }
