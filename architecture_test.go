@@ -29,6 +29,11 @@ var netImports = []string{"net", "net/http", "net/rpc", "net/smtp", "crypto/tls"
 // own code off the network.
 var netDeps = []string{"google.golang.org/grpc", "github.com/nats-io/"}
 
+// telemetryDeps may not appear in a pure library's dependency graph either:
+// the services trace what the libraries do (internal/tracing), so that a
+// library embedded elsewhere carries no telemetry SDK.
+var telemetryDeps = []string{"go.opentelemetry.io/"}
+
 type pkg struct {
 	path          string
 	imports, deps []string
@@ -90,6 +95,11 @@ func TestImportRules(t *testing.T) {
 				for _, rule := range netDeps {
 					if matches(dep, rule) {
 						t.Errorf("%s depends on %s: pure libraries do no networking", p.path, dep)
+					}
+				}
+				for _, rule := range telemetryDeps {
+					if matches(dep, rule) {
+						t.Errorf("%s depends on %s: pure libraries are traced by their callers, not instrumented", p.path, dep)
 					}
 				}
 				for _, svc := range append([]string{"cmd"}, services...) {
@@ -289,5 +299,26 @@ func TestModuleLibrariesUseOnlyTheStandardLibrary(t *testing.T) {
 				t.Errorf("%s depends on %s; module libraries may use only the standard library and %v", p.path, dep, moduleLibs)
 			}
 		}
+	}
+}
+
+// TestDashboardReadsThroughTheAPI: the web dashboard is a client of the
+// server's gRPC API like the CLI, so the API's roles, limits and audit
+// apply to it; it reaches none of the server's state directly.
+func TestDashboardReadsThroughTheAPI(t *testing.T) {
+	found := false
+	for _, p := range listPackages(t) {
+		if !under(p.path, "server/internal/ui") {
+			continue
+		}
+		found = true
+		for _, d := range p.deps {
+			if strings.HasPrefix(d, mod+"/server") && !under(d, "server/internal/ui") {
+				t.Errorf("%s depends on %s: the dashboard reads and acts only through the API", p.path, d)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no server/internal/ui package")
 	}
 }

@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/fleetlearn/fleetlearn/demo"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 )
 
 func newDemoCommand(a *app) *cobra.Command {
@@ -19,6 +22,7 @@ func newDemoCommand(a *app) *cobra.Command {
 		sweep   []float64
 		task    string
 	)
+	traceCfg := tracing.Config{ServiceName: "fleetlearn-demo", OTLPFromEnv: true}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the whole system in one process: aggregator, edge fleet, MNIST fine-tuning",
@@ -36,7 +40,21 @@ func newDemoCommand(a *app) *cobra.Command {
 		Example: "  fleetlearn demo\n  fleetlearn demo --edges 20 --rounds 5 --cohort 10 --out /tmp/demo\n" +
 			"  fleetlearn demo --secure-aggregation --dp distributed\n  fleetlearn demo --task lm",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			// One provider for the server and the in-process agents: one
+			// trace per round, in one file or collector.
+			tp, flush, err := tracing.Setup(cmd.Context(), traceCfg)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrUsage, err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 10*time.Second)
+				defer cancel()
+				if ferr := flush(ctx); ferr != nil && err == nil {
+					err = ferr
+				}
+			}()
+			cfg.Tracer = tp
 			cfg.Out = cmd.OutOrStdout()
 			// Log lines on the same terminal would tear the redrawn bars.
 			cfg.Terminal = a.isTerminal(cmd.OutOrStdout()) && !verbose
@@ -64,16 +82,20 @@ func newDemoCommand(a *app) *cobra.Command {
 					lmCfg.Seed = cfg.Seed
 				}
 				lmCfg.DataDir, lmCfg.OutDir, lmCfg.Out, lmCfg.Log, lmCfg.Terminal = cfg.DataDir, cfg.OutDir, cfg.Out, cfg.Log, cfg.Terminal
+				lmCfg.Tracer, lmCfg.UI = tp, cfg.UI
 				_, err := demo.RunLM(cmd.Context(), lmCfg)
 				return err
 			default:
 				return fmt.Errorf("%w: --task %q: want mnist or lm", ErrUsage, task)
 			}
 			if len(sweep) > 0 {
+				if cfg.UI != "" {
+					return fmt.Errorf("%w: --ui serves one run's dashboard; --dp-sweep runs several: drop one of them", ErrUsage)
+				}
 				_, err := demo.Sweep(cmd.Context(), cfg, sweep)
 				return err
 			}
-			_, err := demo.Run(cmd.Context(), cfg)
+			_, err = demo.Run(cmd.Context(), cfg)
 			return err
 		},
 	}
@@ -100,6 +122,8 @@ func newDemoCommand(a *app) *cobra.Command {
 	f.StringVar(&cfg.OutDir, "out-dir", cfg.OutDir, "directory for all of the demo's results")
 	f.MarkDeprecated("out-dir", "use --out")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log the server's and agents' events to stderr")
+	f.StringVar(&cfg.UI, "ui", "", "serve the web dashboard on `ADDR` (e.g. 127.0.0.1:8443), print its sign-in link, and keep serving after the run until interrupted")
+	tracing.AddFlags(f, &traceCfg)
 	hideGlobalFlags(cmd)
 	return cmd
 }

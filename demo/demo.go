@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
@@ -77,6 +78,12 @@ type Config struct {
 	// workers; empty is this executable with the hidden RankCommandName
 	// command, which the fleetlearn binary has.
 	RankCommand []string
+	// Tracer records the rounds' spans, the server's and the agents', in
+	// one provider (docs/TRACING.md); nil records none.
+	Tracer trace.TracerProvider
+	// UI serves the web dashboard on this address ("" for none), and
+	// keeps it up after the run until ctx ends.
+	UI string
 }
 
 // DefaultOutDir is where the demo writes its results unless told otherwise,
@@ -194,11 +201,14 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	ph.step("held-out set written")
 
-	sys, err := startSystem(ctx, dataDir, "off", cfg.Log)
+	sys, err := startSystem(ctx, dataDir, "off", cfg.Log, cfg.Tracer, cfg.UI)
 	if err != nil {
 		return nil, err
 	}
 	defer sys.close()
+	if err := sys.announceUI(pr); err != nil {
+		return nil, err
+	}
 	srv, conn := sys.srv, sys.conn
 	mod, sha, err := sys.registerExample(ctx, "mlp")
 	if err != nil {
@@ -322,6 +332,7 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	pr.printf("done in %v: final test accuracy %.2f%%, base model %.2f%% (%+.2f points)",
 		res.Elapsed.Round(100*time.Millisecond), 100*res.FinalAccuracy, 100*res.BaseAccuracy, 100*(res.FinalAccuracy-res.BaseAccuracy))
+	sys.keepServingUI(ctx, pr)
 	return res, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -46,14 +47,16 @@ type LMConfig struct {
 	// is the GOROOT this program was built with.
 	GoRoot string
 	Seed   uint64
-	// DataDir, OutDir, Out, Log, Terminal and RankCommand are as in
-	// Config.
+	// DataDir, OutDir, Out, Log, Terminal, RankCommand and Tracer are as
+	// in Config.
 	DataDir     string
 	OutDir      string
 	Out         io.Writer
 	Log         *slog.Logger
 	Terminal    bool
 	RankCommand []string
+	Tracer      trace.TracerProvider
+	UI          string // as in Config
 }
 
 // LMDefaults are the language-model demo's standard scale: a 116k-parameter
@@ -203,11 +206,14 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 		return nil, err
 	}
 
-	sys, err := startSystem(ctx, dataDir, "127.0.0.1:0", cfg.Log)
+	sys, err := startSystem(ctx, dataDir, "127.0.0.1:0", cfg.Log, cfg.Tracer, cfg.UI)
 	if err != nil {
 		return nil, err
 	}
 	defer sys.close()
+	if err := sys.announceUI(pr); err != nil {
+		return nil, err
+	}
 	srv, conn := sys.srv, sys.conn
 	mod, sha, err := sys.registerExample(ctx, "lm")
 	if err != nil {
@@ -308,6 +314,7 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	pr.printf("bytes per update report on NATS: full %.0f, LoRA %.0f (%.1fx fewer)", res.FullBytes, res.LoRABytes, res.FullBytes/res.LoRABytes)
 	pr.printf("wrote %s and %s; done in %v", filepath.Join(cfg.OutDir, "lm.csv"), filepath.Join(cfg.OutDir, "lm.png"),
 		res.Elapsed.Round(100*time.Millisecond))
+	sys.keepServingUI(ctx, pr)
 	return res, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/client"
@@ -30,19 +31,23 @@ type system struct {
 	srv       *server.Server
 	conn      *grpc.ClientConn
 	publisher *identity.Publisher
+	tracer    trace.TracerProvider // the server's and the agents' spans; nil records none
+	serverDir string
 	close     func()
 }
 
 // startSystem starts the aggregator with its state in dataDir/server;
-// metricsAddr is "off" or an address for /metrics.
-func startSystem(ctx context.Context, dataDir, metricsAddr string, log *slog.Logger) (*system, error) {
+// metricsAddr is "off" or an address for /metrics; tp (nil: none) records
+// its rounds' spans and, through startFleet, the agents'; ui is the
+// dashboard's address ("" for none).
+func startSystem(ctx context.Context, dataDir, metricsAddr string, log *slog.Logger, tp trace.TracerProvider, ui string) (*system, error) {
 	publisher, publisherJWKS, err := newPublisher()
 	if err != nil {
 		return nil, err
 	}
 	srv, err := server.New(server.Config{DataDir: filepath.Join(dataDir, "server"), NATSListen: "127.0.0.1:0",
 		GRPCAddr: "127.0.0.1:0", MetricsAddr: metricsAddr, PaceWindow: 300 * time.Millisecond,
-		ModulePublishersJWKS: publisherJWKS}, server.WithLogger(log))
+		ModulePublishersJWKS: publisherJWKS, UIAddr: ui}, server.WithLogger(log), server.WithTracerProvider(tp))
 	if err != nil {
 		return nil, err
 	}
@@ -54,10 +59,37 @@ func startSystem(ctx context.Context, dataDir, metricsAddr string, log *slog.Log
 		srv.Shutdown(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &system{srv: srv, conn: conn, publisher: publisher, close: func() {
+	return &system{srv: srv, conn: conn, publisher: publisher, tracer: tp, serverDir: filepath.Join(dataDir, "server"), close: func() {
 		conn.Close()
 		srv.Shutdown(context.WithoutCancel(ctx))
 	}}, nil
+}
+
+// announceUI prints how to open the dashboard, when it is on: a sign-in
+// link whose fragment (never sent to the server) holds a token for both
+// views, the operator's and the auditor's.
+func (s *system) announceUI(pr *progress) error {
+	base := s.srv.UIURL()
+	if base == "" {
+		return nil
+	}
+	tok, err := s.srv.MintToken("demo", []identity.Role{identity.RoleOperator, identity.RoleAuditor}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	pr.printf("dashboard: %s/login#token=%s", base, tok)
+	pr.printf("  (TLS with the demo's own CA, %s: accept the browser's warning or import it)", server.CAFile(s.serverDir))
+	return nil
+}
+
+// keepServingUI holds the system up after the run while the dashboard is
+// on, until ctx ends (Ctrl-C).
+func (s *system) keepServingUI(ctx context.Context, pr *progress) {
+	if s.srv.UIURL() == "" {
+		return
+	}
+	pr.printf("the dashboard stays up at %s until interrupted (Ctrl-C)", s.srv.UIURL())
+	<-ctx.Done()
 }
 
 // registerExample signs and registers the example module name, which ships
@@ -107,7 +139,7 @@ func (s *system) startFleet(ctx context.Context, pr *progress, dataDir string, d
 			stop()
 			return nil, err
 		}
-		o := []edge.Option{edge.WithDataset(d), edge.WithSandbox(sb), edge.WithLogger(log)}
+		o := []edge.Option{edge.WithDataset(d), edge.WithSandbox(sb), edge.WithLogger(log), edge.WithTracerProvider(s.tracer)}
 		if opts != nil {
 			o = append(o, opts(id)...)
 		}

@@ -27,6 +27,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
@@ -83,6 +85,7 @@ type options struct {
 	rand    *mrand.Rand
 	clock   clock.Clock
 	dropout func(task string, round uint64, stage string) bool
+	tracer  trace.TracerProvider
 }
 
 // WithLogger sets the logger (default: discard).
@@ -101,6 +104,18 @@ func WithRand(r *mrand.Rand) Option { return func(o *options) { o.rand = r } }
 // WithClock sets the clock that times the protocol: waits, deadlines,
 // retries (default: the system clock).
 func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
+
+// WithTracerProvider records the agent's part in rounds as OpenTelemetry
+// spans, in each round's trace (docs/TRACING.md): "checkin", "training"
+// (the module's run) and "upload". By default, or with nil, nothing is
+// recorded.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) {
+		if tp != nil {
+			o.tracer = tp
+		}
+	}
+}
 
 // Stats count what an agent has done: check-ins answered, attempts at a
 // round's plan, reports accepted and refused (by receipt), and rounds given
@@ -151,7 +166,7 @@ type Agent struct {
 // agent that is not enrolled is refused with ErrNotEnrolled before anything
 // is written to its data directory.
 func New(cfg Config, opts ...Option) (*Agent, error) {
-	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real()}
+	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real(), tracer: noop.NewTracerProvider()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -343,7 +358,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		CheckIn: &pb.CheckIn{DeviceId: a.cfg.DeviceID, TaskIds: a.cfg.TaskIDs, Attributes: &pb.DeviceAttributes{
 			DeviceClass: a.cfg.DeviceClass, ExamplesAvailable: uint64(a.data.Len()), Charging: a.cfg.Charging,
 			Idle: a.cfg.Idle, Unmetered: a.cfg.Unmetered, AgentVersion: Version, SupportedAbiVersions: wasm.SupportedABIVersions()}},
-		Work: a.participate, Clock: a.o.clock, Jitter: a.jitter, Log: a.o.log,
+		Work: a.participate, Clock: a.o.clock, Jitter: a.jitter, Log: a.o.log, TracerProvider: a.o.tracer,
 		Observer: devproto.Observer{
 			CheckedIn: func(*pb.CheckInResponse) { a.checkIns.Add(1) },
 			GaveUp:    func(*pb.RoundPlan, int, error) { a.failures.Add(1) },
@@ -431,7 +446,7 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 		}
 		return devproto.Permanent(err)
 	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN:
-		res, err := mod.Train(ctx, call)
+		res, err := a.train(ctx, plan, mod, call)
 		if err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
@@ -505,7 +520,9 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 		}
 		return nil
 	case plan.Kind == pb.RoundKind_ROUND_KIND_EVALUATE:
+		span := a.startRun(ctx, "evaluation", plan)
 		res, err := mod.Evaluate(ctx, call)
+		endRun(span, res, err)
 		if err != nil {
 			return fmt.Errorf("evaluate: %w", err)
 		}

@@ -154,7 +154,7 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 				return errDroppedOut
 			}
 		case *pb.SecAggDown_ForwardedShares:
-			values, keep, err := a.secureInput(ctx, mod, call, encode)
+			values, keep, err := a.secureInput(ctx, r.Plan, mod, call, encode)
 			if err != nil {
 				return err
 			}
@@ -295,8 +295,8 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (
 }
 
 // secureInput trains and encodes the update for masking.
-func (a *Agent) secureInput(ctx context.Context, mod *wasm.Module, call wasm.Call, encode encoder) ([]uint32, func(), error) {
-	res, err := mod.Train(ctx, call)
+func (a *Agent) secureInput(ctx context.Context, plan *pb.RoundPlan, mod *wasm.Module, call wasm.Call, encode encoder) ([]uint32, func(), error) {
+	res, err := a.train(ctx, plan, mod, call)
 	if err != nil {
 		return nil, nil, fmt.Errorf("train: %w", err)
 	}

@@ -154,8 +154,10 @@ func (d *devices) ListDevices(ctx context.Context, includeRevoked bool, p backen
 		next = strconv.FormatInt(last, 10)
 	}
 	out := make([]*pb.Device, len(rows))
+	since := d.s.o.now().Add(-coord.SeenWindow)
 	for i, r := range rows {
 		out[i] = r.Proto()
+		out[i].Online = r.Revoked.IsZero() && !r.LastSeen.Before(since) && !r.LastSeen.IsZero()
 	}
 	return out, next, nil
 }

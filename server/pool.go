@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/carbonhttp"
 	"github.com/fleetlearn/fleetlearn/server/internal/kube"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/poolsvc"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
@@ -53,7 +54,7 @@ func PoolCheckpointDir(dataDir string) string { return filepath.Join(dataDir, "p
 
 // startPool starts the compute pool's job service; its state is in the
 // store, its checkpoints under PoolCheckpointDir.
-func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
+func (s *Server) startPool(ctx context.Context, bl *blobs.Store, mx *metrics.M) error {
 	src, err := carbonSource(s.cfg.CarbonForecast)
 	if err != nil {
 		return err
@@ -76,7 +77,7 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store) error {
 			return created, err
 		},
 		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss,
-		Carbon: src, Kube: kx, KubeCheckpointDir: s.cfg.PoolKube.CheckpointDir})
+		Carbon: src, Kube: kx, KubeCheckpointDir: s.cfg.PoolKube.CheckpointDir, Metrics: mx})
 	if err != nil {
 		return fmt.Errorf("server: pool: %w", err)
 	}

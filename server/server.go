@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/audit"
@@ -144,6 +145,14 @@ type Config struct {
 	CarbonForecast string
 	// PoolKube runs pool jobs that ask for the Kubernetes executor.
 	PoolKube PoolKube
+
+	// UIAddr is where the web dashboard listens ("host:port"); empty
+	// serves none. It is served over TLS with the server's certificate and
+	// signs viewers in with API tokens; their roles decide what it shows.
+	UIAddr string
+	// UIInsecure serves the dashboard over plain HTTP, only on a loopback
+	// UIAddr.
+	UIInsecure bool
 }
 
 // DefaultPoolKubeNamespace holds the pool's JobSets and queues unless
@@ -179,10 +188,11 @@ type PoolKube struct {
 type Option func(*options)
 
 type options struct {
-	log   *slog.Logger
-	clock clock.Clock
-	now   func() time.Time // clock.Now
-	rand  *rand.Rand
+	log    *slog.Logger
+	clock  clock.Clock
+	now    func() time.Time // clock.Now
+	rand   *rand.Rand
+	tracer trace.TracerProvider
 }
 
 // WithLogger sets the logger (default: discard).
@@ -194,6 +204,10 @@ func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
 
 // WithRand sets the randomness used for round seeds and pacing jitter.
 func WithRand(r *rand.Rand) Option { return func(o *options) { o.rand = r } }
+
+// WithTracerProvider records each federated round as an OpenTelemetry trace
+// (docs/TRACING.md); by default nothing is recorded.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(o *options) { o.tracer = tp } }
 
 // Server is the aggregator service.
 type Server struct {
@@ -212,6 +226,7 @@ type Server struct {
 	grpcLn        net.Listener
 	http          *http.Server
 	httpLn        net.Listener
+	ui            *dashboard
 	natsURL       string
 
 	audit     *audit.Log
@@ -261,6 +276,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		cfg.AuditOrigin = audit.DefaultOrigin
 	}
 	if err := checkSecurityConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if err := checkUIConfig(cfg); err != nil {
 		return nil, err
 	}
 	o := options{log: slog.New(slog.DiscardHandler)}
@@ -404,11 +422,12 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	bl := blobs.New(obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
-		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil})
+		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
+		Tracer: s.o.tracer})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
-	if err := s.startPool(ctx, bl); err != nil {
+	if err := s.startPool(ctx, bl, m); err != nil {
 		return err
 	}
 
@@ -432,8 +451,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go s.http.Serve(s.httpLn)
 	}
+	if err := s.startUI(); err != nil {
+		return err
+	}
 	s.warnUnreachable()
-	s.o.log.Info("aggregator started", "grpc", s.GRPCAddr(), "nats", s.natsURL, "metrics", s.MetricsAddr(), "data", s.cfg.DataDir)
+	s.o.log.Info("aggregator started", "grpc", s.GRPCAddr(), "nats", s.natsURL, "metrics", s.MetricsAddr(), "ui", s.UIURL(), "data", s.cfg.DataDir)
 	return nil
 }
 
@@ -464,6 +486,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Do(func() {
 		s.closing.Store(true)
 		var errs []error
+		// First of all: its event streams are watches on the API, which a
+		// graceful stop of the API would wait for.
+		errs = append(errs, s.stopUI(ctx))
 		if s.pool != nil {
 			// First: it ends the pool's long polls and waits, which would
 			// hold up a graceful stop of the API.

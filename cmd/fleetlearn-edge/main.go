@@ -22,9 +22,11 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/cliflags"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 )
 
 // Exit statuses.
@@ -98,6 +100,7 @@ func (h *hinted) Unwrap() error { return h.err }
 type process struct {
 	procs      int
 	healthAddr string
+	trace      tracing.Config // where the agent's spans go
 }
 
 // agentFunc runs an agent with cfg until ctx ends.
@@ -106,7 +109,19 @@ type agentFunc func(ctx context.Context, cfg edge.Config, p process, log *slog.L
 // runAgent is the agent: it refuses a device that is not enrolled before
 // touching its data directory, and stops with an error when it cannot go on.
 func runAgent(ctx context.Context, cfg edge.Config, p process, log *slog.Logger) error {
-	a, err := edge.New(cfg, edge.WithLogger(log))
+	tp, flush, err := tracing.Setup(ctx, p.trace)
+	if err != nil {
+		return cliflags.Usage("%v", err)
+	}
+	defer func() {
+		// The spans of the last round are written before the process exits.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := flush(fctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
+	a, err := edge.New(cfg, edge.WithLogger(log), edge.WithTracerProvider(tp))
 	if err != nil {
 		return advise(err, cfg.DataDir)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/cliflags"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -67,6 +68,7 @@ type flags struct {
 	tasks, level, pubs string
 	procs              int
 	healthAddr         string
+	trace              tracing.Config
 }
 
 // newRootCommand is the fleetlearn-edge command; agent runs the agent.
@@ -93,7 +95,7 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			return agent(cmd.Context(), cfg, process{procs: procs, healthAddr: f.healthAddr}, log)
+			return agent(cmd.Context(), cfg, process{procs: procs, healthAddr: f.healthAddr, trace: f.trace}, log)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
@@ -122,6 +124,8 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 	fl.StringVar(&f.healthAddr, "health-addr", "",
 		"serve the health checks /healthz (running) and /readyz (connected to NATS) in plain HTTP on `ADDR` (host:port); "+
 			"unauthenticated, so keep it on loopback or the pod network")
+	f.trace = tracing.Config{ServiceName: "fleetlearn-edge", OTLPFromEnv: true}
+	tracing.AddFlags(fl, &f.trace)
 	fl.IntVar(&f.procs, "max-procs", 1, "threads running the agent's Go code at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
 
 	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{

@@ -41,9 +41,9 @@ func main() {
 
 // serve starts the aggregator and runs it until ctx ends, then shuts it
 // down, giving open work 30 seconds.
-func serve(ctx context.Context, cfg server.Config, log *slog.Logger) error {
+func serve(ctx context.Context, cfg server.Config, log *slog.Logger, opts ...server.Option) error {
 	log.Info("starting", "version", versionLine())
-	s, err := server.New(cfg, server.WithLogger(log))
+	s, err := server.New(cfg, append([]server.Option{server.WithLogger(log)}, opts...)...)
 	if err != nil {
 		return usage("%w", err) // New only checks the configuration
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/cliflags"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	"github.com/fleetlearn/fleetlearn/internal/version"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -24,8 +25,8 @@ func usage(format string, a ...any) error { return cliflags.Usage(format, a...) 
 // isUsage reports whether err is the command line's fault.
 func isUsage(err error) bool { return cliflags.IsUsage(err) }
 
-// serveFunc runs the aggregator with cfg until ctx ends.
-type serveFunc func(ctx context.Context, cfg server.Config, log *slog.Logger) error
+// serveFunc runs the aggregator with cfg and opts until ctx ends.
+type serveFunc func(ctx context.Context, cfg server.Config, log *slog.Logger, opts ...server.Option) error
 
 // flags are the command line: the server configuration and what becomes it.
 type flags struct {
@@ -37,6 +38,7 @@ type flags struct {
 	resolverDir  string
 	poolTenants  []string
 	kubeCapacity string
+	trace        tracing.Config
 }
 
 func versionLine() string {
@@ -127,7 +129,19 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			return serve(cmd.Context(), cfg, log)
+			tp, flush, err := tracing.Setup(cmd.Context(), f.trace)
+			if err != nil {
+				return usage("%v", err)
+			}
+			defer func() {
+				// Spans of the last rounds are written before the process exits.
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 10*time.Second)
+				defer cancel()
+				if err := flush(ctx); err != nil {
+					log.Warn("flushing traces", "err", err)
+				}
+			}()
+			return serve(cmd.Context(), cfg, log, server.WithTracerProvider(tp))
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
@@ -155,6 +169,10 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 		"serve the embedded NATS server's HTTP monitoring (/varz, /jsz, /connz …) on `ADDR` (host:port); unauthenticated: keep it on loopback")
 	fl.StringVar(&f.cfg.MetricsAddr, "metrics-addr", "127.0.0.1:9464",
 		"serve Prometheus /metrics and the health checks /healthz and /readyz, in plain HTTP, on `ADDR`, or \"off\"")
+	fl.StringVar(&f.cfg.UIAddr, "ui", "",
+		"serve the web dashboard on `ADDR` (host:port), over TLS with the server's certificate; viewers sign in with API tokens "+
+			"(fleetlearn token mint) and see what their roles allow; off unless given")
+	fl.BoolVar(&f.cfg.UIInsecure, "ui-insecure", false, "serve the dashboard over plain HTTP: only with a loopback --ui address")
 	fl.StringVar(&f.tlsHosts, "tls-hosts", "", "extra comma-separated DNS names or IPs (`HOSTS`) for the server certificate")
 	fl.BoolVar(&f.cfg.GRPCInsecure, "grpc-insecure", false, "serve the gRPC API without TLS (local experiments only)")
 	fl.BoolVar(&f.cfg.InsecureNATS, "insecure-nats", false,
@@ -188,6 +206,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.kubeCapacity, "pool-kube-capacity", "",
 		"with --pool-kubernetes: the cluster's share for the pool, `cpu=CORES,memory=BYTES,gpus=N`; the server then creates and updates Kueue's flavors and the tenants' queues (otherwise apply deploy/kubernetes/pool/queues.yaml)")
 	fl.StringVar(&f.level, "log-level", "info", "log at `LEVEL`: debug, info, warn or error")
+	f.trace = tracing.Config{ServiceName: "fleetlearn-server", OTLPFromEnv: true}
+	tracing.AddFlags(fl, &f.trace)
 	fl.StringVar(&f.writeNATS, "write-nats-config", "",
 		"write the nats-server.conf fragment that makes an external NATS cluster trust this server's operator to `FILE` (\"-\": standard output), and exit")
 	fl.StringVar(&f.resolverDir, "nats-resolver-dir", "/var/lib/nats/jwt", "with --write-nats-config: the resolver's JWT directory `DIR` on the NATS servers")

@@ -30,7 +30,7 @@ type result struct {
 func execute(t *testing.T, args ...string) result {
 	t.Helper()
 	var r result
-	root := newRootCommand(func(_ context.Context, cfg server.Config, log *slog.Logger) error {
+	root := newRootCommand(func(_ context.Context, cfg server.Config, log *slog.Logger, _ ...server.Option) error {
 		r.served, r.cfg = true, cfg
 		for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
 			if log.Enabled(context.Background(), l) {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -58,7 +59,7 @@ func publishChunked(ctx context.Context, clk clock.Clock, js jetstream.JetStream
 		if err != nil {
 			return Permanent(fmt.Errorf("publish report: chunk %d: %w", i, err))
 		}
-		ack, err := publishMsg(ctx, clk, js, &nats.Msg{Subject: subj, Data: b}, wire.ChunkMsgID(reportID, sum, i), jitter)
+		ack, err := publishMsg(ctx, clk, js, &nats.Msg{Subject: subj, Data: b, Header: tracing.Header(ctx)}, wire.ChunkMsgID(reportID, sum, i), jitter)
 		if err != nil {
 			if errors.Is(err, ErrTooLarge) {
 				return fmt.Errorf("publish report: %d bytes: chunk %d of %d bytes: %w", len(payload), i, len(b), err)
@@ -75,7 +76,12 @@ func publishChunked(ctx context.Context, clk clock.Clock, js jetstream.JetStream
 	if err != nil {
 		return err
 	}
-	m := &nats.Msg{Subject: rsubj, Data: b, Header: nats.Header{wire.HeaderChunked: []string{wire.ChunkedV1}}}
+	h := tracing.Header(ctx)
+	if h == nil {
+		h = nats.Header{}
+	}
+	h.Set(wire.HeaderChunked, wire.ChunkedV1)
+	m := &nats.Msg{Subject: rsubj, Data: b, Header: h}
 	if _, err := publishMsg(ctx, clk, js, m, reportID, jitter); err != nil {
 		return fmt.Errorf("publish report: manifest of %d chunks: %w", count, err)
 	}

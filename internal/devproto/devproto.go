@@ -25,10 +25,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -138,6 +142,12 @@ type Config struct {
 	// negative value stores every report as one message, so that one over
 	// the limit fails with ErrTooLarge.
 	ChunkBytes int
+	// TracerProvider records the device's part in rounds: a "checkin" span
+	// per check-in that yields a plan, in the round's trace when the reply
+	// carries its traceparent, and an "upload" span per report under it;
+	// the report's messages carry the upload's trace context. The Work's
+	// context holds the checkin span. nil records nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // Device is one device's protocol state. Run drives it; Announce feeds it
@@ -153,6 +163,7 @@ type Device struct {
 	log         *slog.Logger
 	obs         Observer
 	chunkBytes  int
+	tracer      trace.Tracer
 
 	wake chan time.Duration // check-in spread of an announcement
 
@@ -206,6 +217,11 @@ func New(cfg Config) (*Device, error) {
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	d.tracer = tp.Tracer("github.com/fleetlearn/fleetlearn/internal/devproto")
 	return d, nil
 }
 
@@ -328,7 +344,9 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 	case <-d.wake:
 	default:
 	}
-	ans, err := checkIn(ctx, d.clk, nc, d.id, d.checkIn)
+	// Span times are the wall clock's, whatever clock times the protocol.
+	sent := time.Now()
+	ans, reply, err := checkIn(ctx, d.clk, nc, d.id, d.checkIn)
 	if err != nil {
 		return 0, err
 	}
@@ -360,7 +378,7 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 		return d.untilNextRound(plan), nil
 	}
 	st.attempts++
-	err = d.attempt(ctx, nc, js, plan, st)
+	err = d.attempt(d.traceCheckIn(ctx, plan, reply, sent), nc, js, plan, st)
 	switch {
 	case err == nil:
 		st.done = true
@@ -498,19 +516,22 @@ func CheckIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, ci *pb.CheckIn
 	if err != nil {
 		return nil, fmt.Errorf("check-in: %w", err)
 	}
-	return checkIn(ctx, clk, nc, ci.GetDeviceId(), b)
+	resp, _, err := checkIn(ctx, clk, nc, ci.GetDeviceId(), b)
+	return resp, err
 }
 
-func checkIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, device string, ci []byte) (*pb.CheckInResponse, error) {
+// checkIn returns the answer with the reply's headers, which carry the
+// round's trace context.
+func checkIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, device string, ci []byte) (*pb.CheckInResponse, nats.Header, error) {
 	m, err := request(ctx, clk, nc, wire.CheckInSubject(device), ci, RequestTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("check-in: %w", err)
+		return nil, nil, fmt.Errorf("check-in: %w", err)
 	}
 	var resp pb.CheckInResponse
 	if err := proto.Unmarshal(m.Data, &resp); err != nil {
-		return nil, fmt.Errorf("check-in response: %w", err)
+		return nil, nil, fmt.Errorf("check-in response: %w", err)
 	}
-	return &resp, nil
+	return &resp, m.Header, nil
 }
 
 // withTimeout is context.WithTimeout on clk: ctx ends with cause once d has
@@ -519,4 +540,20 @@ func withTimeout(ctx context.Context, clk clock.Clock, d time.Duration, cause er
 	ctx, cancel := context.WithCancelCause(ctx)
 	t := clk.AfterFunc(d, func() { cancel(cause) })
 	return ctx, func() { t.Stop(); cancel(nil) }
+}
+
+// traceCheckIn records the check-in that yielded plan (and an attempt at it)
+// as a span, from when it
+// was sent to now, continuing the round's trace from the reply's headers,
+// and returns ctx holding it.
+func (d *Device) traceCheckIn(ctx context.Context, plan *pb.RoundPlan, reply nats.Header, sent time.Time) context.Context {
+	ctx, span := d.tracer.Start(tracing.Extract(ctx, reply), "checkin", trace.WithTimestamp(sent),
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(d.attrs(plan)...))
+	span.End()
+	return ctx
+}
+
+func (d *Device) attrs(plan *pb.RoundPlan) []attribute.KeyValue {
+	return []attribute.KeyValue{tracing.AttrDevice.String(d.id), tracing.AttrTask.String(plan.GetTaskId()),
+		tracing.AttrRound.Int64(int64(plan.GetRound()))}
 }

@@ -8,9 +8,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -40,7 +44,14 @@ func (r *Round) JetStream() jetstream.JetStream { return r.js }
 // report may already be stored. Once it is, the device takes a plan for this
 // round again as already served.
 func (r *Round) Publish(payload []byte) error {
-	if err := publishReport(r.reportCtx, r.d.clk, r.js, r.Plan, r.d.id, payload, r.d.jitter, r.d.chunkBytes); err != nil {
+	ctx, span := r.d.tracer.Start(r.reportCtx, "upload", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(append(r.d.attrs(r.Plan), attribute.Int("fleetlearn.report.bytes", len(payload)))...))
+	err := publishReport(ctx, r.d.clk, r.js, r.Plan, r.d.id, payload, r.d.jitter, r.d.chunkBytes)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	if err != nil {
 		return err
 	}
 	r.d.mu.Lock()
@@ -98,7 +109,7 @@ func publishReport(ctx context.Context, clk clock.Clock, js jetstream.JetStream,
 	if size := chunkSize(js, chunkBytes); size > 0 && len(payload) > size {
 		return publishChunked(ctx, clk, js, plan, device, id, payload, size, jitter)
 	}
-	if _, err := publishMsg(ctx, clk, js, &nats.Msg{Subject: subj, Data: payload}, id, jitter); err != nil {
+	if _, err := publishMsg(ctx, clk, js, &nats.Msg{Subject: subj, Data: payload, Header: tracing.Header(ctx)}, id, jitter); err != nil {
 		if errors.Is(err, ErrTooLarge) {
 			return fmt.Errorf("%w: %d bytes: %w", ErrTooLarge, len(payload), err)
 		}

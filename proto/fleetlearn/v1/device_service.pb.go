@@ -47,7 +47,14 @@ type Device struct {
 	// When the device was revoked; unset while it is active.
 	RevokeTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
 	// Why the device was revoked.
-	RevokeReason  string `protobuf:"bytes,8,opt,name=revoke_reason,json=revokeReason,proto3" json:"revoke_reason,omitempty"`
+	RevokeReason string `protobuf:"bytes,8,opt,name=revoke_reason,json=revokeReason,proto3" json:"revoke_reason,omitempty"`
+	// The device's last check-in as the server recorded it (writes are
+	// throttled, so it may lag by up to a minute); unset if it never
+	// checked in.
+	LastSeenTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_seen_time,json=lastSeenTime,proto3" json:"last_seen_time,omitempty"`
+	// Whether the device checked in within the server's online window
+	// (10 minutes) and is not revoked.
+	Online        bool `protobuf:"varint,10,opt,name=online,proto3" json:"online,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -136,6 +143,20 @@ func (x *Device) GetRevokeReason() string {
 		return x.RevokeReason
 	}
 	return ""
+}
+
+func (x *Device) GetLastSeenTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeenTime
+	}
+	return nil
+}
+
+func (x *Device) GetOnline() bool {
+	if x != nil {
+		return x.Online
+	}
+	return false
 }
 
 // CreateEnrollmentTokenRequest is the input of
@@ -513,7 +534,7 @@ var File_fleetlearn_v1_device_service_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_device_service_proto_rawDesc = "" +
 	"\n" +
-	"\"fleetlearn/v1/device_service.proto\x12\rfleetlearn.v1\x1a\x19fleetlearn/v1/round.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x02\n" +
+	"\"fleetlearn/v1/device_service.proto\x12\rfleetlearn.v1\x1a\x19fleetlearn/v1/round.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x03\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06key_id\x18\x02 \x01(\tR\x05keyId\x12\x14\n" +
@@ -526,7 +547,10 @@ const file_fleetlearn_v1_device_service_proto_rawDesc = "" +
 	"enrollTime\x12;\n" +
 	"\vrevoke_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"revokeTime\x12#\n" +
-	"\rrevoke_reason\x18\b \x01(\tR\frevokeReason\"w\n" +
+	"\rrevoke_reason\x18\b \x01(\tR\frevokeReason\x12@\n" +
+	"\x0elast_seen_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\flastSeenTime\x12\x16\n" +
+	"\x06online\x18\n" +
+	" \x01(\bR\x06online\"w\n" +
 	"\x1cCreateEnrollmentTokenRequest\x12\x14\n" +
 	"\x05fleet\x18\x01 \x01(\tR\x05fleet\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12+\n" +
@@ -581,15 +605,16 @@ var file_fleetlearn_v1_device_service_proto_depIdxs = []int32{
 	7, // 0: fleetlearn.v1.Device.attributes:type_name -> fleetlearn.v1.DeviceAttributes
 	8, // 1: fleetlearn.v1.Device.enroll_time:type_name -> google.protobuf.Timestamp
 	8, // 2: fleetlearn.v1.Device.revoke_time:type_name -> google.protobuf.Timestamp
-	9, // 3: fleetlearn.v1.CreateEnrollmentTokenRequest.ttl:type_name -> google.protobuf.Duration
-	8, // 4: fleetlearn.v1.CreateEnrollmentTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	0, // 5: fleetlearn.v1.ListDevicesResponse.devices:type_name -> fleetlearn.v1.Device
-	0, // 6: fleetlearn.v1.RevokeDeviceResponse.device:type_name -> fleetlearn.v1.Device
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	8, // 3: fleetlearn.v1.Device.last_seen_time:type_name -> google.protobuf.Timestamp
+	9, // 4: fleetlearn.v1.CreateEnrollmentTokenRequest.ttl:type_name -> google.protobuf.Duration
+	8, // 5: fleetlearn.v1.CreateEnrollmentTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	0, // 6: fleetlearn.v1.ListDevicesResponse.devices:type_name -> fleetlearn.v1.Device
+	0, // 7: fleetlearn.v1.RevokeDeviceResponse.device:type_name -> fleetlearn.v1.Device
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_device_service_proto_init() }

@@ -49,18 +49,29 @@ func (c *Coordinator) serveCheckIns() {
 		case <-c.ctx.Done():
 			return
 		case m := <-c.checkins:
-			c.respond(m, c.checkIn(m.Subject, m.Data))
+			resp, h := c.checkIn(m.Subject, m.Data)
+			c.respondWith(m, resp, h)
 		}
 	}
 }
 
-func (c *Coordinator) respond(m *nats.Msg, resp *pb.CheckInResponse) {
+func (c *Coordinator) respond(m *nats.Msg, resp *pb.CheckInResponse) { c.respondWith(m, resp, nil) }
+
+// respondWith answers a check-in with headers h: a plan's carry the round's
+// trace context (traceparent), for the device's spans to join the round's
+// trace.
+func (c *Coordinator) respondWith(m *nats.Msg, resp *pb.CheckInResponse, h nats.Header) {
 	b, err := proto.Marshal(resp)
 	if err != nil {
 		c.d.Log.Error("marshal check-in response", "err", err)
 		return
 	}
-	if err := m.Respond(b); err != nil {
+	if h != nil && m.Reply != "" {
+		err = m.RespondMsg(&nats.Msg{Data: b, Header: h})
+	} else {
+		err = m.Respond(b)
+	}
+	if err != nil {
 		c.d.Log.Debug("check-in reply", "err", err)
 	}
 }
@@ -104,29 +115,30 @@ func retry(d time.Duration, reason pb.RetryReason, detail string) *pb.CheckInRes
 		Duration: durationpb.New(d), Reason: reason, Detail: detail}}}
 }
 
-// checkIn answers a check-in on subject. The subject names the device: NATS
-// lets a device publish only on its own check-in subject, so the body's
-// device_id must agree with it and is never trusted on its own.
-func (c *Coordinator) checkIn(subject string, b []byte) *pb.CheckInResponse {
+// checkIn answers a check-in on subject, with the reply's headers. The
+// subject names the device: NATS lets a device publish only on its own
+// check-in subject, so the body's device_id must agree with it and is never
+// trusted on its own.
+func (c *Coordinator) checkIn(subject string, b []byte) (*pb.CheckInResponse, nats.Header) {
 	pace := c.d.PaceWindow
 	device, err := wire.ParseCheckInSubject(subject)
 	if err != nil {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error())
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error()), nil
 	}
 	if len(b) > maxCheckInBytes {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, fmt.Sprintf("check-in of %d bytes exceeds %d", len(b), maxCheckInBytes))
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, fmt.Sprintf("check-in of %d bytes exceeds %d", len(b), maxCheckInBytes)), nil
 	}
 	var ci pb.CheckIn
 	if err := proto.Unmarshal(b, &ci); err != nil {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, "malformed check-in: "+err.Error())
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, "malformed check-in: "+err.Error()), nil
 	}
 	if ci.DeviceId != device {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
-			fmt.Sprintf("check-in names device %q on the subject of device %q; a device checks in only as itself", ci.DeviceId, device))
+			fmt.Sprintf("check-in names device %q on the subject of device %q; a device checks in only as itself", ci.DeviceId, device)), nil
 	}
 	now := c.now()
 	c.noteDevice(ci.DeviceId, ci.Attributes, now)
@@ -142,10 +154,10 @@ func (c *Coordinator) checkIn(subject string, b []byte) *pb.CheckInResponse {
 	// Earliest time any of the candidate tasks is expected to want devices again.
 	wait, why, detail := 5*pace, pb.RetryReason_RETRY_REASON_NO_TASK, "no running task"
 	for _, tr := range runs {
-		plan, w, reason, d := tr.offer(&ci, now)
+		plan, h, w, reason, d := tr.offer(&ci, now)
 		if plan != nil {
 			c.d.Metrics.CheckIns.WithLabelValues("selected").Inc()
-			return &pb.CheckInResponse{Result: &pb.CheckInResponse_Plan{Plan: plan}}
+			return &pb.CheckInResponse{Result: &pb.CheckInResponse_Plan{Plan: plan}}, h
 		}
 		if why == pb.RetryReason_RETRY_REASON_NO_TASK || w < wait {
 			wait, why, detail = w, reason, d
@@ -154,7 +166,7 @@ func (c *Coordinator) checkIn(subject string, b []byte) *pb.CheckInResponse {
 	c.d.Metrics.CheckIns.WithLabelValues("deferred").Inc()
 	// Pace steering: spread the next check-ins over a window after the moment
 	// a round is expected to want devices, so they do not arrive as one burst.
-	return retry(wait+c.jitter(pace), why, detail)
+	return retry(wait+c.jitter(pace), why, detail), nil
 }
 
 func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time.Time) {
@@ -211,10 +223,11 @@ func (t *taskRun) meets(a *pb.DeviceAttributes) string {
 	return ""
 }
 
-// offer assigns the device to the open round if it may join, or says how long
-// to wait. A device already in the cohort gets its plan again (it may have
-// restarted), unless it has reported.
-func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Duration, pb.RetryReason, string) {
+// offer assigns the device to the open round if it may join, with the
+// headers of the plan's reply, or says how long to wait. A device already in
+// the cohort gets its plan again (it may have restarted), unless it has
+// reported.
+func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
 	pace := t.c.d.PaceWindow
 	// The task's settings (spec, dp) are written while the runner loads; an
 	// open round, seen under mu, means loading is over and they are fixed.
@@ -222,10 +235,10 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 	r := t.round
 	t.mu.Unlock()
 	if r == nil {
-		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
+		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
 	if why, code := t.eligible(ci.Attributes); why != "" {
-		return nil, 10 * pace, code, why
+		return nil, nil, 10 * pace, code, why
 	}
 	t.mu.Lock()
 	if max := t.dp.maxRounds(); max > 0 && t.parts[ci.DeviceId] >= max {
@@ -233,22 +246,22 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 			r.capped[ci.DeviceId] = true
 		}
 		t.mu.Unlock()
-		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
+		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
 			fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", max)
 	}
 	if t.round != r {
 		t.mu.Unlock()
-		return nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
+		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
 	until := max(0, r.row.Deadline.Sub(now))
 	if seat, ok := r.assigned[ci.DeviceId]; ok && !r.reported[ci.DeviceId] {
 		t.mu.Unlock()
-		return withParticipant(r.plan, seat.Participant), 0, 0, ""
+		return withParticipant(r.plan, seat.Participant), r.tr.header, 0, 0, ""
 	}
 	if !r.selecting || len(r.assigned) >= r.wanted || r.reported[ci.DeviceId] {
 		t.mu.Unlock()
 		// The next round opens about when this one closes.
-		return nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_ROUND_FULL, fmt.Sprintf("round %d is full", r.row.Round)
+		return nil, nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_ROUND_FULL, fmt.Sprintf("round %d is full", r.row.Round)
 	}
 	// Reserve the slot before the write so concurrent check-ins cannot overfill.
 	r.assigned[ci.DeviceId] = store.Assignment{}
@@ -262,7 +275,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		if err != nil {
 			why = err.Error()
 		}
-		return nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
 	}
 
 	ctx, cancel := context.WithTimeout(t.c.ctx, 5*time.Second)
@@ -276,7 +289,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 		if err != nil {
 			t.log().Warn("assigning device", "device", ci.DeviceId, "err", err)
 		}
-		return nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
+		return nil, nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
 	}
 	r.assigned[ci.DeviceId] = store.Assignment{Participant: p, Examples: examples}
 	if key != nil {
@@ -284,7 +297,8 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, time.Dura
 	}
 	t.mu.Unlock()
 	r.poke()
-	return withParticipant(r.plan, p), 0, 0, ""
+	r.planHanded(ci.DeviceId, p)
+	return withParticipant(r.plan, p), r.tr.header, 0, 0, ""
 }
 
 // ErrRevoked marks a device whose enrollment was revoked: it is never

@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
 // Chunked reports (docs/PROTOCOL.md, Chunked reports). The round's consumer
@@ -83,7 +84,8 @@ func (t *taskRun) maxReportBytes(r *roundRun) uint64 {
 
 // reassemble reads and checks the chunks m's manifest names and returns the
 // report they make up.
-func (t *taskRun) reassemble(r *roundRun, device string, m jetstream.Msg) (jetstream.Msg, error) {
+func (t *taskRun) reassemble(r *roundRun, device string, m jetstream.Msg) (_ jetstream.Msg, err error) {
+	defer classify(&err, metrics.RefusedChunks)
 	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
 		return nil, refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
@@ -91,7 +93,10 @@ func (t *taskRun) closeDurably(ctx context.Context, events []audit.Payload, row 
 	if err := t.durably(ctx, "store", func() error { return t.c.d.Store.PrepareClose(ctx, pending) }); err != nil {
 		return err
 	}
-	if err := t.durably(ctx, "audit", func() error { return t.c.record(events...) }); err != nil {
+	_, span := t.auditSpan(ctx, events)
+	err := t.durably(ctx, "audit", func() error { return t.c.record(events...) })
+	endSpan(span, err)
+	if err != nil {
 		if errors.Is(err, errInvalidAudit) {
 			t.c.d.Store.DropPending(ctx, t.id, row.Round)
 		}
@@ -185,6 +190,10 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 	}
 	t.mu.Unlock()
 	kind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "train", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluate"}[row.Kind]
+	if t.span != nil {
+		t.span.SetAttributes(attrOutcome.String(outcome), attribute.Int("fleetlearn.round.reported", int(row.Reported)),
+			attribute.Int("fleetlearn.round.dropped", int(row.Dropped)))
+	}
 	t.c.d.Metrics.Rounds.WithLabelValues(kind, outcome).Inc()
 	t.c.d.Metrics.RoundDuration.WithLabelValues(kind).Observe(row.Close.Sub(row.Open).Seconds())
 	t.c.d.Metrics.Dropouts.Add(float64(row.Dropped))
@@ -215,7 +224,21 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 			t.rule.UnmarshalBinary(restore)
 		}
 	}()
+	// The commit span follows the aggregation span: it covers writing the
+	// model and closing the round.
+	var span trace.Span
+	startCommit := func() {
+		if span == nil {
+			ctx, span = t.c.tracer.Start(ctx, "commit")
+		}
+	}
+	defer func() {
+		if span != nil {
+			span.End()
+		}
+	}()
 	if r.row.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
+		t.aggregation(r)
 		delta, err := col.Aggregate()
 		if err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("aggregation: %v", err))
@@ -240,6 +263,8 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if i := floats.FirstNonFinite(flat); i >= 0 {
 			return t.abandon(ctx, r, fmt.Sprintf("the new model has a non-finite parameter at %d; the current model stays", i))
 		}
+		r.aggregationDone()
+		startCommit()
 		if optState, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
@@ -265,6 +290,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 			}
 		}
 	}
+	startCommit()
 	row := t.closeRow(r, pb.RoundState_ROUND_STATE_COMMITTED, metrics, reason)
 	if newRow != nil {
 		row.Model = newRow.Version

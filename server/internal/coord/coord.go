@@ -26,6 +26,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -73,6 +74,8 @@ type Deps struct {
 	// RequireEnrollment refuses devices DeviceKey does not vouch for: they are
 	// not selected and their reports are refused.
 	RequireEnrollment bool
+	// Tracer records each round as a trace (tracing.go); nil records nothing.
+	Tracer trace.TracerProvider
 }
 
 // auditActor is who the coordinator's audit events name.
@@ -97,7 +100,8 @@ func (c *Coordinator) now() time.Time { return c.d.Clock.Now() }
 
 // Coordinator runs every running task's rounds.
 type Coordinator struct {
-	d Deps
+	d      Deps
+	tracer trace.Tracer
 
 	mu       sync.Mutex
 	tasks    map[string]*taskRun
@@ -118,9 +122,12 @@ func New(d Deps) *Coordinator {
 		d.PaceWindow = 2 * time.Second
 	}
 	d.Clock = clock.Or(d.Clock)
-	return &Coordinator{d: d, tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.WatchTaskResponse]struct{}{},
+	c := &Coordinator{d: d, tracer: newTracer(d.Tracer), tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.WatchTaskResponse]struct{}{},
 		seen: map[string]time.Time{}, unseen: map[string]sighting{}, seenKick: make(chan struct{}, 1),
 		checkins: make(chan *nats.Msg, checkInQueue)}
+	d.Metrics.SetFleet(c.fleetCounts)
+	d.Metrics.SetTasks(c.taskCounts)
+	return c
 }
 
 // Start subscribes to check-ins and stray reports and resumes running tasks.
@@ -383,6 +390,7 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 		kind = "evaluation"
 	}
 	c.d.Metrics.Reports.WithLabelValues(kind, "not_open").Inc()
+	c.d.Metrics.Refused(metrics.RefusedNotOpen)
 	c.d.Log.Info("report refused", "task", task, "round", round, "device", device, "reason", reason)
 	c.receipt(task, round, device, reason)
 	c.purgeSubject(subj)

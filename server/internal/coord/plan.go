@@ -132,7 +132,10 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 	}
 	// Recorded before the round exists: a round the log does not show
 	// opened never takes devices.
-	if err := t.c.record(ev); err != nil {
+	_, span := t.auditSpan(ctx, []audit.Payload{ev})
+	err := t.c.record(ev)
+	endSpan(span, err)
+	if err != nil {
 		return nil, fmt.Errorf("open round %d: audit: %w", round, err)
 	}
 	if err := t.c.d.Store.OpenRound(ctx, rr, now); err != nil {

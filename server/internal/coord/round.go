@@ -99,6 +99,9 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			return err
 		}
 	}
+	// The spans exist before check-ins can see the round.
+	t.traceRound(ctx, r)
+	defer t.endSpans(r)
 	t.mu.Lock()
 	t.round, t.loading, t.parts = r, false, parts
 	t.mu.Unlock()
@@ -158,6 +161,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		}
 		everyone := !r.selecting && len(r.reported) == len(r.assigned)
 		reported := len(r.reported)
+		if !r.selecting {
+			r.selectionDone(len(r.assigned))
+		}
 		t.mu.Unlock()
 		switch {
 		case reason != "":
@@ -187,6 +193,7 @@ func (t *taskRun) endSelection(r *roundRun, minCohort int) string {
 	defer t.mu.Unlock()
 	r.selecting = false
 	n, goal := len(r.assigned), int(t.spec.GetReportGoal())
+	r.selectionDone(n)
 	if n >= goal && n >= minCohort {
 		return ""
 	}
@@ -228,9 +235,12 @@ func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metric
 // as the device's failure (its first).
 func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
 	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
+	span := t.validation(r, kind, m.Headers())
 	device, err := accept()
+	endValidation(span, device, err)
 	if err != nil {
 		t.c.d.Metrics.Reports.WithLabelValues(kind, "refused").Inc()
+		t.c.d.Metrics.Refused(refusalReason(err))
 		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
 		t.c.receipt(t.id, r.row.Round, device, err.Error())
 		t.noteFailure(r, device, "report refused: "+err.Error())

@@ -95,6 +95,8 @@ type secureRun struct {
 	devices  map[uint32]string // participant → device
 	expected map[uint32]bool   // who the current stage waits for
 	got      map[uint32]bool   // who sent this stage's message
+	// stageStart is when the current stage began, for its duration metric.
+	stageStart time.Time
 }
 
 func (s *secureRun) verify(participant uint32, _ string, msg, sig []byte) error {
@@ -180,6 +182,8 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		return t.abandonAs(ctx, r, reason, short)
 	}
 	abort := func(reason string) error { return abortAs(reason, false) }
+	// The stages are the aggregation: its span holds an event per stage.
+	t.aggregation(r)
 
 	for {
 		stage := sec.srv.Stage()
@@ -262,6 +266,7 @@ func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 	if err := sec.srv.CloseStage(); err != nil {
 		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
 	}
+	t.observeStage(sec, stage)
 	next := map[uint32]bool{}
 	var reply func(id uint32) (*pb.SecAggDown, error)
 	switch stage {
@@ -293,6 +298,7 @@ func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 	}
 	t.log().Debug("secure aggregation stage closed", "round", r.row.Round, "stage", stage,
 		"answered", len(sec.got), "expected", len(sec.expected), "next", len(next))
+	t.stageClosed(r, stage.String(), len(sec.got), len(next))
 	sec.expected, sec.got = next, map[uint32]bool{}
 	return nil
 }
@@ -397,7 +403,8 @@ func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
 	t.settleChunked(r, m, "update", func(m jetstream.Msg) (string, error) { return t.acceptMasked(r, m) })
 }
 
-func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (string, error) {
+func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err error) {
+	defer classify(&err, refusedSecAgg)
 	sec := r.secure
 	device, seat, key, err := t.sender(r, m.Subject())
 	if err != nil {
@@ -489,7 +496,8 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 		return nil, err
 	}
 	sec := &secureRun{round: round, cfg: cfg, ups: make(chan secUp, 4*n+16),
-		keys: map[uint32]ed25519.PublicKey{}, devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{}}
+		keys: map[uint32]ed25519.PublicKey{}, devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{},
+		stageStart: t.c.now()}
 	inputDim := dim + 1 // the update and its weight
 	if t.dp != nil && t.dp.dist != nil {
 		// Distributed DP: devices send their encoded, noised updates; every

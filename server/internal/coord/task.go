@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
@@ -49,6 +51,8 @@ type taskRun struct {
 	// baseRecorded is the base model's evaluation once the audit log has
 	// it, so that a retried store write does not record it again.
 	baseRecorded map[string]float64
+	// span is the open round's root span (tracing.go); the runner's alone.
+	span trace.Span
 }
 
 func (t *taskRun) isOpen(round uint64) bool {
@@ -83,6 +87,8 @@ type roundRun struct {
 	decoded []float32
 	// chunked holds a chunked report while it is checked (chunks.go).
 	chunked []byte
+	// tr holds the round's spans (tracing.go).
+	tr roundTrace
 }
 
 func (r *roundRun) poke() {
@@ -279,11 +285,17 @@ func (t *taskRun) step(ctx context.Context) (done bool, err error) {
 				return done, err
 			}
 		}
+		ctx = t.startRound(ctx, row.CurrentRound+1, kind, false)
 		if rr, err = t.open(ctx, row.CurrentRound+1, kind); err != nil {
+			t.endRound(err)
 			return false, err
 		}
+	} else {
+		ctx = t.startRound(ctx, rr.Round, rr.Kind, true)
 	}
-	return false, t.runRound(ctx, rr)
+	err = t.runRound(ctx, rr)
+	t.endRound(err)
+	return false, err
 }
 
 func (t *taskRun) wantsEval(trainRounds uint32) bool {

@@ -16,6 +16,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -38,19 +39,19 @@ const (
 func (t *taskRun) sender(r *roundRun, subject string) (string, store.Assignment, ed25519.PublicKey, error) {
 	task, round, device, err := wire.ParseReportSubject(subject)
 	if err != nil {
-		return "", store.Assignment{}, nil, refuse("%v", err)
+		return "", store.Assignment{}, nil, refuseAs(metrics.RefusedSubject, "%v", err)
 	}
 	if task != t.id || round != r.row.Round {
-		return device, store.Assignment{}, nil, refuse("subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
+		return device, store.Assignment{}, nil, refuseAs(metrics.RefusedSubject, "subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	seat, inCohort := r.assigned[device]
 	switch {
 	case !inCohort:
-		return device, seat, nil, refuse("device %q is not in the cohort of round %d", device, round)
+		return device, seat, nil, refuseAs(metrics.RefusedCohort, "device %q is not in the cohort of round %d", device, round)
 	case r.reported[device]:
-		return device, seat, nil, refuse("device %q already reported for round %d", device, round)
+		return device, seat, nil, refuseAs(metrics.RefusedDuplicate, "device %q already reported for round %d", device, round)
 	}
 	return device, seat, r.keys[device], nil
 }
@@ -62,7 +63,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	}
 	wantKind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "update", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluation"}[r.row.Kind]
 	if kind != wantKind {
-		return device, refuse("%s report in a round that wants %s reports", kind, wantKind)
+		return device, refuseAs(metrics.RefusedKind, "%s report in a round that wants %s reports", kind, wantKind)
 	}
 	var (
 		examples uint64
@@ -71,7 +72,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	if kind == "evaluation" {
 		var rep pb.EvaluationReport
 		if err := proto.Unmarshal(m.Data(), &rep); err != nil {
-			return device, refuse("decode evaluation report: %v", err)
+			return device, refuseAs(refusedDecode, "decode evaluation report: %v", err)
 		}
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 			return device, err
@@ -89,7 +90,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 	} else {
 		var rep pb.UpdateReport
 		if err := proto.Unmarshal(m.Data(), &rep); err != nil {
-			return device, refuse("decode update report: %v", err)
+			return device, refuseAs(refusedDecode, "decode update report: %v", err)
 		}
 		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 			return device, err
@@ -109,7 +110,7 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 		}
 		// Last: a refused report must not have touched the aggregate.
 		if err := col.Add(delta, t.weight(rep.NumExamples)); err != nil {
-			return device, refuse("%v", err)
+			return device, refuseAs(refusedAggregate, "%v", err)
 		}
 		examples, metrics = rep.NumExamples, rep.GetMetrics().GetValues()
 	}
@@ -123,7 +124,8 @@ func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metric
 // checkExamples: the example count weights the report, so a device may not
 // claim more than it said it had when it was selected (and its weight is
 // capped besides, see taskRun.weight).
-func checkExamples(n uint64, seat store.Assignment) error {
+func checkExamples(n uint64, seat store.Assignment) (err error) {
+	defer classify(&err, metrics.RefusedExamples)
 	if n == 0 || n > seat.Examples {
 		return refuse("num_examples %d not in [1, %d] (examples available at check-in)", n, seat.Examples)
 	}
@@ -133,7 +135,8 @@ func checkExamples(n uint64, seat store.Assignment) error {
 // checkMetrics bounds what a report's metrics may be: few, named in short
 // printable UTF-8, finite and at most MaxMetricAbs in magnitude, so that
 // their weighted mean is finite and fits the audit log.
-func checkMetrics(m map[string]float64) error {
+func checkMetrics(m map[string]float64) (err error) {
+	defer classify(&err, metrics.RefusedMetrics)
 	if len(m) > maxMetrics {
 		return refuse("%d metrics, at most %d", len(m), maxMetrics)
 	}
@@ -157,7 +160,8 @@ func checkMetrics(m map[string]float64) error {
 // device enrolled. The statement covers task, round, device, model, module,
 // payload digest (the metrics, for evaluation reports) and example count, so
 // none can be altered in transit.
-func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
+func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) (err error) {
+	defer classify(&err, metrics.RefusedSignature)
 	if key == nil {
 		if t.c.d.RequireEnrollment {
 			return refuse("device %q is not enrolled", s.Device)
@@ -173,7 +177,8 @@ func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string
 	return nil
 }
 
-func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bodyDevice, modelVersion, module string) error {
+func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bodyDevice, modelVersion, module string) (err error) {
+	defer classify(&err, metrics.RefusedHeader)
 	switch {
 	case task != t.id || round != r.row.Round:
 		return refuse("report body is for %s/%d, not %s/%d", task, round, t.id, r.row.Round)
@@ -190,7 +195,8 @@ func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bo
 // checkDense decodes a plaintext update, float32 or quantized as the task
 // says, into float32 and checks it against the model layout: one
 // conversion into the round's buffer, bounded by the model's size.
-func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) ([]float32, error) {
+func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) (_ []float32, refused error) {
+	defer classify(&refused, metrics.RefusedPayload)
 	want := t.spec.GetUpdateEncoding()
 	var (
 		layout []*pb.TensorSpec

@@ -2,7 +2,11 @@
 // of its own, so tests and embedded servers never collide on the default one.
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // M holds the aggregator's collectors.
 type M struct {
@@ -24,39 +28,119 @@ type M struct {
 	// Cosignatures counts witnesses' AddCosignature calls, by result
 	// (accepted, invalid, unknown_witness, not_issued, error).
 	Cosignatures *prometheus.CounterVec
+	// Refusals counts refused reports by one of RefusalReasons; use Refused.
+	Refusals *prometheus.CounterVec
+	// SecAggStage is how long each SecAgg+ stage of a round took, by stage.
+	SecAggStage *prometheus.HistogramVec
+	// PoolCPU, PoolGPU and PoolEnergy are the usage the pool metered, by tenant.
+	PoolCPU, PoolGPU, PoolEnergy *prometheus.CounterVec
+
+	state *stateCollector
+	names []string
+}
+
+// Refusal reasons: the fixed label values of fleetlearn_report_refusals_total.
+// Every refusal the coordinator makes maps to one of them, so a peer can
+// never add a series.
+const (
+	RefusedNotOpen   = "not_open"  // the report's round is not open (late, or a stray)
+	RefusedSubject   = "subject"   // the subject is malformed or names another round
+	RefusedCohort    = "cohort"    // the device is not in the round's cohort
+	RefusedDuplicate = "duplicate" // the device already reported
+	RefusedKind      = "kind"      // an update where an evaluation is wanted, or the reverse
+	RefusedDecode    = "decode"    // the message does not decode
+	RefusedHeader    = "header"    // the body names another task, round, device, model or module
+	RefusedSignature = "signature" // unsigned, not enrolled, or the signature does not verify
+	RefusedPayload   = "payload"   // encoding, digest, layout or shape of the update is wrong
+	RefusedMetrics   = "metrics"   // too many, badly named or out-of-range metrics
+	RefusedExamples  = "examples"  // num_examples outside what the device declared
+	RefusedAggregate = "aggregate" // the aggregator refused the update (bounds)
+	RefusedChunks    = "chunks"    // a chunked report cannot be reassembled
+	RefusedSecAgg    = "secagg"    // a masked report that breaks the SecAgg+ protocol
+	RefusedOther     = "other"     // none of the above
+)
+
+// RefusalReasons lists every label value of fleetlearn_report_refusals_total.
+var RefusalReasons = []string{RefusedNotOpen, RefusedSubject, RefusedCohort, RefusedDuplicate, RefusedKind,
+	RefusedDecode, RefusedHeader, RefusedSignature, RefusedPayload, RefusedMetrics, RefusedExamples,
+	RefusedAggregate, RefusedChunks, RefusedSecAgg, RefusedOther}
+
+// Refused counts one refused report; a reason outside RefusalReasons counts
+// as RefusedOther.
+func (m *M) Refused(reason string) {
+	if !slices.Contains(RefusalReasons, reason) {
+		reason = RefusedOther
+	}
+	m.Refusals.WithLabelValues(reason).Inc()
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
 func New() *M {
 	r := prometheus.NewRegistry()
-	m := &M{
-		Registry: r,
-		Rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_rounds_total",
-			Help: "Rounds closed, by kind and outcome (committed, abandoned)."}, []string{"kind", "outcome"}),
-		RoundDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetlearn_round_duration_seconds",
-			Help: "Wall time from a round opening to its close.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"kind"}),
-		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_reports_total",
-			Help: "Reports received, by kind and result."}, []string{"kind", "result"}),
-		Dropouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_dropouts_total",
-			Help: "Devices assigned to a round that did not report before it closed."}),
-		ReportBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_report_bytes_total",
-			Help: "Bytes of report messages received."}),
-		CheckIns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_checkins_total",
-			Help: "Device check-ins, by outcome."}, []string{"outcome"}),
-		OpenRounds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds",
-			Help: "Rounds currently open."}),
-		AuditFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_audit_failures_total",
-			Help: "Events that could not be recorded in the audit log (each is also logged as an error)."}),
-		CommitFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_round_close_failures_total",
-			Help: "Failed attempts to close a round durably, by step (audit, store); each is logged and retried."}, []string{"step"}),
-		PlanFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetlearn_plan_failures_total",
-			Help: "Devices' reports that they could not carry out a round plan (recorded with the round)."}),
-		Epsilon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fleetlearn_dp_epsilon",
-			Help: "Differential privacy epsilon a task has spent, at its delta."}, []string{"task"}),
-		Cosignatures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_audit_cosignatures_total",
-			Help: "Witnesses' cosignatures of audit checkpoints handed in, by result (accepted, invalid, unknown_witness, not_issued, error)."}, []string{"result"}),
+	m := &M{Registry: r}
+	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		m.register(name, c)
+		return c
 	}
-	r.MustRegister(m.Rounds, m.RoundDuration, m.Reports, m.Dropouts, m.ReportBytes, m.CheckIns, m.OpenRounds, m.AuditFailures, m.CommitFailures, m.PlanFailures, m.Epsilon, m.Cosignatures,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+		m.register(name, c)
+		return c
+	}
+	m.Rounds = counterVec("fleetlearn_rounds_total",
+		"Rounds closed, by kind and outcome (committed, abandoned).", "kind", "outcome")
+	m.RoundDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetlearn_round_duration_seconds",
+		Help: "Wall time from a round opening to its close, in seconds.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"kind"})
+	m.register("fleetlearn_round_duration_seconds", m.RoundDuration)
+	m.Reports = counterVec("fleetlearn_reports_total", "Reports received, by kind and result.", "kind", "result")
+	m.Dropouts = counter("fleetlearn_dropouts_total", "Devices assigned to a round that did not report before it closed.")
+	m.ReportBytes = counter("fleetlearn_report_bytes_total", "Bytes of report messages received.")
+	m.CheckIns = counterVec("fleetlearn_checkins_total", "Device check-ins, by outcome.", "outcome")
+	m.OpenRounds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds", Help: "Rounds currently open."})
+	m.register("fleetlearn_open_rounds", m.OpenRounds)
+	m.AuditFailures = counter("fleetlearn_audit_failures_total",
+		"Events that could not be recorded in the audit log (each is also logged as an error).")
+	m.CommitFailures = counterVec("fleetlearn_round_close_failures_total",
+		"Failed attempts to close a round durably, by step (audit, store); each is logged and retried.", "step")
+	m.PlanFailures = counter("fleetlearn_plan_failures_total",
+		"Devices' reports that they could not carry out a round plan (recorded with the round).")
+	m.Epsilon = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fleetlearn_dp_epsilon",
+		Help: "Differential privacy epsilon a task has spent, at its delta (set when a round commits)."}, []string{"task"})
+	m.register("fleetlearn_dp_epsilon", m.Epsilon)
+	m.Cosignatures = counterVec("fleetlearn_audit_cosignatures_total",
+		"Witnesses' cosignatures of audit checkpoints handed in, by result (accepted, invalid, unknown_witness, not_issued, error).", "result")
+	m.Refusals = counterVec("fleetlearn_report_refusals_total",
+		"Reports refused, by reason: one of a fixed set of refusal classes (deploy/README.md, Metrics).", "reason")
+	for _, reason := range RefusalReasons {
+		m.Refusals.WithLabelValues(reason) // every reason reads 0 from the start, so rate() sees the first one
+	}
+	m.SecAggStage = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetlearn_secagg_stage_duration_seconds",
+		Help:    "Time a secure aggregation stage of a round was open, from its start to its close, in seconds, by stage.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)}, []string{"stage"})
+	m.register("fleetlearn_secagg_stage_duration_seconds", m.SecAggStage)
+	m.PoolCPU = counterVec("fleetlearn_pool_usage_cpu_seconds_total",
+		"CPU time pool jobs' ranks reported, in seconds, by tenant.", "tenant")
+	m.PoolGPU = counterVec("fleetlearn_pool_usage_gpu_seconds_total",
+		"GPU time metered to pool jobs (GPUs held times wall time), in GPU-seconds, by tenant.", "tenant")
+	m.PoolEnergy = counterVec("fleetlearn_pool_usage_energy_joules_total",
+		"Energy pool jobs' ranks reported, in joules, by tenant.", "tenant")
+	m.state = newStateCollector()
+	m.register("", m.state)
+	m.names = append(m.names, m.state.names()...)
+	r.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	slices.Sort(m.names)
 	return m
 }
+
+// register adds c to the registry and its family name to Names.
+func (m *M) register(name string, c prometheus.Collector) {
+	m.Registry.MustRegister(c)
+	if name != "" {
+		m.names = append(m.names, name)
+	}
+}
+
+// Names lists the metric families the aggregator defines (fleetlearn_*,
+// without the _bucket, _sum and _count series of histograms), sorted.
+func (m *M) Names() []string { return slices.Clone(m.names) }

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/pool/carbon"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -77,6 +78,9 @@ type Deps struct {
 	// their checkpoints on (kube.Config.CheckpointClaim); empty, a
 	// Kubernetes job's progress and model are not read.
 	KubeCheckpointDir string
+	// Metrics receives the pool's usage and reads its jobs and workers at
+	// scrape time; nil keeps them on a registry of their own.
+	Metrics *metrics.M
 }
 
 // Service is the job service.
@@ -139,14 +143,19 @@ func New(d Deps) (*Service, error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
+	if d.Metrics == nil {
+		d.Metrics = metrics.New()
+	}
 	sched, err := pool.NewScheduler(pool.Config{Tenants: d.Tenants, Clock: d.Clock})
 	if err != nil {
 		return nil, fmt.Errorf("poolsvc: new: %w", err)
 	}
-	return &Service{d: d, clk: d.Clock, log: d.Log, sched: sched,
+	s := &Service{d: d, clk: d.Clock, log: d.Log, sched: sched,
 		ckpt: newCkptStores(d.CheckpointDir, d.MaxJobStorageBytes), logs: newNotifier(),
 		reqs: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
-		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}}, nil
+		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}}
+	d.Metrics.SetPool(s.poolCounts)
+	return s, nil
 }
 
 // Start restores jobs and workers from the store and starts the loop. Jobs

@@ -393,6 +393,7 @@ func (s *Service) charge(rt *jobRT, cpu, gpu, energy float64, peak int64) {
 	u.GpuSeconds += gpu
 	u.EnergyJoules += energy
 	u.PeakMemoryBytes = max(u.PeakMemoryBytes, peak)
+	s.meterTenant(rt.spec.Tenant, cpu, gpu, energy)
 	if cpu > 0 || gpu > 0 {
 		if err := s.sched.Meter(rt.id(), pool.Reading{At: s.clk.Now(), CPUSeconds: cpu, GPUSeconds: gpu}); err != nil {
 			s.log.Warn("pool meter reading refused", "job", rt.id(), "err", err)

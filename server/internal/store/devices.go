@@ -57,15 +57,23 @@ type DeviceRow struct {
 	Enrolled time.Time
 	Revoked  time.Time // zero while active
 	Reason   string
+	// LastSeen is the device's last check-in as the coordinator wrote it
+	// (throttled, so up to a minute old); zero if it never checked in.
+	LastSeen time.Time
 }
 
 // Proto renders the row for the API.
 func (r *DeviceRow) Proto() *pb.Device {
 	return &pb.Device{Id: r.ID, KeyId: r.KeyID, Fleet: r.Fleet, Group: r.Group, Attributes: r.Attrs,
-		EnrollTime: tsProto(r.Enrolled), RevokeTime: tsProto(r.Revoked), RevokeReason: r.Reason}
+		EnrollTime: tsProto(r.Enrolled), RevokeTime: tsProto(r.Revoked), RevokeReason: r.Reason,
+		LastSeenTime: tsProto(r.LastSeen)}
 }
 
 const deviceCols = `id, key_id, fleet, grp, attrs, token_id, enrolled_at, revoked_at, reason`
+
+// selectDevice reads deviceCols and the last-seen time, which lives with
+// the check-in sightings rather than the registry.
+const selectDevice = deviceCols + `, COALESCE((SELECT s.last_seen FROM devices s WHERE s.id = enrolled_devices.id), 0)`
 
 func scanDevice(sc interface{ Scan(...any) error }, extra ...any) (*DeviceRow, error) {
 	var (
@@ -73,8 +81,9 @@ func scanDevice(sc interface{ Scan(...any) error }, extra ...any) (*DeviceRow, e
 		attrs    []byte
 		enrolled int64
 		revoked  int64
+		seen     int64
 	)
-	if err := sc.Scan(append(extra, &r.ID, &r.KeyID, &r.Fleet, &r.Group, &attrs, &r.TokenID, &enrolled, &revoked, &r.Reason)...); err != nil {
+	if err := sc.Scan(append(extra, &r.ID, &r.KeyID, &r.Fleet, &r.Group, &attrs, &r.TokenID, &enrolled, &revoked, &r.Reason, &seen)...); err != nil {
 		return nil, err
 	}
 	if len(attrs) > 0 {
@@ -83,7 +92,7 @@ func scanDevice(sc interface{ Scan(...any) error }, extra ...any) (*DeviceRow, e
 			return nil, fmt.Errorf("store: device %s attributes: %w", r.ID, err)
 		}
 	}
-	r.Enrolled, r.Revoked = fromTS(enrolled), fromTS(revoked)
+	r.Enrolled, r.Revoked, r.LastSeen = fromTS(enrolled), fromTS(revoked), fromTS(seen)
 	return &r, nil
 }
 
@@ -123,7 +132,7 @@ func (s *Store) DeviceByKey(ctx context.Context, keyID string) (*DeviceRow, erro
 }
 
 func (s *Store) device(ctx context.Context, col, v string) (*DeviceRow, error) {
-	r, err := scanDevice(s.db.QueryRowContext(ctx, `SELECT `+deviceCols+` FROM enrolled_devices WHERE `+col+` = ?`, v))
+	r, err := scanDevice(s.db.QueryRowContext(ctx, `SELECT `+selectDevice+` FROM enrolled_devices WHERE `+col+` = ?`, v))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("device %q: %w", v, backend.ErrNotFound)
 	}
@@ -136,7 +145,7 @@ func (s *Store) device(ctx context.Context, col, v string) (*DeviceRow, error) {
 // Devices lists enrolled devices in enrollment order after the cursor (a
 // row id; 0 starts at the first) and returns the last row id listed.
 func (s *Store) Devices(ctx context.Context, includeRevoked bool, afterRowID int64, limit int) ([]*DeviceRow, int64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT rowid, `+deviceCols+` FROM enrolled_devices
+	rows, err := s.db.QueryContext(ctx, `SELECT rowid, `+selectDevice+` FROM enrolled_devices
 		WHERE rowid > ? AND (? OR revoked_at = 0) ORDER BY rowid LIMIT ?`, afterRowID, includeRevoked, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: devices: %w", err)

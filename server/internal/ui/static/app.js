@@ -1,0 +1,79 @@
+// Fleetlearn dashboard: live updates and small conveniences. Loaded from
+// the dashboard itself under a CSP that allows no inline script.
+"use strict";
+
+(function () {
+  // A sign-in link may carry the token in the fragment, which browsers
+  // never send to the server; it is posted once and wiped from history.
+  function loginFromFragment() {
+    var form = document.getElementById("login-form");
+    if (!form || location.hash.indexOf("#token=") !== 0) return;
+    var tok = decodeURIComponent(location.hash.slice("#token=".length));
+    history.replaceState(null, "", location.pathname + location.search);
+    if (!tok || document.getElementById("login-problem")) return;
+    form.elements.token.value = tok;
+    form.submit();
+  }
+
+  function confirmActions(root) {
+    root.querySelectorAll("button[data-confirm]").forEach(function (b) {
+      b.addEventListener("click", function (ev) {
+        if (!window.confirm(b.getAttribute("data-confirm"))) ev.preventDefault();
+      });
+    });
+  }
+
+  var pending = false;
+  // redraw fetches the page again and swaps its main content, with fresh
+  // charts; the open details stay open.
+  function redraw() {
+    if (pending) return;
+    pending = true;
+    fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+      .then(function (r) {
+        if (r.redirected || !r.ok) { location.reload(); return null; }
+        return r.text();
+      })
+      .then(function (html) {
+        pending = false;
+        if (html === null) return;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var next = doc.getElementById("main");
+        var cur = document.getElementById("main");
+        if (!next || !cur) return;
+        var open = {};
+        cur.querySelectorAll("details[open]").forEach(function (d, i) { open[i] = true; });
+        var stamp = Date.now();
+        next.querySelectorAll("figure.chart img").forEach(function (img) {
+          img.setAttribute("src", img.getAttribute("src") + "?v=" + stamp);
+        });
+        cur.replaceWith(next);
+        next.querySelectorAll("details").forEach(function (d, i) { if (open[i]) d.open = true; });
+        confirmActions(next);
+        document.dispatchEvent(new CustomEvent("fleetlearn:redrawn"));
+        live(next);
+      })
+      .catch(function () { pending = false; });
+  }
+
+  var source = null;
+  var sourceURL = "";
+  function live(main) {
+    var url = main.getAttribute("data-live") || "";
+    if (url === sourceURL) return;
+    if (source) { source.close(); source = null; }
+    sourceURL = url;
+    if (!url || !window.EventSource) return;
+    source = new EventSource(url);
+    source.addEventListener("round", redraw);
+    source.addEventListener("refresh", redraw);
+    source.addEventListener("end", function () { source.close(); redraw(); });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    loginFromFragment();
+    confirmActions(document);
+    var main = document.getElementById("main");
+    if (main) live(main);
+  });
+})();

@@ -1,0 +1,128 @@
+package ui
+
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+func TestSafeNext(t *testing.T) {
+	for in, want := range map[string]string{
+		"/tasks/t-1": "/tasks/t-1", "": "/", "//evil.example": "/", "https://evil.example/": "/",
+		"/\\evil.example": "/", "/a\r\nSet-Cookie: x": "/", "tasks": "/",
+	} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestSameOrigin(t *testing.T) {
+	for _, c := range []struct {
+		origin, site string
+		want         bool
+	}{
+		{"https://ui.example:8443", "", true},
+		{"https://evil.example", "", false},
+		{"null", "", false},
+		{"", "same-origin", true},
+		{"", "cross-site", false},
+		{"", "", true}, // not a browser: it holds the token itself
+	} {
+		r := httptest.NewRequest("POST", "https://ui.example:8443/logout", nil)
+		if c.origin != "" {
+			r.Header.Set("Origin", c.origin)
+		}
+		if c.site != "" {
+			r.Header.Set("Sec-Fetch-Site", c.site)
+		}
+		if got := sameOrigin(r); got != c.want {
+			t.Errorf("Origin %q Sec-Fetch-Site %q: %v, want %v", c.origin, c.site, got, c.want)
+		}
+	}
+}
+
+func TestReasonClass(t *testing.T) {
+	for in, want := range map[string]string{
+		"update norm 7.1 exceeds the bound: device dev-3": "update norm 7.1 exceeds the bound",
+		"late":                   "late",
+		": starts with a colon":  ": starts with a colon",
+		strings.Repeat("x", 500): strings.Repeat("x", maxReasonLen) + "…",
+	} {
+		if got := reasonClass(in); got != want {
+			t.Errorf("reasonClass(%.40q) = %.40q, want %.40q", in, got, want)
+		}
+	}
+}
+
+// TestChartPoints: one dot per committed round, and none for rounds that
+// did not commit.
+func TestChartPoints(t *testing.T) {
+	rs := []*pb.RoundSummary{
+		{Round: 1, State: pb.RoundState_ROUND_STATE_COMMITTED, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0.5}}},
+		{Round: 2, State: pb.RoundState_ROUND_STATE_ABANDONED, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0.1}}},
+		{Round: 3, State: pb.RoundState_ROUND_STATE_COMMITTED, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0.7}}},
+	}
+	pts := series(rs, "accuracy")
+	if len(pts) != 2 || pts[1] != (point{3, 0.7}) {
+		t.Fatalf("series %v", pts)
+	}
+	for _, n := range []int{0, 1, 2} {
+		svg, err := chartSVG("accuracy", pts[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(strings.ToUpper(string(svg)), "FILL:#1F6FB4"); got != n {
+			t.Errorf("%d points drawn as %d dots", n, got)
+		}
+	}
+}
+
+// TestPagesDraw draws every page from empty and from filled data: a
+// template that dereferences what an API may leave unset fails here, not
+// in front of an operator.
+func TestPagesDraw(t *testing.T) {
+	h := &Handler{o: options{log: slog.New(slog.NewTextHandler(tWriter{t}, nil))}}
+	v := &viewer{CSRF: "x"}
+	task := &pb.Task{Id: "t-1", Name: "demo", Dp: &pb.DPConfig{TargetEpsilon: 4, Delta: 1e-5}}
+	round := roundRow{RoundSummary: &pb.RoundSummary{Round: 1, Metrics: &pb.Metrics{Values: map[string]float64{"accuracy": 0.9}}},
+		Metrics: []metricValue{{"accuracy", 0.9}}}
+	job := &pb.PoolJob{Spec: &pb.PoolJobSpec{Id: "j-1"}}
+	cases := map[string][]any{
+		"login": {loginData{}, loginData{Msg: "m", Next: "/x"}},
+		"error": {struct {
+			Code int
+			Msg  string
+		}{500, "boom"}},
+		"overview": {overviewData{Fleet: &fleet{}, Checkpoint: &checkpointView{}, Pool: &poolView{}}, overviewData{FleetDenied: &denied{"no"}, TasksDenied: &denied{"no"}, NoPool: true, AuditDenied: &denied{"no"}}, overviewData{Fleet: &fleet{}, Tasks: []taskRow{{Task: task}}, Checkpoint: &checkpointView{Verified: true}, PoolDenied: &denied{"no"}}},
+		"devices":  {devicesData{Fleet: &fleet{}}, devicesData{Fleet: &fleet{Devices: []*pb.Device{{Id: "d"}, {Id: "r", RevokeTime: nil}}}, CanRevoke: true}},
+		"task":     {&taskData{Task: &pb.Task{}}, &taskData{Task: task, DP: true, Budget: 4, Epsilon: 1, Rounds: []roundRow{round}, Charts: []chartRef{{Metric: "accuracy", Points: []point{{1, 0.9}}}}, Refusals: []reasonCount{{"late", 1}}, CanStop: true, CanResume: true}},
+		"round":    {roundData{Task: task, Round: round}, roundData{Task: task, Round: round, Denied: &denied{"no"}, Events: []eventView{{Type: "round.opened"}}, Failures: []*pb.DeviceFailure{{DeviceId: "d", Reason: "late"}}}},
+		"audit":    {auditData{Checkpoint: &checkpointView{}}, auditData{Checkpoint: &checkpointView{Verified: true, Witnesses: []witnessView{{Name: "w", Cosigned: true}, {Name: "v", Problem: "p"}}}, Events: []eventView{{Index: 1, Task: "t"}}, Next: "n"}, auditData{Checkpoint: &checkpointView{}, Denied: &denied{"no"}}},
+		"entry":    {entryData{Checkpoint: &checkpointView{}}, entryData{Checkpoint: &checkpointView{Size: 2}, Included: true, Proof: []string{"ab"}}},
+		"pool":     {poolData{NoPool: true}, poolData{poolView: &poolView{}}, poolData{poolView: &poolView{Jobs: []*pb.PoolJob{job, {}}, Workers: []*pb.PoolWorker{{Id: "w"}}, Tenants: []tenantUsage{{Tenant: "a"}}}}},
+		"job":      {jobData{Job: &pb.PoolJob{}}, jobData{Job: job, Islands: []*pb.PoolJob{job}, Model: &pb.Model{}, CanCancel: true}},
+	}
+	for name := range pages {
+		if _, ok := cases[name]; !ok {
+			t.Errorf("page %s has no case here", name)
+		}
+	}
+	for name, datas := range cases {
+		for i, d := range datas {
+			w := httptest.NewRecorder()
+			h.renderFrame(w, http.StatusOK, name, frame{Viewer: v, Data: d})
+			if w.Code != http.StatusOK {
+				t.Errorf("%s #%d: %d %s", name, i, w.Code, w.Body.String())
+			}
+		}
+	}
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
