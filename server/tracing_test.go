@@ -19,42 +19,18 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
-	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
-// tracedHarness is servertest.New's harness with server options, which
-// servertest does not take.
-func tracedHarness(t *testing.T, opts ...server.Option) *servertest.Harness {
-	t.Helper()
-	pub, jwks := servertest.NewPublisher(t)
-	cfg := server.Config{DataDir: t.TempDir(), NATSListen: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		MetricsAddr: "off", PaceWindow: 200 * time.Millisecond, ModulePublishersJWKS: jwks}
-	s, err := server.New(cfg, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(ctx) })
-	h := &servertest.Harness{Server: s, Dir: cfg.DataDir, Publisher: pub}
-	h.Conn = h.Dial(t, s.AdminToken())
-	h.Tasks, h.Models, h.Modules = apiv1.NewTaskServiceClient(h.Conn), apiv1.NewModelServiceClient(h.Conn), apiv1.NewModuleServiceClient(h.Conn)
-	h.Devices = apiv1.NewDeviceServiceClient(h.Conn)
-	return h
-}
-
 // tracedRound runs a task of one plaintext round on a server and n agents
 // that share tp, and returns the task once it completed and the agents
 // stopped.
 func tracedRound(t *testing.T, tp trace.TracerProvider, n int) *pb.Task {
 	t.Helper()
-	h := tracedHarness(t, server.WithTracerProvider(tp))
+	h := servertest.NewWith(t, []server.Option{server.WithTracerProvider(tp)})
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
@@ -218,7 +194,7 @@ func TestSecureRoundTrace(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	h := tracedHarness(t, server.WithTracerProvider(tp))
+	h := servertest.NewWith(t, []server.Option{server.WithTracerProvider(tp)})
 	base, err := model.New(model.Tensor{Name: "w", Shape: []int{4, 5}, Data: make([]float32, 20)},
 		model.Tensor{Name: "b", Shape: []int{5}, Data: []float32{1, 2, 3, 4, 5}})
 	if err != nil {

@@ -81,6 +81,13 @@ func WithConfig(f func(*server.Config)) Option { return Option(f) }
 // FLEETLEARN_TEST_LOG=1 to see its logs.
 func New(t testing.TB, opts ...Option) *Harness {
 	t.Helper()
+	return NewWith(t, nil, opts...)
+}
+
+// NewWith is New with server options besides the configuration: a tracer
+// provider, a clock.
+func NewWith(t testing.TB, serverOpts []server.Option, opts ...Option) *Harness {
+	t.Helper()
 	pub, jwks := NewPublisher(t)
 	cfg := server.Config{DataDir: t.TempDir(), NATSListen: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 		MetricsAddr: "127.0.0.1:0", PaceWindow: 200 * time.Millisecond, CacheDir: sharedCache(t),
@@ -92,7 +99,7 @@ func New(t testing.TB, opts ...Option) *Harness {
 	if os.Getenv("FLEETLEARN_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	s, err := server.New(cfg, server.WithLogger(log))
+	s, err := server.New(cfg, append([]server.Option{server.WithLogger(log)}, serverOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

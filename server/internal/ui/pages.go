@@ -48,67 +48,63 @@ type fleet struct {
 	Truncated                 bool
 }
 
-func (h *Handler) fleet(ctx context.Context) (*fleet, error) {
-	f := &fleet{}
-	req := &pb.ListDevicesRequest{PageSize: pageSize, IncludeRevoked: true}
+// collect pages through a list call until the last page or limit items:
+// each view costs a bounded number of API calls however large the state.
+func collect[T any](limit int, page func(token string) ([]T, string, error)) (items []T, truncated bool, err error) {
+	token := ""
 	for {
-		resp, err := h.devices().ListDevices(ctx, req)
+		got, next, err := page(token)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		for _, d := range resp.GetDevices() {
-			switch {
-			case d.GetRevokeTime() != nil:
-				f.Revoked++
-			default:
-				f.Enrolled++
-				if d.GetOnline() {
-					f.Online++
-				}
+		items = append(items, got...)
+		if next == "" {
+			return items, false, nil
+		}
+		if len(items) >= limit {
+			return items, true, nil
+		}
+		token = next
+	}
+}
+
+func (h *Handler) fleet(ctx context.Context) (*fleet, error) {
+	devs, truncated, err := collect(maxDevices, func(tok string) ([]*pb.Device, string, error) {
+		resp, err := h.devices().ListDevices(ctx, &pb.ListDevicesRequest{PageSize: pageSize, IncludeRevoked: true, PageToken: tok})
+		return resp.GetDevices(), resp.GetNextPageToken(), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	f := &fleet{Devices: devs, Truncated: truncated}
+	for _, d := range devs {
+		switch {
+		case d.GetRevokeTime() != nil:
+			f.Revoked++
+		default:
+			f.Enrolled++
+			if d.GetOnline() {
+				f.Online++
 			}
 		}
-		f.Devices = append(f.Devices, resp.GetDevices()...)
-		if resp.GetNextPageToken() == "" {
-			return f, nil
-		}
-		if len(f.Devices) >= maxDevices {
-			f.Truncated = true
-			return f, nil
-		}
-		req.PageToken = resp.GetNextPageToken()
 	}
+	return f, nil
 }
 
 func (h *Handler) listTasks(ctx context.Context) ([]*pb.Task, error) {
-	var out []*pb.Task
-	req := &pb.ListTasksRequest{PageSize: 100}
-	for {
-		resp, err := h.tasks().ListTasks(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, resp.GetTasks()...)
-		if resp.GetNextPageToken() == "" || len(out) >= maxTasks {
-			return out, nil
-		}
-		req.PageToken = resp.GetNextPageToken()
-	}
+	ts, _, err := collect(maxTasks, func(tok string) ([]*pb.Task, string, error) {
+		resp, err := h.tasks().ListTasks(ctx, &pb.ListTasksRequest{PageSize: 100, PageToken: tok})
+		return resp.GetTasks(), resp.GetNextPageToken(), err
+	})
+	return ts, err
 }
 
 func (h *Handler) rounds(ctx context.Context, task string) ([]*pb.RoundSummary, error) {
-	var out []*pb.RoundSummary
-	req := &pb.ListRoundsRequest{TaskId: task, PageSize: pageSize}
-	for {
-		resp, err := h.tasks().ListRounds(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, resp.GetRounds()...)
-		if resp.GetNextPageToken() == "" || len(out) >= maxRounds {
-			return out, nil
-		}
-		req.PageToken = resp.GetNextPageToken()
-	}
+	rs, _, err := collect(maxRounds, func(tok string) ([]*pb.RoundSummary, string, error) {
+		resp, err := h.tasks().ListRounds(ctx, &pb.ListRoundsRequest{TaskId: task, PageSize: pageSize, PageToken: tok})
+		return resp.GetRounds(), resp.GetNextPageToken(), err
+	})
+	return rs, err
 }
 
 // poolView is the compute pool's queue and workers.
@@ -127,19 +123,14 @@ type tenantUsage struct {
 }
 
 func (h *Handler) poolView(ctx context.Context) (*poolView, error) {
-	p := &poolView{ByState: map[string]int{}}
-	req := &pb.ListJobsRequest{PageSize: 200}
-	for {
-		resp, err := h.pool().ListJobs(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		p.Jobs = append(p.Jobs, resp.GetJobs()...)
-		if resp.GetNextPageToken() == "" || len(p.Jobs) >= maxJobs {
-			break
-		}
-		req.PageToken = resp.GetNextPageToken()
+	jobs, _, err := collect(maxJobs, func(tok string) ([]*pb.PoolJob, string, error) {
+		resp, err := h.pool().ListJobs(ctx, &pb.ListJobsRequest{PageSize: 200, PageToken: tok})
+		return resp.GetJobs(), resp.GetNextPageToken(), err
+	})
+	if err != nil {
+		return nil, err
 	}
+	p := &poolView{ByState: map[string]int{}, Jobs: jobs}
 	ws, err := h.pool().ListWorkers(ctx, &pb.ListWorkersRequest{})
 	if err != nil {
 		return nil, err

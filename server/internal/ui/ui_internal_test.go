@@ -126,3 +126,20 @@ func TestPagesDraw(t *testing.T) {
 type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
+
+// TestCollectStopsAtItsLimit: a server that always has another page costs
+// a bounded number of calls.
+func TestCollectStopsAtItsLimit(t *testing.T) {
+	calls := 0
+	items, truncated, err := collect(25, func(tok string) ([]int, string, error) {
+		calls++
+		return make([]int, 10), "more", nil
+	})
+	if err != nil || !truncated || len(items) != 30 || calls != 3 {
+		t.Fatalf("%d items, truncated %v, %d calls, %v", len(items), truncated, calls, err)
+	}
+	items, truncated, _ = collect(25, func(tok string) ([]int, string, error) { return []int{1}, "", nil })
+	if truncated || len(items) != 1 {
+		t.Fatalf("one page: %d items, truncated %v", len(items), truncated)
+	}
+}
