@@ -143,3 +143,24 @@ func TestCollectStopsAtItsLimit(t *testing.T) {
 		t.Fatalf("one page: %d items, truncated %v", len(items), truncated)
 	}
 }
+
+// TestPagesEscapePeerText: what devices report about themselves and what
+// modules name their metrics reaches the pages escaped.
+func TestPagesEscapePeerText(t *testing.T) {
+	h := &Handler{o: options{log: slog.New(slog.NewTextHandler(tWriter{t}, nil))}}
+	const evil = `<script>alert(1)</script>`
+	for name, d := range map[string]any{
+		"devices": devicesData{Fleet: &fleet{Devices: []*pb.Device{{Id: "d", Attributes: &pb.DeviceAttributes{DeviceClass: evil, AgentVersion: evil}}}}},
+		"task": &taskData{Task: &pb.Task{Name: "t", StateReason: evil}, Rounds: []roundRow{{RoundSummary: &pb.RoundSummary{Round: 1, Reason: evil},
+			Metrics: []metricValue{{evil, 1}}}}, Refusals: []reasonCount{{evil, 1}}, Charts: []chartRef{{Metric: evil}}},
+		"round": roundData{Task: &pb.Task{}, Round: roundRow{RoundSummary: &pb.RoundSummary{Round: 1}},
+			Failures: []*pb.DeviceFailure{{DeviceId: evil, Reason: evil}}, Events: []eventView{{Payload: evil, Actor: evil}}},
+		"entry": entryData{Checkpoint: &checkpointView{}, Event: eventView{Payload: `{"x":"` + evil + `"}`}},
+	} {
+		w := httptest.NewRecorder()
+		h.renderFrame(w, http.StatusOK, name, frame{Viewer: &viewer{}, Data: d})
+		if w.Code != http.StatusOK || strings.Contains(w.Body.String(), "<script>alert") {
+			t.Errorf("%s: %d, raw script in the page: %v", name, w.Code, strings.Contains(w.Body.String(), "<script>alert"))
+		}
+	}
+}
