@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -62,6 +63,17 @@ func newDashboardFixture(t *testing.T) *dashboardFixture {
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
 		t.Fatalf("task %v: %s", done.State, done.StateReason)
 	}
+	// The entry page proves inclusion in the latest checkpoint, which the
+	// server signs every second while the log grows: wait for one that
+	// covers entry 0, the one the tests open.
+	audits := apiv1.NewAuditServiceClient(h.Conn)
+	for {
+		cp, err := audits.GetCheckpoint(t.Context(), &pb.GetCheckpointRequest{})
+		if err == nil && checkpointSize(t, cp.GetCheckpoint().GetNote()) > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	f := &dashboardFixture{h: h, url: h.UIURL(), task: done, rounds: h.Rounds(t, done.Id)}
 	var err error
 	if f.operator, err = h.MintToken("olga", []identity.Role{identity.RoleOperator}, time.Hour); err != nil {
@@ -71,6 +83,20 @@ func newDashboardFixture(t *testing.T) *dashboardFixture {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// checkpointSize reads a checkpoint note's tree size (its second line)
+// without verifying it: the pages under test do that.
+func checkpointSize(t *testing.T, note []byte) uint64 {
+	lines := strings.SplitN(string(note), "\n", 3)
+	if len(lines) < 2 {
+		return 0
+	}
+	n, err := strconv.ParseUint(lines[1], 10, 64)
+	if err != nil {
+		t.Fatalf("checkpoint note %q", note)
+	}
+	return n
 }
 
 // committed returns the task's committed rounds and the last one's

@@ -31,6 +31,8 @@ type checkpointView struct {
 	Witnesses []witnessView
 	Verified  bool
 	Problem   string
+	// Pending says why there is no checkpoint to show.
+	Pending string
 }
 
 type witnessView struct {
@@ -63,6 +65,10 @@ func (h *Handler) checkpoint(ctx context.Context) (*checkpointView, error) {
 		return nil, err
 	}
 	res, err := h.audit().GetCheckpoint(ctx, &pb.GetCheckpointRequest{})
+	if status.Code(err) == codes.FailedPrecondition {
+		// A log that has signed nothing yet: seconds after a first start.
+		return &checkpointView{Pending: status.Convert(err).Message()}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -240,9 +246,6 @@ func (h *Handler) entryPage(r *http.Request, v *viewer) (string, frame, error) {
 	if err != nil {
 		return "", frame{}, err
 	}
-	if !cp.Verified || i >= cp.Size {
-		return "", frame{}, errNotFound
-	}
 	k, err := h.keys(ctx)
 	if err != nil {
 		return "", frame{}, err
@@ -256,6 +259,9 @@ func (h *Handler) entryPage(r *http.Request, v *viewer) (string, frame, error) {
 		return "", frame{}, err
 	}
 	msg, err := st.Recv()
+	if status.Code(err) == codes.OutOfRange {
+		return "", frame{}, errNotFound // beyond the log
+	}
 	if err != nil && err != io.EOF {
 		return "", frame{}, err
 	}
@@ -268,6 +274,15 @@ func (h *Handler) entryPage(r *http.Request, v *viewer) (string, frame, error) {
 		return "", frame{}, err
 	}
 	d := entryData{Event: viewOf(i, ev), Checkpoint: cp, LeafHash: hex.EncodeToString(pe.GetLeafHash())}
+	switch {
+	case !cp.Verified && cp.Pending == "":
+		d.Problem = "the latest checkpoint does not verify, so inclusion cannot be checked: " + cp.Problem
+		return "entry", frame{Title: "Audit entry " + strconv.FormatUint(i, 10), Nav: "audit", Data: d}, nil
+	case i >= cp.Size:
+		// Checkpoints are signed every second while the log grows.
+		d.Problem = "not in a checkpoint yet (the latest covers " + strconv.FormatUint(cp.Size, 10) + " entries): reload in a moment"
+		return "entry", frame{Title: "Audit entry " + strconv.FormatUint(i, 10), Nav: "audit", Data: d}, nil
+	}
 	p, err := h.audit().GetInclusionProof(ctx, &pb.GetInclusionProofRequest{LeafIndex: i, TreeSize: cp.Size})
 	if err != nil {
 		return "", frame{}, err

@@ -102,8 +102,8 @@ func TestPagesDraw(t *testing.T) {
 		"devices":  {devicesData{Fleet: &fleet{}}, devicesData{Fleet: &fleet{Devices: []*pb.Device{{Id: "d"}, {Id: "r", RevokeTime: nil}}}, CanRevoke: true}},
 		"task":     {&taskData{Task: &pb.Task{}}, &taskData{Task: task, DP: true, Budget: 4, Epsilon: 1, Rounds: []roundRow{round}, Charts: []chartRef{{Metric: "accuracy", Points: []point{{1, 0.9}}}}, Refusals: []reasonCount{{"late", 1}}, CanStop: true, CanResume: true}},
 		"round":    {roundData{Task: task, Round: round}, roundData{Task: task, Round: round, Denied: &denied{"no"}, Events: []eventView{{Type: "round.opened"}}, Failures: []*pb.DeviceFailure{{DeviceId: "d", Reason: "late"}}}},
-		"audit":    {auditData{Checkpoint: &checkpointView{}}, auditData{Checkpoint: &checkpointView{Verified: true, Witnesses: []witnessView{{Name: "w", Cosigned: true}, {Name: "v", Problem: "p"}}}, Events: []eventView{{Index: 1, Task: "t"}}, Next: "n"}, auditData{Checkpoint: &checkpointView{}, Denied: &denied{"no"}}},
-		"entry":    {entryData{Checkpoint: &checkpointView{}}, entryData{Checkpoint: &checkpointView{Size: 2}, Included: true, Proof: []string{"ab"}}},
+		"audit":    {auditData{Checkpoint: &checkpointView{}}, auditData{Checkpoint: &checkpointView{Pending: "none"}}, auditData{Checkpoint: &checkpointView{Verified: true, Witnesses: []witnessView{{Name: "w", Cosigned: true}, {Name: "v", Problem: "p"}}}, Events: []eventView{{Index: 1, Task: "t"}}, Next: "n"}, auditData{Checkpoint: &checkpointView{}, Denied: &denied{"no"}}},
+		"entry":    {entryData{Checkpoint: &checkpointView{}}, entryData{Checkpoint: &checkpointView{Pending: "none"}, Problem: "not yet"}, entryData{Checkpoint: &checkpointView{Size: 2}, Included: true, Proof: []string{"ab"}}},
 		"pool":     {poolData{NoPool: true}, poolData{poolView: &poolView{}}, poolData{poolView: &poolView{Jobs: []*pb.PoolJob{job, {}}, Workers: []*pb.PoolWorker{{Id: "w"}}, Tenants: []tenantUsage{{Tenant: "a"}}}}},
 		"job":      {jobData{Job: &pb.PoolJob{}}, jobData{Job: job, Islands: []*pb.PoolJob{job}, Model: &pb.Model{}, CanCancel: true}},
 	}
