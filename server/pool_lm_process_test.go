@@ -71,17 +71,21 @@ func TestPoolPretrainLM(t *testing.T) {
 	if j.GetState() != pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED || j.GetAttempt() != 2 || j.GetOutputVersion() == "" {
 		t.Fatalf("killed job %v (%s) attempt %d, model %q", j.GetState(), j.GetStateReason(), j.GetAttempt(), j.GetOutputVersion())
 	}
-	kinds, resumed := 0, 0
+	// Every rank says what it trains; the killed worker's rank may have
+	// died before its worker shipped that line (logs go up in batches), so
+	// attempt 1 counts only the survivor's.
+	kinds, resumed := map[uint32]int{}, 0
 	for _, l := range pc.logs("golm-killed") {
 		if strings.Contains(l.GetText(), "language model, AdamW") {
-			kinds++
+			kinds[l.GetAttempt()]++
 		}
 		if l.GetAttempt() == 2 && strings.Contains(l.GetText(), "resuming from the checkpoint at step ") {
 			resumed++
 		}
 	}
-	if kinds < 4 || resumed != 2 {
-		t.Fatalf("%d rank starts say they train a language model with AdamW (want 4), %d of attempt 2 resumed (want 2)", kinds, resumed)
+	if kinds[1] < 1 || kinds[2] != 2 || resumed != 2 {
+		t.Fatalf("rank starts that say they train a language model with AdamW: %d of attempt 1 (want 1 or 2), %d of attempt 2 (want 2); %d of attempt 2 resumed (want 2)",
+			kinds[1], kinds[2], resumed)
 	}
 
 	pc.submit(spec("golm-straight")...)
