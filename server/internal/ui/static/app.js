@@ -24,36 +24,46 @@
   }
 
   var pending = false;
+  var again = false;
   // redraw fetches the page again and swaps its main content, with fresh
-  // charts; the open details stay open.
+  // charts; the open details stay open. An update that arrives while a
+  // fetch is in flight is not dropped: one more fetch follows it, so the
+  // last event (a round closing, the task ending) is always drawn.
   function redraw() {
-    if (pending) return;
+    if (pending) { again = true; return; }
     pending = true;
+    function done() {
+      pending = false;
+      if (again) { again = false; redraw(); }
+    }
     fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
       .then(function (r) {
         if (r.redirected || !r.ok) { location.reload(); return null; }
         return r.text();
       })
       .then(function (html) {
-        pending = false;
-        if (html === null) return;
-        var doc = new DOMParser().parseFromString(html, "text/html");
-        var next = doc.getElementById("main");
-        var cur = document.getElementById("main");
-        if (!next || !cur) return;
-        var open = {};
-        cur.querySelectorAll("details[open]").forEach(function (d, i) { open[i] = true; });
-        var stamp = Date.now();
-        next.querySelectorAll("figure.chart img").forEach(function (img) {
-          img.setAttribute("src", img.getAttribute("src") + "?v=" + stamp);
-        });
-        cur.replaceWith(next);
-        next.querySelectorAll("details").forEach(function (d, i) { if (open[i]) d.open = true; });
-        confirmActions(next);
-        document.dispatchEvent(new CustomEvent("fleetlearn:redrawn"));
-        live(next);
+        if (html !== null) swap(html);
+        done();
       })
-      .catch(function () { pending = false; });
+      .catch(done);
+  }
+
+  function swap(html) {
+    var doc = new DOMParser().parseFromString(html, "text/html");
+    var next = doc.getElementById("main");
+    var cur = document.getElementById("main");
+    if (!next || !cur) return;
+    var open = {};
+    cur.querySelectorAll("details[open]").forEach(function (d, i) { open[i] = true; });
+    var stamp = Date.now();
+    next.querySelectorAll("figure.chart img").forEach(function (img) {
+      img.setAttribute("src", img.getAttribute("src") + "?v=" + stamp);
+    });
+    cur.replaceWith(next);
+    next.querySelectorAll("details").forEach(function (d, i) { if (open[i]) d.open = true; });
+    confirmActions(next);
+    document.dispatchEvent(new CustomEvent("fleetlearn:redrawn"));
+    live(next);
   }
 
   var source = null;
@@ -67,7 +77,14 @@
     source = new EventSource(url);
     source.addEventListener("round", redraw);
     source.addEventListener("refresh", redraw);
-    source.addEventListener("end", function () { source.close(); redraw(); });
+    source.addEventListener("end", function () {
+      // The watch is over (the task ended): the next page says whether
+      // there is anything left to follow.
+      source.close();
+      source = null;
+      sourceURL = "";
+      redraw();
+    });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
