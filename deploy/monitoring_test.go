@@ -53,9 +53,8 @@ type dsRef struct {
 
 type gridXY struct{ X, Y, W, H int }
 
-// prometheusRule is a monitoring.coreos.com/v1 PrometheusRule, decoded
-// strictly: a misspelt field fails the test.
-type prometheusRule struct {
+// object is what every Kubernetes object starts with.
+type object struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
@@ -63,7 +62,13 @@ type prometheusRule struct {
 		Namespace string            `json:"namespace"`
 		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
-	Spec struct {
+}
+
+// prometheusRule is a monitoring.coreos.com/v1 PrometheusRule, decoded
+// strictly: a misspelt field fails the test.
+type prometheusRule struct {
+	object `json:",inline"`
+	Spec   struct {
 		Groups []struct {
 			Name  string `json:"name"`
 			Rules []struct {
@@ -80,14 +85,8 @@ type prometheusRule struct {
 
 // serviceMonitor is a monitoring.coreos.com/v1 ServiceMonitor.
 type serviceMonitor struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name      string            `json:"name"`
-		Namespace string            `json:"namespace"`
-		Labels    map[string]string `json:"labels"`
-	} `json:"metadata"`
-	Spec struct {
+	object `json:",inline"`
+	Spec   struct {
 		Selector struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`

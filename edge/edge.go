@@ -28,7 +28,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
@@ -40,6 +39,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/internal/objfetch"
 	"github.com/fleetlearn/fleetlearn/internal/sandboxlimits"
+	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -166,10 +166,11 @@ type Agent struct {
 // agent that is not enrolled is refused with ErrNotEnrolled before anything
 // is written to its data directory.
 func New(cfg Config, opts ...Option) (*Agent, error) {
-	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real(), tracer: noop.NewTracerProvider()}
+	o := options{log: slog.New(slog.DiscardHandler), clock: clock.Real()}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.tracer = tracing.Or(o.tracer)
 	if o.rand == nil {
 		var seed [32]byte
 		rand.Read(seed[:])

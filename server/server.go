@@ -647,6 +647,12 @@ func checkAdvertise(cfg Config) error {
 	return nil
 }
 
+// isLoopback reports whether a listen host is this machine only.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}
+
 // everyInterface reports whether a listen or URL host means every
 // interface ("", 0.0.0.0, ::): an address to listen on, never one to dial.
 func everyInterface(host string) bool {
@@ -688,7 +694,7 @@ func (s *Server) warnUnreachable() {
 	}
 	for what, addr := range addrs {
 		h, _, err := net.SplitHostPort(addr)
-		if ip := net.ParseIP(h); err == nil && (h == "localhost" || ip != nil && ip.IsLoopback()) {
+		if err == nil && isLoopback(h) {
 			s.o.log.Warn("the public host is set but this listener is on loopback: other hosts cannot reach it",
 				"public_host", s.cfg.PublicHost, what, addr)
 		}

@@ -33,7 +33,7 @@ func checkUIConfig(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --ui %q: want host:port", cfg.UIAddr)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+	if !isLoopback(host) {
 		return fmt.Errorf("server: --ui-insecure serves the dashboard and its session tokens in the clear: " +
 			"only on a loopback address (127.0.0.1:PORT); drop --ui-insecure to serve it over TLS")
 	}

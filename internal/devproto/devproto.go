@@ -27,7 +27,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
@@ -217,11 +216,7 @@ func New(cfg Config) (*Device, error) {
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = noop.NewTracerProvider()
-	}
-	d.tracer = tp.Tracer("github.com/fleetlearn/fleetlearn/internal/devproto")
+	d.tracer = tracing.Or(cfg.TracerProvider).Tracer("github.com/fleetlearn/fleetlearn/internal/devproto")
 	return d, nil
 }
 

@@ -152,14 +152,13 @@ const (
 
 var propagator = propagation.TraceContext{}
 
-// Inject writes the span context of ctx into h as traceparent (and
-// tracestate); it writes nothing when ctx holds no valid span context, as
-// with the no-op provider.
-func Inject(ctx context.Context, h nats.Header) {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return
+// Or is tp, or the no-op provider when tp is nil: a collaborator given no
+// provider records nothing.
+func Or(tp trace.TracerProvider) trace.TracerProvider {
+	if tp == nil {
+		return noop.NewTracerProvider()
 	}
-	propagator.Inject(ctx, natsCarrier(h))
+	return tp
 }
 
 // Header returns a header holding the trace context of ctx, or nil when

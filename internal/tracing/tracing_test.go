@@ -32,8 +32,7 @@ func emit(t *testing.T, tp trace.TracerProvider) {
 	t.Helper()
 	tr := tp.Tracer("test")
 	ctx, round := tr.Start(context.Background(), "round")
-	h := nats.Header{}
-	tracing.Inject(ctx, h)
+	h := tracing.Header(ctx)
 	dctx, checkin := tr.Start(tracing.Extract(context.Background(), h), "checkin")
 	checkin.End()
 	for _, name := range []string{"training", "upload"} {

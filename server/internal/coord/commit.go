@@ -189,7 +189,7 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 		t.round = nil
 	}
 	t.mu.Unlock()
-	kind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "train", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluate"}[row.Kind]
+	kind := kindName(row.Kind)
 	if t.span != nil {
 		t.span.SetAttributes(attrOutcome.String(outcome), attribute.Int("fleetlearn.round.reported", int(row.Reported)),
 			attribute.Int("fleetlearn.round.dropped", int(row.Dropped)))

@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/tracing"
@@ -27,10 +26,7 @@ const tracerName = "github.com/fleetlearn/fleetlearn/server/internal/coord"
 var attrOutcome = attribute.Key("fleetlearn.round.outcome")
 
 func newTracer(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		tp = noop.NewTracerProvider()
-	}
-	return tp.Tracer(tracerName)
+	return tracing.Or(tp).Tracer(tracerName)
 }
 
 // roundTrace is a round's spans. The round span is the runner's; the

@@ -127,7 +127,7 @@ func New() *M {
 		"Energy pool jobs' ranks reported, in joules, by tenant.", "tenant")
 	m.state = newStateCollector()
 	m.register("", m.state)
-	m.names = append(m.names, m.state.names()...)
+	m.names = append(m.names, m.state.names...)
 	r.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	slices.Sort(m.names)
 	return m

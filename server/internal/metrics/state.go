@@ -106,41 +106,38 @@ type stateCollector struct {
 	errors                                            *prometheus.CounterVec
 	devices, tasksByState, round, trainRounds, target *prometheus.Desc
 	budget, poolJobs, poolWorkers                     *prometheus.Desc
+	// descs and names are every family above, as built.
+	descs []*prometheus.Desc
+	names []string
 }
 
 func newStateCollector() *stateCollector {
-	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(name, help, labels, nil)
-	}
-	return &stateCollector{
+	c := &stateCollector{
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetlearn_metrics_source_errors_total",
 			Help: "Scrape-time readings (fleet, tasks, pool) that failed; their series are left out of that scrape."}, []string{"source"}),
-		devices: d("fleetlearn_devices",
-			"Devices by state: enrolled (and not revoked), online (not revoked, checked in within the coordinator's seen window), revoked.", "state"),
-		tasksByState: d("fleetlearn_tasks", "Tasks by state.", "state"),
-		round:        d("fleetlearn_task_round", "A running or paused task's current round number (training and evaluation rounds).", "task"),
-		trainRounds:  d("fleetlearn_task_train_rounds", "Training rounds a running or paused task has committed.", "task"),
-		target:       d("fleetlearn_task_rounds_target", "Training rounds a running or paused task is configured to run (rounds_total).", "task"),
-		budget:       d("fleetlearn_dp_epsilon_budget", "Differential privacy epsilon budget (target_epsilon) of a running or paused task with one.", "task"),
-		poolJobs:     d("fleetlearn_pool_jobs", "Pool jobs the service holds, by state and tenant.", "state", "tenant"),
-		poolWorkers:  d("fleetlearn_pool_workers", "Registered pool workers by state (ready, lost).", "state"),
+		names: []string{"fleetlearn_metrics_source_errors_total"},
 	}
-}
-
-func (c *stateCollector) descs() []*prometheus.Desc {
-	return []*prometheus.Desc{c.devices, c.tasksByState, c.round, c.trainRounds, c.target, c.budget, c.poolJobs, c.poolWorkers}
-}
-
-// names are the families the collector exports.
-func (c *stateCollector) names() []string {
-	return []string{"fleetlearn_metrics_source_errors_total", "fleetlearn_devices", "fleetlearn_tasks", "fleetlearn_task_round",
-		"fleetlearn_task_train_rounds", "fleetlearn_task_rounds_target", "fleetlearn_dp_epsilon_budget",
-		"fleetlearn_pool_jobs", "fleetlearn_pool_workers"}
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		desc := prometheus.NewDesc(name, help, labels, nil)
+		c.descs = append(c.descs, desc)
+		c.names = append(c.names, name)
+		return desc
+	}
+	c.devices = d("fleetlearn_devices",
+		"Devices by state: enrolled (and not revoked), online (not revoked, checked in within the coordinator's seen window), revoked.", "state")
+	c.tasksByState = d("fleetlearn_tasks", "Tasks by state.", "state")
+	c.round = d("fleetlearn_task_round", "A running or paused task's current round number (training and evaluation rounds).", "task")
+	c.trainRounds = d("fleetlearn_task_train_rounds", "Training rounds a running or paused task has committed.", "task")
+	c.target = d("fleetlearn_task_rounds_target", "Training rounds a running or paused task is configured to run (rounds_total).", "task")
+	c.budget = d("fleetlearn_dp_epsilon_budget", "Differential privacy epsilon budget (target_epsilon) of a running or paused task with one.", "task")
+	c.poolJobs = d("fleetlearn_pool_jobs", "Pool jobs the service holds, by state and tenant.", "state", "tenant")
+	c.poolWorkers = d("fleetlearn_pool_workers", "Registered pool workers by state (ready, lost).", "state")
+	return c
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.errors.Describe(ch)
-	for _, d := range c.descs() {
+	for _, d := range c.descs {
 		ch <- d
 	}
 }

@@ -368,8 +368,8 @@ func (s *Service) restore(ctx context.Context) error {
 		return fmt.Errorf("poolsvc: restore: %w", err)
 	}
 	for _, w := range workers {
-		if w.Worker.GetState() != "lost" {
-			w.Worker.State = "lost"
+		if w.Worker.GetState() != workerLost {
+			w.Worker.State = workerLost
 			if err := s.d.Store.PutPoolWorker(ctx, w); err != nil {
 				return fmt.Errorf("poolsvc: restore: %w", err)
 			}

@@ -9,7 +9,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
-// Worker states of fleetlearn_pool_workers, as PoolWorker.state names them.
+// Worker states: PoolWorker.state, and the labels of fleetlearn_pool_workers.
 const (
 	workerReady = "ready"
 	workerLost  = "lost"

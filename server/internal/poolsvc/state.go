@@ -437,7 +437,7 @@ func (s *Service) loseWorker(w *workerRT, why string) {
 	}
 	w.lost = true
 	w.starts, w.stops = nil, nil
-	w.rec.State = "lost"
+	w.rec.State = workerLost
 	w.signal()
 	if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
 		s.log.Error("storing pool worker", "worker", w.rec.Id, "err", err)

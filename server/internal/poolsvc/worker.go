@@ -167,7 +167,7 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
 			stopSent: map[rankAttempt]time.Time{},
 			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
-				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: "ready", Version: req.GetVersion(), Zone: req.GetZone()}}
+				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: workerReady, Version: req.GetVersion(), Zone: req.GetZone()}}
 		s.workers[id] = w
 		if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
 			s.log.Error("storing pool worker", "worker", id, "err", err)

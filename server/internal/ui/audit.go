@@ -3,6 +3,7 @@ package ui
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -43,27 +44,30 @@ type witnessView struct {
 	Problem  string
 }
 
-type keys struct {
-	*pb.GetPublicKeysResponse
-	checkpoint string
-}
+// keys are the log's published keys, fetched once per page.
+type keys struct{ *pb.GetPublicKeysResponse }
 
 func (h *Handler) keys(ctx context.Context) (*keys, error) {
 	k, err := h.audit().GetPublicKeys(ctx, &pb.GetPublicKeysRequest{})
 	if err != nil {
 		return nil, err
 	}
-	return &keys{GetPublicKeysResponse: k, checkpoint: k.GetCheckpointVerifierKey()}, nil
+	return &keys{k}, nil
 }
 
-// checkpoint fetches and verifies the latest checkpoint. A checkpoint that
-// does not verify is shown as such, not hidden: that is what an auditor
-// needs to see.
-func (h *Handler) checkpoint(ctx context.Context) (*checkpointView, error) {
-	k, err := h.keys(ctx)
+// entryKey is the key every entry's JWS verifies with.
+func (k *keys) entryKey() (ed25519.PublicKey, error) {
+	key, err := audit.ParseJWKS(k.GetEntryJwks())
 	if err != nil {
-		return nil, err
+		return nil, errorf("the server's entry key: %w", err)
 	}
+	return key, nil
+}
+
+// checkpoint fetches the latest checkpoint and verifies it with k. A
+// checkpoint that does not verify is shown as such, not hidden: that is
+// what an auditor needs to see.
+func (h *Handler) checkpoint(ctx context.Context, k *keys) (*checkpointView, error) {
 	res, err := h.audit().GetCheckpoint(ctx, &pb.GetCheckpointRequest{})
 	if status.Code(err) == codes.FailedPrecondition {
 		// A log that has signed nothing yet: seconds after a first start.
@@ -74,7 +78,7 @@ func (h *Handler) checkpoint(ctx context.Context) (*checkpointView, error) {
 	}
 	note := res.GetCheckpoint().GetNote()
 	cv := &checkpointView{Note: string(note)}
-	cp, err := audit.ParseCheckpoint(note, k.checkpoint)
+	cp, err := audit.ParseCheckpoint(note, k.GetCheckpointVerifierKey())
 	if err != nil {
 		cv.Problem = err.Error()
 		return cv, nil
@@ -86,7 +90,7 @@ func (h *Handler) checkpoint(ctx context.Context) (*checkpointView, error) {
 		w := witnessView{Key: wk, Name: strings.SplitN(wk, "+", 2)[0]}
 		if len(cosigned) == 0 {
 			w.Problem = "no cosignature yet"
-		} else if wcp, at, err := audit.VerifyCosignature(cosigned, k.checkpoint, wk); err != nil {
+		} else if wcp, at, err := audit.VerifyCosignature(cosigned, k.GetCheckpointVerifierKey(), wk); err != nil {
 			w.Problem = err.Error()
 		} else if wcp.Size != cp.Size || wcp.Root != cp.Root {
 			w.Problem = "cosigns checkpoint " + strconv.FormatUint(wcp.Size, 10) + ", not the latest"
@@ -112,14 +116,10 @@ type eventView struct {
 // entries queries the log through the API and verifies every entry's
 // signature and leaf hash, as the CLI does: the entry's bytes, not the
 // server's index, are authoritative.
-func (h *Handler) entries(ctx context.Context, f *pb.AuditFilter, token string, n int) ([]eventView, string, error) {
-	k, err := h.keys(ctx)
+func (h *Handler) entries(ctx context.Context, k *keys, f *pb.AuditFilter, token string, n int) ([]eventView, string, error) {
+	key, err := k.entryKey()
 	if err != nil {
 		return nil, "", err
-	}
-	key, err := audit.ParseJWKS(k.GetEntryJwks())
-	if err != nil {
-		return nil, "", errorf("the server's entry key: %w", err)
 	}
 	var out []eventView
 	req := &pb.QueryEntriesRequest{Filter: f, PageSize: int32(min(n, maxEntries)), PageToken: token}
@@ -190,7 +190,11 @@ func (f auditFilter) Query(next string) string {
 
 func (h *Handler) auditPage(r *http.Request, v *viewer) (string, frame, error) {
 	ctx := v.ctx(r)
-	cp, err := h.checkpoint(ctx)
+	k, err := h.keys(ctx)
+	if err != nil {
+		return "", frame{}, err
+	}
+	cp, err := h.checkpoint(ctx, k)
 	if err != nil {
 		return "", frame{}, err
 	}
@@ -206,7 +210,7 @@ func (h *Handler) auditPage(r *http.Request, v *viewer) (string, frame, error) {
 		}
 		f.Round = n
 	}
-	evs, next, err := h.entries(ctx, f, clip(q.Get("page"), 200), maxEntries)
+	evs, next, err := h.entries(ctx, k, f, clip(q.Get("page"), 200), maxEntries)
 	switch {
 	case err == nil:
 		d.Events, d.Next = evs, next
@@ -242,17 +246,17 @@ func (h *Handler) entryPage(r *http.Request, v *viewer) (string, frame, error) {
 	if err != nil {
 		return "", frame{}, errNotFound
 	}
-	cp, err := h.checkpoint(ctx)
-	if err != nil {
-		return "", frame{}, err
-	}
 	k, err := h.keys(ctx)
 	if err != nil {
 		return "", frame{}, err
 	}
-	key, err := audit.ParseJWKS(k.GetEntryJwks())
+	cp, err := h.checkpoint(ctx, k)
 	if err != nil {
-		return "", frame{}, errorf("the server's entry key: %w", err)
+		return "", frame{}, err
+	}
+	key, err := k.entryKey()
+	if err != nil {
+		return "", frame{}, err
 	}
 	st, err := h.audit().ExportEntries(ctx, &pb.ExportEntriesRequest{StartIndex: i, EndIndex: i + 1})
 	if err != nil {

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"sort"
@@ -35,11 +36,9 @@ func (h *Handler) pool() apiv1.PoolServiceClient      { return apiv1.NewPoolServ
 
 // enum renders a protobuf enum name without its type prefix:
 // TASK_STATE_RUNNING is "running".
-func enum(s fmtStringer, prefix string) string {
+func enum(s fmt.Stringer, prefix string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), prefix)), "_", " ")
 }
-
-type fmtStringer interface{ String() string }
 
 // fleet is the device registry seen through ListDevices.
 type fleet struct {
@@ -122,11 +121,16 @@ type tenantUsage struct {
 	EnergyJoules, GCO2e    float64
 }
 
-func (h *Handler) poolView(ctx context.Context) (*poolView, error) {
+func (h *Handler) jobs(ctx context.Context) ([]*pb.PoolJob, error) {
 	jobs, _, err := collect(maxJobs, func(tok string) ([]*pb.PoolJob, string, error) {
 		resp, err := h.pool().ListJobs(ctx, &pb.ListJobsRequest{PageSize: 200, PageToken: tok})
 		return resp.GetJobs(), resp.GetNextPageToken(), err
 	})
+	return jobs, err
+}
+
+func (h *Handler) poolView(ctx context.Context) (*poolView, error) {
+	jobs, err := h.jobs(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +211,11 @@ func (h *Handler) overview(r *http.Request, v *viewer) (string, frame, error) {
 			return "", frame{}, err
 		}
 	}
-	if d.Checkpoint, err = h.checkpoint(ctx); err != nil {
+	k, err := h.keys(ctx)
+	if err == nil {
+		d.Checkpoint, err = h.checkpoint(ctx, k)
+	}
+	if err != nil {
 		if d.AuditDenied, err = section(err); err != nil {
 			return "", frame{}, err
 		}
@@ -454,7 +462,11 @@ func (h *Handler) roundPage(r *http.Request, v *viewer) (string, frame, error) {
 	if !found {
 		return "", frame{}, errNotFound
 	}
-	evs, _, err := h.entries(ctx, &pb.AuditFilter{TaskId: id, Round: n}, "", maxTimeline)
+	k, err := h.keys(ctx)
+	var evs []eventView
+	if err == nil {
+		evs, _, err = h.entries(ctx, k, &pb.AuditFilter{TaskId: id, Round: n}, "", maxTimeline)
+	}
 	if err != nil {
 		if d.Denied, err = section(err); err != nil {
 			return "", frame{}, err
@@ -505,8 +517,8 @@ func (h *Handler) jobPage(r *http.Request, v *viewer) (string, frame, error) {
 	d.Done = st != pb.PoolJobState_POOL_JOB_STATE_QUEUED && st != pb.PoolJobState_POOL_JOB_STATE_RUNNING
 	d.CanCancel = !d.Done && h.may(v, apiv1.PoolService_CancelJob_FullMethodName)
 	if d.Job.GetSpec().GetDiloco() != nil {
-		if p, err := h.poolView(ctx); err == nil {
-			for _, o := range p.Jobs {
+		if jobs, err := h.jobs(ctx); err == nil {
+			for _, o := range jobs {
 				if o.GetParent() == id {
 					d.Islands = append(d.Islands, o)
 				}
