@@ -58,7 +58,8 @@ func fill(h int32, v float32) hostOp { return op("tensor_fill", h, v) }
 
 // opsModule hand-builds a module declaring ABI version that imports from ns
 // the functions ops call, runs ops in train (and evaluate), and when done
-// reports 24 examples; loop repeats ops until the call is stopped.
+// reports 24 examples; loop repeats the last of ops (the others set it up,
+// once) until the call is stopped.
 func opsModule(version int32, ns string, loop bool, ops ...hostOp) []byte {
 	const doc = `{"num_examples":24}`
 	ops = append(ops, op("output_write", int32(16), int32(len(doc))))
@@ -66,10 +67,10 @@ func opsModule(version int32, ns string, loop bool, ops ...hostOp) []byte {
 		Data: []wasmbin.Data{{Offset: 16, Bytes: []byte(doc)}}}
 	index := map[string]uint32{}
 	var body []byte
-	if loop {
-		body = []byte{wasmbin.OpLoop, wasmbin.BlockEmpty}
-	}
 	for i, o := range ops {
+		if loop && i == len(ops)-2 {
+			body = append(body, wasmbin.OpLoop, wasmbin.BlockEmpty)
+		}
 		f, ok := index[o.fn]
 		if !ok {
 			m.Types = append(m.Types, hostSigs[o.fn])
