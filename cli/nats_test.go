@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/cli"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/simfleet"
+	"github.com/fleetlearn/fleetlearn/internal/testtool"
 	"github.com/fleetlearn/fleetlearn/model"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -471,18 +471,11 @@ func TestNATSSubRefused(t *testing.T) {
 	}
 }
 
-// natsCLI builds the official nats CLI at the version cli/testdata/natscli
-// pins, or skips the test when it cannot be built here.
+// natsCLI is the official nats CLI at the version cli/testdata/natscli
+// pins, built by testtool's build command.
 func natsCLI(t *testing.T) string {
 	t.Helper()
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	bin := filepath.Join(t.TempDir(), "nats")
-	cmd := exec.Command(gobin, "build", "-o", bin, "github.com/nats-io/natscli/nats")
-	cmd.Dir = filepath.Join("testdata", "natscli")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("cannot build the nats CLI (github.com/nats-io/natscli, pinned in testdata/natscli/go.mod): %v\n%s", err, out)
-	}
-	return bin
+	return testtool.Find(t, testtool.NATS)
 }
 
 // natsRun runs the nats CLI with a home of its own, so that no context of

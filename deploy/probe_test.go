@@ -7,12 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetlearn/fleetlearn/internal/testtool"
 )
 
 // kpGuard bounds each wait for a state change. Generous: a loaded CI
@@ -26,8 +27,8 @@ const kpGuard = 2 * time.Minute
 // exec of the binaries' health commands, pass when they should and fail
 // when they should; a grpc probe of the TLS-only API fails.
 func TestKubeletProbes(t *testing.T) {
-	dir := bins(t)
 	kp := buildKubeprobe(t)
+	dir := bins(t)
 	serverBin := filepath.Join(dir, "fleetlearn-server")
 	edgeBin := filepath.Join(dir, "fleetlearn-edge")
 	cli := filepath.Join(dir, "fleetlearn")
@@ -106,19 +107,12 @@ func TestKubeletProbes(t *testing.T) {
 // kubelet's code.
 type kubeprobe string
 
-// buildKubeprobe builds testdata/kubeprobe, a module of its own so that
-// k8s.io/kubernetes stays out of the main go.mod.
+// buildKubeprobe finds testdata/kubeprobe, a module of its own so that
+// k8s.io/kubernetes stays out of the main go.mod, built by testtool's
+// build command.
 func buildKubeprobe(t *testing.T) kubeprobe {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kubeprobe")
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join("testdata", "kubeprobe")
-	// A go.work above the repository would not list the testdata module.
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build testdata/kubeprobe: %v\n%s", err, out)
-	}
-	return kubeprobe(bin)
+	return kubeprobe(testtool.Find(t, testtool.KubeProbe))
 }
 
 // run runs one probe and reports whether the kubelet would count it as

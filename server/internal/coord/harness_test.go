@@ -24,6 +24,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/natstest"
+	"github.com/fleetlearn/fleetlearn/internal/testwait"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -237,11 +238,12 @@ func (h *harness) awaitOpen(task string, round uint64) {
 	})
 }
 
-// until polls cond, yielding to the code under test, for at most a minute
-// of real time: a bound for hangs only, far beyond what the work needs.
+// until polls cond, yielding to the code under test, until the test
+// binary's deadline is near: a bound for hangs only (a 67 MB model opens
+// its round slowly on a loaded machine).
 func (h *harness) until(what string, cond func() bool) {
 	h.t.Helper()
-	limit := time.Now().Add(time.Minute)
+	limit := time.Now().Add(testwait.Limit(h.t))
 	for !cond() {
 		if time.Now().After(limit) {
 			h.t.Fatalf("timed out waiting for %s", what)
@@ -256,7 +258,7 @@ func (h *harness) until(what string, cond func() bool) {
 // next returns the next round event that is not OPENED.
 func (h *harness) next(ch <-chan *pb.RoundEvent) *pb.RoundEvent {
 	h.t.Helper()
-	limit := time.After(time.Minute)
+	limit := testwait.After(h.t)
 	for {
 		select {
 		case ev, ok := <-ch:
@@ -413,7 +415,7 @@ func (d *device) receipt() *pb.ReportReceipt {
 	select {
 	case r := <-d.receipts:
 		return r
-	case <-time.After(time.Minute):
+	case <-testwait.After(d.h.t):
 		d.h.t.Fatalf("%s: no receipt", d.id)
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/testwait"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
@@ -91,7 +92,7 @@ func (d *device) runSecure(plan *pb.RoundPlan, delta []float32, weight float64, 
 		var m *nats.Msg
 		select {
 		case m = <-down:
-		case <-time.After(time.Minute):
+		case <-testwait.After(d.h.t):
 			return fmt.Errorf("%s: no message from the server", d.id)
 		}
 		var msg pb.SecAggDown
@@ -257,7 +258,7 @@ func TestSecureRoundTooFewAdvertise(t *testing.T) {
 // before the timer exists, which would then never fire.
 func awaitArmed(t *testing.T, clk *clock.Fake, at time.Time) {
 	t.Helper()
-	guard := time.After(time.Minute)
+	guard := testwait.After(t)
 	for {
 		changed := clk.Changed()
 		if slices.ContainsFunc(clk.Deadlines(), at.Equal) {
@@ -279,7 +280,7 @@ func awaitAcks(t *testing.T, acked <-chan string, typ string, n int) {
 			if got == typ {
 				n--
 			}
-		case <-time.After(time.Minute):
+		case <-testwait.After(t):
 			t.Fatalf("timed out waiting for %d more %s", n, typ)
 		}
 	}
