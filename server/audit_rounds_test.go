@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -24,7 +25,7 @@ func TestAuditRoundEvents(t *testing.T) {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "audited", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(100, 8, 3, uint64(i+1)) })
+	startFleet(t, h, 4, func(i int) *data.Dataset { return datatest.Synthetic(100, 8, 3, uint64(i+1)) })
 	task := h.CreateTask(t, baseTask("audited", version, module, 2))
 	done := h.WaitTask(t, task.Id, 3*time.Minute, // a hang guard: -race on a loaded machine is slow
 		pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)

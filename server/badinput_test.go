@@ -7,9 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/fleetlearn/fleetlearn/edge"
-	"github.com/fleetlearn/fleetlearn/identity"
-	natsjwt "github.com/nats-io/jwt/v2"
 	"io"
 	"math"
 	"net"
@@ -20,6 +17,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	natsjwt "github.com/nats-io/jwt/v2"
+
+	"github.com/fleetlearn/fleetlearn/data/datatest"
+	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/identity"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -500,7 +503,7 @@ func TestBadReportsAreRefused(t *testing.T) {
 	}
 
 	// Only now do the honest agents arrive; the round still has its seats.
-	fl := startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
+	fl := startFleet(t, h, 4, func(i int) *data.Dataset { return datatest.Synthetic(200, 8, 3, uint64(i+1)) })
 
 	// Round 2: the loyal device joins again, the rogue does not.
 	loyalPlan = loyal.join(t, task, 2)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/internal/simfleet"
 	"github.com/fleetlearn/fleetlearn/model"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -123,7 +124,7 @@ func TestNoopModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ds := synthetic(7, 4, 2, 1)
+	ds := datatest.Synthetic(7, 4, 2, 1)
 	res, err := mod.Train(ctx, wasm.Call{Model: m, Data: ds})
 	if err != nil {
 		t.Fatal(err)
@@ -497,7 +498,7 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	edges := make([]*benchProc, devices)
 	for i := range edges {
 		ds := filepath.Join(dir, "data", strconv.Itoa(i))
-		if err := data.WriteDir(ds, synthetic(8, 4, 2, uint64(i+1)), "bench"); err != nil {
+		if err := data.WriteDir(ds, datatest.Synthetic(8, 4, 2, uint64(i+1)), "bench"); err != nil {
 			b.Fatal(err)
 		}
 		id := fmt.Sprintf("dev-%03d", i)

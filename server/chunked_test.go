@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -135,7 +136,7 @@ func bigHarness(t *testing.T, n, rows, cols int) (h *servertest.Harness, version
 	for i := range n {
 		id := fmt.Sprintf("dev-%03d", i)
 		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
-			edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
+			edge.WithDataset(datatest.Synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
@@ -40,7 +41,7 @@ func dpHarness(t *testing.T, n int) (h *servertest.Harness, version, module stri
 	for i := range n {
 		id := fmt.Sprintf("dev-%03d", i)
 		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
-			edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
+			edge.WithDataset(datatest.Synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
 		if err != nil {
 			t.Fatal(err)
 		}

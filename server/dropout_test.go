@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -55,7 +56,7 @@ func dropoutTask(t testing.TB, h *servertest.Harness, name string, target, goal 
 	return h.CreateTask(t, spec).Id, version
 }
 
-func honestData(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) }
+func honestData(i int) *data.Dataset { return datatest.Synthetic(200, 8, 3, uint64(i+1)) }
 
 // waitRound polls until the task has the given round in one of the states.
 func waitRound(t testing.TB, h *servertest.Harness, task string, round uint64, timeout time.Duration, states ...pb.RoundState) *pb.RoundSummary {
@@ -93,7 +94,7 @@ func TestDropoutRoundClosesAtDeadline(t *testing.T) {
 	ghost := newScripted(t, h, "ghost-1")
 	ghost.join(t, task, 1)
 
-	slow := startNamed(t, h, []string{"slow-1"}, func(int) *data.Dataset { return synthetic(200000, 8, 3, 99) })
+	slow := startNamed(t, h, []string{"slow-1"}, func(int) *data.Dataset { return datatest.Synthetic(200000, 8, 3, 99) })
 	for end := time.Now().Add(10 * time.Second); slow.agents[0].Stats().Rounds == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("slow agent was not selected")

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -48,7 +49,7 @@ func TestQuantizedRounds(t *testing.T) {
 			init, _ := train.InitMLP([]int{8, 3}, 1)
 			version := h.ImportModel(t, "synthetic", init)
 			module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-			startFleet(t, h, 5, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
+			startFleet(t, h, 5, func(i int) *data.Dataset { return datatest.Synthetic(200, 8, 3, uint64(i+1)) })
 			spec := baseTask("quantized", version, module, 3)
 			spec.UpdateEncoding = enc
 			task := h.CreateTask(t, spec)
@@ -97,7 +98,7 @@ func TestSecureInt8Rounds(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("dev-%03d", i)
 		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id},
-			edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
+			edge.WithDataset(datatest.Synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
@@ -343,7 +344,7 @@ func TestHostileCheckInImpersonation(t *testing.T) {
 	}()
 	var agents []*edge.Agent
 	for i, id := range ids {
-		agents = append(agents, startAgent(t, h, dirs[i], id, synthetic(sizes[i], 8, 3, uint64(i+1))))
+		agents = append(agents, startAgent(t, h, dirs[i], id, datatest.Synthetic(sizes[i], 8, 3, uint64(i+1))))
 	}
 	rounds := completed(t, h, task, 60*time.Second, 2)
 	close(stop)
@@ -423,7 +424,7 @@ func TestHostilePoisonDefaultBound(t *testing.T) {
 	t.Run("round 1", func(t *testing.T) { poison(t, 1) })
 	var agents []*edge.Agent
 	for i, id := range []string{"dev-000", "dev-001", "dev-002"} {
-		agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, synthetic(200, 8, 3, uint64(i+1))))
+		agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, datatest.Synthetic(200, 8, 3, uint64(i+1))))
 	}
 	t.Run("round 2", func(t *testing.T) { poison(t, 2) })
 	rounds := completed(t, h, task, 60*time.Second, 2)
@@ -547,7 +548,7 @@ func TestHostileMetric(t *testing.T) {
 	t.Run("round 1", func(t *testing.T) { play(t, 1) })
 	var agents []*edge.Agent
 	for i, id := range []string{"dev-000", "dev-001", "dev-002"} {
-		agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, synthetic(200, 8, 3, uint64(i+1))))
+		agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, datatest.Synthetic(200, 8, 3, uint64(i+1))))
 	}
 	t.Run("round 2", func(t *testing.T) { play(t, 2) })
 	rounds := completed(t, h, task, 60*time.Second, 2)
@@ -701,7 +702,7 @@ func TestHostileEvaluationRounds(t *testing.T) {
 		hostile := newScripted(t, h, "hostile-1")
 		var agents []*edge.Agent
 		for i, id := range []string{"dev-000", "dev-001"} {
-			agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, synthetic(150+50*i, 8, 3, uint64(i+1))))
+			agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, datatest.Synthetic(150+50*i, 8, 3, uint64(i+1))))
 		}
 		for round := uint64(1); round <= 4; round++ {
 			plan := hostile.join(t, task, round)
@@ -750,7 +751,7 @@ func TestHostileEvaluationRounds(t *testing.T) {
 		watched := watchCommits(t, h, task)
 		var agents []*edge.Agent
 		for i, id := range []string{"dev-000", "dev-001", "dev-002", "dev-003"} {
-			agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, synthetic(20, 4, 2, uint64(i+1))))
+			agents = append(agents, startAgent(t, h, enrollDir(t, h, id), id, datatest.Synthetic(20, 4, 2, uint64(i+1))))
 		}
 		rounds := completed(t, h, task, 90*time.Second, 4)
 		checkEvalRounds(t, rounds, watched, "eval_accuracy")
@@ -786,7 +787,7 @@ func TestHostileFailingPlan(t *testing.T) {
 	planA, planB := a.join(t, task, 1), b.join(t, task, 1)
 
 	fake := clock.NewFake(time.Now())
-	broken := startAgent(t, h, enrollDir(t, h, "broken-1"), "broken-1", synthetic(200, 4, 3, 7), edge.WithClock(fake))
+	broken := startAgent(t, h, enrollDir(t, h, "broken-1"), "broken-1", datatest.Synthetic(200, 4, 3, 7), edge.WithClock(fake))
 	// next is the agent's one pending timer, if it has exactly one.
 	next := func() (time.Duration, bool) {
 		dl := fake.Deadlines()

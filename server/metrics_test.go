@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -76,7 +77,7 @@ func TestMetricsScrape(t *testing.T) {
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
 	stray := newScripted(t, h, "stray-1") // enrolled, never checks in
-	f := startFleet(t, h, 3, func(i int) *data.Dataset { return synthetic(100, 8, 3, uint64(i+1)) })
+	f := startFleet(t, h, 3, func(i int) *data.Dataset { return datatest.Synthetic(100, 8, 3, uint64(i+1)) })
 	spec := baseTask("metrics", version, module, 5)
 	spec.CohortTarget, spec.OverSelection, spec.ReportGoal = 3, 0, 3
 	// Short selection windows: the rounds after the fleet leaves are

@@ -71,7 +71,7 @@ func testLogger() *slog.Logger {
 // fixed free ports so that a test can tell whether anything listened there.
 func externalConfig(t *testing.T, dataDir, natsURL string) server.Config {
 	_, jwks := servertest.NewPublisher(t)
-	return server.Config{DataDir: dataDir, NATSURL: natsURL, GRPCAddr: freePort(t), MetricsAddr: freePort(t),
+	return server.Config{DataDir: dataDir, NATSURL: natsURL, GRPCAddr: servertest.FreeAddr(t), MetricsAddr: servertest.FreeAddr(t),
 		PaceWindow: 200 * time.Millisecond, ModulePublishersJWKS: jwks}
 }
 
@@ -244,7 +244,7 @@ func TestExternalNATSMixedCluster(t *testing.T) {
 	dataDir := t.TempDir()
 	trusting := natstest.Run(t, trustingOptions(t, dataDir))
 	open := natstest.Run(t, externalOptions(t, &natsserver.Options{}))
-	dead := "nats://" + freePort(t)
+	dead := "nats://" + servertest.FreeAddr(t)
 	for _, tc := range []struct {
 		name string
 		urls []string
@@ -299,7 +299,7 @@ func waitDeadline(t *testing.T, fake *clock.Fake, want time.Time, errc <-chan er
 func TestExternalNATSLater(t *testing.T) {
 	dataDir := t.TempDir()
 	opts := trustingOptions(t, dataDir)
-	addr := freePort(t)
+	addr := servertest.FreeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
 	var err error
 	if opts.Port, err = strconv.Atoi(port); err != nil {
@@ -341,7 +341,7 @@ func TestExternalNATSLater(t *testing.T) {
 // never comes ends with its context, and leaves nothing running.
 func TestExternalNATSWaitCanceled(t *testing.T) {
 	dataDir := t.TempDir()
-	cfg := externalConfig(t, dataDir, "nats://"+freePort(t))
+	cfg := externalConfig(t, dataDir, "nats://"+servertest.FreeAddr(t))
 	start := time.Now()
 	fake := clock.NewFake(start)
 	s, err := server.New(cfg, server.WithLogger(testLogger()), server.WithClock(fake))
@@ -568,7 +568,7 @@ func TestNATSReplicasTooMany(t *testing.T) {
 		t.Errorf("a trusting NATS is reported as misconfigured: %v", err)
 	}
 	// Nothing was created at three replicas (or at all) on the server.
-	js, err := jetstream.New(clusterObserver(t, dataDir, ns.ClientURL()))
+	js, err := jetstream.New(servertest.ServiceConn(t, dataDir, ns.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
 	}

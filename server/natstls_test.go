@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -25,7 +26,7 @@ func runAgent(t *testing.T, h *servertest.Harness, id string, opts ...edge.Optio
 
 func runAgentWith(t *testing.T, h *servertest.Harness, cfg edge.Config, opts ...edge.Option) *edge.Agent {
 	t.Helper()
-	a, err := edge.New(cfg, append([]edge.Option{edge.WithDataset(synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t))}, opts...)...)
+	a, err := edge.New(cfg, append([]edge.Option{edge.WithDataset(datatest.Synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -58,7 +59,7 @@ func runRemoteDevice(t testing.TB, job remoteJob) remoteResult {
 		t.Fatalf("enroll through %s: %v", job.API, err)
 	}
 	a, err := edge.New(edge.Config{NATSURL: edge.SavedNATSURL(job.Dir), DataDir: job.Dir, DeviceID: e.DeviceID},
-		edge.WithDataset(synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t)))
+		edge.WithDataset(datatest.Synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

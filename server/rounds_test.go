@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -19,27 +20,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/wasm"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
-
-// synthetic is a small learnable dataset: the label is the arg-max of the
-// first `classes` features.
-func synthetic(n, dim, classes int, seed uint64) *data.Dataset {
-	d := &data.Dataset{Dim: dim, NumClasses: classes, Features: make([]float32, n*dim), Labels: make([]uint8, n)}
-	s := seed
-	for i := range d.Features {
-		s = s*6364136223846793005 + 1442695040888963407
-		d.Features[i] = float32(s>>40) / float32(1<<24)
-	}
-	for i := range d.Labels {
-		best := 0
-		for c := 1; c < classes; c++ {
-			if d.Features[i*dim+c] > d.Features[i*dim+best] {
-				best = c
-			}
-		}
-		d.Labels[i] = uint8(best)
-	}
-	return d
-}
 
 var (
 	sbOnce sync.Once
@@ -100,7 +80,7 @@ func TestRoundsEndToEnd(t *testing.T) {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	startFleet(t, h, 5, func(i int) *data.Dataset { return synthetic(200, 8, 3, uint64(i+1)) })
+	startFleet(t, h, 5, func(i int) *data.Dataset { return datatest.Synthetic(200, 8, 3, uint64(i+1)) })
 	task := h.CreateTask(t, baseTask("e2e", version, module, 3))
 	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
 	if done.State != pb.TaskState_TASK_STATE_COMPLETED {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/model"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -59,7 +60,7 @@ func TestSecureRounds(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for i := range 8 {
-		opts := []edge.Option{edge.WithDataset(synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t))}
+		opts := []edge.Option{edge.WithDataset(datatest.Synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t))}
 		switch i {
 		case 0:
 			opts = append(opts, edge.WithDropout(dropAt(edge.DropAfterAdvertise)))

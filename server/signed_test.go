@@ -2,13 +2,15 @@ package server_test
 
 import (
 	"context"
-	"github.com/nats-io/nats.go"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -94,7 +96,7 @@ func TestSignedReports(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	agent, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: dirB, DeviceID: "dev-b"},
-		edge.WithDataset(synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t)))
+		edge.WithDataset(datatest.Synthetic(20, 4, 2, 1)), edge.WithSandbox(sharedSandbox(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

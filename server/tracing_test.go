@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
 	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -34,7 +35,7 @@ func tracedRound(t *testing.T, tp trace.TracerProvider, n int) *pb.Task {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	f := startFleet(t, h, n, func(i int) *data.Dataset { return synthetic(64, 8, 3, uint64(i+1)) }, edge.WithTracerProvider(tp))
+	f := startFleet(t, h, n, func(i int) *data.Dataset { return datatest.Synthetic(64, 8, 3, uint64(i+1)) }, edge.WithTracerProvider(tp))
 	spec := baseTask("traced", version, module, 1)
 	spec.CohortTarget, spec.OverSelection, spec.ReportGoal = uint32(n), 0, uint32(n)
 	task := h.CreateTask(t, spec)
@@ -203,7 +204,7 @@ func TestSecureRoundTrace(t *testing.T) {
 	version := h.ImportModel(t, "secure", base)
 	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
 	const devices = 4
-	f := startFleet(t, h, devices, func(i int) *data.Dataset { return synthetic(20, 4, 2, uint64(i+1)) }, edge.WithTracerProvider(tp))
+	f := startFleet(t, h, devices, func(i int) *data.Dataset { return datatest.Synthetic(20, 4, 2, uint64(i+1)) }, edge.WithTracerProvider(tp))
 	task := h.CreateTask(t, &pb.Task{Name: "secure-traced", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
 		CohortTarget: devices, ReportGoal: 3, RoundsTotal: 1, SelectionTimeout: durationpb.New(10 * time.Second),
 		ReportTimeout: durationpb.New(20 * time.Second),

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -46,12 +47,12 @@ func newDashboardFixture(t *testing.T) *dashboardFixture {
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "synthetic", init)
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
-	startFleet(t, h, 4, func(i int) *data.Dataset { return synthetic(120, 8, 3, uint64(i+1)) })
+	startFleet(t, h, 4, func(i int) *data.Dataset { return datatest.Synthetic(120, 8, 3, uint64(i+1)) })
 	task := baseTask("dashboard", version, module, 3)
 	task.CohortTarget, task.OverSelection, task.ReportGoal = 3, 0, 3
 	task.SelectionTimeout = durationpb.New(10 * time.Second)
 	evalDir := filepath.Join(t.TempDir(), "eval")
-	if err := data.WriteDir(evalDir, synthetic(300, 8, 3, 99), "heldout"); err != nil {
+	if err := data.WriteDir(evalDir, datatest.Synthetic(300, 8, 3, 99), "heldout"); err != nil {
 		t.Fatal(err)
 	}
 	task.ServerEvalDataset = evalDir

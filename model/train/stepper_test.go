@@ -6,6 +6,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -37,7 +38,7 @@ func stepN(t *testing.T, s *train.Stepper, n int) {
 
 func TestStepperMatchesTrainAndResumes(t *testing.T) {
 	// 203 examples in batches of 16: a short last batch in every epoch.
-	d := synthetic(203, 8, 3, 5)
+	d := datatest.Synthetic(203, 8, 3, 5)
 	init, err := train.InitMLP([]int{8, 16, 3}, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func TestStepperMatchesTrainAndResumes(t *testing.T) {
 // TestStepperResumeIsSensitive checks that the bitwise comparison above can
 // fail: resuming one batch off lands somewhere else.
 func TestStepperResumeIsSensitive(t *testing.T) {
-	d := synthetic(100, 6, 2, 1)
+	d := datatest.Synthetic(100, 6, 2, 1)
 	init, _ := train.InitMLP([]int{6, 2}, 2)
 	h := sgd.Hyper{Epochs: 1, BatchSize: 10, LearningRate: 0.1, EvalBatchSize: 10}
 	a, err := train.NewStepper(init, d, h, 4)
@@ -134,7 +135,7 @@ func TestStepperResumeIsSensitive(t *testing.T) {
 }
 
 func TestStepperRefuses(t *testing.T) {
-	d := synthetic(50, 4, 2, 1)
+	d := datatest.Synthetic(50, 4, 2, 1)
 	init, _ := train.InitMLP([]int{4, 2}, 1)
 	h := sgd.Hyper{Epochs: 1, BatchSize: 8, LearningRate: 0.1, EvalBatchSize: 8}
 	if _, err := train.NewStepper(init, d, sgd.Hyper{}, 1); !errors.Is(err, sgd.ErrHyper) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -53,26 +54,6 @@ func TestMNISTAccuracy(t *testing.T) {
 	}
 }
 
-func synthetic(n, dim, classes int, seed uint64) *data.Dataset {
-	d := &data.Dataset{Dim: dim, NumClasses: classes, Features: make([]float32, n*dim), Labels: make([]uint8, n)}
-	s := seed
-	for i := range d.Features {
-		s = s*6364136223846793005 + 1442695040888963407
-		d.Features[i] = float32(s>>40) / float32(1<<24)
-	}
-	for i := range d.Labels {
-		// Learnable: the label is which of the first `classes` features is largest.
-		best := 0
-		for c := 1; c < classes; c++ {
-			if d.Features[i*dim+c] > d.Features[i*dim+best] {
-				best = c
-			}
-		}
-		d.Labels[i] = uint8(best)
-	}
-	return d
-}
-
 func TestInitMLP(t *testing.T) {
 	a, err := train.InitMLP([]int{4, 3, 2}, 9)
 	if err != nil {
@@ -97,7 +78,7 @@ func TestInitMLP(t *testing.T) {
 }
 
 func TestArchitectureErrors(t *testing.T) {
-	d := synthetic(10, 4, 2, 1)
+	d := datatest.Synthetic(10, 4, 2, 1)
 	good, _ := train.InitMLP([]int{4, 3, 2}, 1)
 	wide, _ := train.InitMLP([]int{5, 3, 2}, 1)
 	three, _ := train.InitMLP([]int{4, 3, 3}, 1)
@@ -123,7 +104,7 @@ func TestArchitectureErrors(t *testing.T) {
 }
 
 func TestTrainLearnsAndIsDeterministic(t *testing.T) {
-	d := synthetic(2000, 8, 3, 5)
+	d := datatest.Synthetic(2000, 8, 3, 5)
 	m, _ := train.InitMLP([]int{8, 16, 3}, 2)
 	h := sgd.Hyper{Epochs: 20, BatchSize: 16, LearningRate: 0.5, EvalBatchSize: 100}
 	before, err := train.Evaluate(m, d, 100)
@@ -153,7 +134,7 @@ func TestTrainLearnsAndIsDeterministic(t *testing.T) {
 // TestFedProxPullsTowardsStart checks the proximal term: with a large mu the
 // trained weights stay closer to the starting point.
 func TestFedProxPullsTowardsStart(t *testing.T) {
-	d := synthetic(500, 8, 3, 7)
+	d := datatest.Synthetic(500, 8, 3, 7)
 	m, _ := train.InitMLP([]int{8, 16, 3}, 3)
 	dist := func(mu float32) float64 {
 		out, _, err := train.Train(m, d, sgd.Hyper{Epochs: 3, BatchSize: 10, LearningRate: 0.3, Mu: mu, EvalBatchSize: 10}, 1)
@@ -173,7 +154,7 @@ func TestFedProxPullsTowardsStart(t *testing.T) {
 }
 
 func TestDivergenceIsAnError(t *testing.T) {
-	d := synthetic(200, 8, 3, 7)
+	d := datatest.Synthetic(200, 8, 3, 7)
 	m, _ := train.InitMLP([]int{8, 16, 3}, 3)
 	_, _, err := train.Train(m, d, sgd.Hyper{Epochs: 5, BatchSize: 10, LearningRate: 1e30, EvalBatchSize: 10}, 1)
 	if !errors.Is(err, train.ErrDiverged) {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
@@ -249,4 +252,44 @@ func (h *Harness) EnrollKeys(t testing.TB, ids []string) map[string]ed25519.Priv
 		out[id] = key.PrivateKey()
 	}
 	return out
+}
+
+// FreeAddr is a loopback address whose port nobody held a moment ago, for
+// a server or child process the test starts. Another process can take it
+// first; the child then fails to listen and says so.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// ServiceConn connects to url, a NATS server or cluster that trusts the
+// server whose data directory is dataDir, as that server's service user:
+// what the aggregator itself may see, for tests that look behind it.
+func ServiceConn(t testing.TB, dataDir, url string) *nats.Conn {
+	t.Helper()
+	dir := filepath.Join(dataDir, server.NATSAuthDir)
+	auth, err := identity.LoadOrCreateAuthority("fleetlearn", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := identity.LoadOrCreateUserKey(filepath.Join(dir, "service-user.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwt, err := auth.ServiceUserJWT("test-observer", key.ID(), time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nats.UserJWT(func() (string, error) { return jwt, nil }, key.Sign))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

@@ -1,4 +1,4 @@
-package server_test
+package processes_test
 
 import (
 	"context"
@@ -24,20 +24,21 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
-	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
 // deployClusterConf is the operator-facing node configuration, relative to
 // this package's directory.
-const deployClusterConf = "../deploy/nats/cluster.conf"
+const deployClusterConf = "../../deploy/nats/cluster.conf"
 
 // TestNATSClusterNodeLoss: three nats-server processes, each running
 // deploy/nats/cluster.conf with the fragment fleetlearn-server writes, form
@@ -52,7 +53,7 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 	}
 	serverBin, edgeBin, cli := binaries(t)
 	natsBin := buildNATSServer(t)
-	c := &cluster{t: t, serverBin: serverBin, edgeBin: edgeBin, cli: cli, dataDir: t.TempDir(), grpcAddr: freePort(t)}
+	c := &cluster{t: t, serverBin: serverBin, edgeBin: edgeBin, cli: cli, dataDir: t.TempDir(), grpcAddr: servertest.FreeAddr(t)}
 	t.Setenv("FLEETLEARN_CA", server.CAFile(c.dataDir))
 	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(c.dataDir))
 	keys := t.TempDir()
@@ -94,7 +95,7 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 	for i, n := range sizes {
 		wantExamples += uint64(n)
 		dir := t.TempDir()
-		if err := data.WriteDir(filepath.Join(dir, "dataset"), synthetic(n, 32, 4, uint64(i+1)), fmt.Sprintf("dev%d", i)); err != nil {
+		if err := data.WriteDir(filepath.Join(dir, "dataset"), datatest.Synthetic(n, 32, 4, uint64(i+1)), fmt.Sprintf("dev%d", i)); err != nil {
 			t.Fatal(err)
 		}
 		id, state := fmt.Sprintf("edge-%d", i), filepath.Join(dir, "state")
@@ -107,7 +108,7 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 			"-device-id", id, "-log-level", "debug")
 	}
 
-	nc := clusterObserver(t, c.dataDir, natsURL)
+	nc := servertest.ServiceConn(t, c.dataDir, natsURL)
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -341,8 +342,8 @@ func startNATSCluster(t *testing.T, bin, fragment string) []*natsNode {
 	nodes := make([]*natsNode, 3)
 	routes := make([]string, len(nodes))
 	for i := range nodes {
-		nodes[i] = &natsNode{name: fmt.Sprintf("nats-%d", i+1), client: freePort(t), monitor: freePort(t), dir: t.TempDir()}
-		routes[i] = freePort(t)
+		nodes[i] = &natsNode{name: fmt.Sprintf("nats-%d", i+1), client: servertest.FreeAddr(t), monitor: servertest.FreeAddr(t), dir: t.TempDir()}
+		routes[i] = servertest.FreeAddr(t)
 	}
 	for i, n := range nodes {
 		if err := os.WriteFile(filepath.Join(n.dir, "cluster.conf"), deploy, 0o600); err != nil {
@@ -519,31 +520,6 @@ func metaState(nodes []*natsNode) (string, bool) {
 	}
 	state := fmt.Sprintf("leader %s, %d of %d peers current", leaderInfo.Leader, current, len(leaderInfo.Replicas))
 	return state, current == len(nodes)-1
-}
-
-// clusterObserver connects to the cluster as the aggregator's service user.
-func clusterObserver(t *testing.T, dataDir, url string) *nats.Conn {
-	t.Helper()
-	dir := filepath.Join(dataDir, server.NATSAuthDir)
-	auth, err := identity.LoadOrCreateAuthority("fleetlearn", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := identity.LoadOrCreateUserKey(filepath.Join(dir, "service-user.nk"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwt, err := auth.ServiceUserJWT("test-observer", key.ID(), time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.UserJWT(func() (string, error) { return jwt, nil }, key.Sign))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {

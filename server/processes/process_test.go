@@ -1,11 +1,15 @@
-package server_test
+// Package processes_test runs the release binaries as separate processes
+// against each other: the server, edge agents, pool workers and the CLI,
+// a NATS cluster that loses a node, a server killed mid-round. These tests
+// build the binaries and take minutes, so they live apart from the server's
+// in-process tests, each package well inside go test's default timeout.
+package processes_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +24,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
@@ -27,6 +32,7 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
@@ -84,16 +90,6 @@ func goroot() string {
 		return "/usr/local/go"
 	}
 	return strings.TrimSpace(string(out))
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // proc is a child process whose output goes to a log file shown on failure.
@@ -226,7 +222,7 @@ func newCluster(t *testing.T) *cluster {
 		t.Skip("builds and runs separate processes")
 	}
 	s, e, cli := binaries(t)
-	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: freePort(t), nats: freePort(t)}
+	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: servertest.FreeAddr(t), nats: servertest.FreeAddr(t)}
 	// The CLI finds the server's CA and admin token through the environment.
 	t.Setenv("FLEETLEARN_CA", server.CAFile(c.dataDir))
 	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(c.dataDir))
@@ -364,7 +360,7 @@ func TestProcesses(t *testing.T) {
 	c := newCluster(t)
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version, module := c.setup(init, wasmtest.Softmax)
-	c.startEdges([]*data.Dataset{synthetic(300, 8, 3, 1), synthetic(300, 8, 3, 2), synthetic(300, 8, 3, 3)})
+	c.startEdges([]*data.Dataset{datatest.Synthetic(300, 8, 3, 1), datatest.Synthetic(300, 8, 3, 2), datatest.Synthetic(300, 8, 3, 3)})
 	id := c.createTask(version, module, sgd.Hyper{Epochs: 1, BatchSize: 16, LearningRate: 0.5, EvalBatchSize: 100}, 3, 3, 3)
 	task := c.waitDone(id, 90*time.Second)
 	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
@@ -395,7 +391,7 @@ func TestServerCrash(t *testing.T) {
 	init, _ := train.InitMLP([]int{32, 128, 4}, 1)
 	version, module := c.setup(init, wasmtest.MLP)
 	// Different data sizes spread the reports of a round over a second or two.
-	c.startEdges([]*data.Dataset{synthetic(200, 32, 4, 1), synthetic(3000, 32, 4, 2), synthetic(20000, 32, 4, 3)})
+	c.startEdges([]*data.Dataset{datatest.Synthetic(200, 32, 4, 1), datatest.Synthetic(3000, 32, 4, 2), datatest.Synthetic(20000, 32, 4, 3)})
 	id := c.createTask(version, module, sgd.Hyper{Epochs: 2, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500}, 5, 3, 2)
 
 	// Watch reports arrive for round 3, and kill the server at the first one.

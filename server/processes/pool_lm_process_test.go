@@ -1,4 +1,4 @@
-package server_test
+package processes_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package server_test
+package processes_test
 
 import (
 	"bufio"
@@ -23,12 +23,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
@@ -70,7 +72,7 @@ func newPoolCluster(t *testing.T) *poolCluster {
 		t.Skip("MNIST is not available (data.MNISTDir); the built-in trainer's jobs need it")
 	}
 	s, e, cli := binaries(t)
-	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: freePort(t), nats: freePort(t)}
+	c := &cluster{t: t, serverBin: s, edgeBin: e, cli: cli, dataDir: t.TempDir(), grpcAddr: servertest.FreeAddr(t), nats: servertest.FreeAddr(t)}
 	t.Setenv("FLEETLEARN_CA", server.CAFile(c.dataDir))
 	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(c.dataDir))
 	keys := t.TempDir()
@@ -580,7 +582,7 @@ func TestPoolCommandJobAndLineage(t *testing.T) {
 	pc.submit("--id", "own-script", "--ranks", "1", "--cpu", "1", "--memory", fmt.Sprint(rankMemory),
 		"--steps", "30", "--checkpoint-every", "10", "--output-model", "script-base", "--then-task", taskFile,
 		"--", python, script)
-	pc.startEdges([]*data.Dataset{synthetic(300, 8, 3, 1), synthetic(300, 8, 3, 2)})
+	pc.startEdges([]*data.Dataset{datatest.Synthetic(300, 8, 3, 1), datatest.Synthetic(300, 8, 3, 2)})
 
 	j := pc.waitEnd("own-script")
 	if j.GetState() != pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED || j.GetOutputVersion() == "" || j.GetThenTaskId() == "" {
