@@ -203,12 +203,8 @@ func newNATSSubCommand(a *app) *cobra.Command {
 			return a.natsSub(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), natsURL, creds, args[0], count)
 		},
 	}
-	defURL := a.getenv(NATSURLEnv)
-	if defURL == "" {
-		defURL = nats.DefaultURL
-	}
-	cmd.Flags().StringVar(&natsURL, "nats-url", defURL, "the server's NATS URL; $"+NATSURLEnv+" sets the default")
-	cmd.Flags().StringVar(&creds, "creds", a.getenv(NATSCredsEnv),
+	cmd.Flags().StringVar(&natsURL, "nats-url", nats.DefaultURL, "the server's NATS URL; $"+NATSURLEnv+" sets the default")
+	cmd.Flags().StringVar(&creds, "creds", "",
 		"NATS creds `FILE` written by fleetlearn nats creds; $"+NATSCredsEnv+" sets the default")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many messages (0: until interrupted)")
 	return cmd
