@@ -270,6 +270,8 @@ func newAuditCheckpointCommand(a *app) *cobra.Command {
 		Long: "checkpoint prints the log's latest checkpoint, a C2SP signed note committing to the tree\n" +
 			"size and root hash. Keep it: audit verify --trusted-checkpoint proves that a later export\n" +
 			"still contains the same history.",
+		Example: "  fleetlearn audit checkpoint > checkpoint-2026-06.note\n" +
+			"  fleetlearn audit verify audit.jsonl --pin audit.pin --trusted-checkpoint checkpoint-2026-06.note",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {

@@ -84,7 +84,8 @@ func newAuditWitnessInitCommand() *cobra.Command {
 			"witness's verifier key on standard output. Give that key to the log's operator\n" +
 			"(fleetlearn-server --audit-witness) and to the auditors who rely on the witness. The name\n" +
 			"should be a schema-less URL naming the witness, such as witness.example.com/w1.",
-		Args: cobra.NoArgs,
+		Example: "  fleetlearn audit witness init --key witness.key --name witness.example.com/w1 > witness.vkey",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			k, err := audit.GenerateWitnessKey(rand.Reader, name)
 			if err != nil {

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,6 +96,29 @@ func TestDemoWritesIntoItsFolder(t *testing.T) {
 	for _, name := range []string{"results.csv", "accuracy.png"} {
 		if fi, err := os.Stat(filepath.Join(wd, "fleetlearn-demo-out", name)); err != nil || fi.Size() == 0 {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestDemoRefusesTakenUIAddress: a second demo whose --ui address another
+// process holds fails at once, before it loads data or makes its output
+// directory, naming the address and --ui; for either task.
+func TestDemoRefusesTakenUIAddress(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	addr := held.Addr().String()
+	for _, task := range []string{"mnist", "lm"} {
+		dir := filepath.Join(t.TempDir(), "out")
+		_, err := run(t, "", "demo", "--task", task, "--ui", addr, "--out", dir)
+		if err == nil || !strings.Contains(err.Error(), addr+": the address is in use") ||
+			!strings.Contains(err.Error(), "--ui") || strings.Count(err.Error(), "demo:") != 1 {
+			t.Errorf("--task %s on a taken --ui: %v", task, err)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--task %s: a demo that could not start made its output directory: %v", task, err)
 		}
 	}
 }

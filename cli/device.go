@@ -34,6 +34,8 @@ func newDeviceTokenCommand(a *app) *cobra.Command {
 		Short: "Mint a single-use enrollment token and print it",
 		Long: "The token lets one device installation join the fleet before it expires. It is a bearer\n" +
 			"secret: hand it to the device over a channel you trust.",
+		Example: "  fleetlearn device token --ttl 1h > token\n" +
+			"  fleetlearn device token --group lab --ttl 30m -o json",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
@@ -74,7 +76,9 @@ func newDeviceListCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list [--all]",
 		Short: "List enrolled devices, oldest first",
-		Args:  cobra.NoArgs,
+		Example: "  fleetlearn device list\n" +
+			"  fleetlearn device list --all -o json",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -113,9 +117,10 @@ func newDeviceListCommand(a *app) *cobra.Command {
 func newDeviceRevokeCommand(a *app) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
-		Use:   "revoke DEVICE_ID --reason TEXT",
-		Short: "Revoke a device: its NATS connections are cut and its key never enrolls again",
-		Args:  cobra.ExactArgs(1),
+		Use:     "revoke DEVICE_ID --reason TEXT",
+		Short:   "Revoke a device: its NATS connections are cut and its key never enrolls again",
+		Example: `  fleetlearn device revoke edge-017 --reason "reported stolen"`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
 				res, err := apiv1.NewDeviceServiceClient(conn).RevokeDevice(ctx, &pb.RevokeDeviceRequest{

@@ -67,6 +67,8 @@ func newDPEpsilonCommand() *cobra.Command {
 			"Z times the clip norm to a Poisson sample of a fraction Q of devices, and\n" +
 			"prints the epsilon at the given delta. The last line is\n" +
 			"'epsilon E at delta D', E in full precision.",
+		Example: "  fleetlearn dp epsilon --q 0.01 --noise-multiplier 1.1 --steps 1000 --delta 1e-5\n" +
+			"  fleetlearn dp epsilon --q 0.01 --noise-multiplier 1.1 --steps 1000 --delta 1e-5 --accountant pld",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts, acc, err := f.options()
@@ -99,7 +101,8 @@ func newDPNoiseCommand() *cobra.Command {
 		Long: "noise searches the smallest noise multiplier (to a relative 1e-4, rounded\n" +
 			"up) at which T rounds sampling a fraction Q of devices stay within\n" +
 			"(E, D). The last line is 'noise-multiplier Z for epsilon E at delta D'.",
-		Args: cobra.NoArgs,
+		Example: "  fleetlearn dp noise --target-epsilon 8 --q 0.01 --steps 1000 --delta 1e-5",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts, acc, err := f.options()
 			if err != nil {

@@ -51,6 +51,8 @@ func newModuleRegisterCommand(a *app) *cobra.Command {
 		Long: "The server accepts a module only with a signature by a publisher key it trusts\n" +
 			"(fleetlearn-server --module-publishers). --signing-key signs here with a publisher key\n" +
 			"(fleetlearn module keygen); --signature uploads one made elsewhere (fleetlearn module sign).",
+		Example: "  fleetlearn module register mlp.wasm --name mlp --signing-key publisher.pem\n" +
+			"  fleetlearn module register mlp.wasm --name mlp --signature mlp.sig",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if sigFile != "" && keyFile != "" {
@@ -130,6 +132,8 @@ func newModuleKeygenCommand() *cobra.Command {
 		Long: "keygen writes a new Ed25519 publisher key (mode 0600) and prints its public JWK Set, for\n" +
 			"fleetlearn-server --module-publishers. An existing key is kept and its set printed again.\n" +
 			"Keep the key on the publisher's machine, never on the server.",
+		Example: "  fleetlearn module keygen publisher.pem > publishers.jwks\n" +
+			"  fleetlearn-server --data-dir fleetlearn-data --module-publishers publishers.jwks",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := identity.LoadOrCreateSigningKey(args[0])
@@ -146,7 +150,9 @@ func newModulePublisherJWKSCommand() *cobra.Command {
 		Use:   "publisher-jwks KEY.pem...",
 		Short: "Print the JWK Set of publisher keys, for fleetlearn-server --module-publishers",
 		Long:  "Several keys make one set, which is how a publisher key is rotated: trust both, then drop the old one.",
-		Args:  cobra.MinimumNArgs(1),
+		Example: "  fleetlearn module publisher-jwks old.pem new.pem > publishers.jwks   # while rotating\n" +
+			"  fleetlearn module publisher-jwks new.pem > publishers.jwks            # once no module signed by old.pem is used",
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var pubs []ed25519.PublicKey
 			for _, path := range args {
@@ -175,7 +181,9 @@ func newModuleSignCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sign FILE.wasm --name NAME --signing-key KEY.pem",
 		Short: "Print a publisher's signature over a module, for module register --signature",
-		Args:  cobra.ExactArgs(1),
+		Example: "  fleetlearn module sign mlp.wasm --name mlp --signing-key publisher.pem > mlp.sig   # on the publisher's machine\n" +
+			"  fleetlearn module register mlp.wasm --name mlp --signature mlp.sig               # by an operator",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			file, err := openUpload(args[0])
 			if err != nil {
@@ -240,7 +248,9 @@ func newModuleListCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List registered modules, newest first",
-		Args:  cobra.NoArgs,
+		Example: "  fleetlearn module list\n" +
+			"  fleetlearn module list --name mlp -o json",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -278,7 +288,9 @@ func newModuleGetCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get SHA256",
 		Short: "Show one registered module",
-		Args:  cobra.ExactArgs(1),
+		Example: "  sha=$(fleetlearn module register mlp.wasm --name mlp --signing-key publisher.pem)\n" +
+			"  fleetlearn module get \"$sha\" -o json",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err

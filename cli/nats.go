@@ -74,9 +74,11 @@ func newNATSCredsCommand(a *app) *cobra.Command {
 			"  operator  an observer that may also add, fetch from and delete consumers, and see the\n" +
 			"            account's connection reports; it cannot change streams, buckets or messages either\n" +
 			"  system    the system account's monitoring requests: nats server list, server report\n" +
-			"            jetstream, server report connections; no account updates, reloads or kicks\n\n" +
-			"  fleetlearn nats creds --role observer -o observer.creds\n" +
-			"  nats --server tls://HOST:4222 --creds observer.creds --tlsca ca.crt stream ls",
+			"            jetstream, server report connections; no account updates, reloads or kicks",
+		Example: "  fleetlearn nats creds --role observer -o observer.creds\n" +
+			"  nats --server tls://HOST:4222 --creds observer.creds --tlsca ca.crt stream ls\n" +
+			"  fleetlearn nats creds --role system -o system.creds --ttl 1h\n" +
+			"  nats --server tls://HOST:4222 --creds system.creds --tlsca ca.crt server report jetstream",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, ok := natsRoles[role]
@@ -188,8 +190,8 @@ func newNATSSubCommand(a *app) *cobra.Command {
 			"\"data_base64\". A body that does not decode as its subject's type keeps \"type\" and gets\n" +
 			"\"error\".\n\n" +
 			"--ca (or $" + CAEnv + ") is the CA a tls:// NATS URL's certificate must chain to: the\n" +
-			"server's <data-dir>/tls/ca.crt.\n\n" +
-			"  fleetlearn nats sub 'fl.>' --creds observer.creds --nats-url tls://HOST:4222 --ca ca.crt\n" +
+			"server's <data-dir>/tls/ca.crt.",
+		Example: "  fleetlearn nats sub 'fl.>' --creds observer.creds --nats-url tls://HOST:4222 --ca ca.crt\n" +
 			"  fleetlearn nats sub 'fl.report.>' --count 3 | jq .message.metrics.values",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -203,12 +205,8 @@ func newNATSSubCommand(a *app) *cobra.Command {
 			return a.natsSub(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), natsURL, creds, args[0], count)
 		},
 	}
-	defURL := a.getenv(NATSURLEnv)
-	if defURL == "" {
-		defURL = nats.DefaultURL
-	}
-	cmd.Flags().StringVar(&natsURL, "nats-url", defURL, "the server's NATS URL; $"+NATSURLEnv+" sets the default")
-	cmd.Flags().StringVar(&creds, "creds", a.getenv(NATSCredsEnv),
+	cmd.Flags().StringVar(&natsURL, "nats-url", nats.DefaultURL, "the server's NATS URL; $"+NATSURLEnv+" sets the default")
+	cmd.Flags().StringVar(&creds, "creds", "",
 		"NATS creds `FILE` written by fleetlearn nats creds; $"+NATSCredsEnv+" sets the default")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many messages (0: until interrupted)")
 	return cmd

@@ -370,7 +370,9 @@ func newPoolListCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list [--state queued|running|succeeded|failed|cancelled]",
 		Short: "List pool jobs, newest first",
-		Args:  cobra.NoArgs,
+		Example: "  fleetlearn pool list\n" +
+			"  fleetlearn pool list --state running -o json",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -420,9 +422,10 @@ func newPoolListCommand(a *app) *cobra.Command {
 func newPoolGetCommand(a *app) *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "get JOB",
-		Short: "Show one pool job",
-		Args:  cobra.ExactArgs(1),
+		Use:     "get JOB",
+		Short:   "Show one pool job",
+		Example: "  fleetlearn pool get job-7c1e9a42\n  fleetlearn pool get job-7c1e9a42 -o json",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -443,9 +446,10 @@ func newPoolGetCommand(a *app) *cobra.Command {
 func newPoolCancelCommand(a *app) *cobra.Command {
 	var reason, format string
 	cmd := &cobra.Command{
-		Use:   "cancel JOB [--reason TEXT]",
-		Short: "Cancel a queued or running pool job; its ranks are stopped",
-		Args:  cobra.ExactArgs(1),
+		Use:     "cancel JOB [--reason TEXT]",
+		Short:   "Cancel a queued or running pool job; its ranks are stopped",
+		Example: `  fleetlearn pool cancel job-7c1e9a42 --reason "superseded by a larger run"`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -471,7 +475,8 @@ func newPoolWatchCommand(a *app) *cobra.Command {
 		Long: "watch prints a line whenever the job's state, placement, step or checkpoint\n" +
 			"changes. It exits with status 0 when the job succeeds and non-zero when it fails\n" +
 			"or is cancelled.",
-		Args: cobra.ExactArgs(1),
+		Example: "  fleetlearn pool watch job-7c1e9a42 && fleetlearn model list",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
 				return watchJob(ctx, apiv1.NewPoolServiceClient(conn), args[0], cmd.OutOrStdout())
@@ -628,6 +633,8 @@ func newPoolLogsCommand(a *app) *cobra.Command {
 		Short: "Print the output lines the job's ranks wrote",
 		Long: "logs prints the lines the server kept (the newest 10,000 per job), each prefixed\n" +
 			"with its attempt and rank; with -f it keeps printing new lines until the job ends.",
+		Example: "  fleetlearn pool logs job-7c1e9a42 -f\n" +
+			"  fleetlearn pool logs job-7c1e9a42 | grep '^\\[1/0 '   # the first attempt's rank 0",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, follow, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -658,9 +665,10 @@ func newPoolLogsCommand(a *app) *cobra.Command {
 func newPoolWorkersCommand(a *app) *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "workers",
-		Short: "List the pool's workers with their capacity and what is free",
-		Args:  cobra.NoArgs,
+		Use:     "workers",
+		Short:   "List the pool's workers with their capacity and what is free",
+		Example: "  fleetlearn pool workers\n  fleetlearn pool workers -o json",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err

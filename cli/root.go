@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
 )
 
 // Defaults for the global flags.
@@ -20,14 +21,28 @@ const (
 	DefaultTimeout = 30 * time.Second
 	// ServerEnv overrides DefaultServer when set.
 	ServerEnv = "FLEETLEARN_SERVER"
-	// TokenEnv and TokenFileEnv are the defaults of --token and
-	// --token-file: the API bearer token, or a file holding it.
+	// TokenEnv and TokenFileEnv stand for --token and --token-file when
+	// neither is given: the API bearer token, or a file holding it.
 	TokenEnv     = "FLEETLEARN_TOKEN"
 	TokenFileEnv = "FLEETLEARN_TOKEN_FILE"
-	// CAEnv is the default of --ca: the CA certificate the server's TLS
-	// certificate must chain to (the server's <data-dir>/tls/ca.crt).
+	// CAEnv stands for --ca when it is not given: the CA certificate the
+	// server's TLS certificate must chain to (the server's
+	// <data-dir>/tls/ca.crt).
 	CAEnv = "FLEETLEARN_CA"
 )
+
+// flagEnv names the environment variable of each flag that has one. A flag
+// on the command line overrides its variable, and also a variable that
+// stands for a flag it cannot be used with: --token beats
+// $FLEETLEARN_TOKEN_FILE, --insecure beats $FLEETLEARN_CA.
+var flagEnv = map[string]string{
+	"server":     ServerEnv,
+	"token":      TokenEnv,
+	"token-file": TokenFileEnv,
+	"ca":         CAEnv,
+	"nats-url":   NATSURLEnv,
+	"creds":      NATSCredsEnv,
+}
 
 // Option configures NewRootCommand.
 type Option func(*app)
@@ -57,6 +72,9 @@ type app struct {
 	tokenFile string
 	caFile    string
 	insecure  bool
+	// fromEnv holds the flags whose value came from the environment, with
+	// their variables; the others were typed or are defaults.
+	fromEnv map[string]string
 }
 
 // NewRootCommand returns the fleetlearn command with every command group.
@@ -72,11 +90,6 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 			o(a)
 		}
 	}
-	server := DefaultServer
-	if v := a.getenv(ServerEnv); v != "" {
-		server = v
-	}
-
 	root := &cobra.Command{
 		Use:   "fleetlearn",
 		Short: "Operate a Fleetlearn federated training service",
@@ -84,16 +97,24 @@ func NewRootCommand(opts ...Option) *cobra.Command {
 			"federated training tasks, manage model versions and register WASM update modules.",
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			set, err := cliflags.FromEnv(cmd.Flags(), a.getenv, flagEnv)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrUsage, err)
+			}
+			a.fromEnv = set
+			return nil
+		},
 	}
-	root.PersistentFlags().StringVar(&a.server, "server", server,
+	root.PersistentFlags().StringVar(&a.server, "server", DefaultServer,
 		"aggregator gRPC address; $"+ServerEnv+" sets the default")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", DefaultTimeout,
 		"deadline for a command's calls; transfers and watch are unbounded unless this is set")
-	root.PersistentFlags().StringVar(&a.token, "token", a.getenv(TokenEnv),
+	root.PersistentFlags().StringVar(&a.token, "token", "",
 		"API bearer token; $"+TokenEnv+" sets the default (prefer --token-file: arguments are visible to other users)")
-	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", a.getenv(TokenFileEnv),
+	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", "",
 		"file holding the API bearer token, such as the server's <data-dir>/admin.token; $"+TokenFileEnv+" sets the default")
-	root.PersistentFlags().StringVar(&a.caFile, "ca", a.getenv(CAEnv),
+	root.PersistentFlags().StringVar(&a.caFile, "ca", "",
 		"CA certificate (PEM) the server's TLS certificate must chain to, such as the server's <data-dir>/tls/ca.crt; "+
 			"$"+CAEnv+" sets the default; without it the system roots are used")
 	root.PersistentFlags().BoolVar(&a.insecure, "insecure", false,
@@ -138,34 +159,73 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 
 func (a *app) dialOptions() ([]client.DialOption, error) {
 	var opts []client.DialOption
-	switch {
-	case a.token != "" && a.tokenFile != "":
-		return nil, fmt.Errorf("%w: --token and --token-file (or $%s and $%s) cannot be used together", ErrUsage, TokenEnv, TokenFileEnv)
-	case a.tokenFile != "":
-		tok, err := client.ReadToken(a.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --token-file: %w", ErrInput, err)
-		}
-		opts = append(opts, client.WithToken(tok))
-	case a.token != "":
-		opts = append(opts, client.WithToken(a.token))
+	token, tokenFile, err := a.either("token", a.token, "token-file", a.tokenFile)
+	if err != nil {
+		return nil, err
 	}
 	switch {
-	case a.insecure && a.caFile != "":
-		return nil, fmt.Errorf("%w: --insecure and --ca (or $%s) cannot be used together", ErrUsage, CAEnv)
-	case a.insecure:
-		opts = append(opts, client.WithInsecure())
-	case a.caFile != "":
-		ca, err := os.ReadFile(a.caFile)
+	case tokenFile != "":
+		tok, err := client.ReadToken(tokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: --ca: %w", ErrInput, err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrInput, a.source("token-file"), err)
+		}
+		opts = append(opts, client.WithToken(tok))
+	case token != "":
+		opts = append(opts, client.WithToken(token))
+	}
+	insecure := ""
+	if a.insecure {
+		insecure = "true"
+	}
+	insecure, caFile, err := a.either("insecure", insecure, "ca", a.caFile)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case insecure != "":
+		opts = append(opts, client.WithInsecure())
+	case caFile != "":
+		ca, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrInput, a.source("ca"), err)
 		}
 		if !bytes.Contains(ca, []byte("-----BEGIN CERTIFICATE-----")) {
-			return nil, fmt.Errorf("%w: --ca %s holds no PEM certificate", ErrInput, a.caFile)
+			return nil, fmt.Errorf("%w: %s %s holds no PEM certificate", ErrInput, a.source("ca"), caFile)
 		}
 		opts = append(opts, client.WithCA(ca))
 	}
 	return opts, nil
+}
+
+// source names where a flag's value came from, for messages: "--ca", or
+// "$FLEETLEARN_CA" when the environment set it.
+func (a *app) source(flag string) string {
+	if v, ok := a.fromEnv[flag]; ok {
+		return "$" + v
+	}
+	return "--" + flag
+}
+
+// either keeps one of two settings that cannot be used together (x and y,
+// the values of flags nx and ny; "" is unset). One given on the command
+// line overrides one from the environment, which is dropped; two from the
+// same place are refused, naming both.
+func (a *app) either(nx, x, ny, y string) (string, string, error) {
+	if x == "" || y == "" {
+		return x, y, nil
+	}
+	_, xEnv := a.fromEnv[nx]
+	_, yEnv := a.fromEnv[ny]
+	switch {
+	case yEnv && !xEnv:
+		return x, "", nil
+	case xEnv && !yEnv:
+		return "", y, nil
+	case xEnv:
+		return "", "", fmt.Errorf("%w: %s and %s are both set and cannot be used together: unset one, or pick one with --%s or --%s",
+			ErrUsage, a.source(nx), a.source(ny), nx, ny)
+	}
+	return "", "", fmt.Errorf("%w: --%s and --%s cannot be used together: pass one of them", ErrUsage, nx, ny)
 }
 
 // call dials the server and runs fn under the command's deadline. A long

@@ -29,8 +29,9 @@ func newTokenMintCommand() *cobra.Command {
 		Short: "Mint an API token with the server's signing key and print it",
 		Long: "mint reads the API signing key from the server's data directory, so it runs on the server host\n" +
 			"as a user who can read that directory; it makes no call to the server. The subject names the\n" +
-			"holder in the audit log. Roles: " + roleNames() + ".\n\n" +
-			"  fleetlearn token mint --data-dir /var/lib/fleetlearn --subject olga --role operator > olga.token",
+			"holder in the audit log. Roles: " + roleNames() + ".",
+		Example: "  fleetlearn token mint --data-dir /var/lib/fleetlearn --subject olga --role operator > olga.token\n" +
+			"  fleetlearn token mint --data-dir /var/lib/fleetlearn --subject ada --role auditor --ttl 24h > ada.token",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rs := make([]identity.Role, 0, len(roles))

@@ -23,5 +23,6 @@ func newVersionCommand() *cobra.Command {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 			return err
 		},
+		Example: "  fleetlearn version\n  fleetlearn --version",
 	}
 }

@@ -153,6 +153,9 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := tryUIAddr(cfg.UI); err != nil {
+		return nil, err
+	}
 	if cfg.OutDir == "" {
 		cfg.OutDir = DefaultOutDir
 	}

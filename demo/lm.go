@@ -177,6 +177,9 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	if cfg.PretrainSteps < 8 || cfg.PretrainSteps > 1<<20 {
 		return nil, fmt.Errorf("pretraining steps %d, want 8 to %d", cfg.PretrainSteps, 1<<20)
 	}
+	if err := tryUIAddr(cfg.UI); err != nil {
+		return nil, err
+	}
 	if cfg.OutDir == "" {
 		cfg.OutDir = DefaultOutDir
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -63,6 +64,21 @@ func startSystem(ctx context.Context, dataDir, metricsAddr string, log *slog.Log
 		conn.Close()
 		srv.Shutdown(context.WithoutCancel(ctx))
 	}}, nil
+}
+
+// tryUIAddr tries the dashboard's address ("" for none) before the data is
+// prepared: the server refuses a taken one before it creates anything, but
+// the demo would first spend a while loading and splitting data. The
+// server's other listeners take free ports.
+func tryUIAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return &server.ListenError{What: "the dashboard", Addr: addr, Flag: "--ui", Err: err}
+	}
+	return ln.Close()
 }
 
 // announceUI prints how to open the dashboard, when it is on: a sign-in

@@ -226,6 +226,7 @@ type Server struct {
 	grpcLn        net.Listener
 	http          *http.Server
 	httpLn        net.Listener
+	uiLn          net.Listener // the dashboard's, taken first by listenFirst
 	ui            *dashboard
 	natsURL       string
 
@@ -300,8 +301,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
 			s.Shutdown(context.WithoutCancel(ctx))
+			// A failed start serves nothing: it has no addresses.
+			s.grpcLn, s.httpLn, s.uiLn = nil, nil, nil
 		}
 	}()
+	if err := s.listenFirst(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: data dir: %w", err)
 	}
@@ -431,20 +437,12 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 
-	s.grpcLn, err = net.Listen("tcp", s.cfg.GRPCAddr)
-	if err != nil {
-		return fmt.Errorf("server: grpc listen: %w", err)
-	}
 	if s.grpc, err = s.newGRPCServer(bl, m); err != nil {
 		return err
 	}
 	go s.grpc.Serve(s.grpcLn)
 
-	if s.cfg.MetricsAddr != "off" {
-		s.httpLn, err = net.Listen("tcp", s.cfg.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("server: metrics listen: %w", err)
-		}
+	if s.httpLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 		healthcheck.Register(mux, s.Ready)
@@ -526,6 +524,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.store != nil {
 			errs = append(errs, s.store.Close())
 		}
+		s.closeListeners()
 		s.err = errors.Join(errs...)
 	})
 	return s.err

@@ -71,11 +71,7 @@ func (s *Server) startUI() error {
 		conn.Close()
 		return fmt.Errorf("server: dashboard: %w", err)
 	}
-	ln, err := net.Listen("tcp", s.cfg.UIAddr)
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("server: dashboard listen: %w", err)
-	}
+	ln := s.uiLn
 	base, cancel := context.WithCancel(context.Background())
 	d := &dashboard{ln: ln, conn: conn, cancel: cancel, srv: &http.Server{Handler: h,
 		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,

@@ -34,8 +34,15 @@ func serveHealth(addr string, ready func(context.Context) error) (stop func(), e
 // only run a program, such as Docker's HEALTHCHECK in an image without a
 // shell.
 func newHealthCommand() *cobra.Command {
-	return healthcheck.Command(
+	cmd := healthcheck.Command(
 		"Exit 0 if the agent on this host is connected (GET /readyz on its --health-addr), 1 with the reason if not",
 		"", "the agent's --health-addr `ADDR` (host:port)",
 		"it is connected to NATS", "the process runs")
+	cmd.Example = `  # an agent run with --health-addr 127.0.0.1:9465
+  fleetlearn-edge health --addr 127.0.0.1:9465
+  fleetlearn-edge health --addr 127.0.0.1:9465 --live
+
+  # Docker, in an image without a shell
+  HEALTHCHECK CMD ["fleetlearn-edge", "health", "--addr", "127.0.0.1:9465"]`
+	return cmd
 }

@@ -45,6 +45,12 @@ const runExamples = `  # join a pool with the server's CA certificate and a pool
   fleetlearn-worker run --server 10.0.0.5:7070 --ca ca.crt --token-file token --work-dir W \
     --data-root /srv/datasets --cpus 8 --memory 34359738368`
 
+const rootExamples = `  # on the server host: a token for this machine
+  fleetlearn token mint --data-dir SERVER_DIR --subject gpu-7 --role pool-worker > token
+
+  # on this machine
+  fleetlearn-worker run --server pool.example.net:7070 --ca ca.crt --token-file token --work-dir /var/lib/fleetlearn-worker`
+
 // newRootCommand is the fleetlearn-worker command; rankDone receives the
 // hidden rank command's outcome.
 func newRootCommand(rankDone func(error)) *cobra.Command {
@@ -52,6 +58,7 @@ func newRootCommand(rankDone func(error)) *cobra.Command {
 		Use:           "fleetlearn-worker",
 		Short:         "Run the Fleetlearn pool agent: lend this machine to a pretraining pool",
 		Long:          long,
+		Example:       rootExamples,
 		Version:       versionLine(),
 		SilenceErrors: true,
 		SilenceUsage:  true,

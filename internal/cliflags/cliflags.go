@@ -1,7 +1,9 @@
-// Package cliflags keeps the Go flag package's spelling working for
-// commands that moved to cobra: "-data-dir x" and "-data-dir=x" were long
-// flags there, while pflag reads "-data-dir" as the shorthands d, a, t, ….
-// Scripts and unit files written for the old binaries keep working.
+// Package cliflags holds what the binaries' command lines share. It keeps
+// the Go flag package's spelling working for commands that moved to cobra:
+// "-data-dir x" and "-data-dir=x" were long flags there, while pflag reads
+// "-data-dir" as the shorthands d, a, t, …, so scripts and unit files
+// written for the old binaries keep working. And it gives flags their
+// environment variables, which a flag on the command line overrides.
 package cliflags
 
 import (
@@ -60,4 +62,30 @@ func Usage(format string, a ...any) error { return &usageError{fmt.Errorf(format
 func IsUsage(err error) bool {
 	var u *usageError
 	return errors.As(err, &u)
+}
+
+// FromEnv sets each flag of fs named in env (flag name → environment
+// variable) that the command line left alone to its variable's value, when
+// that is not empty, and returns the flags it set with their variables.
+// The command line always wins over the environment. A flag set here keeps
+// Changed false, so that a caller can still tell a flag the user typed from
+// a variable left in the environment, and the variable's value is never
+// shown as a default in the usage (it may be a secret).
+func FromEnv(fs *pflag.FlagSet, getenv func(string) string, env map[string]string) (map[string]string, error) {
+	set := map[string]string{}
+	for name, variable := range env {
+		f := fs.Lookup(name)
+		if f == nil || f.Changed {
+			continue
+		}
+		v := getenv(variable)
+		if v == "" {
+			continue
+		}
+		if err := f.Value.Set(v); err != nil {
+			return nil, Usage("$%s: %v (it stands for --%s; unset it or pass --%s)", variable, err, name, name)
+		}
+		set[name] = variable
+	}
+	return set, nil
 }

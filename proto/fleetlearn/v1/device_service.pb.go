@@ -39,8 +39,10 @@ type Device struct {
 	Fleet string `protobuf:"bytes,3,opt,name=fleet,proto3" json:"fleet,omitempty"`
 	// Group within the fleet named by the enrollment token; empty for none.
 	Group string `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
-	// Attributes the device reported when it enrolled; self-reported, for
-	// display only.
+	// Attributes the device reported at its latest check-in as the server
+	// recorded it (examples available, class, agent version), or when it
+	// enrolled if it has not checked in since; self-reported, for display
+	// only.
 	Attributes *DeviceAttributes `protobuf:"bytes,5,opt,name=attributes,proto3" json:"attributes,omitempty"`
 	// When the device enrolled.
 	EnrollTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=enroll_time,json=enrollTime,proto3" json:"enroll_time,omitempty"`

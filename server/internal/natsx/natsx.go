@@ -5,7 +5,6 @@ package natsx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -59,14 +58,34 @@ func StartEmbedded(listen, storeDir string, maxPayload int32, log *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("nats: new server: %w", err)
 	}
-	ns.SetLoggerV2(slogLogger{log}, false, false, false)
+	// nats-server reports a start that cannot succeed (its port taken, its
+	// monitoring port taken) only to its logger, and would leave the wait
+	// below to run out: the first fatal message ends the wait instead.
+	fatal := make(chan string, 1)
+	ns.SetLoggerV2(slogLogger{l: log, fatal: fatal}, false, false, false)
 	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		ns.Shutdown()
-		return nil, errors.New("nats: embedded server did not become ready")
+	for waited := time.Duration(0); !ns.ReadyForConnections(readyPoll); waited += readyPoll {
+		select {
+		case msg := <-fatal:
+			ns.Shutdown()
+			return nil, fmt.Errorf("nats: embedded server on %s could not start: %s", listen, msg)
+		default:
+		}
+		if waited >= readyTimeout {
+			ns.Shutdown()
+			return nil, fmt.Errorf("nats: embedded server on %s did not become ready in %v; the server log says why", listen, readyTimeout)
+		}
 	}
 	return &Embedded{ns: ns}, nil
 }
+
+// The embedded server's start is checked every readyPoll for a fatal
+// error, for at most readyTimeout: JetStream recovers its store before it
+// listens, which takes a while on a slow disk.
+const (
+	readyPoll    = 100 * time.Millisecond
+	readyTimeout = 30 * time.Second
+)
 
 // ClientURL is the URL clients use to reach the embedded server.
 func (e *Embedded) ClientURL() string { return e.ns.ClientURL() }
@@ -77,14 +96,26 @@ func (e *Embedded) Shutdown() {
 	e.ns.WaitForShutdown()
 }
 
-type slogLogger struct{ l *slog.Logger }
+// slogLogger passes nats-server's log to slog, and its first fatal message
+// to fatal.
+type slogLogger struct {
+	l     *slog.Logger
+	fatal chan<- string
+}
 
 func (s slogLogger) Noticef(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
 func (s slogLogger) Warnf(format string, v ...any)   { s.l.Warn(fmt.Sprintf(format, v...)) }
-func (s slogLogger) Fatalf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
-func (s slogLogger) Errorf(format string, v ...any)  { s.l.Error(fmt.Sprintf(format, v...)) }
-func (s slogLogger) Debugf(format string, v ...any)  { s.l.Debug(fmt.Sprintf(format, v...)) }
-func (s slogLogger) Tracef(format string, v ...any)  {}
+func (s slogLogger) Fatalf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	s.l.Error(msg)
+	select {
+	case s.fatal <- msg:
+	default:
+	}
+}
+func (s slogLogger) Errorf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Debugf(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s slogLogger) Tracef(format string, v ...any) {}
 
 // Setup creates (or updates) the reports stream and the blob bucket with the
 // given number of replicas (1 for the embedded server; 3 on a 3-node cluster

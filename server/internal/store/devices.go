@@ -48,10 +48,14 @@ func withDeviceSchema(ctx context.Context, db *sql.DB) (*Store, error) {
 
 // DeviceRow is an enrolled device.
 type DeviceRow struct {
-	ID       string
-	KeyID    string
-	Fleet    string
-	Group    string
+	ID    string
+	KeyID string
+	Fleet string
+	Group string
+	// Attrs are what the device reported at its latest check-in as the
+	// coordinator wrote it, or at enrollment if it has not checked in
+	// since: the examples it holds, its class and agent version arrive
+	// with check-ins (an agent enrolls before it loads its data).
 	Attrs    *pb.DeviceAttributes
 	TokenID  string
 	Enrolled time.Time
@@ -71,9 +75,10 @@ func (r *DeviceRow) Proto() *pb.Device {
 
 const deviceCols = `id, key_id, fleet, grp, attrs, token_id, enrolled_at, revoked_at, reason`
 
-// selectDevice reads deviceCols and the last-seen time, which lives with
-// the check-in sightings rather than the registry.
-const selectDevice = deviceCols + `, COALESCE((SELECT s.last_seen FROM devices s WHERE s.id = enrolled_devices.id), 0)`
+// selectDevice reads deviceCols and the last-seen time and attributes,
+// which live with the check-in sightings rather than the registry.
+const selectDevice = deviceCols + `, COALESCE((SELECT s.last_seen FROM devices s WHERE s.id = enrolled_devices.id), 0),
+	(SELECT s.attrs FROM devices s WHERE s.id = enrolled_devices.id)`
 
 func scanDevice(sc interface{ Scan(...any) error }, extra ...any) (*DeviceRow, error) {
 	var (
@@ -82,9 +87,14 @@ func scanDevice(sc interface{ Scan(...any) error }, extra ...any) (*DeviceRow, e
 		enrolled int64
 		revoked  int64
 		seen     int64
+		checkIn  []byte
 	)
-	if err := sc.Scan(append(extra, &r.ID, &r.KeyID, &r.Fleet, &r.Group, &attrs, &r.TokenID, &enrolled, &revoked, &r.Reason, &seen)...); err != nil {
+	if err := sc.Scan(append(extra, &r.ID, &r.KeyID, &r.Fleet, &r.Group, &attrs, &r.TokenID, &enrolled, &revoked, &r.Reason,
+		&seen, &checkIn)...); err != nil {
 		return nil, err
+	}
+	if len(checkIn) > 0 {
+		attrs = checkIn
 	}
 	if len(attrs) > 0 {
 		r.Attrs = &pb.DeviceAttributes{}

@@ -215,7 +215,7 @@ func (h *Handler) auditPage(r *http.Request, v *viewer) (string, frame, error) {
 	case err == nil:
 		d.Events, d.Next = evs, next
 	default:
-		den, err2 := section(err)
+		den, err2 := h.section(v, err)
 		switch {
 		case err2 == nil:
 			d.Denied = den

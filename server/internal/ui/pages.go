@@ -2,12 +2,14 @@ package ui
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -183,6 +185,74 @@ type overviewData struct {
 type taskRow struct {
 	*pb.Task
 	State string
+	// Counted says whether the rounds below were read: a viewer may list
+	// tasks and not their rounds.
+	Counted bool
+	roundCounts
+}
+
+// roundCounts sums a task's rounds by outcome. The task's current_round is
+// no measure of progress: it numbers abandoned tries and evaluation rounds
+// too, so a paused task may be at round 3 of 2 with nothing trained.
+type roundCounts struct {
+	// Trained counts committed training rounds, the progress towards
+	// rounds_total.
+	Trained int
+	// Evaluated counts committed evaluation rounds.
+	Evaluated int
+	// Abandoned counts rounds that ended without a result.
+	Abandoned int
+}
+
+func countRounds(rs []*pb.RoundSummary) roundCounts {
+	var c roundCounts
+	for _, r := range rs {
+		switch {
+		case r.GetState() == pb.RoundState_ROUND_STATE_ABANDONED:
+			c.Abandoned++
+		case r.GetState() != pb.RoundState_ROUND_STATE_COMMITTED:
+		case r.GetKind() == pb.RoundKind_ROUND_KIND_TRAIN:
+			c.Trained++
+		default:
+			c.Evaluated++
+		}
+	}
+	return c
+}
+
+// roundFetches bounds the ListRounds calls an overview makes at once.
+const roundFetches = 8
+
+// taskRows reads each task's rounds, a few tasks at a time, to show its
+// progress as committed training rounds.
+func (h *Handler) taskRows(ctx context.Context, v *viewer, ts []*pb.Task) ([]taskRow, error) {
+	rows := make([]taskRow, len(ts))
+	errs := make([]error, len(ts))
+	sem := make(chan struct{}, roundFetches)
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		rows[i] = taskRow{Task: t, State: enum(t.GetState(), "TASK_STATE_"), Counted: true}
+		if t.GetCurrentRound() == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			rs, err := h.rounds(ctx, t.GetId())
+			if err != nil {
+				if _, err = h.section(v, err); err == nil {
+					rows[i].Counted = false
+				}
+				errs[i] = err
+				return
+			}
+			rows[i].roundCounts = countRounds(rs)
+		}()
+	}
+	wg.Wait()
+	return rows, errors.Join(errs...)
 }
 
 func (h *Handler) overview(r *http.Request, v *viewer) (string, frame, error) {
@@ -190,24 +260,24 @@ func (h *Handler) overview(r *http.Request, v *viewer) (string, frame, error) {
 	d := overviewData{}
 	var err error
 	if d.Fleet, err = h.fleet(ctx); err != nil {
-		if d.FleetDenied, err = section(err); err != nil {
+		if d.FleetDenied, err = h.section(v, err); err != nil {
 			return "", frame{}, err
 		}
 	}
 	ts, err := h.listTasks(ctx)
 	if err != nil {
-		if d.TasksDenied, err = section(err); err != nil {
+		if d.TasksDenied, err = h.section(v, err); err != nil {
 			return "", frame{}, err
 		}
 	}
-	for _, t := range ts {
-		d.Tasks = append(d.Tasks, taskRow{Task: t, State: enum(t.GetState(), "TASK_STATE_")})
+	if d.Tasks, err = h.taskRows(ctx, v, ts); err != nil {
+		return "", frame{}, err
 	}
 	if d.Pool, err = h.poolView(ctx); err != nil {
 		d.Pool = nil
 		if poolAbsent(err) {
 			d.NoPool = true
-		} else if d.PoolDenied, err = section(err); err != nil {
+		} else if d.PoolDenied, err = h.section(v, err); err != nil {
 			return "", frame{}, err
 		}
 	}
@@ -216,7 +286,7 @@ func (h *Handler) overview(r *http.Request, v *viewer) (string, frame, error) {
 		d.Checkpoint, err = h.checkpoint(ctx, k)
 	}
 	if err != nil {
-		if d.AuditDenied, err = section(err); err != nil {
+		if d.AuditDenied, err = h.section(v, err); err != nil {
 			return "", frame{}, err
 		}
 	}
@@ -251,11 +321,11 @@ func (h *Handler) revokeDevice(w http.ResponseWriter, r *http.Request, v *viewer
 
 // taskData is a task's page: its settings, rounds and what they spent.
 type taskData struct {
-	Task      *pb.Task
-	State     string
-	Rounds    []roundRow
-	Committed int
-	Charts    []chartRef
+	Task   *pb.Task
+	State  string
+	Rounds []roundRow
+	roundCounts
+	Charts []chartRef
 	// Epsilon is the accountant's cumulative ε after the last round that
 	// spent any; Budget is the task's target ε (0: none).
 	Epsilon, Budget float64
@@ -334,9 +404,6 @@ func (h *Handler) task(ctx context.Context, id string) (*taskData, error) {
 		if r.GetEpsilonSpent() > 0 {
 			d.Epsilon = r.GetEpsilonSpent()
 		}
-		if r.GetState() == pb.RoundState_ROUND_STATE_COMMITTED {
-			d.Committed++
-		}
 		d.Assigned += r.GetAssigned()
 		d.Dropped += r.GetDropped()
 		for _, f := range r.GetFailures() {
@@ -349,6 +416,7 @@ func (h *Handler) task(ctx context.Context, id string) (*taskData, error) {
 	sort.Slice(d.Refusals, func(i, j int) bool {
 		return d.Refusals[i].Count > d.Refusals[j].Count || d.Refusals[i].Count == d.Refusals[j].Count && d.Refusals[i].Reason < d.Refusals[j].Reason
 	})
+	d.roundCounts = countRounds(rs)
 	for _, m := range chartMetrics(rs) {
 		d.Charts = append(d.Charts, chartRef{Metric: m, Points: series(rs, m)})
 	}
@@ -468,7 +536,7 @@ func (h *Handler) roundPage(r *http.Request, v *viewer) (string, frame, error) {
 		evs, _, err = h.entries(ctx, k, &pb.AuditFilter{TaskId: id, Round: n}, "", maxTimeline)
 	}
 	if err != nil {
-		if d.Denied, err = section(err); err != nil {
+		if d.Denied, err = h.section(v, err); err != nil {
 			return "", frame{}, err
 		}
 	}
@@ -529,7 +597,7 @@ func (h *Handler) jobPage(r *http.Request, v *viewer) (string, frame, error) {
 		m, err := apiv1.NewModelServiceClient(h.cfg.API).GetModel(ctx, &pb.GetModelRequest{Version: ver})
 		if err == nil {
 			d.Model = m.GetModel()
-		} else if _, err := section(err); err != nil && status.Code(err) != codes.NotFound {
+		} else if _, err := h.section(v, err); err != nil && status.Code(err) != codes.NotFound {
 			return "", frame{}, err
 		}
 	}

@@ -143,9 +143,9 @@ type denied struct{ Msg string }
 
 // section turns an API error into a note for the page when the viewer may
 // not call it, so that the rest of the page still shows.
-func section(err error) (*denied, error) {
-	if s, ok := status.FromError(err); ok && s.Code() == codes.PermissionDenied {
-		return &denied{Msg: s.Message()}, nil
+func (h *Handler) section(v *viewer, err error) (*denied, error) {
+	if status.Code(err) == codes.PermissionDenied {
+		return &denied{Msg: h.deniedMessage(v, err)}, nil
 	}
 	return nil, err
 }
@@ -158,7 +158,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, v *viewer, err er
 		switch s.Code() {
 		case codes.PermissionDenied:
 			code = http.StatusForbidden
-			msg = "Your roles do not allow this: " + msg
+			msg = "Your roles do not allow this: " + h.deniedMessage(v, err)
 		case codes.Unauthenticated:
 			h.clearCookie(w)
 			h.toLogin(w, r, "Your session ended ("+msg+"). Sign in with a current token.")

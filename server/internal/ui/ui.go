@@ -98,6 +98,7 @@ func New(cfg Config, opts ...Option) (*Handler, error) {
 	if cfg.Policy == nil {
 		cfg.Policy = identity.DefaultPolicy()
 	}
+	cfg.API = namedCalls{cfg.API}
 	o := options{log: slog.New(slog.DiscardHandler), refresh: 5 * time.Second, maxStreams: 256}
 	for _, opt := range opts {
 		opt(&o)
