@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -30,7 +31,7 @@ func TestDashboardShowsWhatIsTrue(t *testing.T) {
 	h := servertest.New(t, servertest.WithPace(50*time.Millisecond),
 		servertest.WithConfig(func(c *server.Config) { c.UIAddr = "127.0.0.1:0" }))
 	examples := map[string]uint64{"dev-000": 2770, "dev-001": 1834}
-	startFleet(t, h, 2, func(i int) *data.Dataset { return synthetic([]int{2770, 1834}[i], 8, 3, uint64(i+1)) })
+	startFleet(t, h, 2, func(i int) *data.Dataset { return datatest.Synthetic([]int{2770, 1834}[i], 8, 3, uint64(i+1)) })
 
 	init, _ := train.InitMLP([]int{8, 3}, 1)
 	version := h.ImportModel(t, "paused", init)
