@@ -35,6 +35,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -429,7 +430,7 @@ func build(ctx context.Context, root string, p platform, st stamps, out string, 
 	for _, n := range names {
 		args = append(args, "./cmd/"+n)
 	}
-	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd := exec.CommandContext(ctx, goCommand(), args...)
 	cmd.Dir = root
 	cmd.Env = buildEnv(p)
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -539,10 +540,19 @@ func writeFileAtomic(name string, b []byte) error {
 	return nil
 }
 
+// goCommand is the go command on PATH, else the one of the toolchain
+// that built this program.
+func goCommand() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
 // goOutput runs the go command in dir and returns its trimmed standard
 // output.
 func goOutput(ctx context.Context, dir string, env []string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd := exec.CommandContext(ctx, goCommand(), args...)
 	cmd.Dir = dir
 	if env != nil {
 		cmd.Env = env
