@@ -30,8 +30,10 @@ type ValidateOptions struct {
 }
 
 func (o ValidateOptions) check() error {
-	if o.Dim <= 0 || o.Dim > maxDim {
-		return fmt.Errorf("aggregator: dimension %d not in [1, %d]: %w", o.Dim, maxDim, ErrConfig)
+	// int64: maxDim does not fit a 32-bit int (linux/arm), where no Dim
+	// can exceed it.
+	if o.Dim <= 0 || int64(o.Dim) > maxDim {
+		return fmt.Errorf("aggregator: dimension %d not in [1, %d]: %w", o.Dim, int64(maxDim), ErrConfig)
 	}
 	if !(o.MaxNorm >= 0) {
 		return fmt.Errorf("aggregator: norm bound %v must be >= 0: %w", o.MaxNorm, ErrConfig)

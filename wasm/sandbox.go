@@ -148,7 +148,7 @@ func New(opts ...Option) (*Sandbox, error) {
 		s.cache = wazero.NewCompilationCache()
 	}
 	ctx := context.Background()
-	rc := wazero.NewRuntimeConfigCompiler().
+	rc := newRuntimeConfig().
 		WithCompilationCache(s.cache).
 		WithMemoryLimitPages(MaxMemoryPages).
 		WithCloseOnContextDone(true).

@@ -45,6 +45,11 @@ func TestVersion(t *testing.T) {
 		if !strings.HasPrefix(out, "fleetlearn-edge ") || !strings.HasSuffix(out, want+"\n") || strings.Count(out, "\n") != 1 {
 			t.Errorf("%v printed %q, want one line: fleetlearn-edge VERSION, ..., %s", args, out, want)
 		}
+		// The commit (or "commit unknown") and the engine the device
+		// trains with, by name.
+		if !strings.Contains(out, ", commit ") || !strings.Contains(out, ", wasm "+wasm.Engine()+", ") {
+			t.Errorf("%v printed %q, want the commit and \"wasm %s\"", args, out, wasm.Engine())
+		}
 	}
 }
 

@@ -21,8 +21,11 @@ func usage(format string, a ...any) error { return cliflags.Usage(format, a...) 
 // isUsage reports whether err is the command line's fault.
 func isUsage(err error) bool { return cliflags.IsUsage(err) }
 
+// versionLine names the build and the WASM engine it trains with: the
+// compiler on amd64 and arm64, the much slower interpreter elsewhere
+// (32-bit arm), which an operator sizing a task for a fleet must know.
 func versionLine() string {
-	return version.Get().String("fleetlearn-edge", wasm.ABIRange())
+	return version.Get().String("fleetlearn-edge", "wasm "+wasm.Engine(), wasm.ABIRange())
 }
 
 const long = `fleetlearn-edge is the Fleetlearn device agent. It checks in with the
@@ -130,7 +133,7 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 
 	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{
 		Use:   "version",
-		Short: "Print the version, commit, Go version and module ABI",
+		Short: "Print the version, commit, Go version, platform, WASM engine and module ABI",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())

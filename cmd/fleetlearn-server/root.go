@@ -41,8 +41,10 @@ type flags struct {
 	trace        tracing.Config
 }
 
+// versionLine names the build and the WASM engine its sandbox (server
+// evaluation, module checks) runs with.
 func versionLine() string {
-	return version.Get().String("fleetlearn-server", wasm.ABIRange())
+	return version.Get().String("fleetlearn-server", "wasm "+wasm.Engine(), wasm.ABIRange())
 }
 
 const long = `fleetlearn-server is the Fleetlearn aggregator: it runs federated training
@@ -214,7 +216,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
-		Short: "Print the version, commit, Go version and module ABI",
+		Short: "Print the version, commit, Go version, platform, WASM engine and module ABI",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())

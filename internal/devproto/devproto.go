@@ -470,7 +470,7 @@ func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 // without the reason, so that is only logged.
 func (d *Device) reportFailure(ctx context.Context, nc *nats.Conn, plan *pb.RoundPlan, attempts int, cause error) {
 	b, err := proto.Marshal(&pb.PlanFailure{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
-		Reason: wire.FailureReason(cause.Error()), Attempts: uint32(min(attempts, math.MaxUint32))})
+		Reason: wire.FailureReason(cause.Error()), Attempts: uint32(min(uint64(max(attempts, 0)), math.MaxUint32))})
 	if err != nil {
 		d.log.Error("plan failure: marshal", "err", err)
 		return
