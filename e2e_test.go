@@ -7,31 +7,36 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetlearn/fleetlearn/cmd/cmdtest"
 )
 
+// TestMain lets the test binary run as the programs that
+// TestReleaseBinariesEndToEnd starts.
+func TestMain(m *testing.M) {
+	cmdtest.Main()
+	m.Run()
+}
+
 // TestReleaseBinariesEndToEnd follows README.md's "Running it for real" with
-// the three release binaries alone: built here, then run with a PATH that
-// holds them and the system directories but no Go toolchain, an empty HOME
-// and a working directory outside the source tree. Only the ports differ
-// from the README (free ones instead of 7070/4222, no /metrics), and the
-// task runs 2 rounds instead of 5 to stay short.
+// the programs alone, as separate processes: the test binary standing in
+// for each (cmd/cmdtest, the same code as cmd/'s mains, so that no build
+// runs inside the test), started with a PATH that holds them and the system
+// directories but no Go toolchain, an empty HOME and a working directory
+// outside the source tree. Only the ports differ from the README (free
+// ones instead of 7070/4222, no /metrics), and the task runs 2 rounds
+// instead of 5 to stay short.
 func TestReleaseBinariesEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the release binaries and trains a model with them")
+		t.Skip("trains a model with the programs as separate processes")
 	}
-	bin := t.TempDir()
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin+string(os.PathSeparator),
-		"./cmd/fleetlearn", "./cmd/fleetlearn-server", "./cmd/fleetlearn-edge")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := cmdtest.Dir(t)
 
 	e := newE2E(t, bin)
 	grpcAddr, natsAddr := freeAddrs(t)

@@ -1,54 +1,25 @@
 package deploy_test
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"sync"
 	"testing"
+
+	"github.com/fleetlearn/fleetlearn/cmd/cmdtest"
 )
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  string
-)
-
-// TestMain removes the binaries bins built, which outlive any one test.
+// TestMain lets the test binary run as the programs bins links.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
+	cmdtest.Main()
+	m.Run()
 }
 
-// bins builds fleetlearn, fleetlearn-server, fleetlearn-edge and
-// fleetlearn-worker once per test binary and returns the directory that
-// holds them. It skips the test under -short: building takes tens of
-// seconds.
+// bins returns a directory that holds fleetlearn, fleetlearn-server,
+// fleetlearn-edge and fleetlearn-worker: the test binary standing in for
+// each (cmd/cmdtest), the same code as cmd/'s mains. It skips the test
+// under -short, where the tests that run the programs are left out.
 func bins(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds the release binaries")
+		t.Skip("runs the programs")
 	}
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fleetlearn-deploy-bin-")
-		if err != nil {
-			binErr = err.Error()
-			return
-		}
-		binDir = dir
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
-			"./cmd/fleetlearn", "./cmd/fleetlearn-server", "./cmd/fleetlearn-edge", "./cmd/fleetlearn-worker")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = "go build: " + err.Error() + "\n" + string(out)
-		}
-	})
-	if binErr != "" {
-		t.Fatal(binErr)
-	}
-	return binDir
+	return cmdtest.Dir(t)
 }

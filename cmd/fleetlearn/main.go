@@ -5,34 +5,16 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/fleetlearn/fleetlearn/cli"
-	"github.com/fleetlearn/fleetlearn/demo"
+	"github.com/fleetlearn/fleetlearn/cmd/internal/clicmd"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	if len(os.Args) > 1 && os.Args[1] == demo.RankCommandName {
-		// The demo's embedded pool workers run their ranks as children of
-		// this binary; the outcome is the exit status the worker reads.
-		code := demo.RankMain(ctx, os.Args[2:])
-		stop()
-		os.Exit(code)
-	}
-	err := cli.NewRootCommand().ExecuteContext(ctx)
-	interrupted := ctx.Err() != nil
+	code := clicmd.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err == nil {
-		return
-	}
-	if interrupted {
-		fmt.Fprintln(os.Stderr, "fleetlearn: interrupted")
-		os.Exit(130)
-	}
-	fmt.Fprintln(os.Stderr, "fleetlearn:", err)
-	os.Exit(1)
+	os.Exit(code)
 }

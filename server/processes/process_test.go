@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/cmd/cmdtest"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/identity"
@@ -36,47 +36,19 @@ import (
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
-// binaries builds the commands once per test binary, into a directory
-// TestMain removes: the server, the edge agent and the CLI it returns, and
-// the pool agent beside them (workerBin). Linking four binaries is most of
-// a process test's time; the tests only run them.
+// binaries returns the server, the edge agent and the CLI, with the pool
+// agent beside them (workerBin): the test binary standing in for each
+// program (cmd/cmdtest), the same code as cmd/'s mains.
 func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
 	t.Helper()
-	built.once.Do(func() {
-		dir, err := os.MkdirTemp("", "fleetlearn-bin-")
-		if err != nil {
-			built.err = err
-			return
-		}
-		built.dir = dir
-		cmd := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", dir+string(os.PathSeparator),
-			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server",
-			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge",
-			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-worker",
-			"github.com/fleetlearn/fleetlearn/cmd/fleetlearn")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	dir := built.dir
+	dir := cmdtest.Dir(t)
 	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
 }
 
-var built struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
+// TestMain lets the test binary run as the programs binaries links.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
-	os.Exit(code)
+	cmdtest.Main()
+	m.Run()
 }
 
 // workerBin is the fleetlearn-worker that binaries built next to serverBin.

@@ -1,4 +1,4 @@
-package main
+package servercmd
 
 import (
 	"github.com/spf13/cobra"

@@ -1,4 +1,4 @@
-package main
+package servercmd
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// TestSubcommandsHaveExamples: every command of fleetlearn-edge that runs, but
+// TestSubcommandsHaveExamples: every command of fleetlearn-server that runs, but
 // version, shows in its help how it is run. (version's help is left to
 // the rework of version printing.)
 func TestSubcommandsHaveExamples(t *testing.T) {

@@ -1,0 +1,59 @@
+// Package servercmd is fleetlearn-server's command line, run by cmd/fleetlearn-server's
+// main and, in tests, by a test binary standing in for the program
+// (cmd/cmdtest).
+package servercmd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/fleetlearn/fleetlearn/internal/cliflags"
+	"github.com/fleetlearn/fleetlearn/server"
+)
+
+// Main runs fleetlearn-server's command line args until ctx ends and
+// returns the exit status, having printed any error to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCommand(serve)
+	root.SetArgs(cliflags.SingleDash(root, args))
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "fleetlearn-server:", err)
+	if isUsage(err) {
+		return 2
+	}
+	return 1
+}
+
+// serve starts the aggregator and runs it until ctx ends, then shuts it
+// down, giving open work 30 seconds.
+func serve(ctx context.Context, cfg server.Config, log *slog.Logger, opts ...server.Option) error {
+	log.Info("starting", "version", versionLine())
+	s, err := server.New(cfg, append([]server.Option{server.WithLogger(log)}, opts...)...)
+	if err != nil {
+		return usage("%w", err) // New only checks the configuration
+	}
+	if err := s.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			// Stopped on purpose while waiting for NATS: not a failure.
+			log.Info("stopped before the start completed", "reason", err)
+			return nil
+		}
+		return fmt.Errorf("start: %w", err)
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := s.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
