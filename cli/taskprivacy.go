@@ -78,7 +78,7 @@ func (f *privacyFlags) register(cmd *cobra.Command) {
 	fl.Uint32Var(&f.threshold, "secagg-threshold", 0, "with --secure-aggregation, shares needed to reconstruct a secret, more than half the neighbours and at most all; 0 picks ⌊k/2⌋+1")
 	fl.Uint32Var(&f.bits, "secagg-bits", 0, "with --secure-aggregation, bits of the ring updates are summed in, 1 to 32; 0 picks 32 (8 with --update-encoding int8)")
 	fl.Float64Var(&f.clipRange, "secagg-clip-range", privacyconf.DefaultSecAggClipRange, "with --secure-aggregation, each update element is clipped to ±this before it is quantized")
-	fl.Float64Var(&f.maxWeight, "secagg-max-weight", privacyconf.DefaultSecAggMaxWeight, "with --secure-aggregation, cap on a device's weight (its example count) in the masked sum")
+	fl.Float64Var(&f.maxWeight, "secagg-max-weight", privacyconf.DefaultSecAggMaxWeight, "with --secure-aggregation, cap on a device's weight (its example count) in the masked sum; with --dp every update weighs 1")
 	fl.DurationVar(&f.stageTimeout, "secagg-stage-timeout", privacyconf.DefaultSecAggStageTimeout, "with --secure-aggregation, how long each key-exchange, consistency and unmask stage waits for devices")
 	fl.StringVar(&f.dp, "dp", "none", "differential privacy: none; central (devices clip, the server adds Gaussian noise); local (each device noises its own update); "+
 		"distributed or skellam (devices add discrete Gaussian or Skellam noise under --secure-aggregation)")
@@ -255,15 +255,15 @@ func mechanismName(m pb.DPMechanism) string {
 	return enumName(m.String(), "DP_MECHANISM_")
 }
 
-// secureAggregation describes a task's secure aggregation as its rounds
-// resolve it for the task's cohort slots.
+// secureAggregation describes a task's secure aggregation as its rounds run
+// it, resolved for the task's cohort slots.
 func secureAggregation(t *pb.Task) string {
 	sa := t.GetSecagg()
 	if sa == nil {
 		return "off"
 	}
 	n := privacyconf.Participants(t)
-	r, c, err := privacyconf.ResolveSecAgg(sa, "task", 1, n, 0, privacyconf.APINames)
+	r, c, err := privacyconf.ResolveSecAgg(privacyconf.RoundSecAgg(t), "task", 1, n, 0, privacyconf.APINames)
 	if err != nil {
 		return "on; its settings do not resolve: " + err.Error()
 	}
@@ -274,8 +274,12 @@ func secureAggregation(t *pb.Task) string {
 	if sa.GetK() == 0 {
 		graph += " (recommended)"
 	}
-	return fmt.Sprintf("SecAgg+ over %d participants a round, %s, threshold %d, %d-bit ring, clip range %g, max weight %g, stage timeout %v",
-		n, graph, r.Threshold(), r.Bits(), c.GetClipRange(), c.GetMaxWeight(), c.GetStageTimeout().AsDuration())
+	weight := fmt.Sprintf("max weight %g", c.GetMaxWeight())
+	if privacyconf.ResolveDP(t) != nil {
+		weight += " (DP weighs every update 1)"
+	}
+	return fmt.Sprintf("SecAgg+ over %d participants a round, %s, threshold %d, %d-bit ring, clip range %g, %s, stage timeout %v",
+		n, graph, r.Threshold(), r.Bits(), c.GetClipRange(), weight, c.GetStageTimeout().AsDuration())
 }
 
 // differentialPrivacy describes a task's DP settings with the server's

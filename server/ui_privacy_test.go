@@ -59,10 +59,11 @@ func TestDashboardPrivacySettings(t *testing.T) {
 			}
 		}
 	}
-	// 13 slots, k 4, threshold 4/2+1; max weight and DP defaults from the server.
+	// 13 slots, k 4, threshold 4/2+1; the weight bound of DP and its
+	// defaults from the server.
 	check(privateID, page(privateID), []string{
 		`id="secagg-participants">13 a round<`, `id="secagg-k">4 each<`, `id="secagg-threshold">3<`, `id="secagg-bits">24 bits<`,
-		`id="secagg-clip-range">±0.5<`, `id="secagg-max-weight">65536<`, `id="secagg-stage-timeout">30s<`,
+		`id="secagg-clip-range">±0.5<`, `id="secagg-max-weight">1 (DP weighs every update 1)<`, `id="secagg-stage-timeout">30s<`,
 		`id="dp-mechanism">distributed discrete gaussian: devices add shares of discrete Gaussian noise under secure aggregation<`,
 		`id="dp-noise-multiplier">1.2<`, `id="dp-clip-norm">0.5<`, `id="dp-accountant">rdp, of the distributed mechanism<`,
 		`id="dp-contributors">at least 8<`, `id="dp-max-rounds">at most 3<`, `id="epsilon-budget" data-value="40"`,

@@ -140,6 +140,19 @@ func CheckSecAgg(t *pb.Task, names Names) error {
 	return err
 }
 
+// RoundSecAgg is the secure aggregation settings t's rounds run with: the
+// task's own, except under DP, where every update weighs 1 and so the
+// weight bound is 1 too. It is nil for a task without secure aggregation.
+func RoundSecAgg(t *pb.Task) *pb.SecAggConfig {
+	sa := t.GetSecagg()
+	if sa == nil || ResolveDP(t) == nil {
+		return sa
+	}
+	sa = proto.Clone(sa).(*pb.SecAggConfig)
+	sa.MaxWeight = 1
+	return sa
+}
+
 // ResolveSecAgg returns the secure aggregation parameters of a round with n
 // participants: c's settings with every default filled in, the round's
 // graph seed and n. It fails for settings no round could use.

@@ -163,3 +163,21 @@ func TestAccounting(t *testing.T) {
 		t.Errorf("no DP: %v, %v", a, err)
 	}
 }
+
+// TestRoundSecAgg: under DP every update weighs 1, so rounds bound weights
+// at 1; without DP they keep the task's bound, and the task is not changed.
+func TestRoundSecAgg(t *testing.T) {
+	task := privateTask()
+	task.Secagg.MaxWeight = 100
+	if got := privacyconf.RoundSecAgg(task).GetMaxWeight(); got != 1 || task.Secagg.MaxWeight != 100 {
+		t.Errorf("with DP: max weight %v (task %v), want 1 (100)", got, task.Secagg.MaxWeight)
+	}
+	task.Dp = nil
+	if got := privacyconf.RoundSecAgg(task); got != task.Secagg {
+		t.Errorf("without DP: %v, want the task's own settings", got)
+	}
+	task.Secagg = nil
+	if got := privacyconf.RoundSecAgg(task); got != nil {
+		t.Errorf("without secure aggregation: %v", got)
+	}
+}

@@ -497,15 +497,11 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 	return sec, nil
 }
 
-// secureConfig is SecureConfig for this task's rounds: with DP every update
-// has weight 1, so the weight bound is 1 too.
+// secureConfig is SecureConfig for this task's rounds
+// (privacyconf.RoundSecAgg): with DP every update has weight 1, so the
+// weight bound is 1 too.
 func (t *taskRun) secureConfig(roundNum uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
-	spec := t.spec.GetSecagg()
-	if t.dp != nil {
-		spec = proto.Clone(spec).(*pb.SecAggConfig)
-		spec.MaxWeight = 1
-	}
-	return SecureConfig(spec, t.id, roundNum, n, seed)
+	return SecureConfig(privacyconf.RoundSecAgg(t.spec), t.id, roundNum, n, seed)
 }
 
 // secureStageTimeout is the task's SecAgg stage timeout with its default.

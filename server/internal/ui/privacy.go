@@ -7,13 +7,15 @@ import (
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
-// secAggView is a task's secure aggregation as its rounds resolve it for
-// the task's cohort slots, by the rules the server runs them with.
+// secAggView is a task's secure aggregation as its rounds run it, resolved
+// for the task's cohort slots by the rules the server runs them with.
 type secAggView struct {
 	Participants, K, Threshold, Bits int
 	Complete, RecommendedK           bool
-	ClipRange, MaxWeight             float64
-	StageTimeout                     time.Duration
+	// DP says every update weighs 1, so MaxWeight is 1.
+	DP                   bool
+	ClipRange, MaxWeight float64
+	StageTimeout         time.Duration
 	// Err says why the settings do not resolve; the other fields are then
 	// unset.
 	Err string
@@ -25,13 +27,13 @@ func secAggViewOf(t *pb.Task) *secAggView {
 		return nil
 	}
 	n := privacyconf.Participants(t)
-	r, c, err := privacyconf.ResolveSecAgg(sa, "task", 1, n, 0, privacyconf.APINames)
+	r, c, err := privacyconf.ResolveSecAgg(privacyconf.RoundSecAgg(t), "task", 1, n, 0, privacyconf.APINames)
 	if err != nil {
 		return &secAggView{Err: err.Error()}
 	}
 	return &secAggView{Participants: n, K: r.K(), Threshold: r.Threshold(), Bits: r.Bits(),
 		Complete: r.K() >= n-1, RecommendedK: sa.GetK() == 0, ClipRange: c.GetClipRange(), MaxWeight: c.GetMaxWeight(),
-		StageTimeout: c.GetStageTimeout().AsDuration()}
+		StageTimeout: c.GetStageTimeout().AsDuration(), DP: privacyconf.ResolveDP(t) != nil}
 }
 
 // dpView is a task's differential privacy with the server's defaults
