@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -14,11 +15,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
 func newTaskCommand(a *app) *cobra.Command {
@@ -115,6 +119,7 @@ type createFlags struct {
 	memoryPages              uint32
 	callTimeout              time.Duration
 	format                   string
+	privacy                  privacyFlags
 }
 
 func newTaskCreateCommand(a *app) *cobra.Command {
@@ -126,7 +131,11 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 			"as fleetlearn model list numbers them), a version's sha256, or 12 or more of its\n" +
 			"leading digits. The models the task commits are stored under the task's name.",
 		Example: `  fleetlearn task create --name mnist-ft --model mnist@1 --module 3f2a... \
-    --hyper '{"learning_rate":0.05,"batch_size":32,"epochs":1}' --cohort 20 --rounds 50`,
+    --hyper '{"learning_rate":0.05,"batch_size":32,"epochs":1}' --cohort 20 --rounds 50
+  # secure aggregation and central DP, epsilon 8 at delta 1e-5 over 50 rounds; the noise
+  # is planned by: fleetlearn dp noise --target-epsilon 8 --q 1 --steps 50 --delta 1e-5
+  fleetlearn task create --name mnist-private --model mnist --module 3f2a... --cohort 1000 --rounds 50 \
+    --secure-aggregation --dp central --dp-noise-multiplier 4.6 --dp-epsilon-budget 8`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(f.format); err != nil {
@@ -136,6 +145,7 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			budget := f.privacy.budgetWarning(t.GetRoundsTotal())
 			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
 				version, err := resolveModel(ctx, apiv1.NewModelServiceClient(conn), f.model)
 				if err != nil {
@@ -144,13 +154,17 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 				t.Model = &pb.ModelRef{Version: version}
 				res, err := apiv1.NewTaskServiceClient(conn).CreateTask(ctx, &pb.CreateTaskRequest{Task: t})
 				if err != nil {
-					return err
+					return unknownModule(ctx, apiv1.NewModuleServiceClient(conn), t.GetModule().GetSha256(), err)
 				}
 				// Warnings go to standard error, so that -o json stays one document.
-				for _, w := range res.GetWarnings() {
+				warnings := res.GetWarnings()
+				if budget != "" {
+					warnings = append(warnings, budget)
+				}
+				for _, w := range warnings {
 					fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+printable(w))
 				}
-				return printTask(cmd.OutOrStdout(), f.format, res.GetTask(), 0)
+				return printTask(cmd.OutOrStdout(), f.format, res.GetTask(), taskProgress{})
 			})
 		},
 	}
@@ -188,6 +202,7 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 		"train only these tensors (names, path.Match patterns such as 'blocks.3.*', or lora for the LoRA adapters); the rest stay frozen and only these travel; needs an ABI 2 module")
 	fl.Uint32Var(&f.memoryPages, "memory-pages", 0, "WASM memory limit per call in 64 KiB pages; 0 uses the agent default")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "time limit per WASM call on devices; 0 uses the agent default")
+	f.privacy.register(cmd)
 	addFormatFlag(cmd, &f.format)
 	for _, n := range []string{"name", "model", "module"} {
 		cmd.MarkFlagRequired(n)
@@ -297,7 +312,28 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 			t.Limits.Timeout = durationpb.New(f.callTimeout)
 		}
 	}
+	if err := f.privacy.apply(cmd, t); err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// ErrUnknownModule reports a --module that names no registered module.
+var ErrUnknownModule = errors.New("unknown module")
+
+// unknownModule turns the API's refusal of a task whose module is not
+// registered into what to do about it; other errors pass unchanged. The
+// API names the module in the refusal; whether it exists is asked anew,
+// so that no message text is relied on.
+func unknownModule(ctx context.Context, c apiv1.ModuleServiceClient, sha string, err error) error {
+	if status.Code(err) != codes.InvalidArgument && status.Code(err) != codes.NotFound {
+		return err
+	}
+	if _, gerr := c.GetModule(ctx, &pb.GetModuleRequest{Sha256: sha}); status.Code(gerr) != codes.NotFound {
+		return err
+	}
+	return &sentence{is: ErrUnknownModule, msg: fmt.Sprintf("--module: no module %s is registered; "+
+		"fleetlearn module list shows the modules, fleetlearn module register adds one", sha)}
 }
 
 // hyperparameters returns --hyper or the --hyper-file contents, compacted,
@@ -346,9 +382,10 @@ const taskStateNames = "pending|running|paused|completed|stopped|failed"
 func newTaskListCommand(a *app) *cobra.Command {
 	var format, state string
 	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List tasks, newest first",
-		Args:  cobra.NoArgs,
+		Use:     "list",
+		Short:   "List tasks, newest first",
+		Example: "  fleetlearn task list\n  fleetlearn task list --state running\n  fleetlearn task list -o json",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -397,7 +434,11 @@ func newTaskGetCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "Show one task",
-		Args:  cobra.ExactArgs(1),
+		Long: "get shows a task's state, progress and settings, its secure aggregation and\n" +
+			"differential privacy as the server resolves them for the task's cohort, and,\n" +
+			"with DP, the epsilon its committed rounds spent against its budget.",
+		Example: "  fleetlearn task get t-3f2a9c1b7d0e\n  fleetlearn task get t-3f2a9c1b7d0e -o json",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
 				return c.GetTask(ctx, &pb.GetTaskRequest{TaskId: args[0]})
@@ -411,9 +452,10 @@ func newTaskGetCommand(a *app) *cobra.Command {
 func newTaskStopCommand(a *app) *cobra.Command {
 	var format, reason string
 	cmd := &cobra.Command{
-		Use:   "stop ID",
-		Short: "Stop a task; its open round is abandoned",
-		Args:  cobra.ExactArgs(1),
+		Use:     "stop ID",
+		Short:   "Stop a task; its open round is abandoned",
+		Example: "  fleetlearn task stop t-3f2a9c1b7d0e --reason 'accuracy plateaued'",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
 				return c.StopTask(ctx, &pb.StopTaskRequest{TaskId: args[0], Reason: reason})
@@ -451,7 +493,8 @@ func newTaskResumeCommand(a *app) *cobra.Command {
 		Long: "The server pauses a task after several rounds in a row were abandoned for want\n" +
 			"of devices; fleetlearn task get shows why. Resume it once enough devices are\n" +
 			"enrolled and online, or stop it.",
-		Args: cobra.ExactArgs(1),
+		Example: "  fleetlearn task resume t-3f2a9c1b7d0e",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.taskCall(cmd, format, func(ctx context.Context, c apiv1.TaskServiceClient) (taskResponse, error) {
 				return c.ResumeTask(ctx, &pb.ResumeTaskRequest{TaskId: args[0]})
@@ -468,7 +511,12 @@ func newTaskRoundsCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rounds ID",
 		Short: "List a task's rounds with their metrics and device failures, newest first",
-		Args:  cobra.ExactArgs(1),
+		Long: "rounds lists every round of a task, newest first: its kind, state, devices assigned,\n" +
+			"reported and dropped, the epsilon the task had spent after it (with DP), its metrics,\n" +
+			"model and why it ended.",
+		Example: "  fleetlearn task rounds t-3f2a9c1b7d0e\n  fleetlearn task rounds t-3f2a9c1b7d0e --failures\n" +
+			"  fleetlearn task rounds t-3f2a9c1b7d0e -o json",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -496,20 +544,8 @@ func newTaskRoundsCommand(a *app) *cobra.Command {
 // towards rounds_total. The task's current_round is no count of them: it
 // numbers evaluation rounds and abandoned tries too.
 func trainedRounds(ctx context.Context, c apiv1.TaskServiceClient, t *pb.Task) (uint32, error) {
-	if t.GetCurrentRound() == 0 {
-		return 0, nil
-	}
-	rounds, err := listRounds(ctx, c, t.GetId())
-	if err != nil {
-		return 0, err
-	}
-	var n uint32
-	for _, r := range rounds {
-		if r.GetKind() == pb.RoundKind_ROUND_KIND_TRAIN && r.GetState() == pb.RoundState_ROUND_STATE_COMMITTED {
-			n++
-		}
-	}
-	return n, nil
+	p, err := progressOf(ctx, c, t)
+	return p.trained, err
 }
 
 func latestRound(t *pb.Task) string {
@@ -519,21 +555,47 @@ func latestRound(t *pb.Task) string {
 	return fmt.Sprint(t.GetCurrentRound())
 }
 
+// taskProgress is what a task's rounds have done so far.
+type taskProgress struct {
+	trained uint32  // committed training rounds
+	epsilon float64 // DP ε spent, at the task's δ
+}
+
+// progressOf reads a task's progress from its rounds.
+func progressOf(ctx context.Context, c apiv1.TaskServiceClient, t *pb.Task) (taskProgress, error) {
+	var p taskProgress
+	if t.GetCurrentRound() == 0 {
+		return p, nil
+	}
+	rounds, err := listRounds(ctx, c, t.GetId())
+	if err != nil {
+		return p, err
+	}
+	for _, r := range rounds {
+		if r.GetKind() == pb.RoundKind_ROUND_KIND_TRAIN && r.GetState() == pb.RoundState_ROUND_STATE_COMMITTED {
+			p.trained++
+		}
+		// Each round states the task's cumulative ε after it.
+		p.epsilon = max(p.epsilon, r.GetEpsilonSpent())
+	}
+	return p, nil
+}
+
 // printTaskOf prints t with its training progress.
 func printTaskOf(ctx context.Context, c apiv1.TaskServiceClient, w io.Writer, format string, t *pb.Task) error {
 	if format == formatJSON {
 		return writeJSON(w, t)
 	}
-	trained, err := trainedRounds(ctx, c, t)
+	p, err := progressOf(ctx, c, t)
 	if err != nil {
 		return err
 	}
-	return printTask(w, format, t, trained)
+	return printTask(w, format, t, p)
 }
 
 // printTask prints one task: its id first, then the settings an operator
-// checks most. trained is its committed training rounds.
-func printTask(w io.Writer, format string, t *pb.Task, trained uint32) error {
+// checks most, and what its rounds have done (p).
+func printTask(w io.Writer, format string, t *pb.Task, p taskProgress) error {
 	if format == formatJSON {
 		return writeJSON(w, t)
 	}
@@ -545,7 +607,7 @@ func printTask(w io.Writer, format string, t *pb.Task, trained uint32) error {
 		state += " (" + r + ")"
 	}
 	tw.row("STATE", state)
-	tw.row("TRAINED", fmt.Sprintf("%d/%d rounds", trained, t.GetRoundsTotal()))
+	tw.row("TRAINED", fmt.Sprintf("%d/%d rounds", p.trained, t.GetRoundsTotal()))
 	tw.row("ROUND", latestRound(t))
 	tw.row("MODEL", modelRef(t.GetModel()))
 	tw.row("CURRENT MODEL", modelRef(t.GetCurrentModel()))
@@ -555,6 +617,11 @@ func printTask(w io.Writer, format string, t *pb.Task, trained uint32) error {
 	tw.row("TIMEOUTS", fmt.Sprintf("selection %v, report %v",
 		t.GetSelectionTimeout().AsDuration(), t.GetReportTimeout().AsDuration()))
 	tw.row("AGGREGATION", aggregation(t.GetAggregation()))
+	tw.row("SECURE AGGREGATION", secureAggregation(t))
+	tw.row("DIFFERENTIAL PRIVACY", differentialPrivacy(t))
+	if privacyconf.ResolveDP(t) != nil {
+		tw.row("EPSILON SPENT", epsilonSpent(t, p.epsilon))
+	}
 	if e := t.GetUpdateEncoding(); e != pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
 		tw.row("UPDATES", encodingFlag{&e}.String()+", with error feedback")
 	}

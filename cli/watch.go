@@ -29,7 +29,8 @@ func newTaskWatchCommand(a *app) *cobra.Command {
 			"and the change.\n" +
 			"It exits with status 0 when the task completes or is stopped, and non-zero\n" +
 			"when it fails or the server pauses it.",
-		Args: cobra.ExactArgs(1),
+		Example: "  fleetlearn task watch t-3f2a9c1b7d0e\n  fleetlearn task watch t-3f2a9c1b7d0e > watch.log   # a plain line per event, no redrawing",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -125,6 +126,7 @@ type progress struct {
 	w       io.Writer
 	tty     bool
 	total   uint32
+	cohort  uint32 // the task's cohort target, what an opened round selects
 	trained uint32
 	open    bool   // a redrawn line is pending its newline
 	pending uint64 // the round of that line
@@ -146,6 +148,7 @@ func newProgress(w io.Writer, tty bool) *progress {
 
 func (p *progress) begin(t *pb.Task) {
 	p.total = t.GetRoundsTotal()
+	p.cohort = t.GetCohortTarget()
 	p.base = t.GetModel().GetVersion()
 	p.current = p.base
 	p.showBase(t)
@@ -328,8 +331,11 @@ func (p *progress) measure(ev *pb.RoundEvent) bool {
 
 // line formats one event, for example
 //
+//	round 4 train 3/20 opened [###-----------------] selecting a cohort of 10
 //	round 4 train 3/20 committed [###-----------------] 8/10 reported, 2 dropped  train_accuracy=0.91 train_loss=0.23  model 3f2a9c1b7d0e
 //	round 5 evaluate committed [###-----------------] 9/10 reported, 1 dropped  eval_accuracy=0.93
+//
+// A round just opened has no counts yet: it is selecting its cohort.
 func (p *progress) line(ev *pb.RoundEvent) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "round %d ", ev.GetRound())
@@ -343,8 +349,16 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 	default:
 		b.WriteString(roundKind(ev.GetKind()) + " ")
 	}
-	fmt.Fprintf(&b, "%s %s %d/%d reported, %d dropped", p.outcome(ev.GetType()), bar(uint64(p.trained), uint64(p.total)),
-		ev.GetReported(), ev.GetAssigned(), ev.GetDropped())
+	fmt.Fprintf(&b, "%s %s ", p.outcome(ev.GetType()), bar(uint64(p.trained), uint64(p.total)))
+	if ev.GetType() == pb.RoundEventType_ROUND_EVENT_TYPE_OPENED && ev.GetAssigned() == 0 && ev.GetReported() == 0 && ev.GetDropped() == 0 {
+		if p.cohort > 0 {
+			fmt.Fprintf(&b, "selecting a cohort of %d", p.cohort)
+		} else {
+			b.WriteString("selecting its cohort")
+		}
+	} else {
+		fmt.Fprintf(&b, "%d/%d reported, %d dropped", ev.GetReported(), ev.GetAssigned(), ev.GetDropped())
+	}
 	if m := ev.GetMetrics(); len(m.GetValues()) > 0 {
 		b.WriteString("  " + metricsString(m))
 	}

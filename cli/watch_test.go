@@ -43,7 +43,7 @@ func script(id string) []*pb.RoundEvent {
 func TestWatchPlain(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)
-	task := f.addTask(&pb.Task{Name: "n", RoundsTotal: 2, State: pb.TaskState_TASK_STATE_RUNNING,
+	task := f.addTask(&pb.Task{Name: "n", RoundsTotal: 2, CohortTarget: 10, State: pb.TaskState_TASK_STATE_RUNNING,
 		CurrentModel: &pb.ModelRef{Version: modelA}})
 	f.events[task.Id] = script(task.Id)
 	f.final[task.Id] = pb.TaskState_TASK_STATE_COMPLETED
@@ -51,12 +51,13 @@ func TestWatchPlain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The abandoned round tried the second training round; only one committed.
+	// The abandoned round tried the second training round; only one
+	// committed. An opened round has no counts yet: it selects its cohort.
 	want := strings.Join([]string{
-		"round 1 train 1/2 opened [--------------------] 0/0 reported, 0 dropped",
+		"round 1 train 1/2 opened [--------------------] selecting a cohort of 10",
 		"round 1 train 1/2 closed [--------------------] 10/13 reported, 3 dropped  accuracy=0.9123 loss=0.25",
 		"round 1 train 1/2 committed [##########----------] 10/13 reported, 3 dropped  accuracy=0.9123 loss=0.25  epsilon=1.5  model b2b2b2b2b2b2",
-		"round 2 train 2/2 opened [##########----------] 0/0 reported, 0 dropped",
+		"round 2 train 2/2 opened [##########----------] selecting a cohort of 10",
 		"round 2 train 2/2 abandoned [##########----------] 2/13 reported, 11 dropped  (too few reports)",
 		"task task-1 completed after 1/2 training rounds, model b2b2b2b2b2b2",
 		"",

@@ -6,16 +6,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math"
 	"strconv"
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -164,15 +163,8 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 		return invalid("%v", err)
 	}
 	// Refuse what this server cannot honour rather than run unprotected rounds.
-	if sa := t.GetSecagg(); sa != nil {
-		rule := t.GetAggregation().GetRule()
-		if rule != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED && !aggregator.Kind(rule).Streaming() {
-			return invalid("aggregation rule %v needs individual updates, which secure aggregation hides; use FedAvg, FedAvgM or a FedOpt rule", rule)
-		}
-		n := int(math.Ceil(float64(t.GetCohortTarget()) * (1 + t.GetOverSelection())))
-		if _, _, err := coord.SecureConfig(sa, "check", 1, n, 0); err != nil {
-			return invalid("secure aggregation with %d cohort slots: %v", n, err)
-		}
+	if err := privacyconf.CheckSecAgg(t, privacyconf.APINames); err != nil {
+		return invalid("%v", err)
 	}
 	if t.GetAggregation() == nil {
 		t.Aggregation = &pb.AggregationConfig{}

@@ -4,6 +4,9 @@
 // both convert through it, once, where a task or a round plan enters them:
 // both sides must derive a round's parameters from a plan by the same rules,
 // and privacy/secagg and privacy/dp stay free of protobuf configuration.
+// It also holds the rules a task's privacy settings must meet (CheckSecAgg,
+// NewAccounting): the server refuses tasks by them and the CLI refuses its
+// flags by them, each naming the settings in its own terms (Names).
 //
 // It lives beside the protocol (like proto/wire) rather than in internal/,
 // which holds leaf helpers: it is part of what the wire messages mean, and

@@ -4,9 +4,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"fmt"
-	"math"
-
-	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
@@ -21,108 +18,44 @@ type dpRun struct {
 	q    float64      // sampling rate the accountant assumes (1: no amplification)
 	dist *dp.Distributed
 	src  *dp.Source
+	acct *privacyconf.Accounting
 }
 
-// ResolveDP fills in a task's DP defaults: the RDP accountant, at least
-// report_goal noise contributors for distributed mechanisms. It returns nil
-// for tasks without DP.
-func ResolveDP(task *pb.Task) *pb.DPConfig {
-	c := task.GetDp()
-	if c == nil || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_NONE || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
-		return nil
-	}
-	out := proto.Clone(c).(*pb.DPConfig)
-	if out.Accountant == pb.Accountant_ACCOUNTANT_UNSPECIFIED {
-		out.Accountant = pb.Accountant_ACCOUNTANT_RDP
-	}
-	if _, ok := privacyconf.Mechanism(out.Mechanism); ok && out.MinNoiseContributors == 0 {
-		out.MinNoiseContributors = task.GetReportGoal()
-	}
-	return out
-}
+// ResolveDP fills in a task's DP defaults (privacyconf.ResolveDP); nil for
+// tasks without DP.
+func ResolveDP(task *pb.Task) *pb.DPConfig { return privacyconf.ResolveDP(task) }
 
 // CheckDP validates a task's DP settings for a model of dim parameters; it
 // is what task creation runs, so a running task never meets bad settings.
 func CheckDP(task *pb.Task, dim int) error {
-	cfg := ResolveDP(task)
-	if cfg == nil {
-		return nil
-	}
-	_, err := newDPRun(task, cfg, dim)
+	_, err := newDPRun(task, dim)
 	return err
 }
 
-func newDPRun(task *pb.Task, cfg *pb.DPConfig, dim int) (*dpRun, error) {
-	bad := func(format string, a ...any) (*dpRun, error) {
-		return nil, fmt.Errorf("dp: "+format, a...)
+// newDPRun returns the DP of a task whose updates have dim elements; nil
+// for a task without DP. The rules are privacyconf's, which the CLI applies
+// too.
+func newDPRun(task *pb.Task, dim int) (*dpRun, error) {
+	if ResolveDP(task) == nil {
+		return nil, nil
 	}
-	switch {
-	case !(cfg.GetClipNorm() > 0) || math.IsInf(cfg.GetClipNorm(), 0):
-		return bad("clip_norm %v must be positive and finite", cfg.GetClipNorm())
-	case !(cfg.GetNoiseMultiplier() > 0) || math.IsInf(cfg.GetNoiseMultiplier(), 0):
-		return bad("noise_multiplier %v must be positive and finite", cfg.GetNoiseMultiplier())
-	case !(cfg.GetTargetEpsilon() > 0) || math.IsInf(cfg.GetTargetEpsilon(), 0):
-		return bad("target_epsilon %v must be positive and finite", cfg.GetTargetEpsilon())
-	case !(cfg.GetDelta() > 0 && cfg.GetDelta() < 1):
-		return bad("delta %v must be in (0, 1)", cfg.GetDelta())
-	case cfg.GetSamplingRate() < 0 || cfg.GetSamplingRate() > 1 || math.IsNaN(cfg.GetSamplingRate()):
-		return bad("sampling_rate %v must be in [0, 1]", cfg.GetSamplingRate())
-	case cfg.GetTargetUnclippedQuantile() != 0:
-		return bad("adaptive clipping (target_unclipped_quantile) is not supported in rounds; set a fixed clip_norm")
+	if dim < 1 {
+		// NewAccounting would take 0 for a size it may not check against.
+		return nil, fmt.Errorf("dp: an update of %d elements", dim)
 	}
-	d := &dpRun{cfg: cfg, q: 1}
-	if cfg.GetSamplingRate() > 0 {
-		d.q = cfg.GetSamplingRate()
-	}
-	if dc, ok := privacyconf.Distributed(cfg); ok {
-		if task.GetSecagg() == nil {
-			return bad("mechanism %v adds noise on the devices and needs secure aggregation (secagg settings)", cfg.GetMechanism())
-		}
-		if cfg.GetSamplingRate() > 0 {
-			return bad("distributed mechanisms claim no amplification by sampling; leave sampling_rate at 0")
-		}
-		bits := int(task.GetSecagg().GetBits())
-		if bits == 0 {
-			bits = 32
-		}
-		dist, err := dp.DistributedFor(dc, dim, bits)
-		if err != nil {
-			return nil, err
-		}
-		d.dist = dist
-	} else {
-		switch cfg.GetMechanism() {
-		case pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, pb.DPMechanism_DP_MECHANISM_LOCAL:
-		default:
-			return bad("unknown mechanism %v", cfg.GetMechanism())
-		}
+	acct, err := privacyconf.NewAccounting(task, dim, privacyconf.APINames)
+	if err != nil || acct == nil {
+		return nil, err
 	}
 	src, err := dp.NewSource(crand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	d.src = src
-	if _, err := d.epsilonAfter(1); err != nil {
-		return nil, err
-	}
-	return d, nil
+	return &dpRun{cfg: acct.Config, q: acct.Q, dist: acct.Distributed, src: src, acct: acct}, nil
 }
 
 // epsilonAfter is the task's ε at its δ after rounds committed training rounds.
-func (d *dpRun) epsilonAfter(rounds int) (float64, error) {
-	if rounds <= 0 {
-		return 0, nil
-	}
-	if d.dist != nil {
-		return d.dist.Epsilon(rounds, d.cfg.GetDelta())
-	}
-	acct := dp.RDP
-	if d.cfg.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
-		acct = dp.PLD
-	}
-	return dp.Epsilon([]dp.Event{{Q: d.q, NoiseMultiplier: d.cfg.GetNoiseMultiplier(), Steps: rounds}}, d.cfg.GetDelta(),
-		dp.WithAccountant(acct))
-}
+func (d *dpRun) epsilonAfter(rounds int) (float64, error) { return d.acct.EpsilonAfter(rounds) }
 
 // maxRounds is the per-device participation cap; 0 without DP or cap.
 func (d *dpRun) maxRounds() int {

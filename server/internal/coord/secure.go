@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/identity"
@@ -24,9 +23,9 @@ import (
 
 // Secure aggregation defaults for SecAggConfig fields left zero.
 const (
-	DefaultSecAggStageTimeout = 10 * time.Second
-	DefaultSecAggMaxWeight    = 65536
-	DefaultSecAggClipRange    = 1.0
+	DefaultSecAggStageTimeout = privacyconf.DefaultSecAggStageTimeout
+	DefaultSecAggMaxWeight    = privacyconf.DefaultSecAggMaxWeight
+	DefaultSecAggClipRange    = privacyconf.DefaultSecAggClipRange
 	// maxSecAggUpBytes bounds one SecAggUp message: a ShareKeys message holds
 	// two 32-byte shares plus AES-GCM overhead per neighbour.
 	maxSecAggUpBytes = 4 << 20
@@ -34,38 +33,10 @@ const (
 
 // SecureConfig returns the secure aggregation parameters of a round with n
 // participants: the task's settings with every default filled in, the round's
-// graph seed and n. It fails for settings no round could use.
+// graph seed and n. It fails for settings no round could use; the rules are
+// privacyconf's, which task creation checks too.
 func SecureConfig(task *pb.SecAggConfig, taskID string, round uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
-	cfg := proto.Clone(task).(*pb.SecAggConfig)
-	if cfg.ClipRange == 0 {
-		cfg.ClipRange = DefaultSecAggClipRange
-	}
-	cfg.GraphSeed = seed
-	r, err := secagg.NewRound(privacyconf.SecAgg(cfg), taskID, round, n)
-	if err != nil {
-		return nil, nil, err
-	}
-	out := privacyconf.SecAggProto(r.Config())
-	out.NumParticipants = uint32(n)
-	out.MaxWeight = cfg.GetMaxWeight()
-	if out.MaxWeight == 0 {
-		out.MaxWeight = DefaultSecAggMaxWeight
-	}
-	if !(out.MaxWeight > 0) || math.IsInf(out.MaxWeight, 0) {
-		return nil, nil, fmt.Errorf("secagg: max_weight %v must be positive and finite", out.MaxWeight)
-	}
-	d := cfg.GetStageTimeout().AsDuration()
-	if d < 0 {
-		return nil, nil, fmt.Errorf("secagg: stage_timeout %v is negative", d)
-	}
-	if d == 0 {
-		d = DefaultSecAggStageTimeout
-	}
-	out.StageTimeout = durationpb.New(d)
-	if _, err := secagg.NewQuantizer(r.Bits(), out.ClipRange, n, out.MaxWeight); err != nil {
-		return nil, nil, err
-	}
-	return r, out, nil
+	return privacyconf.ResolveSecAgg(task, taskID, round, n, seed, privacyconf.APINames)
 }
 
 // secUp is one device's stage message, handed from the NATS subscription to
@@ -526,15 +497,11 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 	return sec, nil
 }
 
-// secureConfig is SecureConfig for this task's rounds: with DP every update
-// has weight 1, so the weight bound is 1 too.
+// secureConfig is SecureConfig for this task's rounds
+// (privacyconf.RoundSecAgg): with DP every update has weight 1, so the
+// weight bound is 1 too.
 func (t *taskRun) secureConfig(roundNum uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
-	spec := t.spec.GetSecagg()
-	if t.dp != nil {
-		spec = proto.Clone(spec).(*pb.SecAggConfig)
-		spec.MaxWeight = 1
-	}
-	return SecureConfig(spec, t.id, roundNum, n, seed)
+	return SecureConfig(privacyconf.RoundSecAgg(t.spec), t.id, roundNum, n, seed)
 }
 
 // secureStageTimeout is the task's SecAgg stage timeout with its default.

@@ -177,10 +177,8 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.rule, err = NewRule(t.spec.GetAggregation(), t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: aggregation: %w", t.id, err)
 	}
-	if cfg := ResolveDP(t.spec); cfg != nil {
-		if t.dp, err = newDPRun(t.spec, cfg, t.ulayout.Size()); err != nil {
-			return fmt.Errorf("task %s: %w", t.id, err)
-		}
+	if t.dp, err = newDPRun(t.spec, t.ulayout.Size()); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
 	}
 	if len(row.OptState) > 0 {
 		if err := t.rule.UnmarshalBinary(row.OptState); err != nil {

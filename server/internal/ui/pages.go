@@ -336,6 +336,10 @@ type taskData struct {
 	CanStop         bool
 	CanResume       bool
 	Running         bool
+	// SecAgg and Privacy are the task's secure aggregation and DP
+	// settings as its rounds run them; nil without.
+	SecAgg  *secAggView
+	Privacy *dpView
 }
 
 type roundRow struct {
@@ -396,7 +400,7 @@ func (h *Handler) task(ctx context.Context, id string) (*taskData, error) {
 	}
 	d := &taskData{Task: t.GetTask(), State: enum(t.GetTask().GetState(), "TASK_STATE_"),
 		DP:     t.GetTask().GetDp() != nil && t.GetTask().GetDp().GetMechanism() != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED,
-		Budget: t.GetTask().GetDp().GetTargetEpsilon()}
+		Budget: t.GetTask().GetDp().GetTargetEpsilon(), SecAgg: secAggViewOf(t.GetTask()), Privacy: dpViewOf(t.GetTask())}
 	reasons := map[string]int{}
 	for _, r := range rs {
 		d.Rounds = append(d.Rounds, roundRow{RoundSummary: r, Kind: enum(r.GetKind(), "ROUND_KIND_"),

@@ -1,0 +1,342 @@
+package privacyconf
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	"github.com/fleetlearn/fleetlearn/privacy/secagg"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+// The rules a task's privacy settings must meet live here, once: the server
+// refuses a task by them when it is created (and resolves each round by
+// them), and the CLI refuses the same flags before it sends the task. Both
+// spell the refusals in their user's terms through Names.
+
+// Names spells a task's settings in refusals: the server writes the API's
+// field paths and enum names, the CLI the flags that set them.
+type Names interface {
+	// Field names a setting by its path in a Task: "secagg" (the message),
+	// "secagg.bits", "dp.delta", "cohort_target", "aggregation.rule", ...
+	Field(path string) string
+	// Value names an enum value a setting holds: a DPMechanism, an
+	// AggregationRule or an UpdateEncoding.
+	Value(v protoreflect.Enum) string
+}
+
+// APINames spells settings as the API does: "dp.delta",
+// "DP_MECHANISM_CENTRAL_GAUSSIAN".
+var APINames Names = apiNames{}
+
+type apiNames struct{}
+
+func (apiNames) Field(path string) string { return path }
+
+func (apiNames) Value(v protoreflect.Enum) string {
+	if d := v.Descriptor().Values().ByNumber(v.Number()); d != nil {
+		return string(d.Name())
+	}
+	return fmt.Sprint(int32(v.Number()))
+}
+
+// Defaults for the SecAggConfig fields left zero that secagg.NewRound does
+// not pick itself (k, threshold and bits).
+const (
+	DefaultSecAggStageTimeout = 10 * time.Second
+	DefaultSecAggMaxWeight    = 65536
+	DefaultSecAggClipRange    = 1.0
+)
+
+// SecAggInt8Bits is the SecAgg ring of a task whose updates travel as
+// int8: one byte per masked value.
+const SecAggInt8Bits = 8
+
+// Participants is the number of cohort slots a round of t has, the n of its
+// secure aggregation: cohort_target raised by over_selection.
+func Participants(t *pb.Task) int {
+	n := math.Ceil(float64(t.GetCohortTarget()) * (1 + t.GetOverSelection()))
+	if !(n < math.MaxInt32) {
+		return math.MaxInt32 // far past any limit, and refused as such
+	}
+	return int(n)
+}
+
+// CheckEncoding checks a task's update encoding against its other settings
+// and fills in what it implies: an int8 task with secure aggregation gets an
+// 8-bit ring (secagg.bits 0 or 8). In an 8-bit ring the quantizer keeps
+// 2^7 − 1 − n of the 127 levels for n slots (secagg.NewQuantizer), so
+// CheckSecAgg, which callers run next, refuses 126 slots or more, and each
+// device's update gets only log2((127 − n)/n) bits of resolution: about 3.3
+// for 10 slots, 0 at 63. A 4-bit ring would hold sums of at most 6 devices,
+// so int4 is for plaintext rounds only; distributed DP picks its own ring
+// and scale.
+func CheckEncoding(t *pb.Task, names Names) error {
+	enc := t.GetUpdateEncoding()
+	field := names.Field("update_encoding")
+	switch enc {
+	case pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
+		return nil
+	case pb.UpdateEncoding_UPDATE_ENCODING_INT8, pb.UpdateEncoding_UPDATE_ENCODING_INT4:
+	default:
+		return fmt.Errorf("%s %s is not none, int8 or int4", field, names.Value(enc))
+	}
+	sa := t.GetSecagg()
+	if sa == nil {
+		return nil
+	}
+	if enc == pb.UpdateEncoding_UPDATE_ENCODING_INT4 {
+		return fmt.Errorf("%s: int4 cannot run with secure aggregation (a 4-bit ring holds sums of at most 6 devices); use int8, or drop %s",
+			field, names.Field("secagg"))
+	}
+	if mech := t.GetDp().GetMechanism(); isDistributed(mech) {
+		return fmt.Errorf("%s: int8 cannot run with distributed DP (%s %s), whose encoder picks its own ring; leave %s unset",
+			field, names.Field("dp.mechanism"), names.Value(mech), field)
+	}
+	switch sa.GetBits() {
+	case 0:
+		sa.Bits = SecAggInt8Bits
+	case SecAggInt8Bits:
+	default:
+		return fmt.Errorf("%s: int8 sets an 8-bit secure aggregation ring, but %s is %d (leave it 0 or set 8)",
+			field, names.Field("secagg.bits"), sa.GetBits())
+	}
+	return nil
+}
+
+// CheckSecAgg checks a task's secure aggregation settings: an aggregation
+// rule that needs only the sum of the updates, and settings that a round of
+// the task's cohort slots can run with.
+func CheckSecAgg(t *pb.Task, names Names) error {
+	sa := t.GetSecagg()
+	if sa == nil {
+		return nil
+	}
+	if rule := t.GetAggregation().GetRule(); rule != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED && !aggregator.Kind(rule).Streaming() {
+		var streaming []string
+		values := rule.Descriptor().Values()
+		for i := range values.Len() {
+			if n := pb.AggregationRule(values.Get(i).Number()); n != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED && aggregator.Kind(n).Streaming() {
+				streaming = append(streaming, names.Value(n))
+			}
+		}
+		return fmt.Errorf("%s %s needs individual updates, which secure aggregation hides; use %s",
+			names.Field("aggregation.rule"), names.Value(rule), orList(streaming))
+	}
+	n := Participants(t)
+	if _, err := secagg.NewRound(secagg.Config{}, "check", 1, n); err != nil {
+		return fmt.Errorf("secure aggregation cannot run rounds of n = %d participants (%s and %s): %w",
+			n, names.Field("cohort_target"), names.Field("over_selection"), err)
+	}
+	_, _, err := ResolveSecAgg(sa, "check", 1, n, 0, names)
+	return err
+}
+
+// RoundSecAgg is the secure aggregation settings t's rounds run with: the
+// task's own, except under DP, where every update weighs 1 and so the
+// weight bound is 1 too. It is nil for a task without secure aggregation.
+func RoundSecAgg(t *pb.Task) *pb.SecAggConfig {
+	sa := t.GetSecagg()
+	if sa == nil || ResolveDP(t) == nil {
+		return sa
+	}
+	sa = proto.Clone(sa).(*pb.SecAggConfig)
+	sa.MaxWeight = 1
+	return sa
+}
+
+// ResolveSecAgg returns the secure aggregation parameters of a round with n
+// participants: c's settings with every default filled in, the round's
+// graph seed and n. It fails for settings no round could use.
+func ResolveSecAgg(c *pb.SecAggConfig, taskID string, round uint64, n int, seed uint64, names Names) (*secagg.Round, *pb.SecAggConfig, error) {
+	cfg := SecAgg(c)
+	cfg.GraphSeed = seed
+	if cfg.ClipRange == 0 {
+		cfg.ClipRange = DefaultSecAggClipRange
+	}
+	// Each field on its own first, so that a refusal names the setting.
+	if err := (secagg.Config{Bits: cfg.Bits}).Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%s %d: %w", names.Field("secagg.bits"), c.GetBits(), err)
+	}
+	if err := (secagg.Config{ClipRange: cfg.ClipRange}).Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%s %v: %w", names.Field("secagg.clip_range"), c.GetClipRange(), err)
+	}
+	r, err := secagg.NewRound(cfg, taskID, round, n)
+	if err != nil {
+		// Defaults resolve for any cohort NewRound takes: what is left is
+		// the neighbour count and threshold the task chose.
+		if auto, autoErr := secagg.NewRound(secagg.Config{K: cfg.K}, taskID, round, n); autoErr == nil {
+			return nil, nil, fmt.Errorf("%s %d does not fit %d neighbours a participant (%s %d, %d participants a round): %w",
+				names.Field("secagg.threshold"), c.GetThreshold(), auto.K(), names.Field("secagg.k"), c.GetK(), n, err)
+		}
+		return nil, nil, fmt.Errorf("secure aggregation of %d participants: %w", n, err)
+	}
+	out := SecAggProto(r.Config())
+	out.NumParticipants = uint32(n)
+	out.MaxWeight = c.GetMaxWeight()
+	if out.MaxWeight == 0 {
+		out.MaxWeight = DefaultSecAggMaxWeight
+	}
+	if !(out.MaxWeight > 0) || math.IsInf(out.MaxWeight, 0) {
+		return nil, nil, fmt.Errorf("%s %v must be positive and finite", names.Field("secagg.max_weight"), out.MaxWeight)
+	}
+	d := c.GetStageTimeout().AsDuration()
+	if d < 0 {
+		return nil, nil, fmt.Errorf("%s %v must not be negative", names.Field("secagg.stage_timeout"), d)
+	}
+	if d == 0 {
+		d = DefaultSecAggStageTimeout
+	}
+	out.StageTimeout = durationpb.New(d)
+	if _, err := secagg.NewQuantizer(r.Bits(), out.ClipRange, n, out.MaxWeight); err != nil {
+		return nil, nil, fmt.Errorf("%s %d with %d participants a round: %w", names.Field("secagg.bits"), r.Bits(), n, err)
+	}
+	return r, out, nil
+}
+
+// ResolveDP fills in a task's DP defaults: the RDP accountant, at least
+// report_goal noise contributors for distributed mechanisms. It returns nil
+// for tasks without DP.
+func ResolveDP(task *pb.Task) *pb.DPConfig {
+	c := task.GetDp()
+	if c == nil || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_NONE || c.GetMechanism() == pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
+		return nil
+	}
+	out := proto.Clone(c).(*pb.DPConfig)
+	if out.Accountant == pb.Accountant_ACCOUNTANT_UNSPECIFIED {
+		out.Accountant = pb.Accountant_ACCOUNTANT_RDP
+	}
+	if isDistributed(out.Mechanism) && out.MinNoiseContributors == 0 {
+		out.MinNoiseContributors = task.GetReportGoal()
+	}
+	return out
+}
+
+// Accounting is how a task's committed training rounds spend its privacy
+// budget.
+type Accounting struct {
+	// Config is the task's DP settings with ResolveDP's defaults.
+	Config *pb.DPConfig
+	// Q is the sampling rate the accountant assumes: 1 (no amplification)
+	// unless the task claims one.
+	Q float64
+	// Distributed is the devices' noise of a distributed mechanism; nil
+	// for central and local noise, and where the update's size was not
+	// known (NewAccounting with dim 0).
+	Distributed *dp.Distributed
+}
+
+// ErrSizeUnknown is EpsilonAfter's error for a distributed mechanism whose
+// Accounting was made without the update's size.
+var ErrSizeUnknown = errors.New("the epsilon of distributed noise depends on the model's size, which is not known here")
+
+// NewAccounting checks a task's DP settings for updates of dim elements and
+// returns how its rounds are accounted; nil, nil for a task without DP. A
+// dim of 0, for callers that do not know the model (the CLI), leaves out
+// the checks of distributed mechanisms that depend on its size; the server
+// makes them.
+func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
+	cfg := ResolveDP(task)
+	if cfg == nil {
+		return nil, nil
+	}
+	positive := func(path string, v float64) error {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("%s %v must be positive and finite", names.Field(path), v)
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		path string
+		v    float64
+	}{{"dp.clip_norm", cfg.GetClipNorm()}, {"dp.noise_multiplier", cfg.GetNoiseMultiplier()}, {"dp.target_epsilon", cfg.GetTargetEpsilon()}} {
+		if err := positive(f.path, f.v); err != nil {
+			return nil, err
+		}
+	}
+	mech := cfg.GetMechanism()
+	switch {
+	case !(cfg.GetDelta() > 0 && cfg.GetDelta() < 1):
+		return nil, fmt.Errorf("%s %v must be in (0, 1), well below 1/(number of devices)", names.Field("dp.delta"), cfg.GetDelta())
+	case !(cfg.GetSamplingRate() >= 0 && cfg.GetSamplingRate() <= 1):
+		return nil, fmt.Errorf("%s %v must be in [0, 1]", names.Field("dp.sampling_rate"), cfg.GetSamplingRate())
+	case cfg.GetTargetUnclippedQuantile() != 0:
+		return nil, fmt.Errorf("adaptive clipping (%s) is not supported in rounds; set a fixed %s",
+			names.Field("dp.target_unclipped_quantile"), names.Field("dp.clip_norm"))
+	case isDistributed(mech) && task.GetSecagg() == nil:
+		return nil, fmt.Errorf("%s %s adds noise on the devices and needs secure aggregation (%s)",
+			names.Field("dp.mechanism"), names.Value(mech), names.Field("secagg"))
+	case isDistributed(mech) && cfg.GetSamplingRate() > 0:
+		return nil, fmt.Errorf("distributed mechanisms claim no amplification by sampling; leave %s at 0", names.Field("dp.sampling_rate"))
+	case !isDistributed(mech) && mech != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN && mech != pb.DPMechanism_DP_MECHANISM_LOCAL:
+		return nil, fmt.Errorf("%s %s is not a known mechanism", names.Field("dp.mechanism"), names.Value(mech))
+	}
+	a := &Accounting{Config: cfg, Q: 1}
+	if q := cfg.GetSamplingRate(); q > 0 {
+		a.Q = q
+	}
+	if dc, ok := Distributed(cfg); ok {
+		bits := toInt(task.GetSecagg().GetBits())
+		if bits == 0 {
+			bits = secagg.DefaultBits
+		}
+		if err := dc.Validate(); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", names.Field("dp.mechanism"), names.Value(mech), err)
+		}
+		if dim == 0 {
+			return a, nil
+		}
+		dist, err := dp.DistributedFor(dc, dim, bits)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s in a %d-bit ring (%s) with %d noise contributors (%s): %w", names.Field("dp.mechanism"),
+				names.Value(mech), bits, names.Field("secagg.bits"), dc.Contributors, names.Field("dp.min_noise_contributors"), err)
+		}
+		a.Distributed = dist
+	}
+	if _, err := a.EpsilonAfter(1); err != nil {
+		return nil, fmt.Errorf("%s, %s and %s cannot be accounted: %w", names.Field("dp.noise_multiplier"),
+			names.Field("dp.delta"), names.Field("dp.sampling_rate"), err)
+	}
+	return a, nil
+}
+
+// EpsilonAfter is the task's ε at its δ after rounds committed training
+// rounds.
+func (a *Accounting) EpsilonAfter(rounds int) (float64, error) {
+	if rounds <= 0 {
+		return 0, nil
+	}
+	if _, ok := Mechanism(a.Config.GetMechanism()); ok {
+		if a.Distributed == nil {
+			return 0, ErrSizeUnknown
+		}
+		return a.Distributed.Epsilon(rounds, a.Config.GetDelta())
+	}
+	acct := dp.RDP
+	if a.Config.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
+		acct = dp.PLD
+	}
+	return dp.Epsilon([]dp.Event{{Q: a.Q, NoiseMultiplier: a.Config.GetNoiseMultiplier(), Steps: rounds}}, a.Config.GetDelta(),
+		dp.WithAccountant(acct))
+}
+
+func isDistributed(m pb.DPMechanism) bool {
+	_, ok := Mechanism(m)
+	return ok
+}
+
+// orList joins names as "a, b or c".
+func orList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}

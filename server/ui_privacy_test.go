@@ -1,0 +1,80 @@
+package server_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/model"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+// TestDashboardPrivacySettings: a task's page shows its secure aggregation
+// and DP settings as its rounds run them, defaults filled in, and says so
+// when a task has neither.
+func TestDashboardPrivacySettings(t *testing.T) {
+	h := servertest.New(t, servertest.WithConfig(func(c *server.Config) { c.UIAddr = "127.0.0.1:0" }))
+	base, _ := model.New(model.Tensor{Name: "w", Shape: []int{2, 2}, Data: make([]float32, 4)})
+	version := h.ImportModel(t, "ui", base)
+	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
+	task := func(name string) *pb.Task {
+		return &pb.Task{Name: name, Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+			CohortTarget: 10, OverSelection: 0.3, ReportGoal: 8, RoundsTotal: 5}
+	}
+	private := task("private")
+	private.Secagg = &pb.SecAggConfig{K: 4, Bits: 24, ClipRange: 0.5, StageTimeout: durationpb.New(30 * time.Second)}
+	private.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN, ClipNorm: 0.5,
+		NoiseMultiplier: 1.2, TargetEpsilon: 40, Delta: 1e-6, MaxRoundsPerDevice: 3}
+	privateID := h.CreateTask(t, private).Id
+	centralTask := task("central")
+	centralTask.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1,
+		NoiseMultiplier: 1, TargetEpsilon: 8, Delta: 1e-5, SamplingRate: 0.05}
+	centralID := h.CreateTask(t, centralTask).Id
+	plainID := h.CreateTask(t, task("plain")).Id
+
+	tok, err := h.MintToken("olga", []identity.Role{identity.RoleOperator}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, &dashboardFixture{h: h, url: h.UIURL()})
+	b.login(tok)
+	page := func(id string) string {
+		code, body := b.get("/tasks/" + id)
+		if code != 200 {
+			t.Fatalf("task page %s: %d %s", id, code, body)
+		}
+		return body
+	}
+	check := func(id, body string, want []string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("task %s page lacks %s", id, w)
+			}
+		}
+	}
+	// 13 slots, k 4, threshold 4/2+1; the weight bound of DP and its
+	// defaults from the server.
+	check(privateID, page(privateID), []string{
+		`id="secagg-participants">13 a round<`, `id="secagg-k">4 each<`, `id="secagg-threshold">3<`, `id="secagg-bits">24 bits<`,
+		`id="secagg-clip-range">±0.5<`, `id="secagg-max-weight">1 (DP weighs every update 1)<`, `id="secagg-stage-timeout">30s<`,
+		`id="dp-mechanism">distributed discrete gaussian: devices add shares of discrete Gaussian noise under secure aggregation<`,
+		`id="dp-noise-multiplier">1.2<`, `id="dp-clip-norm">0.5<`, `id="dp-accountant">rdp, of the distributed mechanism<`,
+		`id="dp-contributors">at least 8<`, `id="dp-max-rounds">at most 3<`, `id="epsilon-budget" data-value="40"`,
+	})
+	check(centralID, page(centralID), []string{
+		"This task runs without secure aggregation", `id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate<`,
+		`id="dp-accountant">rdp<`, `id="dp-sampling-rate">0.05 assumed<`,
+	})
+	body := page(plainID)
+	check(plainID, body, []string{"This task runs without secure aggregation", "This task runs without differential privacy"})
+	if strings.Contains(body, `id="dp-mechanism"`) || strings.Contains(body, `id="secagg-k"`) {
+		t.Errorf("the plain task's page shows privacy settings")
+	}
+}
