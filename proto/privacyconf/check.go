@@ -278,6 +278,14 @@ func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
 		return nil, fmt.Errorf("distributed mechanisms claim no amplification by sampling; leave %s at 0", names.Field("dp.sampling_rate"))
 	case !isDistributed(mech) && mech != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN && mech != pb.DPMechanism_DP_MECHANISM_LOCAL:
 		return nil, fmt.Errorf("%s %s is not a known mechanism", names.Field("dp.mechanism"), names.Value(mech))
+	case cfg.GetAccountant() != pb.Accountant_ACCOUNTANT_RDP && cfg.GetAccountant() != pb.Accountant_ACCOUNTANT_PLD:
+		return nil, fmt.Errorf("%s %s is not a known accountant; use %s or %s", names.Field("dp.accountant"), names.Value(cfg.GetAccountant()),
+			names.Value(pb.Accountant_ACCOUNTANT_RDP), names.Value(pb.Accountant_ACCOUNTANT_PLD))
+	case isDistributed(mech) && task.GetCohortTarget() > 0 && cfg.GetMinNoiseContributors() > task.GetCohortTarget():
+		// The noise is calibrated for that many reports and a round with
+		// fewer is abandoned: no round could ever commit.
+		return nil, fmt.Errorf("%s %d is more than %s %d: no round could ever have that many reports", names.Field("dp.min_noise_contributors"),
+			cfg.GetMinNoiseContributors(), names.Field("cohort_target"), task.GetCohortTarget())
 	}
 	a := &Accounting{Config: cfg, Q: 1}
 	if q := cfg.GetSamplingRate(); q > 0 {

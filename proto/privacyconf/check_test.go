@@ -61,6 +61,10 @@ func TestChecksNameSettings(t *testing.T) {
 			t.Secagg, t.Dp.Mechanism = nil, pb.DPMechanism_DP_MECHANISM_SKELLAM
 		}, "<DP.MECHANISM> <DP_MECHANISM_SKELLAM> adds noise on the devices and needs secure aggregation (<SECAGG>)"},
 		{"unknown mechanism", func(t *pb.Task) { t.Dp.Mechanism = 42 }, "<DP.MECHANISM> <42> is not a known mechanism"},
+		{"unknown accountant", func(t *pb.Task) { t.Dp.Accountant = 7 }, "<DP.ACCOUNTANT> <7> is not a known accountant; use <ACCOUNTANT_RDP> or <ACCOUNTANT_PLD>"},
+		{"contributors beyond the cohort", func(t *pb.Task) {
+			t.Dp.Mechanism, t.Dp.MinNoiseContributors = pb.DPMechanism_DP_MECHANISM_SKELLAM, 11
+		}, "<DP.MIN_NOISE_CONTRIBUTORS> 11 is more than <COHORT_TARGET> 10: no round could ever have that many reports"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := privateTask()
