@@ -99,7 +99,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "wrote %s: %s, %d parameters in %d tensors, seed %d (%s)\n",
 				out, arch, params, len(m.Tensors), seed, byteSize(uint64(size)))
-			fmt.Fprintf(w, "sha256 %s\n", sum)
+			printModelHashes(w, "", sum, m.HashHex())
 			_, err = fmt.Fprintf(w, "next: fleetlearn model import %s --name %s\n", shellQuote(out), shellQuote(name))
 			return err
 		},

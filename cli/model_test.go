@@ -130,7 +130,7 @@ func TestModelExport(t *testing.T) {
 		if err != nil {
 			t.Fatalf("export %s: %v", ref, err)
 		}
-		if want := "mnist@3 -> " + path + " (39.1 KiB, sha256 " + digest(data) + ")\n"; out != want {
+		if want := "mnist@3 -> " + path + " (39.1 KiB, file sha256 " + digest(data) + ": the version)\n"; out != want {
 			t.Errorf("export %s: output = %q, want %q", ref, out, want)
 		}
 		got, err := os.ReadFile(path)
