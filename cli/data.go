@@ -61,6 +61,9 @@ func newDataCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "data",
 		Short: "Write device datasets (docs/DATASET.md format) from public datasets",
+		Example: "  fleetlearn data mnist --devices 3 --alpha 0.5 --out datasets\n" +
+			"  fleetlearn data gosrc --embedded --out gosrc --window 32 --stride 32 --max-devices 3\n" +
+			"  fleetlearn data text --src corpus --out textsets",
 	}
 	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataGoSrcCommand(a, installedGoroot), newDataTextCommand(a))
 	return cmd

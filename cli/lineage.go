@@ -27,7 +27,12 @@ func newModelLineageCommand(a *app) *cobra.Command {
 		Short: "Show where a model came from and what was trained from it",
 		Long: "lineage shows MODEL's chain: the pool job that pretrained its root (spec and data\n" +
 			"digests, checkpoint, usage), each version between, and the federated rounds that\n" +
-			"fine-tuned it, grouped by task. MODEL is NAME, NAME@N or a sha256 (prefix).",
+			"fine-tuned it, grouped by task, each model drawn under the one it was made from (a LoRA\n" +
+			"model under its base, a task under the model it started from). MODEL is NAME, NAME@N or a\n" +
+			"sha256 (prefix).",
+		Example: "  fleetlearn model lineage gocode          # the pool job, the model, what was trained from it\n" +
+			"  fleetlearn model lineage ft-lora@5       # from a task's round back to the pool job\n" +
+			"  fleetlearn model lineage gocode -o json",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {

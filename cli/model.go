@@ -24,6 +24,9 @@ func newModelCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "model",
 		Short: "Import, export and inspect model versions (safetensors)",
+		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors && fleetlearn model import base.safetensors --name mnist\n" +
+			"  fleetlearn model list\n" +
+			"  fleetlearn model lineage gocode-lora",
 	}
 	cmd.AddCommand(
 		newModelImportCommand(a),

@@ -28,6 +28,8 @@ func newModelLoRACommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lora",
 		Short: "Add LoRA adapters to a language model, or merge them into its weights",
+		Example: "  fleetlearn model lora add gocode --rank 4 --targets attn.q,attn.v --name gocode-lora\n" +
+			"  fleetlearn model lora merge tuned-lora.safetensors -o tuned.safetensors",
 	}
 	var (
 		rank                   int
