@@ -314,8 +314,11 @@ func installedGoroot() (string, error) {
 	cmd := exec.Command("go", "env", "GOROOT")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	if msg := strings.TrimSpace(stderr.String()); err != nil && msg != "" {
+		return "", fmt.Errorf("go env GOROOT: %w: %s", err, msg)
+	}
 	if err != nil {
-		return "", fmt.Errorf("go env GOROOT: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("go env GOROOT: %w", err)
 	}
 	dir := strings.TrimSpace(string(out))
 	if dir == "" {
