@@ -223,7 +223,7 @@ func TestModelInitLMAndLoRA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "--name gocode") {
+	if !strings.Contains(out, "--name gocode-init\n") {
 		t.Errorf("output %q does not suggest the gocode name", out)
 	}
 	m, _ := readModel(t, base)
