@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 )
 
 // MNIST's split sizes, the defaults and bounds of the flags that sample
@@ -60,8 +61,11 @@ func newDataCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "data",
 		Short: "Write device datasets (docs/DATASET.md format) from public datasets",
+		Example: "  fleetlearn data mnist --devices 3 --alpha 0.5 --out datasets\n" +
+			"  fleetlearn data gosrc --embedded --out gosrc --window 32 --stride 32 --max-devices 3\n" +
+			"  fleetlearn data text --src corpus --out textsets",
 	}
-	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataGoSrcCommand(a, installedGoroot))
+	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataGoSrcCommand(a, installedGoroot), newDataTextCommand(a))
 	return cmd
 }
 
@@ -310,8 +314,11 @@ func installedGoroot() (string, error) {
 	cmd := exec.Command("go", "env", "GOROOT")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	if msg := strings.TrimSpace(stderr.String()); err != nil && msg != "" {
+		return "", fmt.Errorf("go env GOROOT: %w: %s", err, msg)
+	}
 	if err != nil {
-		return "", fmt.Errorf("go env GOROOT: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("go env GOROOT: %w", err)
 	}
 	dir := strings.TrimSpace(string(out))
 	if dir == "" {
@@ -320,73 +327,228 @@ func installedGoroot() (string, error) {
 	return dir, nil
 }
 
-type gosrcFlags struct {
-	out, goroot    string
+// corpusFlags are the flags data gosrc and data text share.
+type corpusFlags struct {
+	out            string
 	window, stride int
 	maxDevices     int
 	force          bool
 }
 
-// The directories data gosrc writes under --out; device datasets go one
-// level down so that no package name can collide with the other two.
+func (f *corpusFlags) bind(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.out, "out", "", "directory to write DIR/devices/PART, DIR/eval and DIR/public into (required)")
+	fl.IntVar(&f.window, "window", data.DefaultWindow, fmt.Sprintf("tokens per example, the feature dimension, in [1, %d]", data.MaxWindow))
+	fl.IntVar(&f.stride, "stride", data.DefaultStride, "tokens between the starts of consecutive examples")
+	fl.IntVar(&f.maxDevices, "max-devices", 0, "write at most this many device datasets, the first parts in name order; 0 writes all")
+	fl.BoolVar(&f.force, "force", false, "write into a directory that is not empty, replacing the datasets there")
+	cmd.MarkFlagRequired("out")
+}
+
+// The directories data gosrc and data text write under --out; device
+// datasets go one level down so that no part's name can collide with the
+// other two.
 const (
 	gosrcDevicesDir = "devices"
 	gosrcEvalDir    = "eval"
 	gosrcPublicDir  = "public"
+	// corpusLicense is where a corpus's licence is written, next to the
+	// datasets derived from it.
+	corpusLicense = "LICENSE"
+	// maxLicenseBytes bounds the licence file read from a GOROOT.
+	maxLicenseBytes = 64 << 10
 )
 
+// corpus is a partitioned text corpus to write as datasets.
+type corpus struct {
+	from    string // where the text came from, for the output
+	kind    string // prefix of the manifests' names: gosrc or text
+	unit    string // what one part is: "package" or "part"
+	parts   []data.GoPackage
+	license []byte // written to DIR/LICENSE when not nil
+	// public reports the parts of the public pretraining set; nil is
+	// data.PublicGoPackage's hash rule.
+	public func(name string) bool
+}
+
 func newDataGoSrcCommand(_ *app, goroot func() (string, error)) *cobra.Command {
-	var f gosrcFlags
+	var (
+		f        corpusFlags
+		root     string
+		embedded bool
+	)
 	cmd := &cobra.Command{
 		Use:   "gosrc --out DIR",
 		Short: "Split the Go standard library's source into next-token device datasets, one per package",
-		Long: "gosrc turns the installed Go standard library's source into next-token prediction datasets\n" +
+		Long: "gosrc turns the Go standard library's source into next-token prediction datasets\n" +
 			"(docs/DATASET.md, \"Go source\"): each example is a window of --window byte-level tokens and its\n" +
 			"label the token after it. About one package in ten, chosen by a hash of its path, is public and\n" +
 			"goes to DIR/public for pool pretraining; every other package is one device, DIR/devices/PATH\n" +
 			"with / in its path written as -. The last tenth of each device's windows is held out into\n" +
-			"DIR/eval, for task create --server-eval-dataset. The output depends only on the source and the\n" +
-			"flags. Nothing is downloaded.",
+			"DIR/eval, for task create --server-eval-dataset. The source's licence is written to DIR/LICENSE.\n\n" +
+			"The source is --goroot's, else that of the Go installation on PATH (go env GOROOT), else the\n" +
+			"copy built into fleetlearn: " + data.EmbeddedGoVersion + "'s public packages and its first private ones, which\n" +
+			"--embedded also selects where Go is installed. With --max-devices up to the copy's private\n" +
+			"packages, the copy writes what --goroot with a " + data.EmbeddedGoVersion + " installation writes. The output\n" +
+			"depends only on the source and the flags. Nothing is downloaded.",
 		Example: "  fleetlearn data gosrc --out datasets\n" +
+			"  fleetlearn data gosrc --embedded --out gosrc --window 32 --stride 32 --max-devices 3   # the same files on every machine\n" +
 			"  fleetlearn data gosrc --out datasets --goroot /usr/local/go --window 128 --stride 32 --max-devices 20",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(); err != nil {
 				return err
 			}
+			if embedded && root != "" {
+				return fmt.Errorf("%w: --embedded and --goroot name two sources; give one", ErrUsage)
+			}
 			if err := checkOutDir(f.out, f.force); err != nil {
 				return err
 			}
-			root := f.goroot
-			if root == "" {
-				var err error
-				if root, err = goroot(); err != nil {
-					return fmt.Errorf("data gosrc: finding the Go installation: %w; pass --goroot DIR", err)
-				}
-			}
-			src := filepath.Join(root, "src")
-			if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
-				return fmt.Errorf("%w: %s is not a directory; --goroot must name a Go installation (go env GOROOT)", ErrUsage, src)
-			}
-			pkgs, err := data.GoSource(src, data.GoSourceOptions{})
+			c, err := goCorpus(cmd.ErrOrStderr(), root, embedded, goroot)
 			if err != nil {
-				return fmt.Errorf("data gosrc: %w", err)
+				return err
 			}
-			return f.write(cmd.OutOrStdout(), cmd.ErrOrStderr(), src, pkgs)
+			return f.write(cmd.OutOrStdout(), cmd.ErrOrStderr(), c)
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringVar(&f.out, "out", "", "directory to write DIR/devices/PACKAGE, DIR/eval and DIR/public into (required)")
-	fl.StringVar(&f.goroot, "goroot", "", "Go installation whose src to read (default: go env GOROOT)")
-	fl.IntVar(&f.window, "window", data.DefaultWindow, fmt.Sprintf("tokens per example, the feature dimension, in [1, %d]", data.MaxWindow))
-	fl.IntVar(&f.stride, "stride", data.DefaultStride, "tokens between the starts of consecutive examples")
-	fl.IntVar(&f.maxDevices, "max-devices", 0, "write at most this many device datasets, the first packages in path order; 0 writes all")
-	fl.BoolVar(&f.force, "force", false, "write into a directory that is not empty, replacing the datasets there")
-	cmd.MarkFlagRequired("out")
+	f.bind(cmd)
+	cmd.Flags().StringVar(&root, "goroot", "", "Go installation whose src to read (default: go env GOROOT, else the copy built into fleetlearn)")
+	cmd.Flags().BoolVar(&embedded, "embedded", false, "read the copy of "+data.EmbeddedGoVersion+"'s source built into fleetlearn, even where Go is installed")
 	return cmd
 }
 
-func (f *gosrcFlags) check() error {
+// goCorpus reads the Go source that the flags select: --goroot, else the
+// installation go env names, else the embedded copy.
+func goCorpus(warn io.Writer, root string, embedded bool, goroot func() (string, error)) (*corpus, error) {
+	c := &corpus{kind: "gosrc", unit: "package"}
+	if root == "" && !embedded {
+		var err error
+		if root, err = goroot(); err != nil {
+			fmt.Fprintf(warn, "no Go installation found (%v): using the copy of %s's source built into fleetlearn; --goroot DIR reads another\n",
+				err, data.EmbeddedGoVersion)
+			embedded = true
+		}
+	}
+	if embedded {
+		pkgs, err := data.EmbeddedGoSource(data.GoSourceOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("data gosrc: %w", err)
+		}
+		c.parts, c.license = pkgs, data.EmbeddedGoLicense()
+		c.from = fmt.Sprintf("the copy of %s's standard library built into fleetlearn (its public packages and first private ones)", data.EmbeddedGoVersion)
+		return c, nil
+	}
+	src := filepath.Join(root, "src")
+	if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("%w: %s is not a directory; --goroot must name a Go installation (go env GOROOT), or leave it out for the copy built into fleetlearn",
+			ErrUsage, src)
+	}
+	pkgs, err := data.GoSource(src, data.GoSourceOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("data gosrc: %w", err)
+	}
+	c.parts, c.from = pkgs, src
+	lic, err := readLicense(filepath.Join(root, "LICENSE"))
+	if err != nil {
+		fmt.Fprintf(warn, "warning: %v: no licence written; the Go source is under the BSD licence in a Go distribution's LICENSE file\n", err)
+	}
+	c.license = lic
+	return c, nil
+}
+
+// readLicense reads a licence file of bounded size.
+func readLicense(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxLicenseBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxLicenseBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxLicenseBytes)
+	}
+	return b, nil
+}
+
+func newDataTextCommand(_ *app) *cobra.Command {
+	var (
+		f      corpusFlags
+		src    string
+		public []string
+	)
+	cmd := &cobra.Command{
+		Use:   "text --src DIR --out OUT",
+		Short: "Split a directory of text files into next-token device datasets, one per subdirectory",
+		Long: "text makes next-token prediction datasets, as data gosrc does, from any directory of text files:\n" +
+			"each subdirectory of --src is one part, and its files at any depth, in path order, are its text.\n" +
+			"Names starting with . or _, symbolic links and files with a NUL byte (binary) are skipped, and\n" +
+			"files directly in --src belong to no part. Parts named by --public (by default about one in ten,\n" +
+			"by a hash of the name) go to OUT/public for pool pretraining; every other part is one device,\n" +
+			"OUT/devices/NAME, and the last tenth of its windows goes to OUT/eval. Tokens are bytes: tab,\n" +
+			"newline and printable ASCII have their own ids, every other byte (UTF-8 beyond ASCII) shares\n" +
+			fmt.Sprintf("one. A part is cut after %d MiB and the corpus after %d MiB; more than %d files and\n",
+				data.DefaultTextMaxPartBytes>>20, data.DefaultTextMaxTotalBytes>>20, data.DefaultTextMaxEntries) +
+			fmt.Sprintf("directories, or a tree deeper than %d, is refused.", data.DefaultTextMaxDepth),
+		Example: "  fleetlearn data text --src corpus --out datasets --window 32 --stride 32   # corpus/alice, corpus/bob, ... one device each\n" +
+			"  fleetlearn data text --src corpus --out datasets --public shared,wiki --max-devices 10",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(); err != nil {
+				return err
+			}
+			if src == "" {
+				return fmt.Errorf("%w: --src must name a directory whose subdirectories are the parts", ErrUsage)
+			}
+			if err := checkOutDir(f.out, f.force); err != nil {
+				return err
+			}
+			parts, st, err := data.TextCorpus(src, data.TextCorpusOptions{})
+			if errors.Is(err, data.ErrTooLarge) {
+				return fmt.Errorf("%w: %v; give a smaller tree", ErrInput, err)
+			}
+			if err != nil {
+				return fmt.Errorf("data text: %w", err)
+			}
+			warn := cmd.ErrOrStderr()
+			if st.TopLevelFiles > 0 {
+				fmt.Fprintf(warn, "warning: %d files directly in %s belong to no part: put them in a subdirectory to use them\n", st.TopLevelFiles, src)
+			}
+			if st.BinaryFiles > 0 {
+				fmt.Fprintf(warn, "skipped %d binary files (with a NUL byte)\n", st.BinaryFiles)
+			}
+			if len(parts) == 0 {
+				return fmt.Errorf("%w: %s has no subdirectory holding text; each subdirectory of --src is one device's part", ErrUsage, src)
+			}
+			c := &corpus{kind: "text", unit: "part", parts: parts, from: src}
+			if len(public) > 0 {
+				names := map[string]bool{}
+				for _, p := range parts {
+					names[p.Path] = true
+				}
+				chosen := map[string]bool{}
+				for _, n := range public {
+					if !names[n] {
+						return fmt.Errorf("%w: --public %s: %s has no part (subdirectory with text) of that name", ErrUsage, n, src)
+					}
+					chosen[n] = true
+				}
+				c.public = func(name string) bool { return chosen[name] }
+			}
+			return f.write(cmd.OutOrStdout(), warn, c)
+		},
+	}
+	f.bind(cmd)
+	cmd.Flags().StringVar(&src, "src", "", "directory whose subdirectories are the parts (required)")
+	cmd.Flags().StringSliceVar(&public, "public", nil, "parts (subdirectory names) that form the public pretraining set (default: about one in ten, by a hash of the name)")
+	cmd.MarkFlagRequired("src")
+	return cmd
+}
+
+func (f *corpusFlags) check() error {
 	switch {
 	case f.out == "":
 		return fmt.Errorf("%w: --out must name a directory", ErrUsage)
@@ -412,7 +574,8 @@ func gosrcDirName(path string) string {
 	}, path)
 }
 
-func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage) error {
+func (f *corpusFlags) write(w, warn io.Writer, c *corpus) error {
+	op := "data " + c.kind
 	opts := data.WindowOptions{Window: f.window, Stride: f.stride}
 	var (
 		devices     []data.GoPackageSplit
@@ -421,10 +584,13 @@ func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage)
 		textBytes   int
 	)
 	dirs := map[string]string{}
-	for _, p := range pkgs {
+	for _, p := range c.parts {
 		s, err := data.SplitGoPackage(p, opts)
 		if err != nil {
-			return fmt.Errorf("data gosrc: %w", err)
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		if c.public != nil {
+			s.Public = c.public(p.Path)
 		}
 		textBytes += len(p.Text)
 		if s.Public {
@@ -441,48 +607,53 @@ func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage)
 		}
 		name := gosrcDirName(p.Path)
 		if other, dup := dirs[name]; dup {
-			return fmt.Errorf("data gosrc: packages %s and %s would both be written to %s", other, p.Path, name)
+			return fmt.Errorf("%s: %ss %s and %s would both be written to %s", op, c.unit, other, p.Path, name)
 		}
 		dirs[name] = p.Path
 		devices = append(devices, s)
 	}
 	if len(devices) == 0 {
-		return fmt.Errorf("%w: %s holds no package long enough for a --window %d training example", ErrUsage, src, f.window)
+		return fmt.Errorf("%w: %s holds no private %s long enough for a --window %d training example", ErrUsage, c.from, c.unit, f.window)
 	}
 
 	abs, err := filepath.Abs(f.out)
 	if err != nil {
-		return fmt.Errorf("data gosrc: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	devRoot := filepath.Join(f.out, gosrcDevicesDir)
 	if err := os.MkdirAll(devRoot, 0o700); err != nil {
-		return fmt.Errorf("data gosrc: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	held := make([]*data.Dataset, 0, len(devices))
 	for _, s := range devices {
-		if err := data.WriteDir(filepath.Join(devRoot, gosrcDirName(s.Path)), s.Train, "gosrc/"+s.Path); err != nil {
-			return fmt.Errorf("data gosrc: %w", err)
+		if err := data.WriteDir(filepath.Join(devRoot, gosrcDirName(s.Path)), s.Train, c.kind+"/"+s.Path); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
 		}
 		held = append(held, s.HeldOut)
 	}
 	eval, err := data.ConcatDatasets(held...)
 	if err != nil {
-		return fmt.Errorf("data gosrc: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := data.WriteDir(filepath.Join(f.out, gosrcEvalDir), eval, "gosrc-heldout"); err != nil {
-		return fmt.Errorf("data gosrc: %w", err)
+	if err := data.WriteDir(filepath.Join(f.out, gosrcEvalDir), eval, c.kind+"-heldout"); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	var pub *data.Dataset
 	if len(public) > 0 {
 		if pub, err = data.ConcatDatasets(public...); err != nil {
-			return fmt.Errorf("data gosrc: %w", err)
+			return fmt.Errorf("%s: %w", op, err)
 		}
-		if err := data.WriteDir(filepath.Join(f.out, gosrcPublicDir), pub, "gosrc-public"); err != nil {
-			return fmt.Errorf("data gosrc: %w", err)
+		if err := data.WriteDir(filepath.Join(f.out, gosrcPublicDir), pub, c.kind+"-public"); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
 		}
 	}
-	// Device datasets of an earlier run with other packages would
-	// otherwise pass for part of this one.
+	if c.license != nil {
+		if err := atomicfile.WriteFile(filepath.Join(f.out, corpusLicense), c.license, 0o644); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	// Device datasets of an earlier run with other parts would otherwise
+	// pass for part of this one.
 	if entries, err := os.ReadDir(devRoot); err == nil {
 		for _, e := range entries {
 			if _, ours := dirs[e.Name()]; !ours {
@@ -492,15 +663,19 @@ func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage)
 		}
 	}
 
-	fmt.Fprintf(w, "Go source from %s: %d packages, %d bytes; windows of %d tokens, stride %d, %d-token vocabulary\n",
-		src, len(pkgs), textBytes, f.window, f.stride, data.VocabSize)
+	what := "Text"
+	if c.kind == "gosrc" {
+		what = "Go source"
+	}
+	fmt.Fprintf(w, "%s from %s: %s, %d bytes; windows of %d tokens, stride %d, %d-token vocabulary\n",
+		what, c.from, plural(len(c.parts), c.unit), textBytes, f.window, f.stride, data.VocabSize)
 	fmt.Fprintf(w, "wrote %d device datasets to %s:\n", len(devices), filepath.Join(abs, gosrcDevicesDir))
 	sizes := make([]int, len(devices))
 	for i, s := range devices {
 		sizes[i] = s.Train.Len()
 	}
 	if len(devices) <= maxSplitRows {
-		t := newTable(w, "  DATASET", "PACKAGE", "EXAMPLES", "HELD OUT")
+		t := newTable(w, "  DATASET", strings.ToUpper(c.unit), "EXAMPLES", "HELD OUT")
 		for _, s := range devices {
 			t.row("  "+gosrcDirName(s.Path), s.Path, strconv.Itoa(s.Train.Len()), strconv.Itoa(s.HeldOut.Len()))
 		}
@@ -508,16 +683,20 @@ func (f *gosrcFlags) write(w, warn io.Writer, src string, pkgs []data.GoPackage)
 	}
 	sorted := slices.Sorted(slices.Values(sizes))
 	fmt.Fprintf(w, "  examples per device: min %d, median %d, max %d\n", sorted[0], sorted[len(sorted)/2], sorted[len(sorted)-1])
-	fmt.Fprintf(w, "wrote the server evaluation set %s: %d held-out examples of those devices' packages\n",
-		filepath.Join(abs, gosrcEvalDir), eval.Len())
+	fmt.Fprintf(w, "wrote the server evaluation set %s: %d held-out examples of those devices' %ss\n",
+		filepath.Join(abs, gosrcEvalDir), eval.Len(), c.unit)
 	if pub != nil {
-		fmt.Fprintf(w, "wrote the public pretraining set %s: %d examples of %d packages (%s)\n",
-			filepath.Join(abs, gosrcPublicDir), pub.Len(), len(publicPaths), strings.Join(publicPaths, " "))
+		fmt.Fprintf(w, "wrote the public pretraining set %s: %d examples of %s (%s)\n",
+			filepath.Join(abs, gosrcPublicDir), pub.Len(), plural(len(publicPaths), c.unit), strings.Join(publicPaths, " "))
 	} else {
-		fmt.Fprintf(w, "no package fell in the public bucket: no public pretraining set written\n")
+		fmt.Fprintf(w, "no %s fell in the public bucket: no public pretraining set written\n", c.unit)
+	}
+	if c.license != nil {
+		fmt.Fprintf(w, "wrote the source's licence to %s: keep it with the datasets, which are derived from the source\n",
+			filepath.Join(abs, corpusLicense))
 	}
 	fmt.Fprintf(w, "\nNext, for each device dataset, each agent with its own --data-dir:\n")
-	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, gosrcDevicesDir, "PACKAGE")))
+	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, gosrcDevicesDir, strings.ToUpper(c.unit))))
 	fmt.Fprintf(w, "and have the server evaluate on %s with task create --server-eval-dataset.\n", shellQuote(filepath.Join(abs, gosrcEvalDir)))
 	return nil
 }

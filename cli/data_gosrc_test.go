@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -204,7 +207,112 @@ func TestDataGoSrcRefuses(t *testing.T) {
 			t.Errorf("%q: err %v, want ErrUsage", args, r.err)
 		}
 	}
-	if r := gosrcCLI(t, nil, "--out", out); r.err == nil || !strings.Contains(r.err.Error(), "--goroot") {
-		t.Errorf("no go command: err %v, want a hint to pass --goroot", r.err)
+	if r := gosrcCLI(t, nil, "--out", out, "--goroot", root, "--embedded"); !errors.Is(r.err, ErrUsage) {
+		t.Errorf("--goroot with --embedded: err %v, want ErrUsage", r.err)
+	}
+}
+
+// TestDataGoSrcEmbedded runs data gosrc where no Go is installed: it reads
+// the copy built into fleetlearn, says so, and writes the licence.
+func TestDataGoSrcEmbedded(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "ds")
+	r := gosrcCLI(t, nil, "--out", out, "--window", "32", "--stride", "32", "--max-devices", "3")
+	if r.err != nil {
+		t.Fatalf("%v\n%s", r.err, r.errOut)
+	}
+	if !strings.Contains(r.errOut, "no Go installation found (no go command in tests): using the copy of "+data.EmbeddedGoVersion) {
+		t.Errorf("stderr does not say the embedded copy was used:\n%s", r.errOut)
+	}
+	for _, s := range []string{"Go source from the copy of " + data.EmbeddedGoVersion + "'s standard library built into fleetlearn",
+		"wrote 3 device datasets", "archive/tar", "archive/zip", "arena", "public pretraining set", "licence"} {
+		if !strings.Contains(r.out, s) {
+			t.Errorf("output lacks %q:\n%s", s, r.out)
+		}
+	}
+	lic, err := os.ReadFile(filepath.Join(out, corpusLicense))
+	if err != nil || string(lic) != string(data.EmbeddedGoLicense()) {
+		t.Errorf("LICENSE: %v, %.60q", err, lic)
+	}
+	// The datasets are the embedded packages' own windows.
+	pkgs, err := data.EmbeddedGoSource(data.GoSourceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []*data.Dataset
+	var public []*data.Dataset
+	devices := 0
+	for _, p := range pkgs {
+		s, err := data.SplitGoPackage(p, data.WindowOptions{Window: 32, Stride: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case s.Public:
+			public = append(public, s.Train, s.HeldOut)
+		case devices < 3:
+			devices++
+			d, m := readDataset(t, filepath.Join(out, gosrcDevicesDir, gosrcDirName(p.Path)))
+			if m.Name != "gosrc/"+p.Path || d.Digest() != s.Train.Digest() {
+				t.Errorf("%s: %q holds other examples", p.Path, m.Name)
+			}
+			held = append(held, s.HeldOut)
+		}
+	}
+	for dir, parts := range map[string][]*data.Dataset{gosrcEvalDir: held, gosrcPublicDir: public} {
+		want, err := data.ConcatDatasets(parts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := readDataset(t, filepath.Join(out, dir)); got.Digest() != want.Digest() {
+			t.Errorf("%s: %d examples, not the packages' %d", dir, got.Len(), want.Len())
+		}
+	}
+
+	// --embedded reads the copy even where a Go installation is found.
+	found := func() (string, error) { return "", errors.New("not called") }
+	r = gosrcCLI(t, found, "--out", filepath.Join(t.TempDir(), "e"), "--embedded", "--window", "32", "--max-devices", "1")
+	if r.err != nil || r.errOut != "" || !strings.Contains(r.out, "built into fleetlearn") {
+		t.Errorf("--embedded: %v\n%s%s", r.err, r.out, r.errOut)
+	}
+}
+
+// TestDataGoSrcEmbeddedMatchesGOROOT checks the promise of the help text:
+// where the installed Go is the embedded copy's release, --embedded and
+// --goroot write the same datasets.
+func TestDataGoSrcEmbeddedMatchesGOROOT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads the whole standard library")
+	}
+	goroot, err := installedGoroot()
+	if err != nil {
+		t.Skip(err)
+	}
+	v, err := os.ReadFile(filepath.Join(goroot, "VERSION"))
+	if got, _, _ := strings.Cut(string(v), "\n"); err != nil || got != data.EmbeddedGoVersion {
+		t.Skipf("the installed Go is %q, the embedded copy %s", got, data.EmbeddedGoVersion)
+	}
+	digests := func(args ...string) map[string]string {
+		out := filepath.Join(t.TempDir(), "ds")
+		r := gosrcCLI(t, nil, append([]string{"--out", out, "--window", "32", "--stride", "32", "--max-devices", "5"}, args...)...)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		ds := map[string]string{}
+		err := filepath.WalkDir(out, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				b, _ := os.ReadFile(p)
+				rel, _ := filepath.Rel(out, p)
+				ds[rel] = fmt.Sprintf("%x", sha256.Sum256(b))
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds
+	}
+	emb, inst := digests("--embedded"), digests("--goroot", goroot)
+	if !maps.Equal(emb, inst) || len(emb) < 5*3 {
+		t.Errorf("--embedded wrote %v\n--goroot wrote %v", emb, inst)
 	}
 }

@@ -27,7 +27,12 @@ func newModelLineageCommand(a *app) *cobra.Command {
 		Short: "Show where a model came from and what was trained from it",
 		Long: "lineage shows MODEL's chain: the pool job that pretrained its root (spec and data\n" +
 			"digests, checkpoint, usage), each version between, and the federated rounds that\n" +
-			"fine-tuned it, grouped by task. MODEL is NAME, NAME@N or a sha256 (prefix).",
+			"fine-tuned it, grouped by task, each model drawn under the one it was made from (a LoRA\n" +
+			"model under its base, a task under the model it started from). MODEL is NAME, NAME@N or a\n" +
+			"sha256 (prefix).",
+		Example: "  fleetlearn model lineage gocode          # the pool job, the model, what was trained from it\n" +
+			"  fleetlearn model lineage ft-lora@5       # from a task's round back to the pool job\n" +
+			"  fleetlearn model lineage gocode -o json",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
@@ -162,42 +167,71 @@ func (l *lineage) print(w io.Writer, labels map[string]string) error {
 		}
 		indent = "└─ "
 	}
-	// Rounds of one task form a run; show each task once with its range.
-	type run struct {
-		task        string
-		first, last uint64
-		rounds      int
-		newest      *pb.Model
-	}
-	var runs []*run
-	byTask := map[string]*run{}
-	var other []*pb.Model
-	for _, m := range l.descendants {
-		t := m.GetTaskId()
-		if t == "" {
-			other = append(other, m)
-			continue
-		}
-		r := byTask[t]
-		if r == nil {
-			r = &run{task: t, first: m.GetRound()}
-			byTask[t] = r
-			runs = append(runs, r)
-		}
-		r.first, r.last = min(r.first, m.GetRound()), max(r.last, m.GetRound())
-		r.rounds++
-		r.newest = m
-	}
-	if len(runs) == 0 && len(other) == 0 {
+	if len(l.descendants) == 0 {
 		fmt.Fprintf(w, "%s   (nothing trained from it yet)\n", pad)
 		return nil
 	}
-	for _, r := range runs {
-		fmt.Fprintf(w, "%s└─ federated task %s: %d rounds (%d–%d), newest model %s\n", pad, printable(r.task), r.rounds,
-			r.first, r.last, printable(label(r.newest)))
-	}
-	for _, m := range other {
-		fmt.Fprintf(w, "%s└─ model %s (%s, derived)\n", pad, printable(label(m)), strings.ToLower(modelSource(m.GetSource())))
-	}
+	l.printDescendants(w, pad, label)
 	return nil
+}
+
+// maxLineageIndent bounds how deep the tree of descendants is drawn; deeper
+// models are listed flat at that depth.
+const maxLineageIndent = 32
+
+// printDescendants draws what was made from the asked version as a tree,
+// each model under its parent. The rounds of one task form a chain (round
+// k's model is round k+1's parent) and are shown as one line, with what
+// was derived from any of them below it.
+func (l *lineage) printDescendants(w io.Writer, pad string, label func(*pb.Model) string) {
+	children := map[string][]*pb.Model{}
+	for _, m := range l.descendants { // in creation order
+		p := m.GetRef().GetParentVersion()
+		children[p] = append(children[p], m)
+	}
+	var walk func(parents []*pb.Model, task, pad string)
+	walk = func(parents []*pb.Model, task, pad string) {
+		if len(pad) > 3*maxLineageIndent {
+			pad = pad[:3*maxLineageIndent]
+		}
+		for _, parent := range parents {
+			for _, m := range children[parent.GetRef().GetVersion()] {
+				t := m.GetTaskId()
+				if t != "" && t == task {
+					continue // the run's own next round, drawn with the run
+				}
+				if t == "" {
+					fmt.Fprintf(w, "%s└─ model %s (%s, derived)\n", pad, printable(label(m)), strings.ToLower(modelSource(m.GetSource())))
+					walk([]*pb.Model{m}, "", pad+"   ")
+					continue
+				}
+				run := taskRun(m, children)
+				first, last := run[0].GetRound(), run[0].GetRound()
+				for _, r := range run {
+					first, last = min(first, r.GetRound()), max(last, r.GetRound())
+				}
+				fmt.Fprintf(w, "%s└─ federated task %s: %d rounds (%d–%d), newest model %s\n", pad, printable(t), len(run),
+					first, last, printable(label(run[len(run)-1])))
+				walk(run, t, pad+"   ")
+			}
+		}
+	}
+	walk(l.chain[len(l.chain)-1:], "", pad)
+}
+
+// taskRun returns the models of first's task that descend from first
+// through models of that task, first included, in creation order.
+func taskRun(first *pb.Model, children map[string][]*pb.Model) []*pb.Model {
+	run := []*pb.Model{first}
+	for i := 0; i < len(run) && len(run) < maxLineageDepth; i++ {
+		for _, c := range children[run[i].GetRef().GetVersion()] {
+			if c.GetTaskId() == first.GetTaskId() {
+				run = append(run, c)
+			}
+		}
+	}
+	slices.SortStableFunc(run, func(a, b *pb.Model) int {
+		return a.GetCreateTime().AsTime().Compare(b.GetCreateTime().AsTime())
+	})
+	return run
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -23,6 +24,9 @@ func newModelCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "model",
 		Short: "Import, export and inspect model versions (safetensors)",
+		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors && fleetlearn model import base.safetensors --name mnist\n" +
+			"  fleetlearn model list\n" +
+			"  fleetlearn model lineage gocode-lora",
 	}
 	cmd.AddCommand(
 		newModelImportCommand(a),
@@ -41,9 +45,17 @@ func newModelImportCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "import FILE.safetensors --name NAME",
 		Short: "Upload a safetensors file as a new model version and print the version",
-		Long: "import uploads a safetensors file and prints the version (sha256) the server\n" +
-			"stored it under. It is also NAME@N, the N-th version of NAME (fleetlearn model list),\n" +
-			"and NAME while it is the newest.",
+		Long: "import uploads a safetensors file and prints the version the server stored it under: the\n" +
+			"sha256 of the file the server keeps, which is yours re-encoded with the server's lineage\n" +
+			"metadata, so it differs from your file's sha256. It is also NAME@N, the N-th version of NAME\n" +
+			"(fleetlearn model list), and NAME while it is the newest. Standard error says which hash is\n" +
+			"which, with the content hash (tensor names, shapes and values), which import does not change.\n\n" +
+			"--parent records the model this one was derived from (fine-tuned elsewhere, adapters added):\n" +
+			"the server checks that it is registered and that this model keeps its tensors and shapes\n" +
+			"(LoRA adapters aside), and model lineage then links the two.",
+		Example: "  fleetlearn model import base.safetensors --name mnist\n" +
+			"  fleetlearn model import lora.safetensors --name gocode-lora --parent gocode --description 'LoRA r=4'\n" +
+			"  V=$(fleetlearn model import init.safetensors --name gocode-init)   # the version alone on standard output",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkModelName("--name", name); err != nil {
@@ -56,6 +68,15 @@ func newModelImportCommand(a *app) *cobra.Command {
 			defer file.f.Close()
 			if err := checkSafetensorsPrefix(file); err != nil {
 				return fmt.Errorf("model import: %s: %w", args[0], err)
+			}
+			// The server parses the file in full and says what is wrong
+			// with it; here the parse only gives the content hash.
+			content := ""
+			if m, err := model.ReadSafetensors(bufio.NewReader(file.f)); err == nil {
+				content = m.HashHex()
+			}
+			if _, err := file.f.Seek(0, io.SeekStart); err != nil {
+				return fmt.Errorf("model import: %w", err)
 			}
 			return a.call(cmd, true, func(ctx context.Context, conn *grpc.ClientConn) error {
 				c := apiv1.NewModelServiceClient(conn)
@@ -73,18 +94,50 @@ func newModelImportCommand(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), m.GetRef().GetVersion())
-				return err
+				if _, err := fmt.Fprintln(cmd.OutOrStdout(), m.GetRef().GetVersion()); err != nil {
+					return err
+				}
+				label, err := modelLabel(ctx, c, m)
+				if err != nil || label == "" {
+					label = name
+				}
+				w := cmd.ErrOrStderr()
+				if parentVersion != "" {
+					fmt.Fprintf(w, "imported %s as %s, derived from %s\n", args[0], label, parentVersion)
+				} else {
+					fmt.Fprintf(w, "imported %s as %s\n", args[0], label)
+				}
+				printModelHashes(w, m.GetRef().GetVersion(), file.sha256, content)
+				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "model family name (required)")
-	cmd.Flags().StringVar(&parent, "parent", "", "model this one was derived from: NAME, NAME@N or a sha256 (prefix)")
+	cmd.Flags().StringVar(&parent, "parent", "", "registered model this one was derived from: NAME, NAME@N or a sha256 (prefix); model lineage then links them")
 	cmd.Flags().StringVar(&version, "version", "", "ignored: the server names every version by its sha256")
 	cmd.Flags().MarkDeprecated("version", "the server names every version by its sha256; refer to it as NAME@N or NAME")
 	cmd.Flags().StringVar(&description, "description", "", "free-form description")
 	cmd.MarkFlagRequired("name")
 	return cmd
+}
+
+// printModelHashes labels the hashes of one model that are known ("" for
+// the others). They differ and are easy to confuse: a version is the sha256
+// of the file the server stores, which carries the server's lineage
+// metadata (parent, source), so importing a file gives a version other than
+// the file's sha256; the content hash covers tensor names, shapes and values
+// alone (model.Hash), so every copy of the model shares it, and it is what
+// a pool rank's log prints as the model.
+func printModelHashes(w io.Writer, version, fileSHA256, content string) {
+	if version != "" {
+		fmt.Fprintf(w, "  version      %s  the server's name for it: the sha256 of the file it stores, lineage metadata included\n", version)
+	}
+	if fileSHA256 != "" {
+		fmt.Fprintf(w, "  file sha256  %s  of the file's bytes, lineage metadata included\n", fileSHA256)
+	}
+	if content != "" {
+		fmt.Fprintf(w, "  content hash %s  of tensor names, shapes and values alone: the same in every copy; pool rank logs print it as \"model\"\n", content)
+	}
 }
 
 // checkSafetensorsPrefix catches the wrong file early: a safetensors file
@@ -141,7 +194,7 @@ func newModelExportCommand(a *app) *cobra.Command {
 				if err != nil || label == "" {
 					label = m.GetRef().GetVersion()
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s (%s, sha256 %s)\n", label, out,
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s (%s, file sha256 %s: the version)\n", label, out,
 					byteSize(m.GetRef().GetSizeBytes()), m.GetRef().GetSha256())
 				return err
 			})
@@ -205,7 +258,9 @@ func newModelListCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List model versions, newest first, each as NAME@N and its version (sha256)",
-		Args:  cobra.NoArgs,
+		Example: "  fleetlearn model list\n" +
+			"  fleetlearn model list --name gocode -o json",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
@@ -251,16 +306,26 @@ func newModelListCommand(a *app) *cobra.Command {
 }
 
 func newModelGetCommand(a *app) *cobra.Command {
-	var format string
+	var (
+		format  string
+		content bool
+	)
 	cmd := &cobra.Command{
 		Use:   "get MODEL",
 		Short: "Show one model version: NAME (the newest), NAME@N, or a sha256 (prefix)",
-		Args:  cobra.ExactArgs(1),
+		Long: "get shows one model version. VERSION is the server's name for it, the sha256 of the file it\n" +
+			"stores (SHA256, the same for every model the server keeps). --content-hash downloads the model\n" +
+			"and adds its content hash: the hash of its tensor names, shapes and values alone, which a pool\n" +
+			"rank's log prints as \"model\" and model init and model import print for a local file.",
+		Example: "  fleetlearn model get gocode\n" +
+			"  fleetlearn model get gocode@1 --content-hash   # match it with a pool rank's \"model\" line\n" +
+			"  fleetlearn model get 3f2a9c41d0e7 -o json",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			return a.call(cmd, false, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return a.call(cmd, content, func(ctx context.Context, conn *grpc.ClientConn) error {
 				c := apiv1.NewModelServiceClient(conn)
 				version, err := resolveModel(ctx, c, args[0])
 				if err != nil {
@@ -275,6 +340,21 @@ func newModelGetCommand(a *app) *cobra.Command {
 				if format == formatJSON {
 					return writeJSON(w, m)
 				}
+				hash := ""
+				if content {
+					_, raw, err := client.ExportModelBytes(ctx, c, version, 0)
+					if err != nil {
+						if errors.Is(err, client.ErrProtocol) {
+							return fmt.Errorf("model get: %w: %v", ErrProtocol, err)
+						}
+						return err
+					}
+					mm, err := model.ReadSafetensors(bytes.NewReader(raw))
+					if err != nil {
+						return fmt.Errorf("model get: %s: %w", version, err)
+					}
+					hash = mm.HashHex()
+				}
 				label, err := modelLabel(ctx, c, m)
 				if err != nil {
 					return err
@@ -284,6 +364,9 @@ func newModelGetCommand(a *app) *cobra.Command {
 				t.row("MODEL", orDash(label))
 				t.row("VERSION", r.GetVersion())
 				t.row("SHA256", orDash(r.GetSha256()))
+				if content {
+					t.row("CONTENT HASH", hash)
+				}
 				t.row("NAME", m.GetName())
 				t.row("SOURCE", modelSource(m.GetSource()))
 				t.row("SIZE", fmt.Sprintf("%s (%d bytes)", byteSize(r.GetSizeBytes()), r.GetSizeBytes()))
@@ -299,5 +382,6 @@ func newModelGetCommand(a *app) *cobra.Command {
 		},
 	}
 	addFormatFlag(cmd, &format)
+	cmd.Flags().BoolVar(&content, "content-hash", false, "download the model and show its content hash (tensor names, shapes and values)")
 	return cmd
 }

@@ -55,7 +55,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 			"gosrc, by default) and an MLP of width F (4·D by default).",
 		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors\n" +
 			"  fleetlearn model init --arch mlp:784,256,64,10 --seed 7 -o base.safetensors --name mnist-deep\n" +
-			"  fleetlearn model init --arch lm:d=128,layers=4,context=64 -o lm.safetensors --name gocode",
+			"  fleetlearn model init --arch lm:d=128,layers=4,context=64 -o lm.safetensors --name gocode-init",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var (
@@ -89,7 +89,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 				return fmt.Errorf("%w: %s exists; pass --force to replace it", ErrUsage, out)
 			}
 			if !cmd.Flags().Changed("name") && m.Tensors[0].Name == "tok_emb.weight" {
-				name = "gocode"
+				name = "gocode-init"
 			}
 			m.Lineage.Source = fmt.Sprintf("fleetlearn model init --arch %s --seed %d", arch, seed)
 			sum, size, err := writeModelFile(out, m, force)
@@ -99,7 +99,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "wrote %s: %s, %d parameters in %d tensors, seed %d (%s)\n",
 				out, arch, params, len(m.Tensors), seed, byteSize(uint64(size)))
-			fmt.Fprintf(w, "sha256 %s\n", sum)
+			printModelHashes(w, "", sum, m.HashHex())
 			_, err = fmt.Fprintf(w, "next: fleetlearn model import %s --name %s\n", shellQuote(out), shellQuote(name))
 			return err
 		},
@@ -109,7 +109,7 @@ func newModelInitCommand(_ *app) *cobra.Command {
 		minArchSizes, maxArchSizes, maxLayerSize))
 	fl.StringVarP(&out, "output", "o", "", "safetensors file to write (required); it appears only once complete")
 	fl.Uint64Var(&seed, "seed", 1, "seed of the initial weights")
-	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command (gocode for lm:)")
+	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command (gocode-init for lm:, the pool then trains it into gocode)")
 	fl.BoolVar(&force, "force", false, "replace --output if it exists")
 	for _, n := range []string{"arch", "output"} {
 		cmd.MarkFlagRequired(n)

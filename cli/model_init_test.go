@@ -81,7 +81,8 @@ func TestModelInit(t *testing.T) {
 	sum := sha256.Sum256(b)
 	for _, line := range []string{
 		"wrote " + path + ": mlp:784,128,10, 101770 parameters in 4 tensors, seed 3 (",
-		"sha256 " + hex.EncodeToString(sum[:]) + "\n",
+		"  file sha256  " + hex.EncodeToString(sum[:]) + "  of the file's bytes",
+		"  content hash " + m.HashHex() + "  of tensor names, shapes and values alone",
 		"next: fleetlearn model import " + path + " --name mnist\n",
 	} {
 		if !strings.Contains(out, line) {
@@ -222,7 +223,7 @@ func TestModelInitLMAndLoRA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "--name gocode") {
+	if !strings.Contains(out, "--name gocode-init\n") {
 		t.Errorf("output %q does not suggest the gocode name", out)
 	}
 	m, _ := readModel(t, base)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -130,7 +131,7 @@ func TestModelExport(t *testing.T) {
 		if err != nil {
 			t.Fatalf("export %s: %v", ref, err)
 		}
-		if want := "mnist@3 -> " + path + " (39.1 KiB, sha256 " + digest(data) + ")\n"; out != want {
+		if want := "mnist@3 -> " + path + " (39.1 KiB, file sha256 " + digest(data) + ": the version)\n"; out != want {
 			t.Errorf("export %s: output = %q, want %q", ref, out, want)
 		}
 		got, err := os.ReadFile(path)
@@ -321,5 +322,27 @@ func TestModelExportMergeLoRA(t *testing.T) {
 	if _, err := run(t, addr, "model", "export", "plain", "--merge-lora", "-o", path+".2"); !errors.Is(err, cli.ErrUsage) ||
 		!strings.Contains(err.Error(), "no LoRA adapters") {
 		t.Fatalf("merging a model without adapters: %v", err)
+	}
+}
+
+// TestDataAndModelExamples: every data and model command shows examples in
+// its help.
+func TestDataAndModelExamples(t *testing.T) {
+	root := cli.NewRootCommand()
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Example == "" && !c.Hidden {
+			t.Errorf("%s has no examples", c.CommandPath())
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	for _, name := range []string{"data", "model"} {
+		c, _, err := root.Find([]string{name})
+		if err != nil || c.Name() != name {
+			t.Fatalf("no %s command: %v", name, err)
+		}
+		walk(c)
 	}
 }

@@ -90,12 +90,33 @@ type GoSourceOptions struct {
 	MaxPackages int
 }
 
-// GoPackage is one standard-library package's source text.
+func (o *GoSourceOptions) fill() error {
+	if o.MaxPackageBytes == 0 {
+		o.MaxPackageBytes = DefaultGoMaxPackageBytes
+	}
+	if o.MaxTotalBytes == 0 {
+		o.MaxTotalBytes = DefaultGoMaxTotalBytes
+	}
+	if o.MaxPackages == 0 {
+		o.MaxPackages = DefaultGoMaxPackages
+	}
+	if o.MaxPackageBytes < 0 || o.MaxTotalBytes < 0 || o.MaxPackages < 0 {
+		return fmt.Errorf("negative bound %+v: %w", *o, ErrInvalidArgument)
+	}
+	return nil
+}
+
+// GoPackage is one standard-library package's source text, or one part of
+// a text corpus (TextCorpus: a subdirectory, Path its name).
 type GoPackage struct {
-	Path      string // import path, such as "net/http"
-	Text      []byte // its files, in name order, concatenated
-	Files     int    // files that contributed to Text
-	Truncated bool   // Text was cut by a byte bound
+	Path  string // import path, such as "net/http"
+	Text  []byte // its files, in name order, concatenated
+	Files int    // files that contributed to Text
+	// FileNames are those files, relative to the package's directory, in
+	// the order Text holds them; the last one may be cut short when
+	// Truncated.
+	FileNames []string
+	Truncated bool // Text was cut by a byte bound
 }
 
 // skipGoDir reports directories GoSource does not descend into: what the go
@@ -123,17 +144,8 @@ func useGoFile(name string) bool {
 // bounds of opts. Symbolic links are not followed and nothing outside src
 // is read. A package whose files are all generated or empty is left out.
 func GoSource(src string, opts GoSourceOptions) ([]GoPackage, error) {
-	if opts.MaxPackageBytes == 0 {
-		opts.MaxPackageBytes = DefaultGoMaxPackageBytes
-	}
-	if opts.MaxTotalBytes == 0 {
-		opts.MaxTotalBytes = DefaultGoMaxTotalBytes
-	}
-	if opts.MaxPackages == 0 {
-		opts.MaxPackages = DefaultGoMaxPackages
-	}
-	if opts.MaxPackageBytes < 0 || opts.MaxTotalBytes < 0 || opts.MaxPackages < 0 {
-		return nil, fmt.Errorf("data: go source: negative bound %+v: %w", opts, ErrInvalidArgument)
+	if err := opts.fill(); err != nil {
+		return nil, fmt.Errorf("data: go source: %w", err)
 	}
 	root, err := os.OpenRoot(src)
 	if err != nil {
@@ -213,6 +225,7 @@ func readGoPackage(fsys fs.FS, dir string, budget int) (GoPackage, error) {
 		}
 		buf.Write(text)
 		pkg.Files++
+		pkg.FileNames = append(pkg.FileNames, e.Name())
 		if cut {
 			pkg.Truncated = true
 			break

@@ -393,6 +393,11 @@ func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, b []
 	if len(m.Tensors) == 0 {
 		return nil, invalid("model has no tensors")
 	}
+	if p := h.GetParentVersion(); p != "" {
+		if err := v.checkParent(ctx, p, m); err != nil {
+			return nil, err
+		}
+	}
 	// Re-encode canonically so a version names one exact byte string.
 	m.Lineage = model.Lineage{Parent: h.GetParentVersion(), Source: "imported"}
 	var buf bytes.Buffer
