@@ -15,7 +15,7 @@ import (
 // release binaries (deploy/release).
 var imagePlatforms = []string{"linux/amd64", "linux/arm64", "linux/arm/v7"}
 
-const versionPkg = "github.com/fleetlearn/fleetlearn/internal/version"
+const versionStampPkg = "github.com/fleetlearn/fleetlearn/internal/version"
 
 // dockerStage is one stage of a Dockerfile, as BuildKit reads it.
 type dockerStage struct {
@@ -249,7 +249,7 @@ func TestDockerMultiPlatform(t *testing.T) {
 						ldflags = l
 					}
 				}
-				for _, w := range []string{"-X " + versionPkg + ".Version=" + version, "-X " + versionPkg + ".Commit=" + commit} {
+				for _, w := range []string{"-X " + versionStampPkg + ".Version=" + version, "-X " + versionStampPkg + ".Commit=" + commit} {
 					if !strings.Contains(ldflags, w) {
 						t.Errorf("%s for %s: -ldflags %q do not stamp %q", ic.dockerfile, p, ldflags, w)
 					}

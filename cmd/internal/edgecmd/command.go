@@ -105,13 +105,14 @@ func runAgent(ctx context.Context, cfg edge.Config, p process, log *slog.Logger)
 			log.Warn("flushing traces", "err", err)
 		}
 	}()
-	// Which build runs, and with which engine, is the first thing to know
-	// about a device that trains slowly or not at all.
-	log.Info("starting", "version", versionLine())
 	a, err := edge.New(cfg, edge.WithLogger(log), edge.WithTracerProvider(tp))
 	if err != nil {
 		return advise(err, cfg.DataDir)
 	}
+	// Which build runs, and with which engine, is the first thing to know
+	// about a device that trains slowly or not at all. (After New: a
+	// device that is not enrolled says only that, and what to do.)
+	log.Info("starting", "version", versionLine())
 	if p.procs > 0 {
 		runtime.GOMAXPROCS(p.procs)
 	}

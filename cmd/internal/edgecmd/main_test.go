@@ -113,8 +113,7 @@ func TestNotEnrolled(t *testing.T) {
 		t.Errorf("exit %d, want %d", code, exitOperator)
 	}
 	hint := "fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file FILE --data-dir '" + dir + "'"
-	// The agent logs its version first; the error is a line of its own.
-	if !strings.Contains("\n"+errOut, "\nfleetlearn-edge: not enrolled: ") || !strings.Contains(errOut, hint) {
+	if !strings.HasPrefix(errOut, "fleetlearn-edge: not enrolled: ") || !strings.Contains(errOut, hint) {
 		t.Errorf("stderr %q, want the enroll command %q", errOut, hint)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
