@@ -134,7 +134,9 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit, Go version, platform, WASM engine and module ABI",
-		Args:  cobra.NoArgs,
+		Example: `  fleetlearn-edge version
+  fleetlearn-edge --version`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 			return err

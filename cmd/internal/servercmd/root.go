@@ -217,7 +217,9 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit, Go version, platform, WASM engine and module ABI",
-		Args:  cobra.NoArgs,
+		Example: `  fleetlearn-server version
+  fleetlearn-server --version`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 			return err

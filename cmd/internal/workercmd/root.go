@@ -79,7 +79,9 @@ func newRootCommand(rankDone func(error)) *cobra.Command {
 	root.AddCommand(newRunCommand(), newRankCommand(rankDone), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit and Go version",
-		Args:  cobra.NoArgs,
+		Example: `  fleetlearn-worker version
+  fleetlearn-worker --version`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 			return err
