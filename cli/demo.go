@@ -102,7 +102,7 @@ func newDemoCommand(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&task, "task", "mnist", "what the fleet learns: mnist (digit classification, an MLP) or lm (code completion on Go source, a transformer)")
 	f.IntVar(&lmCfg.LoRARank, "lora-rank", lmCfg.LoRARank, "with --task lm, rank of the LoRA task's adapters")
-	f.StringVar(&lmCfg.GoRoot, "goroot", "", "with --task lm, the Go installation whose source is the corpus (default: the one fleetlearn was built with)")
+	f.StringVar(&lmCfg.GoRoot, "goroot", "", "with --task lm, the Go installation whose source is the corpus (default: the one fleetlearn was built with, or the copy of its source built into fleetlearn where it is gone)")
 	f.IntVar(&cfg.Edges, "edges", cfg.Edges, "edge agents in the simulated fleet (--task lm: 8)")
 	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "federated training rounds (--task lm: 4 per task)")
 	f.IntVar(&cfg.Cohort, "cohort", cfg.Cohort, "devices selected per round, a round can commit with 3/4 of them reporting (--task lm: 4)")

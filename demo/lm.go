@@ -44,7 +44,8 @@ type LMConfig struct {
 	// PretrainSteps are the pool job's steps; 0 is 240.
 	PretrainSteps int
 	// GoRoot is the Go installation whose src the corpus comes from; ""
-	// is the GOROOT this program was built with.
+	// is the GOROOT this program was built with where it still exists,
+	// and otherwise the copy of its source built into the data package.
 	GoRoot string
 	Seed   uint64
 	// DataDir, OutDir, Out, Log, Terminal, RankCommand and Tracer are as
@@ -109,12 +110,21 @@ func RunLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 // lmCorpus splits the Go standard library's packages: the public ones pool
 // into the pretraining set, the first edges private ones with enough
 // windows become devices, and their held-out tails are the evaluation set.
+// An empty goroot reads the copy of the source built into the data
+// package.
 func lmCorpus(goroot string, edges int) (public *data.Dataset, devices []*data.Dataset, heldOut *data.Dataset, err error) {
-	src := filepath.Join(goroot, "src")
-	if _, err := os.Stat(filepath.Join(src, "fmt")); err != nil {
-		return nil, nil, nil, fmt.Errorf("the language-model demo reads the Go standard library's source, and %s has none: pass --goroot with a Go installation (%v)", src, err)
+	opts := data.GoSourceOptions{MaxPackageBytes: 48 << 10}
+	src := "the built-in copy of " + data.EmbeddedGoVersion + "'s source"
+	var pkgs []data.GoPackage
+	if goroot == "" {
+		pkgs, err = data.EmbeddedGoSource(opts)
+	} else {
+		src = filepath.Join(goroot, "src")
+		if _, err := os.Stat(filepath.Join(src, "fmt")); err != nil {
+			return nil, nil, nil, fmt.Errorf("the language-model demo reads the Go standard library's source, and %s has none: pass --goroot with a Go installation, or leave it out for the built-in copy (%v)", src, err)
+		}
+		pkgs, err = data.GoSource(src, opts)
 	}
-	pkgs, err := data.GoSource(src, data.GoSourceOptions{MaxPackageBytes: 48 << 10})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -138,7 +148,7 @@ func lmCorpus(goroot string, edges int) (public *data.Dataset, devices []*data.D
 		}
 	}
 	if len(devices) < edges {
-		return nil, nil, nil, fmt.Errorf("the Go source at %s has only %d private packages with %d windows; ask for fewer --edges", src, len(devices), lmPerDevice/2)
+		return nil, nil, nil, fmt.Errorf("%s has only %d private packages with %d windows; ask for fewer --edges", src, len(devices), lmPerDevice/2)
 	}
 	if public, err = data.ConcatDatasets(pub...); err != nil {
 		return nil, nil, nil, err
@@ -169,7 +179,11 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 			cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.LoRARank)
 	}
 	if cfg.GoRoot == "" {
-		cfg.GoRoot = runtime.GOROOT()
+		// The Go installation this program was built with, where it is
+		// still there; the built-in copy of its source otherwise.
+		if _, err := os.Stat(filepath.Join(runtime.GOROOT(), "src", "fmt")); err == nil {
+			cfg.GoRoot = runtime.GOROOT()
+		}
 	}
 	if cfg.PretrainSteps == 0 {
 		cfg.PretrainSteps = lmPretrain
@@ -193,7 +207,11 @@ func runLM(ctx context.Context, cfg LMConfig) (*LMResult, error) {
 	pr.printf("Fleetlearn language-model demo: federated code completion on the Go standard library, %d devices (one package each), %d rounds of %d reports; results go to %s",
 		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.OutDir)
 
-	ph := pr.start("reading the corpus", 1, "reading "+filepath.Join(cfg.GoRoot, "src"))
+	corpus := "the built-in copy of " + data.EmbeddedGoVersion + "'s standard library source"
+	if cfg.GoRoot != "" {
+		corpus = filepath.Join(cfg.GoRoot, "src")
+	}
+	ph := pr.start("reading the corpus", 1, "reading "+corpus)
 	public, devices, heldOut, err := lmCorpus(cfg.GoRoot, cfg.Edges)
 	if err != nil {
 		return nil, err
