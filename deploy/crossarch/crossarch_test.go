@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -178,7 +179,7 @@ func runTarget(t *testing.T, tg target, qemu, bin string) {
 
 	// 48 examples of 8 features in 3 classes: a few batches, enough to
 	// train, little for an emulated interpreter.
-	if err := data.WriteDir(dataset, synthetic(48, 8, 3, 7), "qemu"); err != nil {
+	if err := data.WriteDir(dataset, datatest.Synthetic(48, 8, 3, 7), "qemu"); err != nil {
 		t.Fatal(err)
 	}
 	mod, err := embedded.Lookup("softmax")
@@ -361,25 +362,4 @@ func (a *agentProc) tail() string {
 		l = "…" + l[len(l)-6000:]
 	}
 	return "--- agent log (tail):\n" + l
-}
-
-// synthetic is a linearly separable dataset: the label is the largest of
-// the first classes features.
-func synthetic(n, dim, classes int, seed uint64) *data.Dataset {
-	d := &data.Dataset{Dim: dim, NumClasses: classes, Features: make([]float32, n*dim), Labels: make([]uint8, n)}
-	s := seed
-	for i := range d.Features {
-		s = s*6364136223846793005 + 1442695040888963407
-		d.Features[i] = float32(s>>40) / float32(1<<24)
-	}
-	for i := range d.Labels {
-		best := 0
-		for c := 1; c < classes; c++ {
-			if d.Features[i*dim+c] > d.Features[i*dim+best] {
-				best = c
-			}
-		}
-		d.Labels[i] = uint8(best)
-	}
-	return d
 }

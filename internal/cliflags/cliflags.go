@@ -89,3 +89,24 @@ func FromEnv(fs *pflag.FlagSet, getenv func(string) string, env map[string]strin
 	}
 	return set, nil
 }
+
+// WithoutExample lists the commands under root, root included, that run
+// but whose Example does not show how: no line of it names the command's
+// path. Help and hidden commands are left out.
+func WithoutExample(root *cobra.Command) []string {
+	var missing []string
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		if !c.Runnable() || c.Hidden || c.Name() == "help" {
+			return
+		}
+		if !strings.Contains(c.Example, c.CommandPath()) {
+			missing = append(missing, c.CommandPath())
+		}
+	}
+	walk(root)
+	return missing
+}

@@ -55,3 +55,20 @@ func TestFromEnv(t *testing.T) {
 		t.Errorf("a variable the flag cannot parse: %v", err)
 	}
 }
+
+func TestWithoutExample(t *testing.T) {
+	run := func(*cobra.Command, []string) {}
+	root := &cobra.Command{Use: "prog", Run: run, Example: "  prog --x"}
+	shown := &cobra.Command{Use: "shown", Run: run, Example: "  prog shown a"}
+	elsewhere := &cobra.Command{Use: "elsewhere", Run: run, Example: "  prog shown b"}
+	bare := &cobra.Command{Use: "bare", Run: run}
+	hidden := &cobra.Command{Use: "hidden", Run: run, Hidden: true}
+	group := &cobra.Command{Use: "group"} // runs nothing
+	group.AddCommand(&cobra.Command{Use: "leaf", Run: run})
+	root.AddCommand(shown, elsewhere, bare, hidden, group)
+	got := WithoutExample(root)
+	want := []string{"prog bare", "prog elsewhere", "prog group leaf"}
+	if !slices.Equal(got, want) {
+		t.Errorf("WithoutExample = %q, want %q", got, want)
+	}
+}
