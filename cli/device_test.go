@@ -99,6 +99,10 @@ func TestConnectionFlags(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "--token-file") {
 		t.Errorf("no token: %v", err)
 	}
+	_, err = runWith(t, nil, "", "--server", h.GRPCAddr(), "--ca", server.CAFile(h.Dir), "--token", "bogus", "task", "list")
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "fleetlearn token mint") {
+		t.Errorf("a refused token: %v", err)
+	}
 	_, err = runWith(t, nil, "", "--server", h.GRPCAddr(), "--token-file", server.AdminTokenPath(h.Dir), "task", "list")
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--ca") {
 		t.Errorf("no CA: %v", err)

@@ -52,6 +52,9 @@ func (a *app) rpcError(err error) error {
 		msg = st.Message()
 		if a.token == "" && a.tokenFile == "" {
 			msg += " (pass --token-file or --token, or set $" + TokenFileEnv + " or $" + TokenEnv + ")"
+		} else {
+			msg += " (the server refused the token: check that it is this server's and whole, or mint a new one on the server's host" +
+				" with fleetlearn token mint --data-dir DIR --subject NAME --role ROLE; the server writes an admin token to DIR/admin.token)"
 		}
 	case codes.DeadlineExceeded:
 		msg = fmt.Sprintf("%s (deadline exceeded; see --timeout)", st.Message())

@@ -223,7 +223,7 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	}
 	module := strings.ToLower(strings.TrimSpace(f.module))
 	if !ident.IsSHA256(module) {
-		return nil, usage("--module %q is not a SHA-256 (64 hexadecimal characters)", f.module)
+		return nil, usage("--module %q is not a SHA-256 (64 hexadecimal characters): fleetlearn module list shows each registered module's", f.module)
 	}
 	hyper, err := f.hyperparameters()
 	if err != nil {
