@@ -1861,21 +1861,23 @@ type dockerfile struct {
 	comments         string     // every comment, continuations joined
 }
 
-func parseDockerfile(t *testing.T, name string) *dockerfile {
+// dockerfileLines reads a Dockerfile as BuildKit does: its instructions,
+// each with its continuation lines joined, and every comment, with the
+// comments' own continuations joined.
+func dockerfileLines(t *testing.T, name string) (lines []string, comments string) {
 	t.Helper()
 	f, err := os.Open(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	d := &dockerfile{name: name, env: map[string]string{}}
-	var lines, comments []string
+	var cs []string
 	var cur strings.Builder
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if c, ok := strings.CutPrefix(line, "#"); ok {
-			comments = append(comments, strings.TrimSpace(c))
+			cs = append(cs, strings.TrimSpace(c))
 			continue
 		}
 		if line == "" && cur.Len() == 0 {
@@ -1892,7 +1894,14 @@ func parseDockerfile(t *testing.T, name string) *dockerfile {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	d.comments = strings.ReplaceAll(strings.Join(comments, "\n"), "\\\n", " ")
+	return lines, strings.ReplaceAll(strings.Join(cs, "\n"), "\\\n", " ")
+}
+
+func parseDockerfile(t *testing.T, name string) *dockerfile {
+	t.Helper()
+	d := &dockerfile{name: name, env: map[string]string{}}
+	var lines []string
+	lines, d.comments = dockerfileLines(t, name)
 	execForm := func(instr, s string) []string {
 		var argv []string
 		if err := json.Unmarshal([]byte(s), &argv); err != nil || len(argv) == 0 {

@@ -1,7 +1,6 @@
 package deploy_test
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,34 +27,7 @@ type dockerStage struct {
 // parseStages reads the global ARGs and the stages of a Dockerfile.
 func parseStages(t *testing.T, name string) (global map[string]string, stages []*dockerStage, comments string) {
 	t.Helper()
-	f, err := os.Open(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var lines, cs []string
-	var cur strings.Builder
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if c, ok := strings.CutPrefix(line, "#"); ok {
-			cs = append(cs, strings.TrimSpace(c))
-			continue
-		}
-		if line == "" && cur.Len() == 0 {
-			continue
-		}
-		if l, ok := strings.CutSuffix(line, `\`); ok {
-			cur.WriteString(l + " ")
-			continue
-		}
-		cur.WriteString(line)
-		lines = append(lines, cur.String())
-		cur.Reset()
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	lines, comments := dockerfileLines(t, name)
 	global = map[string]string{}
 	args := func(m map[string]string, rest string) {
 		for _, a := range strings.Fields(rest) {
@@ -114,7 +86,6 @@ func parseStages(t *testing.T, name string) (global map[string]string, stages []
 			}
 		}
 	}
-	comments = strings.ReplaceAll(strings.Join(cs, "\n"), "\\\n", " ")
 	return global, stages, comments
 }
 
