@@ -14,11 +14,8 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/cli"
 	"github.com/fleetlearn/fleetlearn/client"
-	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
-	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
-	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -29,57 +26,15 @@ import (
 // worker would, that ends with m as its model, and returns the version.
 func poolModel(t *testing.T, h *servertest.Harness, job, name string, m *model.Model) string {
 	t.Helper()
-	ctx := t.Context()
-	jobs := apiv1.NewPoolServiceClient(h.Conn)
-	wk := apiv1.NewPoolWorkerServiceClient(h.DialAs(t, "pool-host-1", identity.RolePoolWorker))
-	reg, err := wk.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Name: "host-1", Capacity: &pb.PoolResources{MilliCpu: 4000, MemoryBytes: 8 << 30}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	spec := &pb.PoolJobSpec{Id: job, Ranks: 1, PerRank: &pb.PoolResources{MilliCpu: 1000, MemoryBytes: 1 << 30},
 		CheckpointInterval: 10, TotalSteps: 10, OutputModel: name,
 		Program: &pb.PoolJobSpec_Builtin{Builtin: &pb.PoolBuiltinTrainer{Arch: []uint32{2, 1}, BatchSize: 4, LearningRate: 0.1,
 			Dataset: &pb.PoolDataset{Source: "mnist-train"}}}}
-	if _, err := jobs.SubmitJob(ctx, &pb.SubmitJobRequest{Spec: spec}); err != nil {
-		t.Fatal(err)
+	_, j := h.RunPoolJob(t, spec, m, &pb.PoolUsage{CpuSeconds: 2})
+	if j.GetOutputVersion() == "" {
+		t.Fatalf("job %v", j)
 	}
-	hb, err := wk.Heartbeat(ctx, &pb.HeartbeatRequest{WorkerId: reg.GetWorkerId()})
-	if err != nil || len(hb.GetStart()) != 1 {
-		t.Fatalf("heartbeat %v %v", hb, err)
-	}
-	l := hb.GetStart()[0]
-	ref := &pb.RankRef{WorkerId: reg.GetWorkerId(), JobId: l.GetJobId(), Attempt: l.GetAttempt(), Rank: l.GetRank()}
-	local, err := checkpoint.OpenDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := checkpoint.Write(local, &checkpoint.Checkpoint{Job: job, Step: 10, Params: m}, checkpoint.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	man, err := local.Manifest(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range man.Blobs() {
-		b, _ := local.GetBlob(c.Digest)
-		if _, err := wk.PutCheckpointBlob(ctx, &pb.PutCheckpointBlobRequest{Ref: ref, Digest: c.Digest.String(), Data: b}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	enc, _, _ := man.Encode()
-	if _, err := wk.CommitCheckpoint(ctx, &pb.CommitCheckpointRequest{Ref: ref, Manifest: enc}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := wk.RankExited(ctx, &pb.RankExitedRequest{WorkerId: ref.WorkerId, JobId: ref.JobId, Attempt: ref.Attempt,
-		Completed: true, Usage: &pb.PoolUsage{CpuSeconds: 2}}); err != nil {
-		t.Fatal(err)
-	}
-	j, err := jobs.GetJob(ctx, &pb.GetJobRequest{JobId: job})
-	if err != nil || j.GetJob().GetOutputVersion() == "" {
-		t.Fatalf("job %v, %v", j.GetJob(), err)
-	}
-	return j.GetJob().GetOutputVersion()
+	return j.GetOutputVersion()
 }
 
 // TestModelLoRAAddLineageServer: model lora add on a registered model

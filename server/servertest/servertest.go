@@ -23,6 +23,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
@@ -292,4 +293,66 @@ func ServiceConn(t testing.TB, dataDir, url string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// RunPoolJob runs spec, a one-rank job, through the server's worker API as
+// a pool worker would: a worker registers, is leased the rank, commits a
+// checkpoint of m at spec's last step and exits having used usage. It
+// returns the checkpoint's id and the job as the server then reports it.
+func (h *Harness) RunPoolJob(t testing.TB, spec *pb.PoolJobSpec, m *model.Model, usage *pb.PoolUsage) (checkpoint.Digest, *pb.PoolJob) {
+	t.Helper()
+	ctx := t.Context()
+	jobs := apiv1.NewPoolServiceClient(h.Conn)
+	wk := apiv1.NewPoolWorkerServiceClient(h.DialAs(t, "pool-host-1", identity.RolePoolWorker))
+	reg, err := wk.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Name: "host-1",
+		Capacity: &pb.PoolResources{MilliCpu: 4000, MemoryBytes: 8 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobs.SubmitJob(ctx, &pb.SubmitJobRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	hb, err := wk.Heartbeat(ctx, &pb.HeartbeatRequest{WorkerId: reg.GetWorkerId()})
+	if err != nil || len(hb.GetStart()) != 1 {
+		t.Fatalf("heartbeat %v %v", hb, err)
+	}
+	l := hb.GetStart()[0]
+	ref := &pb.RankRef{WorkerId: reg.GetWorkerId(), JobId: l.GetJobId(), Attempt: l.GetAttempt(), Rank: l.GetRank()}
+	local, err := checkpoint.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := checkpoint.Write(local, &checkpoint.Checkpoint{Job: spec.GetId(), Step: spec.GetTotalSteps(), Params: m}, checkpoint.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := local.Manifest(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range man.Blobs() {
+		b, err := local.GetBlob(c.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wk.PutCheckpointBlob(ctx, &pb.PutCheckpointBlobRequest{Ref: ref, Digest: c.Digest.String(), Data: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enc, _, err := man.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wk.CommitCheckpoint(ctx, &pb.CommitCheckpointRequest{Ref: ref, Manifest: enc}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wk.RankExited(ctx, &pb.RankExitedRequest{WorkerId: ref.WorkerId, JobId: ref.JobId, Attempt: ref.Attempt,
+		Completed: true, Usage: usage}); err != nil {
+		t.Fatal(err)
+	}
+	j, err := jobs.GetJob(ctx, &pb.GetJobRequest{JobId: spec.GetId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, j.GetJob()
 }
