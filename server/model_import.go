@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/lm"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
 
@@ -38,7 +38,7 @@ func (v *service) checkParent(ctx context.Context, parent string, m *model.Model
 		shapes[t.Name] = t.Shape
 	}
 	for _, t := range pm.Tensors {
-		if strings.HasSuffix(t.Name, ".lora_a") || strings.HasSuffix(t.Name, ".lora_b") {
+		if lm.IsLoRA(t.Name) {
 			continue
 		}
 		s, ok := shapes[t.Name]

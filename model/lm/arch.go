@@ -210,7 +210,13 @@ func (a *Arch) Linears() []*Linear {
 func (a *Arch) Decayed(i int) bool {
 	n := a.Params[i].Name
 	return (strings.HasSuffix(n, ".weight") && len(a.Params[i].Shape) == 2 && !strings.HasSuffix(n, "_emb.weight")) ||
-		strings.HasSuffix(n, ".lora_a") || strings.HasSuffix(n, ".lora_b")
+		IsLoRA(n)
+}
+
+// IsLoRA says whether the tensor called name is a LoRA adapter:
+// "<layer>.lora_a" or "<layer>.lora_b".
+func IsLoRA(name string) bool {
+	return strings.HasSuffix(name, ".lora_a") || strings.HasSuffix(name, ".lora_b")
 }
 
 // LoRATargets are the Linear layer names an adapter may be put on, as

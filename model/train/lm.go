@@ -351,7 +351,7 @@ func AddLoRA(m *model.Model, rank int, targets []string, seed uint64) (*model.Mo
 func LoRAParams(m *model.Model) []int {
 	var idx []int
 	for i, t := range m.Tensors {
-		if strings.HasSuffix(t.Name, ".lora_a") || strings.HasSuffix(t.Name, ".lora_b") {
+		if lm.IsLoRA(t.Name) {
 			idx = append(idx, i)
 		}
 	}
@@ -364,7 +364,7 @@ func LoRAParams(m *model.Model) []int {
 func MergeLoRA(m *model.Model) (*model.Model, error) {
 	var ts []model.Tensor
 	for _, t := range m.Tensors {
-		if strings.HasSuffix(t.Name, ".lora_a") || strings.HasSuffix(t.Name, ".lora_b") {
+		if lm.IsLoRA(t.Name) {
 			continue
 		}
 		nt := model.Tensor{Name: t.Name, Shape: slices.Clone(t.Shape), Data: slices.Clone(t.Data)}

@@ -3,9 +3,9 @@ package coord
 import (
 	"fmt"
 	"path"
-	"strings"
 
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/lm"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -43,7 +43,7 @@ func Trainable(task *pb.Task, base *model.Model) ([]int, *model.Model, error) {
 		for i, t := range base.Tensors {
 			var ok bool
 			if e == trainableLoRA {
-				ok = strings.HasSuffix(t.Name, ".lora_a") || strings.HasSuffix(t.Name, ".lora_b")
+				ok = lm.IsLoRA(t.Name)
 			} else {
 				ok, _ = path.Match(e, t.Name)
 			}
