@@ -25,8 +25,8 @@ var modules = []Module{
 		Name:        "lm",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/lm",
 		Description: "decoder-only transformer language model (package lm), AdamW, ABI v2; trains only the task's trainable tensors (partial and LoRA fine-tuning)",
-		SHA256:      "4103757c46552fbf19a23163f4e93694fc12de8c36c6ce48992c138da390154c",
-		Size:        3576845,
+		SHA256:      "ecb46ab34c39a74e01f4a65181df2e3a981121fe494ec99de34b18c80d5eea6f",
+		Size:        3576914,
 		gz:          lmWASMGzip,
 	},
 	{
