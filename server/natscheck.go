@@ -189,6 +189,22 @@ func (s *Server) sleep(ctx context.Context, b *backoff.Backoff, why string, attr
 	return nil
 }
 
+// reportStoreBytes is the reports stream's size limit: the configured
+// one, or the default, which on the embedded server leaves room for the
+// blob bucket (models and modules) on a small disk.
+func (s *Server) reportStoreBytes() int64 {
+	if n := s.cfg.ReportStoreBytes; n != 0 {
+		return n
+	}
+	n := int64(DefaultReportStoreBytes)
+	if s.embedded != nil {
+		if store := s.embedded.MaxStore(); store > 0 {
+			n = min(n, store/2)
+		}
+	}
+	return n
+}
+
 // JetStream API error codes (nats-server's errors.json) after which the
 // same request succeeds once a forming cluster settles.
 const (
@@ -203,7 +219,7 @@ const (
 func (s *Server) setupJetStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, jetstream.ObjectStore, error) {
 	b := backoff.New(500*time.Millisecond, 10*time.Second, nil)
 	for {
-		stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas)
+		stream, obs, err := natsx.Setup(ctx, js, s.cfg.MaxMessageBytes, replicas, s.reportStoreBytes())
 		if err == nil {
 			return stream, obs, nil
 		}

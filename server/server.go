@@ -57,6 +57,12 @@ type Config struct {
 	// MaxMessageBytes is the embedded server's max_payload and the reports
 	// stream's message size limit (default wire.MaxMessageBytes).
 	MaxMessageBytes int32
+	// ReportStoreBytes is the most the reports stream keeps on disk; once
+	// full it refuses reports until rounds close (devices retry). Default 0:
+	// DefaultReportStoreBytes, or half of what the embedded server's
+	// JetStream may store if that is less; -1: no limit. One device can
+	// never fill it: each may keep only its largest report per round.
+	ReportStoreBytes int64
 	// PaceWindow spreads check-ins of devices not selected (default 2s).
 	PaceWindow time.Duration
 	// CacheDir keeps compiled WASM modules (default DataDir/wasm-cache).
@@ -154,6 +160,9 @@ type Config struct {
 	// UIAddr.
 	UIInsecure bool
 }
+
+// DefaultReportStoreBytes is the default ReportStoreBytes.
+const DefaultReportStoreBytes = 8 << 30
 
 // DefaultPoolKubeNamespace holds the pool's JobSets and queues unless
 // PoolKube.Namespace says otherwise.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -70,8 +71,11 @@ func (t *taskRun) settleChunked(r *roundRun, m jetstream.Msg, kind string, accep
 // of float32 values (or fixed32 masked values, with the weight or the DP
 // encoding's padding) and bounded overhead. An evaluation report carries
 // metrics only, so it never needs more than one message.
-func (t *taskRun) maxReportBytes(r *roundRun) uint64 {
-	if r.row.Kind != pb.RoundKind_ROUND_KIND_TRAIN {
+func (t *taskRun) maxReportBytes(r *roundRun) uint64 { return t.maxReportBytesFor(r.row.Kind) }
+
+// maxReportBytesFor is maxReportBytes for a round of kind.
+func (t *taskRun) maxReportBytesFor(kind pb.RoundKind) uint64 {
+	if kind != pb.RoundKind_ROUND_KIND_TRAIN {
 		return wire.MaxMessageBytes
 	}
 	layout := t.ulayout
@@ -157,15 +161,16 @@ func (t *taskRun) readChunk(seq uint64) (*jetstream.RawStreamMsg, error) {
 }
 
 // handleStoredChunk drops a chunk stored for a round that is not open;
-// those of the open round wait for their manifest, and are purged with the
-// round.
-func (c *Coordinator) handleStoredChunk(subj string) {
+// those of the open round are charged to their device's quota (quota.go)
+// and wait for their manifest, and are purged with the round.
+func (c *Coordinator) handleStoredChunk(subj string, h nats.Header) {
 	task, round, device, err := wire.ParseChunkSubject(subj)
 	if err == nil {
 		c.mu.Lock()
 		tr := c.tasks[task]
 		c.mu.Unlock()
 		if tr != nil && tr.isOpen(round) {
+			c.charge(tr, subj, round, device, h)
 			return
 		}
 	}

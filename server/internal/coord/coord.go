@@ -360,13 +360,13 @@ func (c *Coordinator) receipt(task string, round uint64, device string, reason s
 // handleStored sees a headers-only notice for every report the stream stores
 // and refuses those for rounds that are not open: the open round's runner
 // consumes its own reports from the stream and ignores this path.
+//
+// The stored subject is the notice's own, which nats-server sets: a
+// Nats-Subject header may have come from the publisher.
 func (c *Coordinator) handleStored(m *nats.Msg) {
-	subj := m.Header.Get(jetstream.SubjectHeader)
-	if subj == "" {
-		subj = strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix)
-	}
+	subj := strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix)
 	if wire.IsChunkSubject(subj) {
-		c.handleStoredChunk(subj)
+		c.handleStoredChunk(subj, m.Header)
 		return
 	}
 	task, round, device, err := wire.ParseReportSubject(subj)
@@ -379,6 +379,7 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 	tr := c.tasks[task]
 	c.mu.Unlock()
 	if tr != nil && tr.isOpen(round) {
+		c.charge(tr, subj, round, device, m.Header)
 		return
 	}
 	reason := fmt.Sprintf("round %d of task %q is not open", round, task)

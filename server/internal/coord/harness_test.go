@@ -65,7 +65,7 @@ func newHarness(t *testing.T) *harness {
 	t.Helper()
 	nc, js := natstest.Connect(t, natstest.Start(t))
 	ctx := t.Context()
-	stream, obs, err := natsx.Setup(ctx, js, wire.MaxMessageBytes, 1)
+	stream, obs, err := natsx.Setup(ctx, js, wire.MaxMessageBytes, 1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ type taskRun struct {
 	mu      sync.Mutex
 	loading bool // true until the open round (if any) has been resumed
 	round   *roundRun
+	quota   *storeQuota // what devices stored for the open round (quota.go)
 
 	// Loaded once per run.
 	spec   *pb.Task

@@ -52,6 +52,8 @@ func (t *taskRun) sender(r *roundRun, subject string) (string, store.Assignment,
 		return device, seat, nil, refuseAs(metrics.RefusedCohort, "device %q is not in the cohort of round %d", device, round)
 	case r.reported[device]:
 		return device, seat, nil, refuseAs(metrics.RefusedDuplicate, "device %q already reported for round %d", device, round)
+	case t.quota.over(round, device):
+		return device, seat, nil, refuseAs(metrics.RefusedQuota, "device %q stored more than round %d admits per device", device, round)
 	}
 	return device, seat, r.keys[device], nil
 }

@@ -16,6 +16,9 @@ type M struct {
 	Reports       *prometheus.CounterVec   // by kind and result (accepted, or the refusal class)
 	Dropouts      prometheus.Counter
 	ReportBytes   prometheus.Counter
+	// QuotaPurges counts purges of what a device stored beyond its report
+	// storage quota for a round.
+	QuotaPurges   prometheus.Counter
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
 	AuditFailures prometheus.Counter
@@ -57,13 +60,14 @@ const (
 	RefusedAggregate = "aggregate" // the aggregator refused the update (bounds)
 	RefusedChunks    = "chunks"    // a chunked report cannot be reassembled
 	RefusedSecAgg    = "secagg"    // a masked report that breaks the SecAgg+ protocol
+	RefusedQuota     = "quota"     // the device stored more than the round admits per device
 	RefusedOther     = "other"     // none of the above
 )
 
 // RefusalReasons lists every label value of fleetlearn_report_refusals_total.
 var RefusalReasons = []string{RefusedNotOpen, RefusedSubject, RefusedCohort, RefusedDuplicate, RefusedKind,
 	RefusedDecode, RefusedHeader, RefusedSignature, RefusedPayload, RefusedMetrics, RefusedExamples,
-	RefusedAggregate, RefusedChunks, RefusedSecAgg, RefusedOther}
+	RefusedAggregate, RefusedChunks, RefusedSecAgg, RefusedQuota, RefusedOther}
 
 // Refused counts one refused report; a reason outside RefusalReasons counts
 // as RefusedOther.
@@ -96,6 +100,8 @@ func New() *M {
 	m.Reports = counterVec("fleetlearn_reports_total", "Reports received, by kind and result.", "kind", "result")
 	m.Dropouts = counter("fleetlearn_dropouts_total", "Devices assigned to a round that did not report before it closed.")
 	m.ReportBytes = counter("fleetlearn_report_bytes_total", "Bytes of report messages received.")
+	m.QuotaPurges = counter("fleetlearn_report_quota_purges_total",
+		"Purges of what a device stored in the reports stream beyond its per-round quota (the round's largest report).")
 	m.CheckIns = counterVec("fleetlearn_checkins_total", "Device check-ins, by outcome.", "outcome")
 	m.OpenRounds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds", Help: "Rounds currently open."})
 	m.register("fleetlearn_open_rounds", m.OpenRounds)

@@ -117,11 +117,21 @@ func (s slogLogger) Errorf(format string, v ...any) { s.l.Error(fmt.Sprintf(form
 func (s slogLogger) Debugf(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
 func (s slogLogger) Tracef(format string, v ...any) {}
 
+// MaxStore is the most the embedded server's JetStream may store on disk
+// (nats-server's default: three quarters of the free space at start).
+func (e *Embedded) MaxStore() int64 { return e.ns.JetStreamConfig().MaxStore }
+
 // Setup creates (or updates) the reports stream and the blob bucket with the
 // given number of replicas (1 for the embedded server; 3 on a 3-node cluster
-// keeps reports and blobs through the loss of a node).
-func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas int) (jetstream.Stream, jetstream.ObjectStore, error) {
+// keeps reports and blobs through the loss of a node). The reports stream
+// keeps at most maxBytes (-1: no limit) and, once full, refuses new
+// reports rather than dropping stored ones: devices retry, and no report
+// the server counted can be pushed out by another's.
+func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas int, maxBytes int64) (jetstream.Stream, jetstream.ObjectStore, error) {
 	replicas = max(replicas, 1)
+	if maxBytes <= 0 {
+		maxBytes = -1
+	}
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        wire.StreamReports,
 		Description: "Fleetlearn update and evaluation reports, kept until their round commits",
@@ -129,17 +139,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas i
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      7 * 24 * time.Hour,
-		MaxBytes:    -1,
+		MaxBytes:    maxBytes,
 		MaxMsgSize:  maxMsg,
 		Duplicates:  time.Hour, // a device re-sending a report after a reconnect is dropped here
-		Discard:     jetstream.DiscardOld,
+		Discard:     jetstream.DiscardNew,
 		Replicas:    replicas,
 		// Headers-only notices of stored reports let the server refuse
 		// reports for closed rounds without receiving every payload twice.
 		RePublish: &jetstream.RePublish{Source: ">", Destination: wire.SubjectStoredPrefix + ">", HeadersOnly: true},
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("nats: reports stream: %w", err)
+		return nil, nil, fmt.Errorf("nats: reports stream (at most %d bytes; lower --report-store-bytes if JetStream has less storage): %w", maxBytes, err)
 	}
 	obs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket:      wire.BlobBucket,

@@ -1,0 +1,278 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+)
+
+// Report storage quotas (docs/PROTOCOL.md, Storage quotas). Any enrolled
+// device may store messages on its own report, evaluation and chunk
+// subjects of any round, and the stream keeps those of the open round until
+// it closes. The server sees every stored message as a headers-only notice
+// and charges it to the device and round its subject names: a device may
+// keep at most the round's largest report (plus the framing of a chunked
+// one) in the stream. What goes beyond is purged, the device's reports for
+// the round are refused with a receipt saying why, and the honest devices of
+// the round are untouched. Chunks of a device that holds no seat in the open
+// round are purged as they arrive: no manifest of theirs will be read.
+//
+// A device's retry may re-send its report with other bytes (a new attempt
+// after a lost connection): its chunks then name another payload digest in
+// their message ids, and the earlier attempt's chunks, which no manifest
+// will name, are purged rather than charged. Chunks stored after the
+// device's manifest are orphans of a retry and are deleted one by one.
+
+const (
+	// quotaFraming is what a chunked report stores beyond its bytes: each
+	// chunk's fields (index, count, size, digest: under 128 bytes for
+	// wire.MaxReportChunks chunks) and the manifest naming their sequences.
+	quotaFraming = 1 << 20
+	// repurgeBytes and repurgeMsgs coalesce the purges of a device already
+	// over its quota: one purge per this many bytes or messages stored.
+	repurgeBytes = 1 << 20
+	repurgeMsgs  = 256
+	// purgeTimeout bounds one purge or delete request.
+	purgeTimeout = 5 * time.Second
+	// msgSizeHeader is nats-server's header with a headers-only notice's
+	// payload size.
+	msgSizeHeader = "Nats-Msg-Size"
+)
+
+// notice is what the server learns of one stored message from its
+// headers-only notice.
+type notice struct {
+	chunk bool   // on the device's chunk subject (else its report or evaluation subject)
+	seq   uint64 // stream sequence
+	size  uint64 // bytes stored: payload and headers
+	set   string // a chunk's payload digest, from its message id: which attempt it belongs to
+}
+
+// quotaAction is what a charge asks the coordinator to do with the stream.
+type quotaAction int
+
+const (
+	keep          quotaAction = iota
+	deleteMsg                 // delete the notice's message: an orphan chunk
+	purgeEarlier              // purge the device's chunks before the notice's: an abandoned attempt
+	purgeUnseated             // purge the chunk subject: the device holds no seat
+	overQuota                 // the device just went over: purge all it stored for the round, refuse it
+	repurge                   // already over: purge the subject it stored on since
+)
+
+// deviceStore is what one device has stored for the open round.
+type deviceStore struct {
+	reports  uint64 // bytes on its report and evaluation subjects
+	set      string // payload digest of the chunks being stored
+	setBytes uint64 // bytes of those chunks
+	manifest bool   // a report is stored: later chunks are orphans
+	over     bool
+	since    uint64 // bytes stored since the last purge, once over
+	sinceN   int
+}
+
+// charge adds n to what the device stored and says what to do: quota is
+// the most the device may keep for the round.
+func (d *deviceStore) charge(n notice, quota uint64) quotaAction {
+	if d.over {
+		d.since += n.size
+		d.sinceN++
+		if d.since >= repurgeBytes || d.sinceN >= repurgeMsgs {
+			d.since, d.sinceN = 0, 0
+			return repurge
+		}
+		return keep
+	}
+	act := keep
+	switch {
+	case n.chunk && d.manifest:
+		return deleteMsg
+	case n.chunk && n.set != d.set:
+		if d.setBytes > 0 {
+			act = purgeEarlier
+		}
+		d.set, d.setBytes = n.set, n.size
+	case n.chunk:
+		d.setBytes += n.size
+	default:
+		d.reports += n.size
+		d.manifest = true
+	}
+	if d.reports+d.setBytes > quota {
+		d.over = true
+		return overQuota
+	}
+	return act
+}
+
+// storeQuota is the task's accounting of the open round's stored messages.
+type storeQuota struct {
+	round   uint64
+	devices map[string]*deviceStore
+}
+
+// over reports whether device went over its quota in round.
+func (q *storeQuota) over(round uint64, device string) bool {
+	if q == nil || q.round != round {
+		return false
+	}
+	d := q.devices[device]
+	return d != nil && d.over
+}
+
+// storeQuotaBytes is the most one device may keep in the stream for the
+// open round: its largest report and a chunked report's framing. While the
+// round is still being loaded its kind is not known, and the larger
+// training quota holds.
+func (t *taskRun) storeQuotaBytes(r *roundRun) uint64 {
+	kind := pb.RoundKind_ROUND_KIND_TRAIN
+	if r != nil {
+		kind = r.row.Kind
+	}
+	return t.maxReportBytesFor(kind) + quotaFraming
+}
+
+// chargeStored charges a stored message of round to device and applies the
+// quota. It is called for rounds that are open (or being loaded).
+func (t *taskRun) chargeStored(subj string, round uint64, device string, n notice) {
+	t.mu.Lock()
+	r := t.round
+	if r != nil && r.row.Round != round {
+		r = nil
+	}
+	if t.quota == nil || t.quota.round != round {
+		t.quota = &storeQuota{round: round, devices: map[string]*deviceStore{}}
+	}
+	var act quotaAction
+	if r != nil && n.chunk && !r.seated(device) {
+		act = purgeUnseated
+	} else {
+		d := t.quota.devices[device]
+		if d == nil {
+			d = &deviceStore{}
+			t.quota.devices[device] = d
+		}
+		act = d.charge(n, t.storeQuotaBytes(r))
+	}
+	t.mu.Unlock()
+
+	c := t.c
+	switch act {
+	case keep:
+	case deleteMsg:
+		c.deleteStored(n.seq)
+	case purgeEarlier:
+		c.purgeStored(subj, n.seq)
+	case purgeUnseated:
+		c.d.Log.Info("chunk of a device not in the round purged", "task", t.id, "round", round, "device", device)
+		c.d.Metrics.Refused(metrics.RefusedCohort)
+		c.purgeStored(subj, 0)
+	case overQuota:
+		quota := t.storeQuotaBytes(r)
+		why := fmt.Sprintf("device %q stored more than the %d bytes round %d admits per device; what it stored for the round was purged and its reports are refused", device, quota, round)
+		c.d.Log.Warn("report storage quota exceeded", "task", t.id, "round", round, "device", device, "quota", quota)
+		c.d.Metrics.Refused(metrics.RefusedQuota)
+		c.d.Metrics.QuotaPurges.Inc()
+		c.receipt(t.id, round, device, refuse("%s", why).Error())
+		if r != nil {
+			t.noteFailure(r, device, why)
+		}
+		c.purgeDevice(t.id, round, device)
+	case repurge:
+		c.d.Metrics.QuotaPurges.Inc()
+		c.purgeStored(subj, 0)
+	}
+}
+
+// seated reports whether device holds a seat in the round.
+func (r *roundRun) seated(device string) bool {
+	_, ok := r.assigned[device]
+	return ok
+}
+
+// parseNotice reads a headers-only notice of a message stored on subj.
+// nats-server appends its own headers after the publisher's, so a device
+// that sets Nats-Sequence or Nats-Msg-Size itself is read past: the last
+// value is the server's.
+func parseNotice(subj string, h nats.Header) (notice, error) {
+	last := func(k string) string {
+		v := h.Values(k)
+		if len(v) == 0 {
+			return ""
+		}
+		return v[len(v)-1]
+	}
+	seq, err := strconv.ParseUint(last(jetstream.SequenceHeader), 10, 64)
+	if err != nil || seq == 0 {
+		return notice{}, fmt.Errorf("notice of %s: bad %s %q", subj, jetstream.SequenceHeader, last(jetstream.SequenceHeader))
+	}
+	size, err := strconv.ParseUint(last(msgSizeHeader), 10, 64)
+	if err != nil {
+		return notice{}, fmt.Errorf("notice of %s: bad %s %q", subj, msgSizeHeader, last(msgSizeHeader))
+	}
+	for k, vs := range h {
+		for _, v := range vs {
+			size += uint64(len(k) + len(v) + 4)
+		}
+	}
+	n := notice{chunk: wire.IsChunkSubject(subj), seq: seq, size: size}
+	if n.chunk {
+		// wire.ChunkMsgID: "<report id>/<payload sha256>/<index>".
+		if parts := strings.Split(h.Get(jetstream.MsgIDHeader), "/"); len(parts) == 3 {
+			n.set = parts[1]
+		}
+	}
+	return n, nil
+}
+
+// charge reads a notice of a message stored for tr's open round and
+// charges it to device.
+func (c *Coordinator) charge(tr *taskRun, subj string, round uint64, device string, h nats.Header) {
+	n, err := parseNotice(subj, h)
+	if err != nil {
+		// Only nats-server publishes notices; one it did not write is a
+		// misconfiguration, not a device's doing.
+		c.d.Log.Warn("stored-message notice unreadable", "err", err)
+		return
+	}
+	tr.chargeStored(subj, round, device, n)
+}
+
+// purgeStored purges subj's messages below sequence before (all of them
+// when before is 0).
+func (c *Coordinator) purgeStored(subj string, before uint64) {
+	ctx, cancel := context.WithTimeout(c.ctx, purgeTimeout)
+	defer cancel()
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subj)}
+	if before > 0 {
+		opts = append(opts, jetstream.WithPurgeSequence(before))
+	}
+	if err := c.d.Stream.Purge(ctx, opts...); err != nil {
+		c.d.Log.Warn("purging stored messages", "subject", subj, "err", err)
+	}
+}
+
+// deleteStored deletes one stored message.
+func (c *Coordinator) deleteStored(seq uint64) {
+	ctx, cancel := context.WithTimeout(c.ctx, purgeTimeout)
+	defer cancel()
+	if err := c.d.Stream.DeleteMsg(ctx, seq); err != nil {
+		c.d.Log.Debug("deleting an orphan chunk", "seq", seq, "err", err)
+	}
+}
+
+// purgeDevice purges everything device stored for task's round.
+func (c *Coordinator) purgeDevice(task string, round uint64, device string) {
+	for _, s := range []string{wire.ChunkSubject(task, round, device), wire.ReportSubject(task, round, device), wire.EvalSubject(task, round, device)} {
+		c.purgeStored(s, 0)
+	}
+}
