@@ -258,6 +258,10 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 		t.mu.Unlock()
 		return withParticipant(r.plan, seat.Participant), r.tr.header, 0, 0, ""
 	}
+	if why := t.benched(ci.DeviceId, r.row.Round); why != "" {
+		t.mu.Unlock()
+		return nil, nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+	}
 	if !r.selecting || len(r.assigned) >= r.wanted || r.reported[ci.DeviceId] {
 		t.mu.Unlock()
 		// The next round opens about when this one closes.

@@ -186,6 +186,7 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 	// instead of being left to a runner that has stopped reading.
 	t.mu.Lock()
 	if t.round != nil && t.round.row.Round == row.Round {
+		t.benchNoShows(t.round)
 		t.round = nil
 	}
 	t.mu.Unlock()

@@ -142,8 +142,10 @@ func TestOtherAbandonmentsDoNotPause(t *testing.T) {
 	for n := uint64(4); n <= 5; n++ {
 		h.shortRound(task.Id, n, a)
 	}
-	h.reportsShort(task.Id, 6, a, b)
-	h.reportsShort(task.Id, 7, a, b)
+	// b, silent in its seat at round 3, sits round 4 out (noshow.go); other
+	// silent devices take the seats of rounds 6 and 7.
+	h.reportsShort(task.Id, 6, a, h.enroll("dev-c", 5))
+	h.reportsShort(task.Id, 7, a, h.enroll("dev-d", 5))
 	h.awaitOpen(task.Id, 8)
 	if st, _, _, short := h.taskRow(task.Id); st != pb.TaskState_TASK_STATE_RUNNING || short != 0 {
 		t.Fatalf("task %v with %d short rounds after 2 short and 2 without reports", st, short)

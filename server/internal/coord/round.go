@@ -145,6 +145,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 			}
 		case <-deadline.C():
 			reason = "report deadline passed"
+			t.mu.Lock()
+			r.waitedOut = true
+			t.mu.Unlock()
 			// Reports already delivered arrived in time; count them.
 			for drained := false; !drained; {
 				select {
@@ -159,7 +162,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		if len(r.assigned) >= r.wanted {
 			r.selecting = false
 		}
-		everyone := !r.selecting && len(r.reported) == len(r.assigned)
+		// A device whose plan failed or whose report was refused is not
+		// waited for: only its silence could hold the round to its deadline.
+		everyone := !r.selecting && r.settled() == len(r.assigned)
 		reported := len(r.reported)
 		if !r.selecting {
 			r.selectionDone(len(r.assigned))
@@ -171,6 +176,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 			reason = fmt.Sprintf("cohort target %d reached", target)
 		case everyone && reported > 0:
 			reason = "every selected device reported"
+			if reported < len(r.assigned) {
+				reason = "every selected device reported or failed"
+			}
 		}
 	}
 	if n := len(r.reported); n < int(t.spec.GetReportGoal()) || n == 0 {

@@ -173,6 +173,9 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			}
 		case <-stageC:
 			stageTimer, stageC = nil, nil
+			t.mu.Lock()
+			r.waitedOut = true
+			t.mu.Unlock()
 			if err := t.closeStage(r, stage); err != nil {
 				return abort(err.Error())
 			}

@@ -35,6 +35,9 @@ type taskRun struct {
 	loading bool // true until the open round (if any) has been resumed
 	round   *roundRun
 	quota   *storeQuota // what devices stored for the open round (quota.go)
+	// noShows are the devices sitting rounds out for holding a seat in
+	// silence (noshow.go).
+	noShows map[string]*noShow
 
 	// Loaded once per run.
 	spec   *pb.Task
@@ -90,6 +93,23 @@ type roundRun struct {
 	chunked []byte
 	// tr holds the round's spans (tracing.go).
 	tr roundTrace
+	// waitedOut is set when the round waited out a timer for devices that
+	// held seats and stayed silent: its report deadline, or a secure stage's
+	// timeout. Those devices then sit rounds out (noshow.go).
+	waitedOut bool
+}
+
+// settled counts the cohort devices the round no longer waits for: those
+// that reported, and those whose plan failed or whose report was refused.
+// Called with t.mu held.
+func (r *roundRun) settled() int {
+	n := 0
+	for d := range r.assigned {
+		if _, failed := r.failures[d]; r.reported[d] || failed {
+			n++
+		}
+	}
+	return n
 }
 
 func (r *roundRun) poke() {
