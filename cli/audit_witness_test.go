@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -464,5 +465,41 @@ func copyDir(t *testing.T, src, dst string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAuditVerifyWitnessFlags: a required witness needs its own checkpoint
+// or --witness-offline, each of which needs a witness; a state folder the
+// witness has not cosigned from yet is reported as such.
+func TestAuditVerifyWitnessFlags(t *testing.T) {
+	_, vkey := initWitness(t)
+	exp := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(exp, []byte("not an export\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	cp := filepath.Join(t.TempDir(), "cosigned")
+	if err := os.WriteFile(cp, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want error
+		says string
+	}{
+		{[]string{"--witness", vkey}, ErrUsage, "--witness-offline"},
+		{[]string{"--witness-checkpoint", cp}, ErrUsage, "need the witness"},
+		{[]string{"--witness-offline"}, ErrUsage, "need the witness"},
+		{[]string{"--witness", vkey, "--witness-offline", "--witness-checkpoint", cp}, ErrUsage, "one or the other"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", empty}, ErrInput, "cosigned nothing yet"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", filepath.Join(empty, "missing")}, ErrInput, "missing"},
+		// Past the flags: the file is read as an export.
+		{[]string{"--witness", vkey, "--witness-offline"}, audit.ErrExportFormat, "header record"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", cp}, audit.ErrExportFormat, "header record"},
+	} {
+		_, _, err := witnessCLI(t, nil, append([]string{"audit", "verify", exp}, tc.args...)...)
+		if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) {
+			t.Errorf("verify %v: %v, want %v saying %q", tc.args, err, tc.want, tc.says)
+		}
 	}
 }
