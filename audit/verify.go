@@ -624,6 +624,9 @@ func (v *verifier) openWitnessViews(nv note.Verifier, origin, logVKey string) ([
 		return nil, fmt.Errorf("audit: verify: %d witness checkpoints given but no witness required: name the witnesses whose checkpoints they are: %w",
 			len(v.cfg.witnessViews), ErrNoWitnessCheckpoint)
 	}
+	// The files are the auditor's, not lines of the export.
+	defer func(line int) { v.line = line }(v.line)
+	v.line = 0
 	var out []witnessView
 	for i, n := range v.cfg.witnessViews {
 		if len(n) > MaxNoteBytes {
