@@ -105,4 +105,9 @@ var (
 	// ErrUnknownWitness reports a cosignature from no witness the log is
 	// configured to accept (WithWitnesses).
 	ErrUnknownWitness = errors.New("unknown witness")
+	// ErrNoWitnessCheckpoint reports a verification that requires a
+	// witness but lacks the witness's own newest checkpoint
+	// (WithWitnessCheckpoint) and is not offline (WithWitnessOffline), or
+	// a witness checkpoint of no required witness.
+	ErrNoWitnessCheckpoint = errors.New("no checkpoint from the witness itself")
 )

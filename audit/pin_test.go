@@ -253,15 +253,23 @@ func TestVerifyWithPin(t *testing.T) {
 		}
 		return buf.Bytes()
 	}
-	rep, err = VerifyExport(bytes.NewReader(assemble(withCosig)), WithPin(wpin))
+	// The witness's own newest checkpoint is the note it cosigned.
+	rep, err = VerifyExport(bytes.NewReader(assemble(withCosig)), WithPin(wpin), WithWitnessCheckpoint(cosigned))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Witnessed) != 1 || rep.Witnessed[0].Witness != w.VerifierKey() || rep.Witnessed[0].Size != cp.Size {
+	if len(rep.Witnessed) != 1 || rep.Witnessed[0].Witness != w.VerifierKey() || rep.Witnessed[0].Size != cp.Size || rep.Witnessed[0].OwnSize != cp.Size {
 		t.Fatalf("witnessed %+v", rep.Witnessed)
 	}
-	_, err = VerifyExport(bytes.NewReader(assemble(cp.Note)), WithPin(wpin))
+	_, err = VerifyExport(bytes.NewReader(assemble(cp.Note)), WithPin(wpin), WithWitnessCheckpoint(cosigned))
 	wantVerifyError(t, err, int64(cp.Size), ErrTampered, ErrNotCosigned)
+	// Without it, only offline gives a verdict.
+	if _, err := VerifyExport(bytes.NewReader(assemble(withCosig)), WithPin(wpin)); !errors.Is(err, ErrNoWitnessCheckpoint) {
+		t.Fatalf("pinned witness, no checkpoint of its own: %v", err)
+	}
+	if rep, err := VerifyExport(bytes.NewReader(assemble(withCosig)), WithPin(wpin), WithWitnessOffline()); err != nil || rep.Witnessed[0].OwnSize != 0 {
+		t.Fatalf("offline: %+v, %v", rep.Witnessed, err)
+	}
 }
 
 // A JWKS key of the wrong length is refused where it is read: verifying

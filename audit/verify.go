@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -35,6 +36,8 @@ type verifyConfig struct {
 	witnesses      []string // cosignature verifier keys the latest checkpoint must carry
 	witnessMaxAge  time.Duration
 	now            func() time.Time
+	witnessViews   [][]byte // the witnesses' own newest cosigned checkpoints
+	witnessOffline bool
 }
 
 // WithEntryKey pins the entry key: the export must carry this key. Without
@@ -75,12 +78,32 @@ func WithWitness(vkey string) VerifyOption {
 	}
 }
 
-// WithWitnessMaxAge bounds how old, by now(), the witnesses' cosignatures
-// may be. Witnesses re-cosign an unchanged checkpoint as they poll, so a
-// live log always has a fresh cosignature; one rolled back and frozen
-// keeps only old ones. 0 accepts any age.
+// WithWitnessMaxAge bounds how old, by now(), the witnesses' own
+// checkpoints (WithWitnessCheckpoint) may be, or, offline
+// (WithWitnessOffline), the cosignatures in the export. 0 accepts any age.
 func WithWitnessMaxAge(d time.Duration, now func() time.Time) VerifyOption {
 	return func(c *verifyConfig) { c.witnessMaxAge, c.now = d, now }
+}
+
+// WithWitnessCheckpoint gives the newest checkpoint a witness has
+// cosigned, as the witness itself keeps it (the file witness.CosignedFile
+// of its state folder), fetched before the export was made. It must carry
+// the cosignature of a witness the verification requires (WithWitness,
+// WithPin) and the log's signature. The export must contain it: at least
+// as many entries, and the same root at its size. That is what a rollback
+// cannot satisfy: the store an operator restores holds only the
+// cosignatures of its own time, while the witness keeps what it saw last.
+// Every required witness needs one, unless WithWitnessOffline.
+func WithWitnessCheckpoint(note []byte) VerifyOption {
+	return func(c *verifyConfig) { c.witnessViews = append(c.witnessViews, note) }
+}
+
+// WithWitnessOffline verifies the witnesses' cosignatures in the export
+// without a checkpoint from the witnesses themselves. Their age
+// (WithWitnessMaxAge) is then the only sign of a rollback: a log rolled
+// back to a checkpoint the witness cosigned within that age passes.
+func WithWitnessOffline() VerifyOption {
+	return func(c *verifyConfig) { c.witnessOffline = true }
 }
 
 // WithTrustedCheckpoint adds a checkpoint note the auditor obtained
@@ -240,6 +263,11 @@ func VerifyExport(r io.Reader, opts ...VerifyOption) (Report, error) {
 	if cfg.workers <= 0 {
 		cfg.workers = runtime.GOMAXPROCS(0)
 	}
+	if len(cfg.witnesses) > 0 && !cfg.witnessOffline && len(cfg.witnessViews) == 0 {
+		// Before reading anything: the verdict would be no verdict.
+		return Report{}, fmt.Errorf("audit: verify: witnesses required but none of their own checkpoints given: without them a log rolled back to a checkpoint a witness cosigned cannot be told from a live one; "+
+			"give each witness's newest cosigned checkpoint (the file cosigned in its state folder), fetched before the export, or verify offline: %w", ErrNoWitnessCheckpoint)
+	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), MaxExportLine)
 	v := &verifier{cfg: cfg, sc: sc, rep: Report{Types: map[EventType]uint64{}}, cpBySize: map[uint64]int{}, comp: newCompleteness()}
@@ -344,6 +372,13 @@ func (v *verifier) run() error {
 		}
 		trusted = append(trusted, cp)
 		want(cp.Size)
+	}
+	views, err := v.openWitnessViews(nv, h.Origin, h.CheckpointVKey)
+	if err != nil {
+		return err
+	}
+	for _, wv := range views {
+		want(wv.cp.Size)
 	}
 
 	// Proofs.
@@ -486,7 +521,7 @@ func (v *verifier) run() error {
 		}
 		v.rep.Uncovered = n - covered
 	}
-	if err := v.checkWitnesses(cps, h.CheckpointVKey); err != nil {
+	if err := v.checkWitnesses(cps, h.CheckpointVKey, views, watch, n); err != nil {
 		return err
 	}
 	for i, cp := range trusted {
@@ -568,32 +603,139 @@ type WitnessCosignature struct {
 	Witness string // verifier key
 	Size    uint64 // tree size of the checkpoint it cosigned
 	Time    time.Time
+	// Own is the witness's own newest checkpoint the log was held to
+	// (WithWitnessCheckpoint); zero offline.
+	OwnSize uint64
+	OwnTime time.Time
 }
 
-// checkWitnesses requires each pinned witness's cosignature on the latest
-// checkpoint, which covers every entry.
-func (v *verifier) checkWitnesses(cps []Checkpoint, logVKey string) error {
+// witnessView is a witness's own newest cosigned checkpoint
+// (WithWitnessCheckpoint).
+type witnessView struct {
+	witness string
+	cp      Checkpoint
+	at      time.Time
+}
+
+// openWitnessViews checks the witnesses' own checkpoints: each signed by
+// the log, for its origin, and cosigned by a required witness.
+func (v *verifier) openWitnessViews(nv note.Verifier, origin, logVKey string) ([]witnessView, error) {
+	if len(v.cfg.witnessViews) > 0 && len(v.cfg.witnesses) == 0 {
+		return nil, fmt.Errorf("audit: verify: %d witness checkpoints given but no witness required: name the witnesses whose checkpoints they are: %w",
+			len(v.cfg.witnessViews), ErrNoWitnessCheckpoint)
+	}
+	// The files are the auditor's, not lines of the export.
+	defer func(line int) { v.line = line }(v.line)
+	v.line = 0
+	var out []witnessView
+	for i, n := range v.cfg.witnessViews {
+		if len(n) > MaxNoteBytes {
+			return nil, fmt.Errorf("audit: verify: witness checkpoint %d of %d bytes, at most %d: %w", i, len(n), MaxNoteBytes, ErrTooLarge)
+		}
+		cp, err := openCheckpoint(n, nv)
+		if err != nil {
+			return nil, v.fail(-1, -1, tampered("witness checkpoint %d does not verify with the log's checkpoint key %s: it is another log's, or this log's key changed since the witness saw it (check the file came from this log's witness): %w",
+				i, logVKey, err))
+		}
+		if cp.Origin != origin {
+			return nil, v.fail(-1, -1, tampered("witness checkpoint %d is for origin %q, the export for %q: %w", i, cp.Origin, origin, ErrBadCheckpoint))
+		}
+		found := false
+		for _, w := range v.cfg.witnesses {
+			_, at, err := VerifyCosignature(n, logVKey, w)
+			if errors.Is(err, ErrNotCosigned) {
+				continue
+			}
+			if err != nil {
+				return nil, v.fail(-1, -1, fmt.Errorf("%w: witness checkpoint %d: the cosignature of witness %s does not verify (a damaged or forged file; fetch it from the witness again): %w",
+					ErrTampered, i, w, err))
+			}
+			out = append(out, witnessView{witness: w, cp: cp, at: at})
+			found = true
+		}
+		if !found {
+			return nil, fmt.Errorf("audit: verify: witness checkpoint %d carries no cosignature of a witness you require (signature lines by %s): give each required witness's own checkpoint: %w",
+				i, strings.Join(note.SignatureNames(n), ", "), ErrNoWitnessCheckpoint)
+		}
+	}
+	return out, nil
+}
+
+// checkWitnesses holds the log to what the witnesses saw last: it must
+// contain each witness's own checkpoint (a smaller log was rolled back or
+// truncated since, another root at that size is a fork), that checkpoint
+// must be recent, and the latest checkpoint, which covers every entry,
+// must carry each witness's cosignature. Offline, the cosignatures in the
+// export stand in for the witnesses' own checkpoints.
+func (v *verifier) checkWitnesses(cps []Checkpoint, logVKey string, views []witnessView, watch map[uint64]*sizeWatch, n uint64) error {
 	if len(v.cfg.witnesses) == 0 {
 		return nil
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	for _, wv := range views {
+		when := wv.at.UTC().Format(time.RFC3339)
+		if wv.cp.Size > n {
+			return v.fail(int64(n), -1, tampered("witness %s cosigned a checkpoint of size %d at %s, but this log has only %d entries: "+
+				"it was rolled back or truncated after the witness saw it, or you fetched the witness's checkpoint after making the export "+
+				"(fetch it first, then export and verify again); if it fails again keep both files as evidence: %w",
+				wv.witness, wv.cp.Size, when, n, ErrInconsistent))
+		}
+		if w := watch[wv.cp.Size]; w.root == nil || *w.root != wv.cp.Root {
+			got := "unknown"
+			if w.root != nil {
+				got = b64(w.root[:])
+			}
+			return v.fail(int64(wv.cp.Size), -1, tampered("witness %s cosigned the tree of size %d with root %s at %s, but this log's first %d entries have root %s: "+
+				"the log shows you another history than the one the witness saw (a fork); keep both files as evidence: %w",
+				wv.witness, wv.cp.Size, b64(wv.cp.Root[:]), when, wv.cp.Size, got, ErrInconsistent))
+		}
 	}
 	if len(cps) == 0 {
 		return v.fail(-1, -1, tampered("no checkpoint for the witnesses to vouch for: %w", ErrNotCosigned))
 	}
 	k := len(cps) - 1
 	latest := cps[k]
+	maxAge := func(t time.Time) (time.Duration, bool) {
+		if v.cfg.witnessMaxAge <= 0 || v.cfg.now == nil {
+			return 0, false
+		}
+		age := v.cfg.now().Sub(t)
+		return age, age > v.cfg.witnessMaxAge
+	}
 	for _, w := range v.cfg.witnesses {
+		var newest *witnessView
 		_, t, err := VerifyCosignature(latest.Note, logVKey, w)
 		if err != nil {
 			return v.fail(int64(latest.Size), k, tampered("the latest checkpoint (size %d) has no valid cosignature of witness %s: the log may have been rolled back or be showing another history, or the witness has not seen it yet (export again once it has): %w",
 				latest.Size, w, err))
 		}
-		if v.cfg.witnessMaxAge > 0 && v.cfg.now != nil {
-			if age := v.cfg.now().Sub(t); age > v.cfg.witnessMaxAge {
+		if v.cfg.witnessOffline {
+			if age, stale := maxAge(t); stale {
 				return v.fail(int64(latest.Size), k, tampered("witness %s last cosigned the latest checkpoint %s ago (at %s), more than the %s allowed: a live log is re-cosigned as the witness polls, so this one may have been rolled back and frozen, or the witness stopped: %w",
 					w, age.Round(time.Second), t.UTC().Format(time.RFC3339), v.cfg.witnessMaxAge, ErrNotCosigned))
 			}
+		} else {
+			for i := range views {
+				if views[i].witness == w && (newest == nil || views[i].at.After(newest.at)) {
+					newest = &views[i]
+				}
+			}
+			if newest == nil {
+				return fmt.Errorf("audit: verify: no checkpoint of witness %s's own: without it a log rolled back to a checkpoint the witness cosigned cannot be told from a live one; "+
+					"give the newest checkpoint it cosigned (the file cosigned in its state folder), fetched before the export, or verify offline: %w",
+					w, ErrNoWitnessCheckpoint)
+			}
+			if age, stale := maxAge(newest.at); stale {
+				return v.fail(int64(latest.Size), k, tampered("witness %s's own checkpoint (size %d) was cosigned %s ago (at %s), more than the %s allowed: a rollback since then would not show. "+
+					"Fetch the witness's checkpoint again and export again; if it is no newer, the witness has stopped, which it does when it finds the log inconsistent: ask its operator for its evidence files: %w",
+					w, newest.cp.Size, age.Round(time.Second), newest.at.UTC().Format(time.RFC3339), v.cfg.witnessMaxAge, ErrNotCosigned))
+			}
 		}
-		v.rep.Witnessed = append(v.rep.Witnessed, WitnessCosignature{Witness: w, Size: latest.Size, Time: t})
+		wc := WitnessCosignature{Witness: w, Size: latest.Size, Time: t}
+		if !v.cfg.witnessOffline {
+			wc.OwnSize, wc.OwnTime = newest.cp.Size, newest.at
+		}
+		v.rep.Witnessed = append(v.rep.Witnessed, wc)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/audit/witness"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -469,33 +471,41 @@ type auditVerifyFlags struct {
 	dataDir       string
 	trusted       []string
 	witnesses     []string
+	witnessCPs    []string
+	witnessOff    bool
 	witnessMaxAge time.Duration
 	uncovered     bool
 }
 
-// defaultWitnessMaxAge is how stale a witness cosignature may be by
-// default: witnesses poll every few seconds, so an hour of silence means a
-// log rolled back and frozen, or a witness that stopped.
+// defaultWitnessMaxAge is how old a witness's own checkpoint (or, with
+// --witness-offline, the cosignature in the export) may be by default:
+// witnesses re-cosign every few seconds, so an hour of silence means a
+// witness that stopped, which it does when it finds the log inconsistent.
 const defaultWitnessMaxAge = time.Hour
 
 func newAuditVerifyCommand(_ *app) *cobra.Command {
 	var f auditVerifyFlags
 	cmd := &cobra.Command{
-		Use:   "verify (EXPORT | --data-dir DIR) [--pin FILE | --jwks FILE --verifier-key KEY] [--witness KEY]... [--trusted-checkpoint FILE]...",
+		Use:   "verify (EXPORT | --data-dir DIR) [--pin FILE | --jwks FILE --verifier-key KEY] [--witness KEY]... [--witness-checkpoint FILE|DIR]... [--witness-offline] [--trusted-checkpoint FILE]...",
 		Short: "Verify an audit export, or a server's data directory, offline",
 		Long: "verify checks the log without trusting the server: every entry's signature, index and\n" +
 			"canonical form, the Merkle tree against every checkpoint, the checkpoints' signatures and\n" +
 			"growth, any proofs, and that every committed round has all its events. Pin the log's keys\n" +
 			"with --pin (a file from audit keys, checked with the operator over a second channel) or\n" +
 			"--jwks and --verifier-key; without them the export's own keys are used and only reported.\n" +
-			"--witness requires the latest checkpoint to carry a fresh cosignature of that witness,\n" +
-			"which catches a log rolled back or showing another history without any old checkpoint of\n" +
-			"yours; --trusted-checkpoint adds a checkpoint kept earlier. --data-dir verifies a stopped\n" +
-			"server's directory in place and checks the query index too, which an export does not\n" +
-			"carry. On failure it names the first bad entry and exits non-zero. EXPORT - reads\n" +
-			"standard input.",
+			"--witness (or a pin naming witnesses) requires the latest checkpoint to carry that witness's\n" +
+			"cosignature, and the log to contain the newest checkpoint the witness itself cosigned:\n" +
+			"--witness-checkpoint, the file 'cosigned' in the witness's --state folder (or the folder),\n" +
+			"fetched before the export and at most --witness-max-age old. A log rolled back, truncated\n" +
+			"or forked since the witness saw it fails. --witness-offline does without it and checks only\n" +
+			"the age of the cosignature in the export, which a log rolled back to a checkpoint cosigned\n" +
+			"within --witness-max-age passes. --trusted-checkpoint adds a checkpoint kept earlier.\n" +
+			"--data-dir verifies a stopped server's directory in place and checks the query index too,\n" +
+			"which an export does not carry. On failure it names the first bad entry and exits\n" +
+			"non-zero. EXPORT - reads standard input.",
 		Example: `  fleetlearn audit keys > audit.pin        # once; compare the fingerprints with the operator
-  fleetlearn audit verify audit.jsonl --pin audit.pin --witness 'witness.example.org+5b1d0c2e+BMw...'
+  fleetlearn audit verify audit.jsonl --pin audit.pin --witness 'witness.example.org+5b1d0c2e+BMw...' \
+    --witness-checkpoint witness-cosigned.note   # the witness's state/cosigned, fetched before the export
   fleetlearn audit verify --data-dir /var/lib/fleetlearn --pin audit.pin`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -548,8 +558,14 @@ func newAuditVerifyCommand(_ *app) *cobra.Command {
 	fl.StringVar(&f.verifierKey, "verifier-key", "", "the published checkpoint verifier key")
 	fl.StringVar(&f.dataDir, "data-dir", "", "verify a stopped server's data directory (read-only) instead of an export")
 	fl.StringArrayVar(&f.witnesses, "witness", nil, "verifier key of a witness whose cosignature the latest checkpoint must carry; repeatable")
+	fl.StringArrayVar(&f.witnessCPs, "witness-checkpoint", nil,
+		"the newest checkpoint a witness cosigned, from the witness itself: the file cosigned in its --state folder, or the folder;\n"+
+			"fetch it before the export; repeatable, one per witness")
+	fl.BoolVar(&f.witnessOff, "witness-offline", false,
+		"check the witnesses' cosignatures in the export without their own checkpoints: only their age, so a log rolled back\n"+
+			"to a checkpoint cosigned within --witness-max-age passes")
 	fl.DurationVar(&f.witnessMaxAge, "witness-max-age", defaultWitnessMaxAge,
-		"oldest witness cosignature accepted (0: any age, which no longer rules out a log rolled back and frozen)")
+		"oldest witness checkpoint accepted (with --witness-offline: oldest cosignature in the export); 0: any age")
 	fl.StringArrayVar(&f.trusted, "trusted-checkpoint", nil, "file with a checkpoint note kept earlier; repeatable")
 	fl.BoolVar(&f.uncovered, "allow-uncovered", false,
 		"accept entries after the latest checkpoint, as a server killed before its next checkpoint leaves them;\n"+
@@ -610,8 +626,50 @@ func (f *auditVerifyFlags) options() ([]audit.VerifyOption, error) {
 		return nil, fmt.Errorf("%w: --witness-max-age %s is negative", ErrUsage, f.witnessMaxAge)
 	}
 	opts = append(opts, audit.WithWitnessMaxAge(f.witnessMaxAge, time.Now))
+	views, err := f.witnessOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, views...)
 	if f.uncovered {
 		opts = append(opts, audit.WithUncoveredTail())
+	}
+	return opts, nil
+}
+
+// witnessOptions reads the witnesses' own checkpoints, which every
+// required witness needs unless --witness-offline says to do without.
+func (f *auditVerifyFlags) witnessOptions() ([]audit.VerifyOption, error) {
+	switch {
+	case len(f.witnesses) == 0 && (len(f.witnessCPs) > 0 || f.witnessOff):
+		return nil, fmt.Errorf("%w: --witness-checkpoint and --witness-offline need the witness: name it with --witness KEY or a --pin file listing it", ErrUsage)
+	case len(f.witnesses) == 0:
+		return nil, nil
+	case f.witnessOff && len(f.witnessCPs) > 0:
+		return nil, fmt.Errorf("%w: --witness-offline does without --witness-checkpoint; give one or the other", ErrUsage)
+	case f.witnessOff:
+		return []audit.VerifyOption{audit.WithWitnessOffline()}, nil
+	case len(f.witnessCPs) == 0:
+		return nil, fmt.Errorf("%w: the witness's cosignature in the log alone does not show the log was not rolled back: a restored copy keeps the "+
+			"cosignatures of its own time. Give the newest checkpoint the witness itself cosigned with --witness-checkpoint (the file %s in its "+
+			"--state folder, or the folder; ask the witness's operator for it), fetched before the export; or pass --witness-offline to check only "+
+			"the cosignature's age, which a rollback within --witness-max-age (%s) passes", ErrUsage, witness.CosignedFile, f.witnessMaxAge)
+	}
+	var opts []audit.VerifyOption
+	for _, path := range f.witnessCPs {
+		var b []byte
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			b, err = witness.ReadCosigned(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("%w: --witness-checkpoint %s: the witness has cosigned nothing yet (no %s); run it first: %w", ErrInput, path, witness.CosignedFile, err)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%w: --witness-checkpoint: %w", ErrInput, err)
+			}
+		} else if b, err = readSmallFile(path, maxCheckpointFile); err != nil {
+			return nil, err
+		}
+		opts = append(opts, audit.WithWitnessCheckpoint(b))
 	}
 	return opts, nil
 }
@@ -643,7 +701,11 @@ func printReport(w io.Writer, rep audit.Report, f auditVerifyFlags) error {
 	}
 	tab.row("proofs:", fmt.Sprintf("%d checked", rep.Proofs))
 	for _, c := range rep.Witnessed {
-		tab.row("witness:", fmt.Sprintf("%s cosigned size %d at %s", c.Witness, c.Size, c.Time.UTC().Format(time.RFC3339)))
+		seen := "offline: not held to the witness's own newest checkpoint, so a rollback to a checkpoint it cosigned within --witness-max-age would pass"
+		if !f.witnessOff {
+			seen = fmt.Sprintf("contains the witness's own newest checkpoint, size %d cosigned at %s", c.OwnSize, c.OwnTime.UTC().Format(time.RFC3339))
+		}
+		tab.row("witness:", fmt.Sprintf("%s cosigned size %d at %s; %s", c.Witness, c.Size, c.Time.UTC().Format(time.RFC3339), seen))
 	}
 	if len(rep.Witnessed) == 0 {
 		tab.row("witness:", "none required: a rollback to an earlier checkpoint would pass (use --witness or --trusted-checkpoint)")

@@ -45,6 +45,8 @@ func newAuditWitnessCommand(a *app) *cobra.Command {
 			"the checkpoint to auditors. An unchanged checkpoint is cosigned again, so that a recent\n" +
 			"cosignature shows the log is live. The server must list the witness (fleetlearn-server\n" +
 			"--audit-witness); reading checkpoints needs a token of the operator or auditor role.\n\n" +
+			"The newest cosigned checkpoint stays in --state as the file cosigned: auditors pass it to\n" +
+			"'fleetlearn audit verify --witness-checkpoint', which fails a log that holds less.\n\n" +
 			"A checkpoint that rolls back, forks or fails its proof is not cosigned: the command writes\n" +
 			"both checkpoints to an evidence file in --state, prints an alarm and exits non-zero.\n\n" +
 			"The log's verifier key is pinned in --state on first use; pass --log-key with the key\n" +

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -284,14 +285,15 @@ func TestAuditWitnessFollowsServer(t *testing.T) {
 	if _, _, err := witnessCLI(t, h, "audit", "export", "--proofs", "-o", exp); err != nil {
 		t.Fatal(err)
 	}
-	if out, _, err := witnessCLI(t, nil, "audit", "verify", exp, "--pin", pinFile); err != nil || !strings.Contains(out, vkey+" cosigned size") {
+	if out, _, err := witnessCLI(t, nil, "audit", "verify", exp, "--pin", pinFile, "--witness-checkpoint", state); err != nil ||
+		!strings.Contains(out, vkey+" cosigned size") || !strings.Contains(out, "contains the witness's own newest checkpoint, size "+strconv.FormatUint(cp2.Size, 10)) {
 		t.Fatalf("verify --pin with the witness = %q, %v", out, err)
 	}
 	auditEntries(t, h, 1, cp2.Size+1)
 	if _, _, err := witnessCLI(t, h, "audit", "export", "-o", exp); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := witnessCLI(t, nil, "audit", "verify", exp, "--pin", pinFile); !errors.Is(err, audit.ErrNotCosigned) {
+	if _, _, err := witnessCLI(t, nil, "audit", "verify", exp, "--pin", pinFile, "--witness-checkpoint", filepath.Join(state, witness.CosignedFile)); !errors.Is(err, audit.ErrNotCosigned) {
 		t.Fatalf("verify of a checkpoint the witness has not seen: %v", err)
 	}
 	// The server counted the two cosignatures it accepted.
@@ -317,7 +319,8 @@ func TestAuditWitnessFollowsServer(t *testing.T) {
 
 // TestAuditWitnessCatchesRollback: the log's data directory is put back to
 // an older copy (same keys and origin); the witness that cosigned the newer
-// state refuses it loudly.
+// state refuses it loudly, and an auditor verifying with the default flags
+// rejects it (checkAuditorSeesRollback).
 func TestAuditWitnessCatchesRollback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three servers")
@@ -354,6 +357,10 @@ func TestAuditWitnessCatchesRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	honest := filepath.Join(t.TempDir(), "honest.jsonl")
+	if _, _, err := witnessCLI(t, h, "audit", "export", "-o", honest); err != nil {
+		t.Fatal(err)
+	}
 	if err := h.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -377,10 +384,54 @@ func TestAuditWitnessCatchesRollback(t *testing.T) {
 		t.Fatalf("evidence %s: %v\n%s", conflict.Evidence, err, evidence)
 	}
 	// The rolled-back log still serves the cosignature the witness made
-	// back then, and no newer one: its age is what gives it away to an
-	// auditor who requires a fresh cosignature.
+	// back then, and no newer one.
 	if _, at, err := cosignedCheckpoint(t, rolled, vkey); err != nil || !at.Equal(first) {
 		t.Fatalf("rolled-back checkpoint served with a cosignature of %v (the old one is of %v): %v", at, first, err)
+	}
+	checkAuditorSeesRollback(t, rolled, vkey, state, honest, newer)
+}
+
+// checkAuditorSeesRollback: an auditor exports the rolled-back log and
+// verifies it with the default flags. Its cosignature is seconds old, so
+// verified offline (the default before) it passes; held to the newest
+// checkpoint the witness itself cosigned it fails, naming both sizes,
+// while the honest export passes. Grown past what the witness saw, the
+// rolled-back log is a fork, and fails as one.
+func checkAuditorSeesRollback(t *testing.T, rolled *servertest.Harness, vkey, state, honest string, newer audit.Checkpoint) {
+	t.Helper()
+	exp := filepath.Join(t.TempDir(), "rolled.jsonl")
+	if _, _, err := witnessCLI(t, rolled, "audit", "export", "-o", exp); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(exp string, args ...string) (string, error) {
+		out, _, err := witnessCLI(t, nil, append([]string{"audit", "verify", exp, "--witness", vkey}, args...)...)
+		return out, err
+	}
+	if out, err := verify(honest, "--witness-checkpoint", state); err != nil || !strings.Contains(out, "own newest checkpoint, size "+strconv.FormatUint(newer.Size, 10)) {
+		t.Fatalf("the honest export: %v\n%s", err, out)
+	}
+	if out, err := verify(exp, "--witness-offline"); err != nil || !strings.Contains(out, "offline: not held to the witness's own newest checkpoint") {
+		t.Fatalf("offline, the rolled-back log is expected to pass (its cosignature is recent): %v\n%s", err, out)
+	}
+	_, err := verify(exp)
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--witness-checkpoint") || !strings.Contains(err.Error(), "--witness-offline") {
+		t.Fatalf("--witness alone: %v", err)
+	}
+	_, err = verify(exp, "--witness-checkpoint", state)
+	var ve *audit.VerifyError
+	if !errors.As(err, &ve) || !errors.Is(err, audit.ErrInconsistent) || ve.Index >= int64(newer.Size) ||
+		!strings.Contains(err.Error(), "cosigned a checkpoint of size "+strconv.FormatUint(newer.Size, 10)) ||
+		!strings.Contains(err.Error(), "this log has only "+strconv.FormatInt(ve.Index, 10)+" entries") || !strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("the rolled-back log: %v", err)
+	}
+
+	auditEntries(t, rolled, int(newer.Size), newer.Size+1)
+	if _, _, err := witnessCLI(t, rolled, "audit", "export", "-o", exp); err != nil {
+		t.Fatal(err)
+	}
+	_, err = verify(exp, "--witness-checkpoint", state)
+	if !errors.As(err, &ve) || !errors.Is(err, audit.ErrInconsistent) || ve.Index != int64(newer.Size) || !strings.Contains(err.Error(), "fork") {
+		t.Fatalf("the forked log: %v", err)
 	}
 }
 
@@ -414,5 +465,41 @@ func copyDir(t *testing.T, src, dst string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAuditVerifyWitnessFlags: a required witness needs its own checkpoint
+// or --witness-offline, each of which needs a witness; a state folder the
+// witness has not cosigned from yet is reported as such.
+func TestAuditVerifyWitnessFlags(t *testing.T) {
+	_, vkey := initWitness(t)
+	exp := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(exp, []byte("not an export\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	cp := filepath.Join(t.TempDir(), "cosigned")
+	if err := os.WriteFile(cp, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want error
+		says string
+	}{
+		{[]string{"--witness", vkey}, ErrUsage, "--witness-offline"},
+		{[]string{"--witness-checkpoint", cp}, ErrUsage, "need the witness"},
+		{[]string{"--witness-offline"}, ErrUsage, "need the witness"},
+		{[]string{"--witness", vkey, "--witness-offline", "--witness-checkpoint", cp}, ErrUsage, "one or the other"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", empty}, ErrInput, "cosigned nothing yet"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", filepath.Join(empty, "missing")}, ErrInput, "missing"},
+		// Past the flags: the file is read as an export.
+		{[]string{"--witness", vkey, "--witness-offline"}, audit.ErrExportFormat, "header record"},
+		{[]string{"--witness", vkey, "--witness-checkpoint", cp}, audit.ErrExportFormat, "header record"},
+	} {
+		_, _, err := witnessCLI(t, nil, append([]string{"audit", "verify", exp}, tc.args...)...)
+		if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) {
+			t.Errorf("verify %v: %v, want %v saying %q", tc.args, err, tc.want, tc.says)
+		}
 	}
 }

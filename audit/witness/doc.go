@@ -11,8 +11,10 @@
 // it; it then writes both notes to an evidence file in the folder and
 // keeps its state, so it never cosigns anything inconsistent with what it
 // cosigned before. An unchanged checkpoint is cosigned again with a fresh
-// time: a recent cosignature is how an auditor tells a live log from one
-// rolled back and frozen.
+// time. The note it cosigned last stays in the folder (CosignedFile,
+// ReadCosigned): an auditor holds the log to it (audit.WithWitnessCheckpoint),
+// which a log rolled back since cannot pass, though the copy restored
+// holds the witness's genuine cosignatures of its own time.
 //
 // The package does no networking: the caller fetches checkpoints and
 // proofs and delivers cosignatures (fleetlearn audit witness does it over

@@ -30,6 +30,11 @@ const (
 	// CheckpointFile holds the last checkpoint the witness cosigned, as
 	// the log signed it.
 	CheckpointFile = "checkpoint"
+	// CosignedFile holds the note the witness cosigned last, with its
+	// cosignature: what it has seen, as of when, under its own key. An
+	// auditor holds a log to it (fleetlearn audit verify
+	// --witness-checkpoint), which is what a rolled-back log cannot pass.
+	CosignedFile = "cosigned"
 	// LockFile is locked by the one process using the state.
 	LockFile = "witness.lock"
 	// Evidence files are named conflict-<unix seconds>.txt (with -2, -3,
@@ -264,7 +269,24 @@ func (w *Witness) Update(ctx context.Context, note []byte, prove Prover) ([]byte
 	if err != nil {
 		return nil, fmt.Errorf("witness: %w", err)
 	}
+	// Kept before it is handed out, so that what auditors read from the
+	// state is never older than a cosignature the log may hold.
+	if err := atomicfile.WriteFile(filepath.Join(w.dir, CosignedFile), cosigned, 0o600); err != nil {
+		return nil, fmt.Errorf("witness: state: %w", err)
+	}
 	return cosigned, nil
+}
+
+// ReadCosigned returns the note a witness with its state in stateDir
+// cosigned last (CosignedFile); fs.ErrNotExist before its first
+// cosignature. The caller verifies it (audit.VerifyCosignature): the file
+// proves what the witness saw only through the witness's signature.
+func ReadCosigned(stateDir string) ([]byte, error) {
+	b, err := readSmall(filepath.Join(stateDir, CosignedFile))
+	if err != nil {
+		return nil, fmt.Errorf("witness: state %s: %w", stateDir, err)
+	}
+	return b, nil
 }
 
 // ConflictError is a checkpoint the witness refused because it contradicts
