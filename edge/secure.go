@@ -73,7 +73,7 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 		return nil
 	}
 	client, err := secagg.NewClient(round, secagg.ClientOptions{ParticipantID: plan.ParticipantId, Rand: crand.Reader,
-		Identity: a.identity, KeyID: a.key.ID(), VerifyPeer: verify})
+		Identity: a.identity, KeyID: a.key.ID(), VerifyPeer: verify, MinSurvivors: minSurvivors(plan, n)})
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}
@@ -203,6 +203,18 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 			return fmt.Errorf("secure round aborted by the server: %s", msg.Abort.GetReason())
 		}
 	}
+}
+
+// minSurvivors is the fewest survivors this device helps unmask a sum of.
+// Under distributed DP each device adds 1/min_noise_contributors of the
+// noise, so a sum of fewer carries less noise than the task's ε promises:
+// a server that declares the rest dropped gets no signature, hence no
+// unmasking, from this device. Otherwise the threshold is the floor.
+func minSurvivors(plan *pb.RoundPlan, n int) int {
+	if _, ok := privacyconf.Distributed(plan.GetDp()); ok {
+		return min(int(plan.GetDp().GetMinNoiseContributors()), n)
+	}
+	return 0
 }
 
 // encoder turns a trained update and its example count into the vector a

@@ -28,6 +28,13 @@ type ClientOptions struct {
 	KeyID string
 	// VerifyPeer checks peers' signatures against their enrolled keys.
 	VerifyPeer PeerVerifier
+	// MinSurvivors is the fewest participants a survivor set may name for
+	// this client to sign it (and so ever to unmask): the device's own
+	// floor on how many inputs the sum it helps reveal must hold, such as
+	// the contributors distributed DP noise was split across. 0 leaves
+	// only the threshold's floor (t surviving neighbours); at most the
+	// cohort size.
+	MinSurvivors int
 }
 
 type clientStage int
@@ -57,6 +64,8 @@ type Client struct {
 	ident  ed25519.PrivateKey
 	keyID  string
 	verify PeerVerifier
+	// minSurvivors is ClientOptions.MinSurvivors.
+	minSurvivors int
 
 	stage clientStage
 	err   error
@@ -91,8 +100,11 @@ func NewClient(r *Round, o ClientOptions) (*Client, error) {
 		return nil, fmt.Errorf("secagg: client: %w: identity key of %d bytes", ErrConfig, len(o.Identity))
 	case o.VerifyPeer == nil:
 		return nil, fmt.Errorf("secagg: client: %w: no peer verifier", ErrConfig)
+	case o.MinSurvivors < 0 || o.MinSurvivors > r.n:
+		return nil, fmt.Errorf("secagg: client: %w: minimum of %d survivors in a cohort of %d", ErrConfig, o.MinSurvivors, r.n)
 	}
-	return &Client{r: r, id: o.ParticipantID, rand: o.Rand, ident: o.Identity, keyID: o.KeyID, verify: o.VerifyPeer}, nil
+	return &Client{r: r, id: o.ParticipantID, rand: o.Rand, ident: o.Identity, keyID: o.KeyID, verify: o.VerifyPeer,
+		minSurvivors: o.MinSurvivors}, nil
 }
 
 // ParticipantID returns the client's participant number.
@@ -390,8 +402,9 @@ func (c *Client) MaskedInput(fs *pb.ForwardedShares, input []uint32) (*pb.Masked
 }
 
 // Consistency is stage 3: it checks the survivor set and returns its
-// signature over it. The set must contain this client and at least
-// threshold of its neighbours, all of whom shared with it.
+// signature over it. The set must contain this client, at least
+// threshold of its neighbours, all of whom shared with it, and at least
+// ClientOptions.MinSurvivors participants.
 func (c *Client) Consistency(ss *pb.SurvivorSet) (*pb.ConsistencyCheck, error) {
 	const op = "consistency"
 	if err := c.enter(clientMasked, op); err != nil {
@@ -412,6 +425,12 @@ func (c *Client) Consistency(ss *pb.SurvivorSet) (*pb.ConsistencyCheck, error) {
 	}
 	if !set[c.id] {
 		return nil, fmt.Errorf("secagg: %s: %w: survivor set omits participant %d", op, ErrNotParticipant, c.id)
+	}
+	if len(set) < c.minSurvivors {
+		// A server that calls most of the cohort dropped leaves a sum of
+		// few inputs, colluders' among them: never help reveal it.
+		return nil, c.abort(fmt.Errorf("secagg: %s: %w: %d survivors, this device unmasks sums of at least %d",
+			op, ErrTooFewSurvivors, len(set), c.minSurvivors))
 	}
 	shared := make(map[uint32]bool, len(c.sharers))
 	for _, id := range c.sharers {

@@ -241,6 +241,19 @@ func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
 	}
 	t.observeStage(sec, stage)
+	if stage == secagg.StageMaskedInput {
+		// Before anyone is asked for a share: a sum of fewer masked updates
+		// than the round needs is never unmasked, so no device's shares
+		// help reveal a sum of a few inputs.
+		survivors, err := sec.srv.Survivors()
+		if err != nil {
+			return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+		}
+		if floor, what := t.secureFloor(); len(survivors) < floor {
+			return fmt.Errorf("secure aggregation: %d masked updates arrived, fewer than %s %d; the round is abandoned before unmasking and the next round retries",
+				len(survivors), what, floor)
+		}
+	}
 	next := map[uint32]bool{}
 	var reply func(id uint32) (*pb.SecAggDown, error)
 	switch stage {
@@ -457,6 +470,19 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 	t.mu.Unlock()
 	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)),
 		sec.slack(len(survivors), total))
+}
+
+// secureFloor is the fewest masked updates a secure round unmasks: the
+// report goal, or distributed DP's noise contributors when there are more
+// of them.
+func (t *taskRun) secureFloor() (int, string) {
+	floor, what := int(t.spec.GetReportGoal()), "the report goal"
+	if t.dp != nil && t.dp.dist != nil {
+		if n := int(t.dp.cfg.GetMinNoiseContributors()); n > floor {
+			floor, what = n, "the distributed DP noise contributors"
+		}
+	}
+	return floor, what
 }
 
 // errSecureResume explains why a secure round found open after a restart is abandoned.

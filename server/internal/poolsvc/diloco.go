@@ -51,8 +51,13 @@ type dilocoRT struct {
 	outer  *aggregator.Outer
 	theta  []float32
 	layout model.Layout
-	step   int64 // outer steps taken; theta is θ_step
-	open   *outerRound
+	// maxNorm bounds the L2 norm of one island's pseudo-gradient: θ₀'s
+	// norm, at least 1, the federated path's default update bound
+	// (coord.DefaultUpdateNorm). H honest inner steps move the model far
+	// less than its own size; a larger Δᵢ is a lie, or a run that diverged.
+	maxNorm float64
+	step    int64 // outer steps taken; theta is θ_step
+	open    *outerRound
 	// last is the round that produced θ_step, kept so that an island
 	// whose answer was lost gets the same answer again.
 	last *outerRound
@@ -185,6 +190,7 @@ func newDiLoCo(in *pb.PoolJobSpec) (*dilocoRT, error) {
 	}
 	rt := &dilocoRT{inner: d.GetInnerSteps(), steps: in.GetTotalSteps() / d.GetInnerSteps(), quorum: quorum, grace: grace,
 		int8: d.GetInt8(), outer: o, theta: m.Flatten(), layout: m.Layout()}
+	rt.maxNorm = max(1, l2(rt.theta))
 	for i := range int(d.GetIslands()) {
 		rt.islands = append(rt.islands, in.GetId()+islandSuffix(i))
 	}
@@ -293,6 +299,46 @@ func decodePseudoGradient(b []byte, dim int, int8 bool) ([]float32, error) {
 	return v, nil
 }
 
+func l2(v []float32) float64 {
+	var ss float64
+	for _, x := range v {
+		ss += float64(x) * float64(x)
+	}
+	return math.Sqrt(ss)
+}
+
+// checkPseudoGradientNorm refuses a pseudo-gradient longer than the job's
+// bound. Finite float32 values alone still allow 1e30 per value, which
+// the outer step would apply in full.
+func checkPseudoGradientNorm(pg []float32, bound float64) error {
+	if n := l2(pg); !(n <= bound*(1+aggregator.NormTolerance)) {
+		return invalidf("pseudo_gradient: L2 norm %.6g exceeds the job's bound %.6g (the initial parameters' norm): "+
+			"H inner steps do not move an honest island that far; lower the learning rate or inner_steps if training diverged", n, bound)
+	}
+	return nil
+}
+
+// countedWeights are the weights the outer mean gives the islands: each
+// claimed example count, but at most one more than the round's smallest.
+// Island i trains on examples i mod N of one slice, so honest counts
+// differ by at most one and keep their values; an island claiming 2^31
+// counts as much as its peers, not as the whole round. clamped lists the
+// islands whose claim was cut, for the job's log.
+func countedWeights(ws []float64) (counted []float64, clamped []int) {
+	if len(ws) == 0 {
+		return nil, nil
+	}
+	ceil := slices.Min(ws) + 1
+	counted = make([]float64, len(ws))
+	for i, w := range ws {
+		counted[i] = min(w, ceil)
+		if w > ceil {
+			clamped = append(clamped, i)
+		}
+	}
+	return counted, clamped
+}
+
 func contributionSum(b []byte, weight float64) [32]byte {
 	h := sha256.New()
 	h.Write(binary.LittleEndian.AppendUint64(nil, math.Float64bits(weight)))
@@ -335,6 +381,9 @@ func (s *Service) outerContribute(island *jobRT, req *pb.OuterSyncRequest) (*pb.
 	}
 	pg, err := decodePseudoGradient(req.GetPseudoGradient(), len(d.theta), d.int8)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkPseudoGradientNorm(pg, d.maxNorm); err != nil {
 		return nil, nil, err
 	}
 	r := d.open
@@ -434,7 +483,8 @@ func (s *Service) closeOuter(p *jobRT) {
 	for j, i := range ids {
 		pgs[j], ws[j] = r.pg[i], r.weight[i]
 	}
-	mean, err := aggregator.WeightedMean(pgs, ws)
+	counted, clamped := countedWeights(ws)
+	mean, err := aggregator.WeightedMean(pgs, counted)
 	if err == nil {
 		err = d.outer.Apply(d.theta, mean)
 	}
@@ -462,7 +512,12 @@ func (s *Service) closeOuter(p *jobRT) {
 	done := d.step >= d.steps
 	r.finish(&pb.OuterSyncResponse{OuterStep: d.step, Params: encodeParams(d.theta), Done: done}, nil)
 	s.log.Info("DiLoCo outer step", "job", p.id(), "step", d.step, "of", d.steps, "islands", ids)
-	s.outerLog(p, ids)
+	var cut []string
+	for _, j := range clamped {
+		cut = append(cut, fmt.Sprintf("island %d claimed %v examples, counted as %v", ids[j], ws[j], counted[j]))
+		s.log.Warn("DiLoCo island claimed more examples than its peers", "job", p.id(), "island", ids[j], "claimed", ws[j], "counted", counted[j])
+	}
+	s.outerLog(p, ids, cut)
 	// An outer step is every island's checkpoint: what it trained is in θ.
 	for _, id := range d.islands {
 		k := s.jobs[id]
@@ -492,7 +547,7 @@ func (s *Service) closeOuter(p *jobRT) {
 
 // outerLog writes an outer step's line to the job's log, where an
 // operator following it sees which islands took part.
-func (s *Service) outerLog(p *jobRT, ids []uint32) {
+func (s *Service) outerLog(p *jobRT, ids []uint32, notes []string) {
 	d := p.diloco
 	var absent []uint32
 	for i := range d.islands {
@@ -507,7 +562,10 @@ func (s *Service) outerLog(p *jobRT, ids []uint32) {
 	if n := p.rec.Diloco.GetLateContributions(); n > 0 {
 		text += fmt.Sprintf("; %d late contributions so far", n)
 	}
-	line := &pb.PoolLogLine{Stream: "agent", Text: text, Time: nowProto(s.clk)}
+	for _, n := range notes {
+		text += "; " + n
+	}
+	line := &pb.PoolLogLine{Stream: "agent", Text: clip(text, MaxLogLineBytes), Time: nowProto(s.clk)}
 	if _, err := s.d.Store.AppendPoolLogs(context.Background(), p.id(), []*pb.PoolLogLine{line}, MaxLogLines); err != nil {
 		s.log.Error("storing pool logs", "job", p.id(), "err", err)
 		return
