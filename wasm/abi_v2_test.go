@@ -40,6 +40,12 @@ var hostSigs = map[string]wasmbin.FuncType{
 	"softmax":         {Params: []wasmbin.ValType{vI32, vI32, vI32}},
 	"softmax_grad":    {Params: []wasmbin.ValType{vI32, vI32, vI32}},
 	"batched_gemm":    {Params: []wasmbin.ValType{vI32, vI32, vF32, vI32, vI32, vF32, vI32, vI32}},
+	"gemm":            {Params: []wasmbin.ValType{vI32, vI32, vF32, vI32, vI32, vF32, vI32}},
+	"split_heads":     {Params: []wasmbin.ValType{vI32, vI32, vI32, vI32}},
+	"merge_heads":     {Params: []wasmbin.ValType{vI32, vI32, vI32, vI32}},
+	"bias_add":        {Params: []wasmbin.ValType{vI32, vI32}},
+	"tensor_write":    {Params: []wasmbin.ValType{vI32, vI32, vI32}},
+	"tensor_read":     {Params: []wasmbin.ValType{vI32, vI32, vI32}},
 }
 
 // hostOp is one host call with constant arguments (int32 or float32).
@@ -61,10 +67,16 @@ func fill(h int32, v float32) hostOp { return op("tensor_fill", h, v) }
 // reports 24 examples; loop repeats the last of ops (the others set it up,
 // once) until the call is stopped.
 func opsModule(version int32, ns string, loop bool, ops ...hostOp) []byte {
+	return opsModuleData(nil, version, ns, loop, ops...)
+}
+
+// opsModuleData is opsModule with data placed in memory too; offsets 16–33
+// hold the result document.
+func opsModuleData(data []wasmbin.Data, version int32, ns string, loop bool, ops ...hostOp) []byte {
 	const doc = `{"num_examples":24}`
 	ops = append(ops, op("output_write", int32(16), int32(len(doc))))
 	m := wasmbin.Module{Types: []wasmbin.FuncType{typeEntry}, Memory: wasmbin.Pages(1),
-		Data: []wasmbin.Data{{Offset: 16, Bytes: []byte(doc)}}}
+		Data: append([]wasmbin.Data{{Offset: 16, Bytes: []byte(doc)}}, data...)}
 	index := map[string]uint32{}
 	var body []byte
 	for i, o := range ops {

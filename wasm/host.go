@@ -102,6 +102,22 @@ func (s *callState) tensor(op string, h uint32) *tensor {
 
 func (s *callState) mat(op string, h uint32) kernel.Mat { return s.tensor(op, h).m }
 
+// apart refuses a product whose output c is also an input (a or b). BLAS
+// requires C apart from A and B: gonum splits a large product across
+// goroutines, which would then read values of C that others are writing, a
+// data race in the host whose result depends on scheduling. Distinct handles
+// never share storage, so comparing handles suffices.
+func (s *callState) apart(op string, a, b, c uint32) {
+	for _, in := range []struct {
+		name string
+		h    uint32
+	}{{"A", a}, {"B", b}} {
+		if in.h == c {
+			s.abort(fmt.Errorf("%w: %s: C (handle %d) is also %s; write the product into a tensor of its own", ErrKernel, op, c, in.name))
+		}
+	}
+}
+
 // optMat treats handle 0 as "no tensor".
 func (s *callState) optMat(op string, h uint32) kernel.Mat {
 	if h == 0 {
@@ -340,11 +356,13 @@ var hostFunctionsV1 = []hostFn{
 	}},
 	{"gemm", 1, []api.ValueType{i32, i32, f32, i32, i32, f32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		a, b, c := s.mat("gemm", u32(st[3])), s.mat("gemm", u32(st[4])), s.mat("gemm", u32(st[6]))
+		s.apart("gemm", u32(st[3]), u32(st[4]), u32(st[6]))
 		k := a.Cols
 		if u32(st[0]) != 0 {
 			k = a.Rows
 		}
-		s.charge("gemm", kernel.GemmFLOPs(c.Rows, c.Cols, k))
+		// With k = 0 there are no flops but gemm still scales C by beta.
+		s.charge("gemm", max(kernel.GemmFLOPs(c.Rows, c.Cols, k), int64(c.Len())))
 		// Large products run in row blocks with a deadline check between them,
 		// so one huge gemm cannot outlive the call's timeout by much.
 		if err := kernel.GemmCheck(u32(st[0]) != 0, u32(st[1]) != 0, fl(st[2]), a, b, fl(st[5]), c, s.deadline); err != nil {

@@ -28,19 +28,24 @@ const (
 // deadline checks, as gemm's row blocks do.
 const batchGroupWork = 1 << 25
 
+// batchBlockWork is what batched_gemm charges per block on top of its flops:
+// about the cost of the Gemm call on one block's views.
+const batchBlockWork = 64
+
 // hostFunctionsV2 is what ABI v2 adds to v1's functions: the kernels of
 // transformer-style models. fleetlearn_v2 serves these and all of v1's.
 var hostFunctionsV2 = []hostFn{
 	{"embedding", 2, []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		table, ids, out := s.mat("embedding", u32(st[0])), s.mat("embedding", u32(st[1])), s.mat("embedding", u32(st[2]))
-		s.charge("embedding", workEmbedding*int64(out.Len()))
+		// Every id is read even when the rows are empty.
+		s.charge("embedding", workEmbedding*int64(out.Len())+int64(ids.Len()))
 		if err := kernel.Embedding(table, ids, out); err != nil {
 			s.kernelErr(err)
 		}
 	}},
 	{"embedding_grad", 2, []api.ValueType{i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		dout, ids, dtable := s.mat("embedding_grad", u32(st[0])), s.mat("embedding_grad", u32(st[1])), s.mat("embedding_grad", u32(st[2]))
-		s.charge("embedding_grad", workEmbeddingGrad*int64(dout.Len()))
+		s.charge("embedding_grad", workEmbeddingGrad*int64(dout.Len())+int64(ids.Len()))
 		if err := kernel.EmbeddingGrad(dout, ids, dtable); err != nil {
 			s.kernelErr(err)
 		}
@@ -132,6 +137,7 @@ var hostFunctionsV2 = []hostFn{
 func (s *callState) batchedGemm(transA, transB bool, alpha float32, ha, hb uint32, beta float32, hc uint32, batch int32) {
 	const op = "batched_gemm"
 	a, b, c := s.mat(op, ha), s.mat(op, hb), s.mat(op, hc)
+	s.apart(op, ha, hb, hc)
 	if batch <= 0 {
 		s.abort(fmt.Errorf("%w: batched_gemm: batch %d must be positive", ErrKernel, batch))
 	}
@@ -154,8 +160,11 @@ func (s *callState) batchedGemm(transA, transB bool, alpha float32, ha, hb uint3
 	if k > 0 && int64(m)*int64(cols) > math.MaxInt64/4/int64(k)/int64(n) {
 		s.abort(fmt.Errorf("%w: batched_gemm: %d products of %dx%dx%d overflow the work count", ErrBudget, n, m, cols, k))
 	}
-	s.charge(op, kernel.BatchedGemmFLOPs(n, m, cols, k))
-	slice := kernel.GemmFLOPs(m, cols, k)
+	// A block costs its flops, or its values when k is 0 (gemm then scales
+	// C), plus a fixed cost for the call: empty blocks are not free, so a
+	// module cannot run 2^31 of them uncharged between deadline checks.
+	slice := max(kernel.GemmFLOPs(m, cols, k), int64(m)*int64(cols)) + batchBlockWork
+	s.charge(op, int64(n)*slice)
 	if slice > batchGroupWork {
 		for i := 0; i < n; i++ {
 			err := kernel.GemmCheck(transA, transB, alpha, batchSlices(a, n, i, 1), batchSlices(b, n, i, 1),

@@ -132,6 +132,9 @@ func BiasAdd(x, b Mat) error {
 	if b.Len() != x.Cols {
 		return fmt.Errorf("%w: bias_add: x %v, bias has %d values", ErrShape, x, b.Len())
 	}
+	if x.Cols == 0 {
+		return nil // no values: do not walk the rows of an empty x (see Empty rows above ErrArgument)
+	}
 	bv := b.Vals()
 	for r := 0; r < x.Rows; r++ {
 		row := x.Data[r*x.Cols : (r+1)*x.Cols]
@@ -152,6 +155,9 @@ func ColSum(x, out Mat) error {
 	}
 	ov := out.Vals()
 	clear(ov)
+	if x.Cols == 0 {
+		return nil // see Empty rows above ErrArgument
+	}
 	for r := 0; r < x.Rows; r++ {
 		row := x.Data[r*x.Cols : (r+1)*x.Cols]
 		for j, v := range row {

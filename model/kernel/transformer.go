@@ -25,6 +25,15 @@ import (
 	"math"
 )
 
+// Empty rows: a matrix with no columns holds no values however many rows it
+// claims, so a host that charges work per value charges nothing for it, and
+// the WASM host lets a module shape an empty tensor 0x(2^31-1) or (2^31-1)x0
+// for free. A kernel whose loop runs over rows therefore returns before the
+// loop when the rows hold no values; otherwise one call could spin through
+// 2^31 empty rows (seconds to minutes, with no deadline check in between).
+// With that, every kernel's loop count is bounded by the values of its
+// operands.
+
 // ErrArgument reports a scalar argument outside the range a kernel accepts
 // (a non-positive epsilon, a negative causal length, a batch count below 1).
 var ErrArgument = errors.New("kernel: invalid argument")
@@ -296,6 +305,9 @@ func SoftmaxGrad(dy, y, dx Mat) error {
 		return err
 	}
 	c := y.Cols
+	if c == 0 {
+		return nil // see Empty rows above ErrArgument
+	}
 	for r := 0; r < y.Rows; r++ {
 		dyr, yr, dxr := dy.Data[r*c:(r+1)*c], y.Data[r*c:(r+1)*c], dx.Data[r*c:(r+1)*c]
 		var s float64
@@ -334,6 +346,14 @@ func BatchedGemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c M
 		r := m.Rows / batch
 		sz := r * m.Cols
 		return Mat{Rows: r, Cols: m.Cols, Data: m.Data[i*sz : (i+1)*sz : (i+1)*sz]}
+	}
+	if c.Len() == 0 {
+		// Every block of C is empty: check block 0's shapes and stop, rather
+		// than call Gemm on up to 2^31 empty blocks (see Empty rows above).
+		if err := Gemm(transA, transB, alpha, block(a, 0), block(b, 0), beta, block(c, 0)); err != nil {
+			return fmt.Errorf("batched_gemm: block 0 of %d: %w", batch, err)
+		}
+		return nil
 	}
 	// Every block has the same shape, so block 0 failing Gemm's check (which
 	// writes nothing) stops the call before any block changes.
@@ -392,6 +412,9 @@ func MergeHeads(y, x Mat, seq, heads int) error {
 
 func permuteHeads(x, y Mat, seq, heads int, merge bool) {
 	dh := y.Cols
+	if dh == 0 {
+		return // no values to move (see Empty rows above ErrArgument)
+	}
 	seqs := x.Rows / seq
 	for s := 0; s < seqs; s++ {
 		for h := 0; h < heads; h++ {

@@ -629,3 +629,38 @@ func BenchmarkBatchedGemm(b *testing.B) {
 	flops := kernel.BatchedGemmFLOPs(batch, benchT, benchT, dh)
 	b.ReportMetric(float64(flops)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// TestEmptyRowsDoNoWork: a matrix with no columns has no values however many
+// rows it claims, and a host charging work per value charges nothing for it.
+// Every kernel must return at once on such operands, with shapes still
+// checked, rather than walk the rows: with math.MaxInt rows, a kernel that
+// loops would not return before the test binary's timeout.
+func TestEmptyRowsDoNoWork(t *testing.T) {
+	const huge = math.MaxInt
+	empty := kernel.Mat{Rows: huge}
+	none := kernel.Mat{}
+	for _, tc := range []struct {
+		name string
+		run  func() error
+	}{
+		{"bias_add", func() error { return kernel.BiasAdd(empty, none) }},
+		{"col_sum", func() error { return kernel.ColSum(empty, none) }},
+		{"softmax", func() error { return kernel.Softmax(empty, empty, 0) }},
+		{"softmax_grad", func() error { return kernel.SoftmaxGrad(empty, empty, empty) }},
+		// One token of no width split into huge heads: huge empty rows out.
+		{"split_heads", func() error { return kernel.SplitHeads(kernel.Mat{Rows: 1}, empty, 1, huge) }},
+		{"merge_heads", func() error { return kernel.MergeHeads(empty, kernel.Mat{Rows: 1}, 1, huge) }},
+		// huge blocks of one empty row each: BatchedGemm must not call Gemm per block.
+		{"batched_gemm", func() error { return kernel.BatchedGemm(false, false, 1, empty, none, 0, empty, huge) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.run(); err != nil {
+				t.Fatalf("%s on empty rows: %v", tc.name, err)
+			}
+		})
+	}
+	// Shapes are still checked when there is nothing to compute.
+	if err := kernel.BatchedGemm(false, false, 1, kernel.Mat{Rows: 2}, kernel.NewMat(4, 1), 0, kernel.Mat{Rows: 2}, 2); !errors.Is(err, kernel.ErrShape) {
+		t.Errorf("batched_gemm with mismatched empty blocks: %v, want ErrShape", err)
+	}
+}

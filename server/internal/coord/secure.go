@@ -186,13 +186,21 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		switch stage {
 		case secagg.StageAdvertise:
 			t.mu.Lock()
-			if len(r.assigned) >= r.wanted {
+			// A check-in reserves its seat (participant 0) before the store
+			// gives it a participant: a reservation is neither expected to
+			// advertise nor a seat that ends selection, else the stage
+			// would wait for a participant 0 that never comes.
+			seated := 0
+			for _, seat := range r.assigned {
+				if seat.Participant != 0 {
+					seated++
+					sec.expected[seat.Participant] = true
+				}
+			}
+			if seated >= r.wanted {
 				r.selecting = false
 			}
 			selecting := r.selecting
-			for _, seat := range r.assigned {
-				sec.expected[seat.Participant] = true
-			}
 			t.mu.Unlock()
 			if selecting {
 				continue
@@ -237,6 +245,15 @@ func allParticipants(sec *secureRun) []uint32 {
 // reply; the next stage then waits for exactly those devices.
 func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 	sec := r.secure
+	if stage == secagg.StageMaskedInput && t.dp != nil && t.dp.dist != nil && len(sec.got) < int(t.dp.cfg.GetMinNoiseContributors()) {
+		// The masked inputs received are the sum's terms. With fewer than
+		// the noise was split across, the sum would carry too little noise:
+		// stop before any device is asked for the shares that unmask it, so
+		// that devices dropping out on purpose after selection cannot have
+		// the honest ones reveal an underprotected sum to the server.
+		return fmt.Errorf("distributed DP: %d masked updates, fewer than the %d noise contributors; the round stops before unmasking",
+			len(sec.got), t.dp.cfg.GetMinNoiseContributors())
+	}
 	if err := sec.srv.CloseStage(); err != nil {
 		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
 	}
