@@ -50,45 +50,67 @@ var writeCorpus = flag.Bool("write-corpus", false, "write FuzzDeviceMessages' ge
 // must say what the seed said.
 var fuzzKey = ed25519.NewKeyFromSeed([]byte("fleetlearn fuzz device key 32 b!"))
 
+// counted is what the server takes from a report: its ids, what it was
+// computed against, its payload's digest, its weight and its metrics. It is
+// read from the message, not from identity's statement, so that a field the
+// statement left out would show.
+type counted struct {
+	task                                  string
+	round                                 uint64
+	device, model, module, payload, stats string
+	examples                              uint64
+}
+
 // signedSeeds are the honest reports whose signatures the fuzzer mutates
-// around, by the statement they sign.
-var signedSeeds = map[string]identity.ReportStatement{}
+// around: what each signature's report says.
+var signedSeeds = map[string]counted{}
+
+func countedOf(task string, round uint64, device, model, module, payload string, examples uint64, m *fleetlearnv1.Metrics) counted {
+	return counted{task: task, round: round, device: device, model: model, module: module, payload: payload,
+		examples: examples, stats: fmt.Sprint(m.GetValues())} // fmt sorts map keys
+}
+
+func updateCounted(r *fleetlearnv1.UpdateReport) counted {
+	return countedOf(r.TaskId, r.Round, r.DeviceId, r.ModelVersion, r.ModuleSha256, r.PayloadSha256, r.NumExamples, r.Metrics)
+}
+
+func evalCounted(r *fleetlearnv1.EvaluationReport) counted {
+	return countedOf(r.TaskId, r.Round, r.DeviceId, r.ModelVersion, r.ModuleSha256, "", r.NumExamples, r.Metrics)
+}
 
 func signUpdate(tb testing.TB, r *fleetlearnv1.UpdateReport) {
 	tb.Helper()
-	s := identity.UpdateStatement(r)
-	sig, err := identity.SignReport(fuzzKey, s)
+	sig, err := identity.SignReport(fuzzKey, identity.UpdateStatement(r))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	r.Signature = sig
-	signedSeeds[string(sig)] = s
+	signedSeeds[string(sig)] = updateCounted(r)
 }
 
 func signEval(tb testing.TB, r *fleetlearnv1.EvaluationReport) {
 	tb.Helper()
-	s := identity.EvalStatement(r)
-	sig, err := identity.SignReport(fuzzKey, s)
+	sig, err := identity.SignReport(fuzzKey, identity.EvalStatement(r))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	r.Signature = sig
-	signedSeeds[string(sig)] = s
+	signedSeeds[string(sig)] = evalCounted(r)
 }
 
-// checkSigned: a report that verifies under fuzzKey signs the statement of
-// the seed that carried its signature, so no edit of a signed report keeps
-// its signature but changes what the server would count.
-func checkSigned(t *testing.T, s identity.ReportStatement, sig []byte) {
+// checkSigned: a report whose statement verifies under fuzzKey says what
+// the seed that carried its signature said, so no edit of a signed report
+// keeps its signature but changes what the server would count.
+func checkSigned(t *testing.T, s identity.ReportStatement, sig []byte, got counted) {
 	if identity.VerifyReport(fuzzKey.Public().(ed25519.PublicKey), s, sig) != nil {
 		return
 	}
 	want, ok := signedSeeds[string(sig)]
 	if !ok {
-		t.Fatalf("a signature no seed carries verifies for %+v", s)
+		t.Fatalf("a signature no seed carries verifies for %+v", got)
 	}
-	if s != want {
-		t.Fatalf("a signature over %+v verifies for %+v", want, s)
+	if got != want {
+		t.Fatalf("a signature over %+v verifies for %+v", want, got)
 	}
 }
 
@@ -117,7 +139,7 @@ func checkDevice(t *testing.T, m proto.Message) {
 			})
 	case *fleetlearnv1.UpdateReport:
 		checkSubject(t, "update report", m.TaskId, m.Round, m.DeviceId, wire.ReportSubject, wire.ParseReportSubject)
-		checkSigned(t, identity.UpdateStatement(m), m.Signature)
+		checkSigned(t, identity.UpdateStatement(m), m.Signature, updateCounted(m))
 		switch p := m.Payload.(type) {
 		case *fleetlearnv1.UpdateReport_Dense:
 			body := p.Dense.GetValues()
@@ -144,7 +166,7 @@ func checkDevice(t *testing.T, m proto.Message) {
 		}
 	case *fleetlearnv1.EvaluationReport:
 		checkSubject(t, "evaluation report", m.TaskId, m.Round, m.DeviceId, wire.EvalSubject, wire.ParseReportSubject)
-		checkSigned(t, identity.EvalStatement(m), m.Signature)
+		checkSigned(t, identity.EvalStatement(m), m.Signature, evalCounted(m))
 	case *fleetlearnv1.PlanFailure:
 		checkSubject(t, "plan failure", m.TaskId, m.Round, m.DeviceId, wire.FailureSubject, wire.ParseFailureSubject)
 		// What the server keeps of the reason: bounded, printable, valid

@@ -298,6 +298,10 @@ func TestAssembleReportSeeds(t *testing.T) {
 // report checks. A report it accepts is at most the limit, hashes to the
 // manifest's sha256 and is made only of chunks the device stored for the
 // round, in the manifest's order; a refusal says so and returns no bytes.
+//
+// This package's test binary holds an embedded NATS server and SQLite, whose
+// coverage makes each run slow; -fuzzminimizetime 100x keeps the workers
+// fuzzing rather than minimizing for a minute per new input.
 func FuzzAssembleReport(f *testing.F) {
 	for _, s := range assembleSeeds(f) {
 		f.Add(s.manifest, s.stream, s.limit)

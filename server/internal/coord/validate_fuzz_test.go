@@ -125,7 +125,8 @@ func TestReportCheckSeeds(t *testing.T) {
 // against a task of each update encoding, the metrics and the example
 // count. An accepted payload is exactly the task's values, all finite, and
 // hashes as the report declares; accepted metrics and counts are within
-// their bounds; every refusal is a report refusal.
+// their bounds; every refusal is a report refusal. Run it with
+// -fuzzminimizetime 100x, as FuzzAssembleReport.
 func FuzzReportChecks(f *testing.F) {
 	for name, m := range reportSeeds(f) {
 		b, err := proto.Marshal(m)
