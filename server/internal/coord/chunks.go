@@ -2,15 +2,10 @@ package coord
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -87,68 +82,23 @@ func (t *taskRun) maxReportBytesFor(kind pb.RoundKind) uint64 {
 }
 
 // reassemble reads and checks the chunks m's manifest names and returns the
-// report they make up.
+// report they make up (assembleReport holds the checks).
 func (t *taskRun) reassemble(r *roundRun, device string, m jetstream.Msg) (_ jetstream.Msg, err error) {
 	defer classify(&err, metrics.RefusedChunks)
 	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
 		return nil, refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
 	}
-	var man pb.ReportManifest
-	if err := proto.Unmarshal(m.Data(), &man); err != nil {
-		return nil, refuse("chunked report: decode manifest: %v", err)
-	}
-	total, size, count := man.TotalSize, man.ChunkSize, uint64(man.Count)
-	limit := t.maxReportBytes(r)
-	switch {
-	case total == 0 || total > limit:
-		return nil, refuse("chunked report: %d bytes, this round admits 1-%d", total, limit)
-	case count == 0 || count > wire.MaxReportChunks:
-		return nil, refuse("chunked report: %d chunks, at most %d", count, wire.MaxReportChunks)
-	case uint64(len(man.Sequences)) != count:
-		return nil, refuse("chunked report: %d sequences for %d chunks", len(man.Sequences), count)
-	case size == 0 || size > wire.MaxMessageBytes || count > 1 && size < wire.MinChunkBytes:
-		return nil, refuse("chunked report: chunk size %d not in [%d, %d]", size, wire.MinChunkBytes, wire.MaxMessageBytes)
-	case (total+size-1)/size != count:
-		return nil, refuse("chunked report: %d bytes in chunks of %d are not %d chunks", total, size, count)
-	}
-	if err := wire.CheckSHA256("chunked report", man.PayloadSha256); err != nil {
-		return nil, refuse("%v", err)
-	}
-	subj := wire.ChunkSubject(t.id, r.row.Round, device)
-	buf := slices.Grow(r.chunked[:0], int(total))[:total]
-	r.chunked = buf
-	h := sha256.New()
-	for i, seq := range man.Sequences {
+	read := func(seq uint64) (string, []byte, error) {
 		raw, err := t.readChunk(seq)
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			return nil, refuse("chunked report: chunk %d (stream sequence %d) is missing", i, seq)
-		case err != nil:
-			return nil, refuse("chunked report: chunk %d (stream sequence %d): %v", i, seq, err)
-		case raw.Subject != subj:
-			// The subject, which only the device may publish on, binds a
-			// chunk to its device and round; a sequence naming another's
-			// message gets nothing of it.
-			return nil, refuse("chunked report: stream sequence %d is not a chunk of device %q for round %d", seq, device, r.row.Round)
+		if err != nil {
+			return "", nil, err
 		}
-		var c pb.ReportChunk
-		if err := proto.Unmarshal(raw.Data, &c); err != nil {
-			return nil, refuse("chunked report: decode chunk %d: %v", i, err)
-		}
-		off := uint64(i) * size
-		want := min(size, total-off)
-		switch {
-		case c.Index != uint32(i) || c.Count != man.Count || c.TotalSize != total || c.PayloadSha256 != man.PayloadSha256:
-			return nil, refuse("chunked report: sequence %d holds chunk %d/%d of a %d-byte report %q, manifest wants chunk %d/%d of %d bytes %q",
-				seq, c.Index, c.Count, c.TotalSize, c.PayloadSha256, i, count, total, man.PayloadSha256)
-		case uint64(len(c.Data)) != want:
-			return nil, refuse("chunked report: chunk %d has %d bytes, want %d", i, len(c.Data), want)
-		}
-		copy(buf[off:], c.Data)
-		h.Write(c.Data)
+		return raw.Subject, raw.Data, nil
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != man.PayloadSha256 {
-		return nil, refuse("chunked report: reassembled sha256 %s does not match the manifest's %s", got, man.PayloadSha256)
+	buf, err := assembleReport(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, read, r.chunked)
+	r.chunked = buf
+	if err != nil {
+		return nil, err
 	}
 	return assembled{Msg: m, data: buf}, nil
 }
