@@ -25,7 +25,9 @@ import (
 
 // dockerignore is a .dockerignore file read and matched by Docker's own
 // code (moby/patternmatcher, which the builder uses).
-type dockerignore struct{ pm *patternmatcher.PatternMatcher }
+type dockerignore struct {
+	pm *patternmatcher.PatternMatcher
+}
 
 func parseDockerignore(s string) (dockerignore, error) {
 	patterns, err := ignorefile.ReadAll(strings.NewReader(s))
