@@ -6,6 +6,8 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/lestrrat-go/jwx/v2 v2.1.7
+	// Tests only: deploy/ matches .dockerignore with the code Docker's builder uses.
+	github.com/moby/patternmatcher v0.6.1
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0

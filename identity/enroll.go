@@ -183,6 +183,21 @@ func NewEnrollmentVerifier(fleet string, used UsedTokens, keys []ed25519.PublicK
 // scope) and then claims its id, so that it is accepted at most once. A
 // token that fails any check is not claimed and stays usable.
 func (v *EnrollmentVerifier) Redeem(ctx context.Context, token string) (EnrollmentClaims, error) {
+	c, err := v.Verify(token)
+	if err != nil {
+		return EnrollmentClaims{}, err
+	}
+	if err := v.used.Claim(ctx, c.ID, c.Expires); err != nil {
+		return EnrollmentClaims{}, fmt.Errorf("identity: redeem: %w", err)
+	}
+	return c, nil
+}
+
+// Verify makes every check Redeem makes except the claim: a caller that
+// must look at its own state before redeeming (is the key or device id
+// taken?) verifies first, so that a caller without a genuine token learns
+// nothing of that state.
+func (v *EnrollmentVerifier) Verify(token string) (EnrollmentClaims, error) {
 	const op = "identity: redeem" // the sentinels name the enrollment token
 	tok, kid, err := v.cfg.verifyToken(token, typEnroll, audEnroll, v.keys)
 	if err != nil {
@@ -204,9 +219,5 @@ func (v *EnrollmentVerifier) Redeem(ctx context.Context, token string) (Enrollme
 			return EnrollmentClaims{}, fmt.Errorf("%s: %w: %w", op, ErrInvalidToken, err)
 		}
 	}
-	c := EnrollmentClaims{ID: tok.JwtID(), Fleet: fleet, Group: group, IssuedAt: tok.IssuedAt(), Expires: tok.Expiration(), KeyID: kid}
-	if err := v.used.Claim(ctx, c.ID, c.Expires); err != nil {
-		return EnrollmentClaims{}, fmt.Errorf("%s: %w", op, err)
-	}
-	return c, nil
+	return EnrollmentClaims{ID: tok.JwtID(), Fleet: fleet, Group: group, IssuedAt: tok.IssuedAt(), Expires: tok.Expiration(), KeyID: kid}, nil
 }

@@ -96,11 +96,18 @@ func TestEnrollmentRefusals(t *testing.T) {
 		{"garbage", "a.b.c", identity.ErrMalformedToken},
 		{"huge", strings.Repeat("a", identity.MaxTokenBytes+1), identity.ErrMalformedToken},
 	} {
+		if _, err := v.Verify(c.tok); !errors.Is(err, c.want) {
+			t.Errorf("verify %s: %v, want %v", c.name, err, c.want)
+		}
 		if _, err := v.Redeem(t.Context(), c.tok); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
-	// Refused tokens were not claimed: the good one still works once.
+	// Verify claims nothing, and refused tokens were not claimed: the good
+	// one still works once.
+	if c, err := v.Verify(good); err != nil || c.Fleet != "fleet-a" {
+		t.Fatalf("verify the good token: %+v %v", c, err)
+	}
 	if _, err := v.Redeem(t.Context(), good); err != nil {
 		t.Fatal(err)
 	}

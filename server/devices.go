@@ -50,13 +50,18 @@ func (d *devices) CreateEnrollmentToken(ctx context.Context, fleet, group string
 		ExpireTime: timestamppb.New(c.Expires)}, nil
 }
 
-// Enroll checks everything it can before redeeming the token, so that a
-// request refused for its key or device id leaves the token usable.
+// Enroll verifies the token before it looks at the registry, so that a
+// caller without a genuine token cannot ask whether a key or device id is
+// enrolled; it checks the key and id before redeeming the token, so that a
+// request refused for either leaves the token usable.
 func (d *devices) Enroll(ctx context.Context, req *pb.EnrollRequest) (*pb.EnrollResponse, error) {
 	s := d.s
 	key := req.GetKeyId()
 	if _, err := identity.ParseUserKeyID(key); err != nil {
 		return nil, invalid("key_id: %v", err)
+	}
+	if _, err := s.enrollVerifier.Verify(req.GetToken()); err != nil {
+		return nil, redeemError(err)
 	}
 	switch row, err := s.store.DeviceByKey(ctx, key); {
 	case err == nil && !row.Revoked.IsZero():

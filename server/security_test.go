@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -369,6 +370,93 @@ func TestEnrollment(t *testing.T) {
 	h2 := servertest.New(t, servertest.WithDataDir(dir), servertest.WithConfig(func(c *server.Config) { c.Fleet = "lab" }))
 	_, err = apiv1.NewEnrollmentServiceClient(h2.Dial(t, "")).Enroll(ctx, &pb.EnrollRequest{Token: tok2, KeyId: newDeviceKey(t)})
 	wantCode(t, "reused token after restart", err, codes.PermissionDenied)
+}
+
+// TestEnrollmentOracle: a caller without a genuine enrollment token learns
+// nothing of the registry: a forged, expired, foreign-key or garbage token
+// gets the same Unauthenticated answer whether the device id or key it names
+// is enrolled, revoked or fresh. A genuine token still learns that an id is
+// taken, and its holder may then enroll under another.
+func TestEnrollmentOracle(t *testing.T) {
+	dir := t.TempDir()
+	h := servertest.New(t, servertest.WithDataDir(dir), servertest.WithConfig(func(c *server.Config) { c.Fleet = "lab" }))
+	ctx := t.Context()
+	device := apiv1.NewEnrollmentServiceClient(h.Dial(t, ""))
+	mint := func() string {
+		t.Helper()
+		res, err := h.Devices.CreateEnrollmentToken(ctx, &pb.CreateEnrollmentTokenRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.GetToken()
+	}
+	enrolledKey, revokedKey := newDeviceKey(t), newDeviceKey(t)
+	if _, err := device.Enroll(ctx, &pb.EnrollRequest{Token: mint(), KeyId: enrolledKey, DeviceId: "edge-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := device.Enroll(ctx, &pb.EnrollRequest{Token: mint(), KeyId: revokedKey, DeviceId: "edge-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Devices.RevokeDevice(ctx, &pb.RevokeDeviceRequest{DeviceId: "edge-2", Reason: "lost"}); err != nil {
+		t.Fatal(err)
+	}
+
+	good := mint()
+	parts := strings.Split(good, ".")
+	forged := parts[0] + "." + parts[1] + "." + strings.Repeat("A", len(parts[2]))
+	past, err := identity.NewEnrollmentIssuer(readEnrollKey(t, dir), identity.WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired, _, err := past.Mint("lab", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := identity.NewEnrollmentIssuer(otherKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, _, err := stranger.Mint("lab", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := newDeviceKey(t)
+	for _, bad := range []struct{ name, tok string }{
+		{"forged", forged}, {"expired", expired}, {"another server's key", foreign}, {"garbage", "garbage"},
+	} {
+		answer := func(what string, req *pb.EnrollRequest) string {
+			t.Helper()
+			req.Token = bad.tok
+			_, err := device.Enroll(ctx, req)
+			wantCode(t, bad.name+" token, "+what, err, codes.Unauthenticated)
+			return status.Convert(err).Message()
+		}
+		base := answer("fresh id and key", &pb.EnrollRequest{KeyId: fresh, DeviceId: "edge-new"})
+		for what, req := range map[string]*pb.EnrollRequest{
+			"enrolled id":  {KeyId: fresh, DeviceId: "edge-1"},
+			"revoked id":   {KeyId: fresh, DeviceId: "edge-2"},
+			"enrolled key": {KeyId: enrolledKey},
+			"revoked key":  {KeyId: revokedKey},
+		} {
+			if got := answer(what, req); got != base {
+				t.Errorf("%s token, %s: answer %q differs from a fresh one's %q", bad.name, what, got, base)
+			}
+		}
+	}
+
+	// Honest work alongside: the genuine token is told the id is taken,
+	// stays usable, and enrolls under a fresh id.
+	_, err = device.Enroll(ctx, &pb.EnrollRequest{Token: good, KeyId: fresh, DeviceId: "edge-1"})
+	wantCode(t, "genuine token, enrolled id", err, codes.AlreadyExists)
+	res, err := device.Enroll(ctx, &pb.EnrollRequest{Token: good, KeyId: fresh, DeviceId: "edge-new"})
+	if err != nil || res.GetDevice().GetId() != "edge-new" {
+		t.Fatalf("genuine token after the refusals: %v %v", res, err)
+	}
 }
 
 // TestEnrollmentNATSAuthority: with a NATS authority, Enroll returns the

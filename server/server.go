@@ -458,7 +458,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go s.http.Serve(s.httpLn)
 	}
-	if err := s.startUI(); err != nil {
+	if err := s.startUI(m); err != nil {
 		return err
 	}
 	s.warnUnreachable()

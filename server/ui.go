@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/ui"
 )
 
@@ -52,7 +53,7 @@ func loopbackTarget(addr string) string {
 // startUI serves the dashboard on Config.UIAddr, a client of the server's
 // own gRPC API: it reads and acts with each viewer's token, so the API's
 // roles and audit apply to it as to the CLI.
-func (s *Server) startUI() error {
+func (s *Server) startUI(m *metrics.M) error {
 	if s.cfg.UIAddr == "" {
 		return nil
 	}
@@ -64,9 +65,13 @@ func (s *Server) startUI() error {
 	if err != nil {
 		return fmt.Errorf("server: dashboard: %w", err)
 	}
+	for _, reason := range ui.StreamRefusals {
+		m.UIStreamRefusals.WithLabelValues(reason) // each reads 0 from the start, for rate()
+	}
 	h, err := ui.New(ui.Config{API: conn, Secure: !s.cfg.UIInsecure, Policy: identity.DefaultPolicy(),
 		Authenticate: s.apiVerifier.Verify},
-		ui.WithLogger(s.o.log.With("component", "ui")), ui.WithClock(s.o.clock))
+		ui.WithLogger(s.o.log.With("component", "ui")), ui.WithClock(s.o.clock),
+		ui.WithStreamRefused(func(reason string) { m.UIStreamRefusals.WithLabelValues(reason).Inc() }))
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("server: dashboard: %w", err)

@@ -11,6 +11,7 @@ import (
 	"image/png"
 	"math"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -26,6 +27,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -406,6 +408,62 @@ func TestDashboardInBrowser(t *testing.T) {
 		au.screenshot("entry")
 		for _, p := range au.takeProblems() {
 			t.Errorf("auditor's console: %s", p)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		// Another client of the same operator holds all four of its
+		// streams: the page cannot be live, says why, and becomes live
+		// when told to ask again after they are given back.
+		tok, err := f.h.MintToken("oscar", []identity.Role{identity.RoleOperator}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := newBrowser(t, f)
+		other.login(tok)
+		var release []func()
+		defer func() {
+			for _, r := range release {
+				r()
+			}
+		}()
+		for i := range 4 {
+			ctx, cancel := context.WithCancel(t.Context())
+			req, _ := http.NewRequestWithContext(ctx, "GET", other.base+"/events", nil)
+			resp, err := other.c.Do(req)
+			if err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			release = append(release, func() { cancel(); resp.Body.Close() })
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("other client's stream %d: %s", i+1, resp.Status)
+			}
+		}
+		op := newTab(t, browser, f.url, shots, "refused")
+		op.signIn(tok)
+		ctx, cancel := context.WithTimeout(op.ctx, browserGuard)
+		defer cancel()
+		msg, err := chromedp.Run(ctx, chromedp.Poll[string](
+			`(el => !el.hidden && el.textContent)(document.getElementById("live-status"))`, chromedp.WithPollingTimeout(browserGuard)))
+		if err != nil {
+			t.Fatalf("the refused page says nothing: %v", err)
+		}
+		if !strings.Contains(msg, "4 live dashboard pages open") {
+			t.Errorf("the refused page says %q", msg)
+		}
+		op.screenshot("refused")
+		for _, r := range release {
+			r()
+		}
+		release = nil
+		// The page asks again after Retry-After (30 s) and goes live.
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("live-status").hidden`,
+			chromedp.WithPollingTimeout(browserGuard))); err != nil {
+			t.Errorf("the page did not go live once the streams were given back: %v", err)
+		}
+		for _, p := range op.takeProblems() {
+			t.Errorf("refused page's console: %s", p)
 		}
 	})
 

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -338,5 +339,68 @@ func TestDashboardConfig(t *testing.T) {
 	}
 	if _, err := server.New(server.Config{DataDir: t.TempDir(), UIAddr: "127.0.0.1:0", UIInsecure: true}); err != nil {
 		t.Fatalf("plaintext dashboard on loopback: %v", err)
+	}
+}
+
+// TestDashboardStreamShares: against a real server, a pool-worker token
+// (any job script can read one) signed in to the dashboard cannot hold its
+// live streams: past its own four it is refused with 429 and Retry-After,
+// the refusal is counted, and the operator's pages stay live.
+func TestDashboardStreamShares(t *testing.T) {
+	h := servertest.New(t, servertest.WithConfig(func(c *server.Config) { c.UIAddr = "127.0.0.1:0" }))
+	f := &dashboardFixture{h: h, url: h.UIURL()}
+	worker, err := h.MintToken("job-7", []identity.Role{identity.RolePoolWorker}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator, err := h.MintToken("olga", []identity.Role{identity.RoleOperator}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cancels []func()
+	// Streams end before the server stops, also when the test stops early.
+	t.Cleanup(func() {
+		for _, c := range cancels {
+			c()
+		}
+	})
+	stream := func(b *browser) *http.Response {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, "GET", b.base+"/events", nil)
+		resp, err := b.c.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cancels = append(cancels, func() { cancel(); resp.Body.Close() })
+		return resp
+	}
+	viewer := newBrowser(t, f)
+	viewer.login(worker)
+	for i := range 4 {
+		if resp := stream(viewer); resp.StatusCode != http.StatusOK {
+			t.Fatalf("viewer's stream %d: %s", i+1, resp.Status)
+		}
+	}
+	for range 3 {
+		resp := stream(viewer)
+		msg, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+			!strings.Contains(string(msg), "4 live dashboard pages open") {
+			t.Fatalf("viewer's stream past its share: %s, Retry-After %q: %s", resp.Status, resp.Header.Get("Retry-After"), msg)
+		}
+	}
+	op := newBrowser(t, f)
+	op.login(operator)
+	if resp := stream(op); resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("operator's stream beside the viewer's: %s %s", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	m := scrape(t, h)
+	if got := series(t, m, `fleetlearn_ui_stream_refusals_total{reason="principal"}`); got != 3 {
+		t.Errorf("refusals for the viewer's share counted %v, want 3", got)
+	}
+	if got := series(t, m, `fleetlearn_ui_stream_refusals_total{reason="reserved"}`); got != 0 {
+		t.Errorf("refusals for the reserve counted %v, want 0", got)
 	}
 }

@@ -37,6 +37,9 @@ type M struct {
 	SecAggStage *prometheus.HistogramVec
 	// PoolCPU, PoolGPU and PoolEnergy are the usage the pool metered, by tenant.
 	PoolCPU, PoolGPU, PoolEnergy *prometheus.CounterVec
+	// UIStreamRefusals counts the dashboard's refused live-update streams,
+	// by reason (principal, reserved, full).
+	UIStreamRefusals *prometheus.CounterVec
 
 	state *stateCollector
 	names []string
@@ -131,6 +134,8 @@ func New() *M {
 		"GPU time metered to pool jobs (GPUs held times wall time), in GPU-seconds, by tenant.", "tenant")
 	m.PoolEnergy = counterVec("fleetlearn_pool_usage_energy_joules_total",
 		"Energy pool jobs' ranks reported, in joules, by tenant.", "tenant")
+	m.UIStreamRefusals = counterVec("fleetlearn_ui_stream_refusals_total",
+		"Dashboard live-update streams refused, by reason: principal (the viewer holds its share), reserved (the rest is kept for admins, operators and auditors), full.", "reason")
 	m.state = newStateCollector()
 	m.register("", m.state)
 	m.names = append(m.names, m.state.names...)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -14,26 +15,54 @@ import (
 // silent connections.
 const heartbeat = 20 * time.Second
 
-// stream starts a server-sent event response, or refuses it when the
-// dashboard already holds its limit of open streams; release must be
-// called when it ends.
-func (h *Handler) stream(w http.ResponseWriter) (flush func(), release func(), ok bool) {
-	fl, can := w.(http.Flusher)
-	if !can {
-		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
-		return nil, nil, false
+// streamRetry is how long a refused page waits before asking again
+// (Retry-After): long enough that refused pages do not hammer the server,
+// short enough that a tab closed elsewhere soon makes room.
+const streamRetry = 30 * time.Second
+
+// admit takes one of the dashboard's live-update streams for the viewer,
+// or answers the refusal: 429 when the viewer holds its own share, 503
+// when the dashboard's streams (or those left to viewers of its roles)
+// are taken, each with Retry-After and a sentence the page shows.
+// release must be called when the stream ends.
+func (h *Handler) admit(w http.ResponseWriter, v *viewer) (release func(), ok bool) {
+	release, why := h.streams.acquire(v.Principal)
+	if why == "" {
+		return release, true
 	}
-	if h.streams.Add(1) > h.o.maxStreams {
-		h.streams.Add(-1)
-		// 204 tells EventSource to stop retrying: the page stays, not live.
-		w.WriteHeader(http.StatusNoContent)
-		return nil, nil, false
+	if h.o.refused != nil {
+		h.o.refused(why)
 	}
+	h.o.log.Info("dashboard live stream refused", "subject", v.Subject, "reason", why)
+	w.Header().Set("Retry-After", strconv.Itoa(int(streamRetry/time.Second)))
+	switch why {
+	case StreamRefusedPrincipal:
+		http.Error(w, fmt.Sprintf("Live updates are off on this page: you already have %d live dashboard pages open. "+
+			"Close one, or reload this page later.", h.o.perPrincipal), http.StatusTooManyRequests)
+	case StreamRefusedReserved:
+		http.Error(w, "Live updates are off on this page: the dashboard's live streams for your roles are all in use "+
+			"(the rest are kept for operators and auditors). Reload this page later.", http.StatusServiceUnavailable)
+	default:
+		http.Error(w, "Live updates are off on this page: the dashboard's live streams are all in use. Reload this page later.",
+			http.StatusServiceUnavailable)
+	}
+	return nil, false
+}
+
+// begin starts a server-sent event response.
+func begin(w http.ResponseWriter, fl http.Flusher) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	fl.Flush()
-	return fl.Flush, func() { h.streams.Add(-1) }, true
+}
+
+func flusher(w http.ResponseWriter) (http.Flusher, bool) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+	}
+	return fl, ok
 }
 
 // roundUpdate is what a task page learns from an event: enough to decide
@@ -56,6 +85,17 @@ func (h *Handler) taskEvents(w http.ResponseWriter, r *http.Request, v *viewer) 
 		http.Error(w, "your roles may not watch tasks", http.StatusForbidden)
 		return
 	}
+	fl, ok := flusher(w)
+	if !ok {
+		return
+	}
+	// The slot is taken before the API is asked, so that a refused page
+	// costs the server no watch.
+	release, ok := h.admit(w, v)
+	if !ok {
+		return
+	}
+	defer release()
 	if _, err := h.tasks().GetTask(v.ctx(r), &pb.GetTaskRequest{TaskId: id}); err != nil {
 		h.fail(w, r, v, err)
 		return
@@ -65,11 +105,8 @@ func (h *Handler) taskEvents(w http.ResponseWriter, r *http.Request, v *viewer) 
 		h.fail(w, r, v, err)
 		return
 	}
-	flush, release, ok := h.stream(w)
-	if !ok {
-		return
-	}
-	defer release()
+	begin(w, fl)
+	flush := fl.Flush
 	msgs := make(chan *pb.WatchTaskResponse, 1)
 	go func() {
 		defer close(msgs)
@@ -112,11 +149,17 @@ func (h *Handler) taskEvents(w http.ResponseWriter, r *http.Request, v *viewer) 
 // refreshEvents tells pages without an event source of their own to
 // redraw, on the injected clock.
 func (h *Handler) refreshEvents(w http.ResponseWriter, r *http.Request, v *viewer) {
-	flush, release, ok := h.stream(w)
+	fl, ok := flusher(w)
+	if !ok {
+		return
+	}
+	release, ok := h.admit(w, v)
 	if !ok {
 		return
 	}
 	defer release()
+	begin(w, fl)
+	flush := fl.Flush
 	tick := h.o.clock.NewTicker(h.o.refresh)
 	defer tick.Stop()
 	for {

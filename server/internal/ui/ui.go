@@ -20,7 +20,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -49,10 +48,14 @@ type Config struct {
 type Option func(*options)
 
 type options struct {
-	log        *slog.Logger
-	clock      clock.Clock
-	refresh    time.Duration
-	maxStreams int64
+	log          *slog.Logger
+	clock        clock.Clock
+	refresh      time.Duration
+	maxStreams   int
+	perPrincipal int
+	reserve      int
+	reserveSet   bool // else a quarter of maxStreams
+	refused      func(reason string)
 }
 
 // WithLogger logs failed API calls and refused logins (default: discard).
@@ -67,7 +70,22 @@ func WithRefresh(d time.Duration) Option { return func(o *options) { o.refresh =
 
 // WithMaxStreams bounds the live-update streams open at once (default 256);
 // beyond it a page still loads but is not kept live.
-func WithMaxStreams(n int) Option { return func(o *options) { o.maxStreams = int64(n) } }
+func WithMaxStreams(n int) Option { return func(o *options) { o.maxStreams = n } }
+
+// WithStreamsPerPrincipal bounds the live-update streams one principal (a
+// token's subject) holds at once (default 4: a browser holds at most six
+// connections to a site over HTTP/1.1, and pages need some for themselves).
+func WithStreamsPerPrincipal(n int) Option { return func(o *options) { o.perPrincipal = n } }
+
+// WithStreamReserve keeps the last n of the WithMaxStreams streams for
+// admins, operators and auditors (default a quarter of them): viewers with
+// none of those roles, such as pool-worker tokens any job script can read,
+// cannot take them.
+func WithStreamReserve(n int) Option { return func(o *options) { o.reserve, o.reserveSet = n, true } }
+
+// WithStreamRefused is called with one of StreamRefusals for every stream
+// refused, for a metric.
+func WithStreamRefused(f func(reason string)) Option { return func(o *options) { o.refused = f } }
 
 // Handler serves the dashboard.
 type Handler struct {
@@ -75,7 +93,7 @@ type Handler struct {
 	o       options
 	mux     *http.ServeMux
 	csrfKey []byte
-	streams atomic.Int64
+	streams *streamGate
 }
 
 const (
@@ -99,19 +117,27 @@ func New(cfg Config, opts ...Option) (*Handler, error) {
 		cfg.Policy = identity.DefaultPolicy()
 	}
 	cfg.API = namedCalls{cfg.API}
-	o := options{log: slog.New(slog.DiscardHandler), refresh: 5 * time.Second, maxStreams: 256}
+	o := options{log: slog.New(slog.DiscardHandler), refresh: 5 * time.Second, maxStreams: 256, perPrincipal: 4}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	o.clock = clock.Or(o.clock)
-	if o.refresh <= 0 || o.maxStreams <= 0 {
-		return nil, fmt.Errorf("ui: %w: refresh and stream limit must be positive", ErrConfig)
+	if o.refresh <= 0 || o.maxStreams <= 0 || o.perPrincipal <= 0 {
+		return nil, fmt.Errorf("ui: %w: refresh, stream limit and streams per principal must be positive", ErrConfig)
+	}
+	if !o.reserveSet {
+		o.reserve = o.maxStreams / 4
+	}
+	if o.reserve < 0 || o.reserve >= o.maxStreams {
+		return nil, fmt.Errorf("ui: %w: a stream reserve of %d: want 0 or more, and fewer than the %d streams, so that viewers keep some",
+			ErrConfig, o.reserve, o.maxStreams)
 	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("ui: csrf key: %w", err)
 	}
-	h := &Handler{cfg: cfg, o: o, mux: http.NewServeMux(), csrfKey: key}
+	h := &Handler{cfg: cfg, o: o, mux: http.NewServeMux(), csrfKey: key,
+		streams: newStreamGate(o.maxStreams, o.perPrincipal, o.reserve)}
 	h.routes()
 	return h, nil
 }

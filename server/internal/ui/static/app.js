@@ -68,23 +68,82 @@
 
   var source = null;
   var sourceURL = "";
+  var retry = null;
   function live(main) {
     var url = main.getAttribute("data-live") || "";
     if (url === sourceURL) return;
+    liveStatus("");
+    connect(url);
+  }
+
+  function connect(url) {
     if (source) { source.close(); source = null; }
+    if (retry) { clearTimeout(retry); retry = null; }
     sourceURL = url;
     if (!url || !window.EventSource) return;
-    source = new EventSource(url);
-    source.addEventListener("round", redraw);
-    source.addEventListener("refresh", redraw);
-    source.addEventListener("end", function () {
+    var s = new EventSource(url);
+    source = s;
+    s.addEventListener("open", function () { liveStatus(""); });
+    s.addEventListener("round", redraw);
+    s.addEventListener("refresh", redraw);
+    s.addEventListener("end", function () {
       // The watch is over (the task ended): the next page says whether
       // there is anything left to follow.
-      source.close();
+      s.close();
       source = null;
       sourceURL = "";
       redraw();
     });
+    s.addEventListener("error", function () {
+      // A dropped connection is retried by EventSource itself; an answer
+      // other than a stream (a refusal) closes it for good.
+      if (s !== source || s.readyState !== EventSource.CLOSED) return;
+      source = null;
+      refused(url);
+    });
+  }
+
+  // refused learns why the server would not stream, which EventSource does
+  // not tell: the dashboard answers 429 or 503 with Retry-After and a
+  // sentence to show when it holds too many streams for this viewer.
+  function refused(url) {
+    function again(seconds) {
+      retry = setTimeout(function () {
+        retry = null;
+        if (sourceURL === url && !source) connect(url);
+      }, seconds * 1000);
+    }
+    var ctl = window.AbortController ? new AbortController() : null;
+    fetch(url, { credentials: "same-origin", headers: { "Accept": "text/event-stream" }, signal: ctl ? ctl.signal : undefined })
+      .then(function (r) {
+        if (r.ok) {
+          // Room again: let this probe go and stream for real.
+          if (ctl) ctl.abort();
+          again(1);
+          return;
+        }
+        if (r.status === 401) { location.reload(); return; }
+        var wait = parseInt(r.headers.get("Retry-After"), 10);
+        return r.text().then(function (msg) {
+          if (r.status === 429 || r.status === 503) {
+            liveStatus(msg.trim());
+            again(wait > 0 ? wait : 30);
+          } else {
+            liveStatus("Live updates stopped (" + r.status + "): reload the page to try again.");
+          }
+        });
+      })
+      .catch(function () {
+        if (sourceURL !== url) return;
+        liveStatus("Live updates stopped: the dashboard cannot be reached. Reload the page to try again.");
+      });
+  }
+
+  function liveStatus(text) {
+    var el = document.getElementById("live-status");
+    if (!el) return;
+    el.textContent = text;
+    el.hidden = !text;
   }
 
   document.addEventListener("DOMContentLoaded", function () {
