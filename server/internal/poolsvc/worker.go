@@ -23,6 +23,7 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -157,18 +158,24 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 				}
 			}
 		}
+		if err := s.admitWorker(p); err != nil {
+			return err
+		}
 		if len(s.workers) >= MaxWorkers {
-			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes", MaxWorkers)
+			s.d.Metrics.PoolRefused(metrics.PoolRefusedWorkers)
+			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes: "+
+				"wait for stopped workers to be declared lost, or retire some", MaxWorkers)
 		}
 		if err := s.sched.AddWorkerInZone(id, req.GetZone(), capacity); err != nil {
 			return invalidf("register worker: %v", err)
 		}
 		now := s.clk.Now()
 		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
-			stopSent: map[rankAttempt]time.Time{},
+			stopSent: map[rankAttempt]time.Time{}, awaiting: map[rankAttempt]*awaiting{},
 			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
 				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: workerReady, Version: req.GetVersion(), Zone: req.GetZone()}}
 		s.workers[id] = w
+		s.inheritStrikes(w)
 		if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
 			s.log.Error("storing pool worker", "worker", id, "err", err)
 		}
@@ -260,6 +267,7 @@ func (v *workerServer) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) 
 				}
 			}
 			if w.pending() || ctx.Err() != nil {
+				s.delivered(w, w.starts)
 				out = &pb.HeartbeatResponse{Start: w.starts, Stop: w.stops}
 				w.starts, w.stops = nil, nil
 				return nil
@@ -346,6 +354,13 @@ func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
 	for _, it := range ended {
 		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
 	}
+	listed := make(map[rankAttempt]bool, len(items))
+	for _, it := range items {
+		k := rankAttempt{it.rt.id(), it.rs.GetAttempt(), it.rs.GetRank()}
+		listed[k] = true
+		s.reported(w, it.rt, k)
+	}
+	w.missed(listed)
 	for _, it := range items {
 		it.le.step = max(it.le.step, it.rs.GetStep())
 		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
@@ -386,6 +401,10 @@ func (v *workerServer) RankExited(ctx context.Context, req *pb.RankExitedRequest
 			}
 		}
 		s.applyUsage(rt, le, req.GetUsage())
+		if w := s.workers[ref.GetWorkerId()]; w != nil {
+			// A rank that ended was started, whatever its outcome.
+			s.reported(w, rt, rankAttempt{ref.GetJobId(), ref.GetAttempt(), ref.GetRank()})
+		}
 		le.exited, le.data = true, req.GetDataSha256()
 		if !current {
 			// An ended attempt's rank: its usage counts, its outcome
