@@ -451,7 +451,7 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 	if checkpoint.Sum(data) != d {
 		return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
 	}
-	st, err := v.rankStore(ctx, req.GetRef(), false)
+	st, limit, err := v.rankStoreCap(ctx, req.GetRef())
 	if err != nil {
 		return nil, err
 	}
@@ -461,21 +461,61 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 		st.fresh[d] = struct{}{}
 		return &pb.PutCheckpointBlobResponse{}, nil
 	}
-	ok, used, err := s.ckpt.reserve(req.GetRef().GetJobId(), int64(len(data)))
+	ok, used, err := s.ckpt.reserve(st, int64(len(data)), limit.bytes)
 	if err != nil {
 		return nil, errorf(codes.Internal, "put checkpoint blob: storage")
 	}
 	if !ok {
-		return nil, errorf(codes.ResourceExhausted, "put checkpoint blob: job %s holds %d bytes of checkpoints, the limit is %d",
-			req.GetRef().GetJobId(), used, s.d.MaxJobStorageBytes)
+		return nil, s.overCap("put checkpoint blob", req.GetRef(), used, int64(len(data)), limit)
 	}
 	if err := st.dir.PutBlob(d, data); err != nil {
-		s.ckpt.release(req.GetRef().GetJobId(), int64(len(data)))
+		s.ckpt.release(st, int64(len(data)))
 		s.log.Error("storing a checkpoint blob", "job", req.GetRef().GetJobId(), "err", err)
 		return nil, errorf(codes.Internal, "put checkpoint blob: storage failed")
 	}
 	st.fresh[d] = struct{}{}
 	return &pb.PutCheckpointBlobResponse{}, nil
+}
+
+// storageLimit is a job's checkpoint cap and what it comes from.
+type storageLimit struct {
+	bytes int64
+	why   string
+}
+
+// overCap is the refusal of n more bytes for a rank of job, holding used,
+// over limit.
+func (s *Service) overCap(op string, ref *pb.RankRef, used, n int64, limit storageLimit) error {
+	s.d.Metrics.PoolRefused(metrics.PoolRefusedCheckpointBytes)
+	s.log.Warn("pool checkpoint storage refused: over the rank's cap", "job", ref.GetJobId(), "rank", ref.GetRank(),
+		"worker", ref.GetWorkerId(), "used", used, "more", n, "cap", limit.bytes)
+	return errorf(codes.ResourceExhausted, "%s: rank %d of job %s holds %d bytes of checkpoints and %d more would pass its cap of %d (%s): "+
+		"a rank keeps its committed checkpoint, one older and at most %d ahead; upload only the blobs the next manifest names",
+		op, ref.GetRank(), ref.GetJobId(), used, n, limit.bytes, limit.why, MaxCheckpointsAhead)
+}
+
+// rankStoreCap is rankStore for an upload: it also returns the job's cap.
+func (v *workerServer) rankStoreCap(ctx context.Context, ref *pb.RankRef) (*rankStore, storageLimit, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, storageLimit{}, err
+	}
+	var limit storageLimit
+	if err := v.s.do(ctx, func() error {
+		rt, _, err := v.s.leaseFor(ref, p, false)
+		if err == nil {
+			limit.bytes, limit.why = v.s.storageCap(rt)
+		}
+		return err
+	}); err != nil {
+		return nil, storageLimit{}, err
+	}
+	st, err := v.s.ckpt.get(ref.GetJobId(), ref.GetRank())
+	if err != nil {
+		v.s.log.Error("opening a checkpoint store", "job", ref.GetJobId(), "err", err)
+		return nil, storageLimit{}, errorf(codes.Internal, "checkpoint store unavailable")
+	}
+	return st, limit, nil
 }
 
 // rankStore checks the lease and opens the rank's store.
@@ -545,17 +585,29 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 	}
 	var spec pool.Spec
 	var rankCommitted int64
+	var limit storageLimit
 	err = s.do(ctx, func() error {
 		rt, _, err := s.leaseFor(ref, p, false)
 		if err != nil {
 			return err
 		}
 		spec, rankCommitted = rt.spec, rt.rec.CommittedStep
+		ahead := 0
 		for st := range rt.ckpts[ref.GetRank()] {
+			if st > rt.rec.CommittedStep {
+				ahead++
+			}
 			if st > rankCommitted && rt.stepRanks[st][ref.GetRank()] {
 				rankCommitted = st
 			}
 		}
+		if ahead >= MaxCheckpointsAhead && m.Step > rt.rec.CommittedStep {
+			s.d.Metrics.PoolRefused(metrics.PoolRefusedCheckpointsAhead)
+			s.log.Warn("pool checkpoint refused: rank too far ahead", "job", rt.id(), "rank", ref.GetRank(), "ahead", ahead)
+			return errorf(codes.ResourceExhausted, "commit checkpoint: rank %d of job %s holds %d checkpoints past the job's committed step %d, "+
+				"the most a rank may run ahead of the others: wait until every rank has committed the next boundary", ref.GetRank(), rt.id(), ahead, rt.rec.CommittedStep)
+		}
+		limit.bytes, limit.why = s.storageCap(rt)
 		return nil
 	})
 	if err != nil {
@@ -574,9 +626,25 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 		return nil, errorf(codes.Internal, "checkpoint store unavailable")
 	}
 	st.mu.Lock()
+	// The manifest is stored too, and counts against the job's cap.
+	var charged int64
+	if _, err := st.dir.Manifest(checkpoint.Sum(req.GetManifest())); err != nil {
+		charged = int64(len(req.GetManifest()))
+		ok, used, err := s.ckpt.reserve(st, charged, limit.bytes)
+		if err != nil {
+			st.mu.Unlock()
+			return nil, errorf(codes.Internal, "commit checkpoint: storage")
+		}
+		if !ok {
+			st.mu.Unlock()
+			return nil, s.overCap("commit checkpoint", ref, used, charged, limit)
+		}
+	}
 	id, err := st.dir.Commit(m)
 	if err == nil {
 		clear(st.fresh)
+	} else {
+		s.ckpt.release(st, charged)
 	}
 	st.mu.Unlock()
 	if err != nil {
@@ -611,7 +679,7 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 	if err != nil {
 		return nil, err
 	}
-	dropped, err := s.ckpt.gc(ref.GetJobId(), st, keep)
+	dropped, err := s.ckpt.gc(st, keep)
 	if err != nil {
 		s.log.Warn("checkpoint gc", "job", ref.GetJobId(), "rank", ref.GetRank(), "err", err)
 	}
