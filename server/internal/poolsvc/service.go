@@ -44,9 +44,10 @@ const (
 	DefaultMaxWorkersPerPrincipal = 4
 	// DefaultStartTimeout is how long a worker has to report a rank it was
 	// leased (in a heartbeat, or its exit) before the lease is revoked. An
-	// honest agent lists it in its next heartbeat; the time covers an exit
-	// report still being retried.
-	DefaultStartTimeout = 30 * time.Second
+	// honest agent lists it in its next heartbeat; the time covers a rank
+	// that ended at once and whose exit report the agent is still retrying
+	// (for up to 30 s).
+	DefaultStartTimeout = time.Minute
 )
 
 // ModelSink stores a pool-trained model as a model version of family name
