@@ -177,11 +177,14 @@ func (c *ckptStores) gc(st *rankStore, keep map[string]bool) ([]string, error) {
 	return dropped, nil
 }
 
-// MaxCheckpointsAhead bounds the checkpoints a rank keeps past its job's
+// MaxCheckpointsAhead bounds the checkpoints a rank holds past its job's
 // committed step. Ranks of one job run in step (they average, or their
 // script's collectives wait for each other), so an honest rank is at most
 // one checkpoint ahead of the slowest; without a bound a rank could commit
-// a checkpoint at every boundary of a long job, and GC keeps them all.
+// a checkpoint at every boundary of a long job, and GC keeps every one
+// past the committed step. The count is of the running attempt's: a new
+// attempt forgets what earlier ones left past its resume step (dropStale),
+// so those can never block the commits it needs.
 const MaxCheckpointsAhead = 4
 
 // checkpointSlack is what a built-in job's derived cap allows besides its
@@ -212,4 +215,22 @@ func (s *Service) storageCap(rt *jobRT) (int64, string) {
 		return derived, fmt.Sprintf("what one rank of a %d-parameter model keeps", params)
 	}
 	return limit, why
+}
+
+// dropStale forgets the checkpoints past step, the resume step of the
+// attempt being placed: an earlier attempt's, which this one computes
+// again. Their files go at the rank's next commit (GC keeps only what the
+// records name).
+func (s *Service) dropStale(rt *jobRT, step int64) {
+	for rank, bySteps := range rt.ckpts {
+		var stale []string
+		for st, id := range bySteps {
+			if st > step {
+				stale = append(stale, id)
+			}
+		}
+		if len(stale) > 0 {
+			s.forget(rt.id(), rank, stale)
+		}
+	}
 }

@@ -160,6 +160,11 @@ func TestCheckpointStorageBounded(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "holds 4 checkpoints past the job's committed step 0") {
 		t.Errorf("refusal %v", err)
 	}
+	_, err = mallory.commit(mine, "shared", 90, 1, 2, 3)
+	wantCode(t, "a checkpoint far past the job's committed step", err, codes.ResourceExhausted)
+	if n := refusals(t, m, metrics.PoolRefusedCheckpointsAhead); n != 2 {
+		t.Errorf("ahead refusals counted %v, want 2", n)
+	}
 	// The honest rank commits in its own share, and the job moves on.
 	if _, err := honest.commit(theirs, "shared", 10, 1, 2, 3); err != nil {
 		t.Fatalf("the honest rank's commit: %v", err)
@@ -168,7 +173,7 @@ func TestCheckpointStorageBounded(t *testing.T) {
 		t.Fatalf("committed step %d, want 10", j.GetCommittedStep())
 	}
 	if _, err := mallory.commit(mine, "shared", 50, 1, 2, 3); err != nil {
-		t.Fatalf("once the job committed 10, the rank is 3 ahead: %v", err)
+		t.Fatalf("once the job committed 10, the rank holds 3 ahead: %v", err)
 	}
 	list, err := mallory.c.ListRankCheckpoints(mallory.ctx, &pb.ListRankCheckpointsRequest{Ref: mine})
 	if err != nil || len(list.GetIds()) > MaxCheckpointsAhead+1 {
@@ -187,5 +192,51 @@ func TestManifestsCountAgainstTheCap(t *testing.T) {
 	wantCode(t, "a manifest over the rank's cap", err, codes.ResourceExhausted)
 	if err != nil && !strings.Contains(err.Error(), "commit checkpoint: rank 0 of job j holds 8 bytes") {
 		t.Errorf("refusal %v", err)
+	}
+}
+
+// TestStaleCheckpointsDoNotBlockANewAttempt: a rank's holder commits four
+// checkpoints far ahead, then vanishes. The next attempt's honest holder
+// of that rank must still commit the next boundary: the count of
+// checkpoints ahead is the running attempt's.
+func TestStaleCheckpointsDoNotBlockANewAttempt(t *testing.T) {
+	e := newEnv(t, nil)
+	e.submit(builtinSpec("g", 2), nil)
+	mallory := e.register("mallory", oneRank)
+	honest := e.register("gpu-node-1", oneRank)
+	ml, hl := leaseOf(t, mallory), leaseOf(t, honest)
+	for step := int64(60); step <= 90; step += 10 {
+		if _, err := mallory.commit(ref(mallory, ml), "g", step, 1, 2, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Mallory falls silent; the honest worker's calls carry the clock
+	// past the loss timeout.
+	for range DefaultHeartbeatsToLoss {
+		honest.beat(&pb.RankStatus{JobId: "g", Attempt: 1, Rank: hl.GetRank(), Step: 5})
+	}
+	if j := e.job("g"); j.GetState() != queued || j.GetRestarts() != 1 {
+		t.Fatalf("job after the loss: %v (%s)", j.GetState(), j.GetStateReason())
+	}
+	second := e.register("gpu-node-2", oneRank)
+	ls := map[*worker]*pb.RankLease{}
+	for _, w := range []*worker{honest, second} {
+		for ls[w] == nil {
+			res, err := w.heartbeat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range res.GetStart() {
+				ls[w] = l
+			}
+		}
+	}
+	for w, l := range ls {
+		if _, err := w.commit(ref(w, l), "g", 10, 1, 2, 3); err != nil {
+			t.Fatalf("attempt %d rank %d at step 10: %v", l.GetAttempt(), l.GetRank(), err)
+		}
+	}
+	if j := e.job("g"); j.GetCommittedStep() != 10 || j.GetAttempt() != 2 {
+		t.Fatalf("job %v at committed step %d, attempt %d", j.GetState(), j.GetCommittedStep(), j.GetAttempt())
 	}
 }

@@ -304,6 +304,7 @@ func (s *Service) place(rt *jobRT, d pool.Decision) {
 	rt.synced = nil
 	rt.rec.CommittedStep, rt.rec.Step = j.Committed, j.Committed
 	rt.rec.Placement = nil
+	s.dropStale(rt, j.Committed)
 	world := uint32(rt.spec.Ranks)
 	master := ""
 	if len(d.Placement) > 0 {

@@ -592,7 +592,7 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 			return err
 		}
 		spec, rankCommitted = rt.spec, rt.rec.CommittedStep
-		ahead := 0
+		ahead := 0 // of this attempt: place forgets earlier attempts' (dropStale)
 		for st := range rt.ckpts[ref.GetRank()] {
 			if st > rt.rec.CommittedStep {
 				ahead++
@@ -601,11 +601,12 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 				rankCommitted = st
 			}
 		}
-		if ahead >= MaxCheckpointsAhead && m.Step > rt.rec.CommittedStep {
+		if ahead >= MaxCheckpointsAhead {
 			s.d.Metrics.PoolRefused(metrics.PoolRefusedCheckpointsAhead)
 			s.log.Warn("pool checkpoint refused: rank too far ahead", "job", rt.id(), "rank", ref.GetRank(), "ahead", ahead)
 			return errorf(codes.ResourceExhausted, "commit checkpoint: rank %d of job %s holds %d checkpoints past the job's committed step %d, "+
-				"the most a rank may run ahead of the others: wait until every rank has committed the next boundary", ref.GetRank(), rt.id(), ahead, rt.rec.CommittedStep)
+				"the most a rank may run ahead of the others: wait until every rank has committed the next one",
+				ref.GetRank(), rt.id(), ahead, rt.rec.CommittedStep)
 		}
 		limit.bytes, limit.why = s.storageCap(rt)
 		return nil
