@@ -28,6 +28,10 @@ type Config struct {
 	Tenants map[string]Tenant
 	// Clock drives deadlines and budget windows; nil is the system clock.
 	Clock clock.Clock
+	// Distrust is how long a worker that left a lease unstarted is placed
+	// on only within its demonstrated capacity (NoStart); it doubles with
+	// each further strike. 0 is DefaultDistrust.
+	Distrust time.Duration
 }
 
 // Action is what a Decision asks the server to do.
@@ -69,9 +73,16 @@ type Decision struct {
 // Worker is a snapshot of one worker.
 type Worker struct {
 	ID       string
-	Zone     string // "" when the worker declared none
-	Capacity Resources
+	Zone     string    // "" when the worker declared none
+	Capacity Resources // as the worker claims it
 	Free     Resources
+	// Proven is the most the worker has been seen to run: the largest
+	// share of one job it started (Started).
+	Proven Resources
+	// Strikes counts the leases it left unstarted (NoStart); until
+	// DistrustedUntil it is placed on only within Proven.
+	Strikes         int
+	DistrustedUntil time.Time
 }
 
 type reservation struct {
@@ -96,6 +107,8 @@ type Scheduler struct {
 	usage   map[string]Resources // allocated to running jobs, per tenant
 	ledgers map[string]*ledger
 	resv    *reservation
+	// distrust is Config.Distrust.
+	distrust time.Duration
 }
 
 // NewScheduler checks and copies cfg.
@@ -112,15 +125,22 @@ func NewScheduler(cfg Config) (*Scheduler, error) {
 			return nil, fmt.Errorf("pool: new scheduler: tenant %s: weight, quota or budget out of range: %w", name, ErrInvalidConfig)
 		}
 	}
+	if cfg.Distrust < 0 || cfg.Distrust > 30*24*time.Hour {
+		return nil, fmt.Errorf("pool: new scheduler: distrust %s outside [0, 30 days]: %w", cfg.Distrust, ErrInvalidConfig)
+	}
+	if cfg.Distrust == 0 {
+		cfg.Distrust = DefaultDistrust
+	}
 	return &Scheduler{
-		tenants: maps.Clone(cfg.Tenants),
-		clk:     clock.Or(cfg.Clock),
-		jobs:    map[string]*Job{},
-		active:  map[string]*Job{},
-		seq:     map[string]uint64{},
-		workers: map[string]*Worker{},
-		usage:   map[string]Resources{},
-		ledgers: map[string]*ledger{},
+		tenants:  maps.Clone(cfg.Tenants),
+		clk:      clock.Or(cfg.Clock),
+		jobs:     map[string]*Job{},
+		active:   map[string]*Job{},
+		seq:      map[string]uint64{},
+		workers:  map[string]*Worker{},
+		usage:    map[string]Resources{},
+		ledgers:  map[string]*ledger{},
+		distrust: cfg.Distrust,
 	}, nil
 }
 
@@ -600,12 +620,13 @@ func (s *Scheduler) slots(id string) []slot {
 		}
 	}
 	zone := s.jobs[id].Spec.Zone
+	now := s.clk.Now()
 	for _, id := range s.wids {
 		w := s.workers[id]
 		if zone != "" && w.Zone != zone {
 			continue
 		}
-		free := w.Free
+		free := trustedFree(w, now)
 		if h, ok := withheld[id]; ok {
 			free = free.sub(minRes(free, h))
 		}
@@ -695,9 +716,12 @@ func (s *Scheduler) reserve(j *Job) []Decision {
 		}
 		return ds
 	}
+	// A distrusted worker's claim is not reserved: a head-of-line gang
+	// would wait on capacity that may not exist.
 	capSlots := make([]slot, 0, len(s.workers))
+	now := s.clk.Now()
 	for _, sl := range base {
-		capSlots = append(capSlots, slot{sl.id, s.workers[sl.id].Capacity})
+		capSlots = append(capSlots, slot{sl.id, trusted(s.workers[sl.id], now)})
 	}
 	// Keep a standing plan while it still fits the pool, so the resources
 	// it has collected are not scattered by a re-plan.

@@ -77,7 +77,8 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store, mx *metrics.M) 
 			return created, err
 		},
 		Tenants: s.cfg.PoolTenants, HeartbeatInterval: s.cfg.PoolHeartbeat, HeartbeatsToLoss: s.cfg.PoolHeartbeatsToLoss,
-		Carbon: src, Kube: kx, KubeCheckpointDir: s.cfg.PoolKube.CheckpointDir, Metrics: mx})
+		MaxWorkersPerPrincipal: s.cfg.PoolMaxWorkersPerToken,
+		Carbon:                 src, Kube: kx, KubeCheckpointDir: s.cfg.PoolKube.CheckpointDir, Metrics: mx})
 	if err != nil {
 		return fmt.Errorf("server: pool: %w", err)
 	}

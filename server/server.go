@@ -143,6 +143,9 @@ type Config struct {
 	// of them is lost and its jobs restart from their checkpoints.
 	PoolHeartbeat        time.Duration
 	PoolHeartbeatsToLoss int
+	// PoolMaxWorkersPerToken caps the live pool workers one pool-worker
+	// token registers (default 4: tokens are minted one per machine).
+	PoolMaxWorkersPerToken int
 	// CarbonForecast is a carbon intensity forecast file (Carbon Aware SDK
 	// or WattTime layout, pool/carbon), or a provider URL answering in one
 	// of them (https, or http on loopback; bearer token from

@@ -194,6 +194,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringArrayVar(&f.poolTenants, "pool-tenant", nil, poolTenantHelp)
 	fl.DurationVar(&f.cfg.PoolHeartbeat, "pool-heartbeat", 0,
 		"pool workers' heartbeat interval `DUR` (0: 2s); a worker silent for three of them is lost and its jobs restart from their checkpoints")
+	fl.IntVar(&f.cfg.PoolMaxWorkersPerToken, "pool-max-workers-per-token", 0,
+		"live pool workers `N` one pool-worker token may register (0: 4; tokens are minted one per machine)")
 	fl.StringVar(&f.cfg.CarbonForecast, "carbon-forecast", "",
 		"carbon intensity forecast `FILE` (Carbon Aware SDK or WattTime JSON), or a provider URL answering in one of them "+
 			"(https; a bearer token from $FLEETLEARN_CARBON_TOKEN), read at each submission of a pool job with carbon placement")
@@ -280,6 +282,9 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	}
 	if cfg.PoolHeartbeat != 0 && (cfg.PoolHeartbeat < 10*time.Millisecond || cfg.PoolHeartbeat > time.Hour) {
 		return cfg, 0, usage("--pool-heartbeat %s: want a duration between 10ms and 1h", cfg.PoolHeartbeat)
+	}
+	if cfg.PoolMaxWorkersPerToken < 0 {
+		return cfg, 0, usage("--pool-max-workers-per-token %d: want a positive count (0: the default, 4)", cfg.PoolMaxWorkersPerToken)
 	}
 	return cfg, level, nil
 }

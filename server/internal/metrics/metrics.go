@@ -40,6 +40,9 @@ type M struct {
 	// UIStreamRefusals counts the dashboard's refused live-update streams,
 	// by reason (principal, reserved, full).
 	UIStreamRefusals *prometheus.CounterVec
+	// PoolRefusals counts what the pool refused a worker principal for
+	// exceeding a bound, by one of PoolRefusalReasons; use PoolRefused.
+	PoolRefusals *prometheus.CounterVec
 
 	state *stateCollector
 	names []string
@@ -79,6 +82,28 @@ func (m *M) Refused(reason string) {
 		reason = RefusedOther
 	}
 	m.Refusals.WithLabelValues(reason).Inc()
+}
+
+// Pool refusal reasons: the fixed label values of
+// fleetlearn_pool_refusals_total.
+const (
+	PoolRefusedWorkersPerToken  = "workers_per_token" // a token registering more workers than its cap
+	PoolRefusedWorkers          = "workers"           // the pool holds as many workers as it takes
+	PoolRefusedNoStart          = "no_start"          // a worker left a lease unstarted; its job was requeued
+	PoolRefusedCheckpointBytes  = "checkpoint_bytes"  // a job's checkpoint storage cap reached
+	PoolRefusedCheckpointsAhead = "checkpoints_ahead" // a rank too many checkpoints ahead of the job
+	PoolRefusedCheckpointModel  = "checkpoint_model"  // a manifest that does not fit the job's model
+)
+
+// PoolRefusalReasons lists every label value of fleetlearn_pool_refusals_total.
+var PoolRefusalReasons = []string{PoolRefusedWorkersPerToken, PoolRefusedWorkers, PoolRefusedNoStart,
+	PoolRefusedCheckpointBytes, PoolRefusedCheckpointsAhead, PoolRefusedCheckpointModel}
+
+// PoolRefused counts one pool refusal; reason must be in PoolRefusalReasons.
+func (m *M) PoolRefused(reason string) {
+	if slices.Contains(PoolRefusalReasons, reason) {
+		m.PoolRefusals.WithLabelValues(reason).Inc()
+	}
 }
 
 // New registers the collectors (and the Go and process collectors) on a fresh registry.
@@ -136,6 +161,11 @@ func New() *M {
 		"Energy pool jobs' ranks reported, in joules, by tenant.", "tenant")
 	m.UIStreamRefusals = counterVec("fleetlearn_ui_stream_refusals_total",
 		"Dashboard live-update streams refused, by reason: principal (the viewer holds its share), reserved (the rest is kept for admins, operators and auditors), full.", "reason")
+	m.PoolRefusals = counterVec("fleetlearn_pool_refusals_total",
+		"Pool worker calls refused for exceeding a bound (workers per token, checkpoint storage, ...) and leases left unstarted, by reason.", "reason")
+	for _, reason := range PoolRefusalReasons {
+		m.PoolRefusals.WithLabelValues(reason)
+	}
 	m.state = newStateCollector()
 	m.register("", m.state)
 	m.names = append(m.names, m.state.names...)

@@ -37,6 +37,17 @@ const (
 	MaxLogLineBytes = 4096
 	// MaxBlobBytes bounds one checkpoint blob: the checkpoint chunk size.
 	MaxBlobBytes = 4 << 20
+	// DefaultMaxWorkersPerPrincipal caps the live workers one pool-worker
+	// token holds. Tokens are minted one per machine, and an agent holds
+	// one worker; the rest is room for an agent restarted before the
+	// server has declared its previous worker lost.
+	DefaultMaxWorkersPerPrincipal = 4
+	// DefaultStartTimeout is how long a worker has to report a rank it was
+	// leased (in a heartbeat, or its exit) before the lease is revoked. An
+	// honest agent lists it in its next heartbeat; the time covers a rank
+	// that ended at once and whose exit report the agent is still retrying
+	// (for up to 30 s).
+	DefaultStartTimeout = time.Minute
 )
 
 // ModelSink stores a pool-trained model as a model version of family name
@@ -66,7 +77,18 @@ type Deps struct {
 	HeartbeatInterval time.Duration
 	HeartbeatsToLoss  int
 	// MaxJobStorageBytes caps one job's checkpoint bytes (default 64 GiB).
+	// A built-in job whose model size is known from its spec is capped
+	// lower, at what its ranks' kept checkpoints can hold.
 	MaxJobStorageBytes int64
+	// MaxWorkersPerPrincipal caps the live (not lost) workers registered
+	// with one pool-worker token (default DefaultMaxWorkersPerPrincipal).
+	MaxWorkersPerPrincipal int
+	// StartTimeout is how long a leased rank may go unreported by its
+	// worker while the worker keeps calling (default DefaultStartTimeout);
+	// then the lease is revoked, the job requeued, and the worker
+	// distrusted for WorkerDistrust (pool.Config.Distrust).
+	StartTimeout   time.Duration
+	WorkerDistrust time.Duration
 	// Carbon is the carbon intensity forecast, read at each submission of
 	// a job with spec.carbon and when such a job ends; nil refuses those
 	// jobs.
@@ -104,6 +126,11 @@ type Service struct {
 	// Owned by the loop goroutine.
 	jobs    map[string]*jobRT
 	workers map[string]*workerRT
+	// strikes are the no-start records of principals (pool-worker
+	// tokens), handed to each worker they register, so registering again
+	// does not clear them. Only principals that left a lease unstarted
+	// have one.
+	strikes map[principalKey]strikeRec
 	passes  uint64
 	timer   clock.Timer
 
@@ -117,7 +144,8 @@ func New(d Deps) (*Service, error) {
 	switch {
 	case d.Store == nil, d.CheckpointDir == "", d.Audit == nil, d.StoreModel == nil, d.CreateTask == nil:
 		return nil, fmt.Errorf("poolsvc: new: store, checkpoint dir, audit, model sink and task creation are required: %w", ErrConfig)
-	case d.HeartbeatInterval < 0 || d.HeartbeatsToLoss < 0 || d.MaxJobStorageBytes < 0:
+	case d.HeartbeatInterval < 0 || d.HeartbeatsToLoss < 0 || d.MaxJobStorageBytes < 0 || d.MaxWorkersPerPrincipal < 0 ||
+		d.StartTimeout < 0 || d.WorkerDistrust < 0:
 		return nil, fmt.Errorf("poolsvc: new: negative heartbeat or storage setting: %w", ErrConfig)
 	}
 	if d.HeartbeatInterval == 0 {
@@ -135,6 +163,15 @@ func New(d Deps) (*Service, error) {
 	if d.MaxJobStorageBytes == 0 {
 		d.MaxJobStorageBytes = DefaultMaxJobStorage
 	}
+	if d.MaxWorkersPerPrincipal == 0 {
+		d.MaxWorkersPerPrincipal = DefaultMaxWorkersPerPrincipal
+	}
+	if d.MaxWorkersPerPrincipal > MaxWorkers {
+		return nil, fmt.Errorf("poolsvc: new: %d workers per token, more than the pool's %d: %w", d.MaxWorkersPerPrincipal, MaxWorkers, ErrConfig)
+	}
+	if d.StartTimeout == 0 {
+		d.StartTimeout = DefaultStartTimeout
+	}
 	if len(d.Tenants) == 0 {
 		d.Tenants = map[string]pool.Tenant{DefaultTenant: {Weight: 1}}
 	}
@@ -146,14 +183,14 @@ func New(d Deps) (*Service, error) {
 	if d.Metrics == nil {
 		d.Metrics = metrics.New()
 	}
-	sched, err := pool.NewScheduler(pool.Config{Tenants: d.Tenants, Clock: d.Clock})
+	sched, err := pool.NewScheduler(pool.Config{Tenants: d.Tenants, Clock: d.Clock, Distrust: d.WorkerDistrust})
 	if err != nil {
 		return nil, fmt.Errorf("poolsvc: new: %w", err)
 	}
 	s := &Service{d: d, clk: d.Clock, log: d.Log, sched: sched,
 		ckpt: newCkptStores(d.CheckpointDir, d.MaxJobStorageBytes), logs: newNotifier(),
 		reqs: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
-		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}}
+		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}, strikes: map[principalKey]strikeRec{}}
 	d.Metrics.SetPool(s.poolCounts)
 	return s, nil
 }
@@ -280,6 +317,9 @@ func (s *Service) armTimer() {
 		}
 	}
 	if dl := s.dilocoDeadline(); !dl.IsZero() && (next.IsZero() || dl.Before(next)) {
+		next = dl
+	}
+	if dl := s.startDeadline(); !dl.IsZero() && (next.IsZero() || dl.Before(next)) {
 		next = dl
 	}
 	if s.timer != nil {

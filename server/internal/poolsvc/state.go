@@ -116,6 +116,9 @@ type workerRT struct {
 	// stopSent is when each ended attempt's stop was last sent, so that a
 	// rank still shutting down is not told again at every heartbeat.
 	stopSent map[rankAttempt]time.Time
+	// awaiting are the leases delivered to the worker whose ranks it has
+	// not reported yet (checkStarts).
+	awaiting map[rankAttempt]*awaiting
 }
 
 func (w *workerRT) signal() {
@@ -301,6 +304,7 @@ func (s *Service) place(rt *jobRT, d pool.Decision) {
 	rt.synced = nil
 	rt.rec.CommittedStep, rt.rec.Step = j.Committed, j.Committed
 	rt.rec.Placement = nil
+	s.dropStale(rt, j.Committed)
 	world := uint32(rt.spec.Ranks)
 	master := ""
 	if len(d.Placement) > 0 {
@@ -424,6 +428,7 @@ func (s *Service) expire() {
 			s.handoff(rt)
 		}
 	}
+	s.checkStarts()
 }
 
 func (s *Service) loseWorker(w *workerRT, why string) {
@@ -437,6 +442,7 @@ func (s *Service) loseWorker(w *workerRT, why string) {
 	}
 	w.lost = true
 	w.starts, w.stops = nil, nil
+	clear(w.awaiting)
 	w.rec.State = workerLost
 	w.signal()
 	if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {

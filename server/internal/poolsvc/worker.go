@@ -23,6 +23,7 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -157,18 +158,24 @@ func (v *workerServer) RegisterWorker(ctx context.Context, req *pb.RegisterWorke
 				}
 			}
 		}
+		if err := s.admitWorker(p); err != nil {
+			return err
+		}
 		if len(s.workers) >= MaxWorkers {
-			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes", MaxWorkers)
+			s.d.Metrics.PoolRefused(metrics.PoolRefusedWorkers)
+			return errorf(codes.ResourceExhausted, "register worker: the pool holds %d workers, the most it takes: "+
+				"wait for stopped workers to be declared lost, or retire some", MaxWorkers)
 		}
 		if err := s.sched.AddWorkerInZone(id, req.GetZone(), capacity); err != nil {
 			return invalidf("register worker: %v", err)
 		}
 		now := s.clk.Now()
 		w := &workerRT{subject: p.Subject, tokenID: p.TokenID, host: peerHost(ctx), lastSeen: now, wake: make(chan struct{}),
-			stopSent: map[rankAttempt]time.Time{},
+			stopSent: map[rankAttempt]time.Time{}, awaiting: map[rankAttempt]*awaiting{},
 			rec: &pb.PoolWorker{Id: id, Name: req.GetName(), Capacity: proto.CloneOf(c), Free: proto.CloneOf(c),
 				LastSeen: timestamppb.New(now), GpuModels: req.GetGpuModels(), State: workerReady, Version: req.GetVersion(), Zone: req.GetZone()}}
 		s.workers[id] = w
+		s.inheritStrikes(w)
 		if err := s.d.Store.PutPoolWorker(context.Background(), s.workerRow(w)); err != nil {
 			s.log.Error("storing pool worker", "worker", id, "err", err)
 		}
@@ -260,6 +267,7 @@ func (v *workerServer) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) 
 				}
 			}
 			if w.pending() || ctx.Err() != nil {
+				s.delivered(w, w.starts)
 				out = &pb.HeartbeatResponse{Start: w.starts, Stop: w.stops}
 				w.starts, w.stops = nil, nil
 				return nil
@@ -346,6 +354,13 @@ func (s *Service) heartbeatRanks(w *workerRT, ranks []*pb.RankStatus) error {
 	for _, it := range ended {
 		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
 	}
+	listed := make(map[rankAttempt]bool, len(items))
+	for _, it := range items {
+		k := rankAttempt{it.rt.id(), it.rs.GetAttempt(), it.rs.GetRank()}
+		listed[k] = true
+		s.reported(w, it.rt, k)
+	}
+	w.missed(listed)
 	for _, it := range items {
 		it.le.step = max(it.le.step, it.rs.GetStep())
 		s.applyUsage(it.rt, it.le, it.rs.GetUsage())
@@ -386,6 +401,10 @@ func (v *workerServer) RankExited(ctx context.Context, req *pb.RankExitedRequest
 			}
 		}
 		s.applyUsage(rt, le, req.GetUsage())
+		if w := s.workers[ref.GetWorkerId()]; w != nil {
+			// A rank that ended was started, whatever its outcome.
+			s.reported(w, rt, rankAttempt{ref.GetJobId(), ref.GetAttempt(), ref.GetRank()})
+		}
 		le.exited, le.data = true, req.GetDataSha256()
 		if !current {
 			// An ended attempt's rank: its usage counts, its outcome
@@ -432,7 +451,7 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 	if checkpoint.Sum(data) != d {
 		return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
 	}
-	st, err := v.rankStore(ctx, req.GetRef(), false)
+	st, limit, err := v.rankStoreCap(ctx, req.GetRef())
 	if err != nil {
 		return nil, err
 	}
@@ -442,21 +461,61 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 		st.fresh[d] = struct{}{}
 		return &pb.PutCheckpointBlobResponse{}, nil
 	}
-	ok, used, err := s.ckpt.reserve(req.GetRef().GetJobId(), int64(len(data)))
+	ok, used, err := s.ckpt.reserve(st, int64(len(data)), limit.bytes)
 	if err != nil {
 		return nil, errorf(codes.Internal, "put checkpoint blob: storage")
 	}
 	if !ok {
-		return nil, errorf(codes.ResourceExhausted, "put checkpoint blob: job %s holds %d bytes of checkpoints, the limit is %d",
-			req.GetRef().GetJobId(), used, s.d.MaxJobStorageBytes)
+		return nil, s.overCap("put checkpoint blob", req.GetRef(), used, int64(len(data)), limit)
 	}
 	if err := st.dir.PutBlob(d, data); err != nil {
-		s.ckpt.release(req.GetRef().GetJobId(), int64(len(data)))
+		s.ckpt.release(st, int64(len(data)))
 		s.log.Error("storing a checkpoint blob", "job", req.GetRef().GetJobId(), "err", err)
 		return nil, errorf(codes.Internal, "put checkpoint blob: storage failed")
 	}
 	st.fresh[d] = struct{}{}
 	return &pb.PutCheckpointBlobResponse{}, nil
+}
+
+// storageLimit is a job's checkpoint cap and what it comes from.
+type storageLimit struct {
+	bytes int64
+	why   string
+}
+
+// overCap is the refusal of n more bytes for a rank of job, holding used,
+// over limit.
+func (s *Service) overCap(op string, ref *pb.RankRef, used, n int64, limit storageLimit) error {
+	s.d.Metrics.PoolRefused(metrics.PoolRefusedCheckpointBytes)
+	s.log.Warn("pool checkpoint storage refused: over the rank's cap", "job", ref.GetJobId(), "rank", ref.GetRank(),
+		"worker", ref.GetWorkerId(), "used", used, "more", n, "cap", limit.bytes)
+	return errorf(codes.ResourceExhausted, "%s: rank %d of job %s holds %d bytes of checkpoints and %d more would pass its cap of %d (%s): "+
+		"a rank keeps its committed checkpoint, one older and at most %d ahead; upload only the blobs the next manifest names",
+		op, ref.GetRank(), ref.GetJobId(), used, n, limit.bytes, limit.why, MaxCheckpointsAhead)
+}
+
+// rankStoreCap is rankStore for an upload: it also returns the job's cap.
+func (v *workerServer) rankStoreCap(ctx context.Context, ref *pb.RankRef) (*rankStore, storageLimit, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, storageLimit{}, err
+	}
+	var limit storageLimit
+	if err := v.s.do(ctx, func() error {
+		rt, _, err := v.s.leaseFor(ref, p, false)
+		if err == nil {
+			limit.bytes, limit.why = v.s.storageCap(rt)
+		}
+		return err
+	}); err != nil {
+		return nil, storageLimit{}, err
+	}
+	st, err := v.s.ckpt.get(ref.GetJobId(), ref.GetRank())
+	if err != nil {
+		v.s.log.Error("opening a checkpoint store", "job", ref.GetJobId(), "err", err)
+		return nil, storageLimit{}, errorf(codes.Internal, "checkpoint store unavailable")
+	}
+	return st, limit, nil
 }
 
 // rankStore checks the lease and opens the rank's store.
@@ -526,17 +585,30 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 	}
 	var spec pool.Spec
 	var rankCommitted int64
+	var limit storageLimit
 	err = s.do(ctx, func() error {
 		rt, _, err := s.leaseFor(ref, p, false)
 		if err != nil {
 			return err
 		}
 		spec, rankCommitted = rt.spec, rt.rec.CommittedStep
+		ahead := 0 // of this attempt: place forgets earlier attempts' (dropStale)
 		for st := range rt.ckpts[ref.GetRank()] {
+			if st > rt.rec.CommittedStep {
+				ahead++
+			}
 			if st > rankCommitted && rt.stepRanks[st][ref.GetRank()] {
 				rankCommitted = st
 			}
 		}
+		if ahead >= MaxCheckpointsAhead {
+			s.d.Metrics.PoolRefused(metrics.PoolRefusedCheckpointsAhead)
+			s.log.Warn("pool checkpoint refused: rank too far ahead", "job", rt.id(), "rank", ref.GetRank(), "ahead", ahead)
+			return errorf(codes.ResourceExhausted, "commit checkpoint: rank %d of job %s holds %d checkpoints past the job's committed step %d, "+
+				"the most a rank may run ahead of the others: wait until every rank has committed the next one",
+				ref.GetRank(), rt.id(), ahead, rt.rec.CommittedStep)
+		}
+		limit.bytes, limit.why = s.storageCap(rt)
 		return nil
 	})
 	if err != nil {
@@ -555,9 +627,25 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 		return nil, errorf(codes.Internal, "checkpoint store unavailable")
 	}
 	st.mu.Lock()
+	// The manifest is stored too, and counts against the job's cap.
+	var charged int64
+	if _, err := st.dir.Manifest(checkpoint.Sum(req.GetManifest())); err != nil {
+		charged = int64(len(req.GetManifest()))
+		ok, used, err := s.ckpt.reserve(st, charged, limit.bytes)
+		if err != nil {
+			st.mu.Unlock()
+			return nil, errorf(codes.Internal, "commit checkpoint: storage")
+		}
+		if !ok {
+			st.mu.Unlock()
+			return nil, s.overCap("commit checkpoint", ref, used, charged, limit)
+		}
+	}
 	id, err := st.dir.Commit(m)
 	if err == nil {
 		clear(st.fresh)
+	} else {
+		s.ckpt.release(st, charged)
 	}
 	st.mu.Unlock()
 	if err != nil {
@@ -592,7 +680,7 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 	if err != nil {
 		return nil, err
 	}
-	dropped, err := s.ckpt.gc(ref.GetJobId(), st, keep)
+	dropped, err := s.ckpt.gc(st, keep)
 	if err != nil {
 		s.log.Warn("checkpoint gc", "job", ref.GetJobId(), "rank", ref.GetRank(), "err", err)
 	}
