@@ -425,7 +425,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	m := metrics.New()
-	bl := blobs.New(obs)
+	bl := blobs.New(js, obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
