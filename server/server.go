@@ -311,6 +311,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: data dir: %w", err)
 	}
+	if err := s.clearImports(); err != nil {
+		return err
+	}
 	if err := s.openAudit(ctx); err != nil {
 		return err
 	}
