@@ -58,6 +58,9 @@ func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, r io
 	}
 	d, err := model.NewSafetensorsReader(r, opts...)
 	if err != nil {
+		if n := h.GetSizeBytes(); n > 0 {
+			return nil, invalid("%v (checked against the %d bytes the upload's header declared)", err, n)
+		}
 		return nil, invalid("%v", err)
 	}
 	tensors := d.Tensors()
