@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -69,11 +70,12 @@ func newModelImportCommand(a *app) *cobra.Command {
 			if err := checkSafetensorsPrefix(file); err != nil {
 				return fmt.Errorf("model import: %s: %w", args[0], err)
 			}
-			// The server parses the file in full and says what is wrong
-			// with it; here the parse only gives the content hash.
+			// The server checks the file in full and says what is wrong
+			// with it; here reading it (a chunk at a time, whatever its
+			// size) only gives the content hash.
 			content := ""
-			if m, err := model.ReadSafetensors(bufio.NewReader(file.f)); err == nil {
-				content = m.HashHex()
+			if sum, err := model.HashSafetensors(bufio.NewReaderSize(file.f, 1<<20), model.WithInputSize(file.size)); err == nil {
+				content = hex.EncodeToString(sum[:])
 			}
 			if _, err := file.f.Seek(0, io.SeekStart); err != nil {
 				return fmt.Errorf("model import: %w", err)

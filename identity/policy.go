@@ -59,8 +59,8 @@ const (
 //   - auditor: the whole audit log; task, round, model, module and device
 //     views; no writes and no model weights (ExportModel).
 //   - pool-worker: PoolWorkerService (register, heartbeat, the ranks it
-//     is leased: their checkpoints, averages and logs), ImportModel, and
-//     reading models (GetModel, ListModels, ExportModel).
+//     is leased: their checkpoints, averages and logs) and reading models
+//     (GetModel, ListModels, ExportModel), not importing them.
 //   - operators submit and cancel pool jobs and read their logs; auditors
 //     see jobs and workers, not logs (a script's output may hold data).
 //
@@ -77,7 +77,10 @@ func DefaultPolicy() *Policy {
 		{svcTask + "WatchTask", []Role{a, o, au}},
 		{svcTask + "ListRounds", []Role{a, o, au}},
 
-		{svcModel + "ImportModel", []Role{a, o, pw}},
+		// Pool jobs' models are stored by the server (the job's then-model),
+		// never imported by a worker; a job script can read its worker's
+		// token, so the token must not be able to add models.
+		{svcModel + "ImportModel", []Role{a, o}},
 		{svcModel + "ExportModel", []Role{a, o, pw}},
 		{svcModel + "GetModel", []Role{a, o, au, pw}},
 		{svcModel + "ListModels", []Role{a, o, au, pw}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"testing/iotest"
 
 	"github.com/fleetlearn/fleetlearn/model"
 )
@@ -35,6 +36,7 @@ func FuzzReadSafetensors(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := model.DecodeSafetensors(b, model.WithMaxTensorBytes(1<<20))
+		checkStreamingAgrees(t, b, m, err)
 		if err != nil {
 			for _, s := range sentinels {
 				if errors.Is(err, s) {
@@ -65,4 +67,44 @@ func FuzzReadSafetensors(f *testing.F) {
 			t.Fatalf("writer is not deterministic (err %v)", err)
 		}
 	})
+}
+
+// checkStreamingAgrees: the streaming paths built on SafetensorsReader
+// (WriteCanonical, HashSafetensors) accept exactly the files
+// DecodeSafetensors accepts, fail with the same error, and give the bytes
+// and hash of the decoded model.
+func checkStreamingAgrees(t *testing.T, b []byte, m *model.Model, decodeErr error) {
+	t.Helper()
+	l := model.Lineage{Parent: "p", Source: "imported"}
+	var out bytes.Buffer
+	var n int64
+	d, err := model.NewSafetensorsReader(bytes.NewReader(b), model.WithMaxTensorBytes(1<<20), model.WithInputSize(int64(len(b))))
+	if err == nil {
+		n, err = d.WriteCanonical(&out, l)
+	}
+	sum, hashErr := model.HashSafetensors(iotest.HalfReader(bytes.NewReader(b)), model.WithMaxTensorBytes(1<<20))
+	if decodeErr != nil {
+		if err == nil || err.Error() != decodeErr.Error() {
+			t.Fatalf("WriteCanonical: err = %v, DecodeSafetensors: %v", err, decodeErr)
+		}
+		if hashErr == nil {
+			t.Fatalf("HashSafetensors accepted what DecodeSafetensors refused: %v", decodeErr)
+		}
+		return
+	}
+	if err != nil || hashErr != nil {
+		t.Fatalf("streaming refused what DecodeSafetensors accepted: %v, %v", err, hashErr)
+	}
+	if sum != m.Hash() {
+		t.Fatal("HashSafetensors differs from Hash")
+	}
+	c := m.Clone()
+	c.Lineage = l
+	var want bytes.Buffer
+	if err := model.WriteSafetensors(&want, c); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Bytes(), want.Bytes()) || n != int64(want.Len()) {
+		t.Fatalf("WriteCanonical wrote %d bytes (counted %d), WriteSafetensors %d; equal: %v", out.Len(), n, want.Len(), bytes.Equal(out.Bytes(), want.Bytes()))
+	}
 }

@@ -41,27 +41,89 @@ func (m *Model) writeCanonical(w io.Writer) {
 	if m != nil {
 		tensors = m.Tensors
 	}
-	buf := make([]byte, 0, chunkBytes)
-	buf = append(buf, canonicalMagic...)
-	buf = binary.AppendUvarint(buf, uint64(len(tensors)))
+	c := newCanonical(w, len(tensors))
 	for _, t := range tensors {
-		buf = binary.AppendUvarint(buf, uint64(len(t.Name)))
-		buf = append(buf, t.Name...)
-		buf = binary.AppendUvarint(buf, uint64(len(t.Shape)))
-		for _, d := range t.Shape {
-			buf = binary.AppendUvarint(buf, uint64(d))
+		c.tensor(t.Name, t.Shape)
+		c.values(t.Data)
+	}
+	c.flush()
+}
+
+// canonical encodes the canonical bytes a piece at a time, for models held
+// in memory and models streamed from a file alike.
+type canonical struct {
+	w   io.Writer
+	buf []byte
+}
+
+func newCanonical(w io.Writer, tensors int) *canonical {
+	c := &canonical{w: w, buf: make([]byte, 0, chunkBytes)}
+	c.buf = append(c.buf, canonicalMagic...)
+	c.buf = binary.AppendUvarint(c.buf, uint64(tensors))
+	return c
+}
+
+// tensor starts a tensor; its values follow.
+func (c *canonical) tensor(name string, shape []int) {
+	c.buf = binary.AppendUvarint(c.buf, uint64(len(name)))
+	c.buf = append(c.buf, name...)
+	c.buf = binary.AppendUvarint(c.buf, uint64(len(shape)))
+	for _, d := range shape {
+		c.buf = binary.AppendUvarint(c.buf, uint64(d))
+	}
+}
+
+func (c *canonical) values(data []float32) {
+	for len(data) > 0 {
+		if cap(c.buf)-len(c.buf) < 4 {
+			c.w.Write(c.buf)
+			c.buf = c.buf[:0]
 		}
-		for data := t.Data; len(data) > 0; {
-			if cap(buf)-len(buf) < 4 {
-				w.Write(buf)
-				buf = buf[:0]
+		n := min(len(data), (cap(c.buf)-len(c.buf))/4)
+		c.buf = appendF32s(c.buf, data[:n])
+		data = data[n:]
+	}
+}
+
+func (c *canonical) flush() {
+	c.w.Write(c.buf)
+	c.buf = c.buf[:0]
+}
+
+// HashSafetensors returns the Hash of the model the safetensors file r holds
+// without holding the model: it reads the file through a SafetensorsReader,
+// making every check ReadSafetensors makes, one chunk at a time.
+func HashSafetensors(r io.Reader, opts ...ReadOption) ([32]byte, error) {
+	var sum [32]byte
+	d, err := NewSafetensorsReader(r, opts...)
+	if err != nil {
+		return sum, err
+	}
+	h := sha256.New()
+	c := newCanonical(h, len(d.hdr.tensors))
+	for {
+		ti, err := d.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return sum, err
+		}
+		c.tensor(ti.Name, ti.Shape)
+		for {
+			v, err := d.Values()
+			if err == io.EOF {
+				break
 			}
-			n := min(len(data), (cap(buf)-len(buf))/4)
-			buf = appendF32s(buf, data[:n])
-			data = data[n:]
+			if err != nil {
+				return sum, err
+			}
+			c.values(v)
 		}
 	}
-	w.Write(buf)
+	c.flush()
+	h.Sum(sum[:0])
+	return sum, nil
 }
 
 // appendF32s appends v as little-endian float32 bits; dst must have room.

@@ -70,9 +70,87 @@ func ReadSafetensors(r io.Reader, opts ...ReadOption) (*Model, error) {
 // readSafetensors reads from r, whose length is size bytes or unknown (-1).
 func readSafetensors(r io.Reader, size int64, opts []ReadOption) (*Model, error) {
 	cfg := newReadConfig(opts)
-	if size < 0 {
-		size = cfg.size
+	if size >= 0 {
+		cfg.size = size
 	}
+	d, err := newSafetensorsReader(r, cfg)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Tensors: make([]Tensor, len(d.hdr.tensors)), Lineage: d.hdr.lineage}
+	for i := range d.hdr.tensors {
+		ti := &d.hdr.tensors[i]
+		if _, err := d.Next(); err != nil {
+			return nil, err
+		}
+		// Where the length is known the header was checked against it, so
+		// the tensor is allocated at full size; otherwise it grows as bytes
+		// arrive.
+		prealloc := ti.count
+		if !d.known {
+			prealloc = min(prealloc, maxBlindElems)
+		}
+		data := make([]float32, 0, prealloc)
+		for {
+			data, err = d.appendValues(data)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		m.Tensors[i] = Tensor{Name: ti.name, Shape: ti.shape, Data: data}
+	}
+	if _, err := d.Next(); err != io.EOF {
+		return nil, err
+	}
+	return m, nil
+}
+
+// TensorInfo describes one tensor of a safetensors file as its header
+// declares it.
+type TensorInfo struct {
+	Name  string
+	Shape []int
+	DType string // F32, F64, F16 or BF16: the values are read as float32
+}
+
+// Size is the number of values the tensor holds.
+func (t TensorInfo) Size() int {
+	n, _ := shapeSize(t.Shape) // checked when the header was read
+	return n
+}
+
+// SafetensorsReader reads a safetensors file one chunk of values at a time,
+// so that a file of any size can be checked, converted or hashed in memory
+// that does not grow with it (the header aside, which WithMaxHeaderBytes
+// bounds). It makes every check ReadSafetensors makes, which is built on it:
+// NewSafetensorsReader reads and checks the header, Next moves to each
+// tensor in data_offsets order, Values returns the current tensor's values
+// converted to float32 and checked finite, and the Next after the last
+// tensor returns io.EOF only once the input has ended where the header said.
+type SafetensorsReader struct {
+	r       io.Reader
+	hdr     *header
+	known   bool // the input's length was given and matches the header
+	scratch []byte
+	vals    []float32
+	cur     int    // index of the current tensor; -1 before the first Next
+	left    uint64 // bytes of the current tensor not yet read
+	done    int    // values of the current tensor read so far
+	err     error  // sticky: once reading failed, every call fails
+}
+
+// NewSafetensorsReader reads and checks the header of the safetensors file
+// r holds. With WithInputSize, a header that disagrees with the input's
+// length is refused before any value is read.
+func NewSafetensorsReader(r io.Reader, opts ...ReadOption) (*SafetensorsReader, error) {
+	return newSafetensorsReader(r, newReadConfig(opts))
+}
+
+func newSafetensorsReader(r io.Reader, cfg readConfig) (*SafetensorsReader, error) {
+	size := cfg.size
 	var lenBuf [8]byte
 	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
 		return nil, fmt.Errorf("safetensors: header length: %w", readErr(err))
@@ -111,25 +189,94 @@ func readSafetensors(r io.Reader, size int64, opts []ReadOption) (*Model, error)
 			return nil, fmt.Errorf("safetensors: buffer has %d bytes, header indexes only %d: %w", rest, hdr.total, ErrInvalidOffsets)
 		}
 	}
+	return &SafetensorsReader{r: r, hdr: hdr, known: known, scratch: make([]byte, min(hdr.total, chunkBytes)), cur: -1}, nil
+}
 
-	m := &Model{Tensors: make([]Tensor, len(hdr.tensors)), Lineage: hdr.lineage}
-	scratch := make([]byte, min(hdr.total, chunkBytes))
-	for i := range hdr.tensors {
-		ti := &hdr.tensors[i]
-		data, err := readTensor(r, ti, scratch, known)
-		if err != nil {
-			return nil, fmt.Errorf("safetensors: tensor %q: %w", ti.name, err)
+// Tensors lists the file's tensors in data_offsets order, the order Next
+// visits them and ReadSafetensors returns them.
+func (d *SafetensorsReader) Tensors() []TensorInfo {
+	out := make([]TensorInfo, len(d.hdr.tensors))
+	for i, ti := range d.hdr.tensors {
+		out[i] = TensorInfo{Name: ti.name, Shape: slices.Clone(ti.shape), DType: ti.dtype}
+	}
+	return out
+}
+
+// Lineage is the lineage the header's fleetlearn.* metadata keys record.
+func (d *SafetensorsReader) Lineage() Lineage { return d.hdr.lineage }
+
+// Next moves to the next tensor, reading (and checking) whatever values of
+// the current one were left unread. After the last tensor it checks that
+// the input ends there and returns io.EOF.
+func (d *SafetensorsReader) Next() (TensorInfo, error) {
+	for d.err == nil && d.cur >= 0 && d.cur < len(d.hdr.tensors) {
+		if _, err := d.Values(); err == io.EOF {
+			break
 		}
-		m.Tensors[i] = Tensor{Name: ti.name, Shape: ti.shape, Data: data}
 	}
-	var one [1]byte
-	switch k, err := io.ReadFull(r, one[:]); {
-	case k > 0:
-		return nil, fmt.Errorf("safetensors: bytes after the last tensor (header indexes %d): %w", hdr.total, ErrInvalidOffsets)
-	case err != io.EOF:
-		return nil, fmt.Errorf("safetensors: %w", err)
+	if d.err != nil {
+		return TensorInfo{}, d.err
 	}
-	return m, nil
+	if d.cur == len(d.hdr.tensors) {
+		return TensorInfo{}, io.EOF
+	}
+	d.cur++
+	if d.cur == len(d.hdr.tensors) {
+		var one [1]byte
+		switch k, err := io.ReadFull(d.r, one[:]); {
+		case k > 0:
+			d.err = fmt.Errorf("safetensors: bytes after the last tensor (header indexes %d): %w", d.hdr.total, ErrInvalidOffsets)
+		case err != io.EOF:
+			d.err = fmt.Errorf("safetensors: %w", err)
+		}
+		if d.err != nil {
+			return TensorInfo{}, d.err
+		}
+		return TensorInfo{}, io.EOF
+	}
+	ti := &d.hdr.tensors[d.cur]
+	d.left, d.done = ti.end-ti.begin, 0
+	return TensorInfo{Name: ti.name, Shape: slices.Clone(ti.shape), DType: ti.dtype}, nil
+}
+
+// Values returns the next chunk of the current tensor's values as float32,
+// io.EOF once there are no more. The slice is valid until the next call.
+func (d *SafetensorsReader) Values() ([]float32, error) {
+	v, err := d.appendValues(d.vals[:0])
+	if err != nil {
+		return nil, err
+	}
+	d.vals = v
+	return v, nil
+}
+
+// appendValues reads the next chunk of the current tensor, appending its
+// values to dst; io.EOF when the tensor has no more.
+func (d *SafetensorsReader) appendValues(dst []float32) ([]float32, error) {
+	if d.err != nil {
+		return dst, d.err
+	}
+	if d.cur < 0 || d.cur >= len(d.hdr.tensors) {
+		return dst, errors.New("safetensors: Values called outside a tensor: call Next first")
+	}
+	if d.left == 0 {
+		return dst, io.EOF
+	}
+	ti := &d.hdr.tensors[d.cur]
+	chunk := d.scratch[:min(d.left, uint64(len(d.scratch)))]
+	if _, err := io.ReadFull(d.r, chunk); err != nil {
+		d.err = fmt.Errorf("safetensors: tensor %q: %w", ti.name, readErr(err))
+		return dst, d.err
+	}
+	d.left -= uint64(len(chunk))
+	start := len(dst)
+	dst = decodeChunk(dst, chunk, ti.dtype)
+	if j := floats.FirstNonFinite(dst[start:]); j >= 0 {
+		d.err = fmt.Errorf("safetensors: tensor %q: element %d: %s value is %v as float32: %w", ti.name, d.done+j, ti.dtype, dst[start+j], ErrNonFinite)
+		return dst, d.err
+	}
+	d.done += len(dst) - start
+	return dst, nil
 }
 
 // readErr marks an early end of input as ErrTruncated and passes other I/O
@@ -144,27 +291,6 @@ func readErr(err error) error {
 // maxBlindElems bounds the up-front allocation for a tensor when the input's
 // length is unknown; beyond it the slice grows only as bytes arrive.
 const maxBlindElems = 1 << 20
-
-func readTensor(r io.Reader, ti *tensorInfo, scratch []byte, known bool) ([]float32, error) {
-	prealloc := ti.count
-	if !known {
-		prealloc = min(prealloc, maxBlindElems)
-	}
-	data := make([]float32, 0, prealloc)
-	for remaining := ti.end - ti.begin; remaining > 0; {
-		chunk := scratch[:min(remaining, uint64(len(scratch)))]
-		if _, err := io.ReadFull(r, chunk); err != nil {
-			return nil, readErr(err)
-		}
-		remaining -= uint64(len(chunk))
-		start := len(data)
-		data = decodeChunk(data, chunk, ti.dtype)
-		if j := floats.FirstNonFinite(data[start:]); j >= 0 {
-			return nil, fmt.Errorf("element %d: %s value is %v as float32: %w", start+j, ti.dtype, data[start+j], ErrNonFinite)
-		}
-	}
-	return data, nil
-}
 
 // decodeChunk appends the values in src, whose length is a multiple of the
 // dtype's size, converted to float32.

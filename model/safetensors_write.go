@@ -2,6 +2,7 @@ package model
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -15,10 +16,12 @@ func WriteSafetensors(w io.Writer, m *Model) error {
 	if err := m.validate(); err != nil {
 		return fmt.Errorf("safetensors: write: %w", err)
 	}
-	hdr := appendHeader(make([]byte, 8, 256), m)
-	binary.LittleEndian.PutUint64(hdr, uint64(len(hdr)-8))
-	if _, err := w.Write(hdr); err != nil {
-		return fmt.Errorf("safetensors: write: %w", err)
+	tensors := make([]TensorInfo, len(m.Tensors))
+	for i, t := range m.Tensors {
+		tensors[i] = TensorInfo{Name: t.Name, Shape: t.Shape, DType: "F32"}
+	}
+	if err := writeHeader(w, tensors, m.Lineage); err != nil {
+		return err
 	}
 	buf := make([]byte, 0, chunkBytes)
 	for _, t := range m.Tensors {
@@ -42,9 +45,21 @@ func WriteSafetensors(w io.Writer, m *Model) error {
 	return nil
 }
 
+// writeHeader writes the length and the header of a file that holds tensors
+// as F32, in that order, and lineage l.
+func writeHeader(w io.Writer, tensors []TensorInfo, l Lineage) error {
+	hdr := appendHeader(make([]byte, 8, 256), tensors, l)
+	binary.LittleEndian.PutUint64(hdr, uint64(len(hdr)-8))
+	if _, err := w.Write(hdr); err != nil {
+		return fmt.Errorf("safetensors: write: %w", err)
+	}
+	return nil
+}
+
 // appendHeader appends the JSON header, written by hand because
-// encoding/json sorts map keys and the order must follow the model.
-func appendHeader(b []byte, m *Model) []byte {
+// encoding/json sorts map keys and the order must follow the model. Every
+// tensor is F32.
+func appendHeader(b []byte, tensors []TensorInfo, l Lineage) []byte {
 	start := len(b)
 	b = append(b, `{"__metadata__":{`...)
 	first := true
@@ -60,7 +75,6 @@ func appendHeader(b []byte, m *Model) []byte {
 		b = append(b, ':')
 		b = appendJSONString(b, v)
 	}
-	l := m.Lineage
 	meta(metaVersion, l.Version)
 	meta(metaParent, l.Parent)
 	meta(metaTask, l.Task)
@@ -72,7 +86,7 @@ func appendHeader(b []byte, m *Model) []byte {
 	b = append(b, '}')
 
 	var off uint64
-	for _, t := range m.Tensors {
+	for _, t := range tensors {
 		b = append(b, ',')
 		b = appendJSONString(b, t.Name)
 		b = append(b, `:{"dtype":"F32","shape":[`...)
@@ -85,7 +99,7 @@ func appendHeader(b []byte, m *Model) []byte {
 		b = append(b, `],"data_offsets":[`...)
 		b = strconv.AppendUint(b, off, 10)
 		b = append(b, ',')
-		off += 4 * uint64(len(t.Data))
+		off += 4 * uint64(t.Size())
 		b = strconv.AppendUint(b, off, 10)
 		b = append(b, "]}"...)
 	}
@@ -118,4 +132,71 @@ func appendJSONString(b []byte, s string) []byte {
 		}
 	}
 	return append(b, '"')
+}
+
+// WriteCanonical writes to w the file WriteSafetensors would write for the
+// model d holds with its lineage replaced by l: every tensor as F32, in d's
+// order. It reads d to its end one chunk at a time, making every check
+// ReadSafetensors makes, so a file of any size is converted in memory that
+// does not grow with it. d must not have been read from yet. It returns the
+// bytes written; an error from w is reported as a write error
+// ("safetensors: write: ...").
+func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error) {
+	if d.cur != -1 {
+		return 0, errors.New("safetensors: WriteCanonical on a reader already read from")
+	}
+	if err := l.validate(); err != nil {
+		return 0, fmt.Errorf("safetensors: write: %w", err)
+	}
+	cw := &countWriter{w: w}
+	if err := writeHeader(cw, d.Tensors(), l); err != nil {
+		return cw.n, err
+	}
+	buf := make([]byte, 0, chunkBytes)
+	for {
+		_, err := d.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return cw.n, err
+		}
+		for {
+			v, err := d.Values()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return cw.n, err
+			}
+			for len(v) > 0 {
+				n := min(len(v), (cap(buf)-len(buf))/4)
+				buf = appendF32s(buf, v[:n])
+				v = v[n:]
+				if cap(buf)-len(buf) < 4 {
+					if _, err := cw.Write(buf); err != nil {
+						return cw.n, fmt.Errorf("safetensors: write: %w", err)
+					}
+					buf = buf[:0]
+				}
+			}
+		}
+	}
+	if len(buf) > 0 {
+		if _, err := cw.Write(buf); err != nil {
+			return cw.n, fmt.Errorf("safetensors: write: %w", err)
+		}
+	}
+	return cw.n, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

@@ -234,6 +234,7 @@ func (s *Server) newGRPCServer(bl *blobs.Store, m *metrics.M) (*grpc.Server, err
 	}
 	srv := grpc.NewServer(opts...)
 	api.Register(srv, &service{s: s, blobs: bl}, api.WithLogger(log), api.WithAudit(s.audit),
+		api.WithCaller(authz.Operator),
 		api.WithDevices(&devices{s: s}),
 		api.WithNATSCredentials(&natsCredentials{s: s}),
 		api.WithCosignatureCounter(func(result string) { m.Cosignatures.WithLabelValues(result).Inc() }))

@@ -323,6 +323,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: data dir: %w", err)
 	}
+	if err := s.clearImports(); err != nil {
+		return err
+	}
 	if err := s.openAudit(ctx); err != nil {
 		return err
 	}
@@ -437,7 +440,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	m := metrics.New()
-	bl := blobs.New(obs)
+	bl := blobs.New(js, obs)
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -380,45 +379,6 @@ func (v *service) ListRounds(ctx context.Context, taskID string, p backend.Page)
 		out[i] = r.Proto()
 	}
 	return out, next, nil
-}
-
-func (v *service) ImportModel(ctx context.Context, h *pb.ImportModelHeader, b []byte) (*pb.Model, error) {
-	if err := checkName("model", h.GetName()); err != nil {
-		return nil, err
-	}
-	m, err := model.DecodeSafetensors(b)
-	if err != nil {
-		return nil, invalid("%v", err)
-	}
-	if len(m.Tensors) == 0 {
-		return nil, invalid("model has no tensors")
-	}
-	if p := h.GetParentVersion(); p != "" {
-		if err := v.checkParent(ctx, p, m); err != nil {
-			return nil, err
-		}
-	}
-	// Re-encode canonically so a version names one exact byte string.
-	m.Lineage = model.Lineage{Parent: h.GetParentVersion(), Source: "imported"}
-	var buf bytes.Buffer
-	if err := model.WriteSafetensors(&buf, m); err != nil {
-		return nil, invalid("%v", err)
-	}
-	version, err := v.blobs.Put(ctx, buf.Bytes())
-	if err != nil {
-		return nil, err
-	}
-	row := &store.ModelRow{Version: version, Name: h.GetName(), Description: h.GetDescription(), Parent: h.GetParentVersion(),
-		Source: pb.ModelSource_MODEL_SOURCE_IMPORTED, Tensors: len(m.Tensors), Params: len(m.Flatten()),
-		Size: int64(buf.Len()), Created: v.s.o.now()}
-	if err := v.s.store.InsertModel(ctx, row); err != nil {
-		return nil, err
-	}
-	if err := v.recorded(ctx, audit.ModelImported{Model: version, SHA256: version, Name: h.GetName(),
-		Size: uint64(buf.Len()), Parameters: uint64(row.Params)}); err != nil {
-		return nil, err
-	}
-	return row.Proto(), nil
 }
 
 func (v *service) ExportModel(ctx context.Context, version string) (*pb.Model, []byte, error) {

@@ -36,10 +36,14 @@ type config struct {
 	devices        backend.Devices
 	cosignatures   func(result string) // WithCosignatureCounter
 	natsCreds      NATSCredentials     // WithNATSCredentials
+	caller         Identity            // WithCaller
+	uploadsPer     int                 // WithUploadLimits
+	uploads        int
 }
 
 func newConfig(opts []Option) config {
-	c := config{maxModelBytes: DefaultMaxModelBytes, maxModuleBytes: DefaultMaxModuleBytes}
+	c := config{maxModelBytes: DefaultMaxModelBytes, maxModuleBytes: DefaultMaxModuleBytes,
+		uploadsPer: DefaultUploadsPerCaller, uploads: DefaultUploads}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -80,6 +84,28 @@ func WithMaxModuleBytes(n int64) Option {
 	}
 }
 
+// WithUploadLimits bounds the uploads (ImportModel and RegisterModule
+// streams) in flight: perCaller for one caller, total for everyone; more
+// are refused with RESOURCE_EXHAUSTED. n <= 0 keeps DefaultUploadsPerCaller
+// and DefaultUploads.
+func WithUploadLimits(perCaller, total int) Option {
+	return func(c *config) {
+		if perCaller > 0 {
+			c.uploadsPer = perCaller
+		}
+		if total > 0 {
+			c.uploads = total
+		}
+	}
+}
+
+// WithCaller names the caller a call counts against for per-caller limits
+// (an authentication layer's principal); by default, and where it returns
+// "", the caller's network address (PeerIdentity).
+func WithCaller(id Identity) Option {
+	return func(c *config) { c.caller = id }
+}
+
 // WithHealthServer registers h as the health service instead of a private
 // one, so that the caller can report NOT_SERVING (h.Shutdown) while draining.
 func WithHealthServer(h *health.Server) Option {
@@ -100,7 +126,7 @@ var serviceNames = []string{
 // NATSService. Call it before s.Serve.
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
-	core := &service{b: b, cfg: c}
+	core := &service{b: b, cfg: c, uploads: &uploadSlots{perCaller: c.uploadsPer, total: c.uploads}}
 	apiv1.RegisterTaskServiceServer(s, &taskServer{service: core})
 	apiv1.RegisterModelServiceServer(s, &modelServer{service: core})
 	apiv1.RegisterModuleServiceServer(s, &moduleServer{service: core})
@@ -131,6 +157,7 @@ func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 // service is the state the three service implementations share. They are
 // separate types because each must embed its own Unimplemented server.
 type service struct {
-	b   backend.Backend
-	cfg config
+	b       backend.Backend
+	cfg     config
+	uploads *uploadSlots
 }

@@ -4,7 +4,8 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -18,7 +19,12 @@ type modelServer struct {
 func (s *modelServer) ImportModel(stream grpc.ClientStreamingServer[pb.ImportModelRequest, pb.ImportModelResponse]) error {
 	const op = "import model"
 	ctx := stream.Context()
-	h, data, sum, err := receiveUpload(op, s.cfg.maxModelBytes, stream.Recv,
+	release, err := s.startUpload(ctx, op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	h, r, err := streamUpload(op, s.cfg.maxModelBytes, stream.Recv,
 		func(m *pb.ImportModelRequest) (*pb.ImportModelHeader, bool, []byte) {
 			return m.GetHeader(), m.GetHeader() != nil, m.GetChunk()
 		},
@@ -26,13 +32,19 @@ func (s *modelServer) ImportModel(stream grpc.ClientStreamingServer[pb.ImportMod
 	if err != nil {
 		return err
 	}
-	// The backend gets the size and digest of what actually arrived.
-	h = proto.CloneOf(h)
-	h.SizeBytes = uint64(len(data))
-	h.Sha256 = sum
-	m, err := s.b.ImportModel(ctx, h, data)
+	// The backend reads the upload as it arrives; if the upload itself
+	// failed (cut short, over the limit, another digest), that is the
+	// reason, whatever the backend made of the bytes it got.
+	m, err := s.b.ImportModel(ctx, h, r)
+	if uerr := r.failed(); uerr != nil {
+		return uerr
+	}
 	if err != nil {
 		return s.toStatus(ctx, op, err)
+	}
+	if !r.verified() {
+		s.cfg.log.ErrorContext(ctx, "request failed", "op", op, "err", "the backend kept a model before reading the whole upload")
+		return status.Error(codes.Internal, op+": internal error")
 	}
 	return stream.SendAndClose(&pb.ImportModelResponse{Model: m})
 }

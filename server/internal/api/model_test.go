@@ -2,18 +2,27 @@ package api_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/fleetlearn/fleetlearn/client"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/api"
+	"github.com/fleetlearn/fleetlearn/server/internal/api/apitest"
 )
 
 func modelHeader(name string, size uint64, sha string) *pb.ImportModelRequest {
@@ -216,5 +225,82 @@ func TestUploadStreams(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// gatedBackend holds each ImportModel until release is closed, after
+// telling entered that the call holds its upload slot.
+type gatedBackend struct {
+	*apitest.Backend
+	entered chan string
+	release chan struct{}
+}
+
+func (b *gatedBackend) ImportModel(ctx context.Context, h *pb.ImportModelHeader, r io.Reader) (*pb.Model, error) {
+	b.entered <- h.GetName()
+	<-b.release
+	return b.Backend.ImportModel(ctx, h, r)
+}
+
+// TestUploadSlots: with one upload per caller and two in all, a caller's
+// second upload is refused while its first is in flight, another caller's
+// goes through, a third caller is refused by the total, and every slot
+// comes back once the uploads end, refusals included.
+func TestUploadSlots(t *testing.T) {
+	b := &gatedBackend{Backend: apitest.New(), entered: make(chan string, 4), release: make(chan struct{})}
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer()
+	api.Register(s, b, api.WithUploadLimits(1, 2), api.WithCaller(func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		return strings.Join(md.Get("caller"), "")
+	}))
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	models := apiv1.NewModelServiceClient(conn)
+	as := func(caller string) context.Context {
+		return metadata.AppendToOutgoingContext(testContext(t), "caller", caller)
+	}
+	data := pattern(100)
+	imp := func(caller, name string) error {
+		_, err := client.ImportModel(as(caller), models, &pb.ImportModelHeader{Name: name}, bytes.NewReader(data))
+		return err
+	}
+	done := make(chan error, 2)
+	go func() { done <- imp("olga", "a") }()
+	if got := <-b.entered; got != "a" {
+		t.Fatalf("entered %q", got)
+	}
+	err = imp("olga", "b")
+	wantCode(t, err, codes.ResourceExhausted)
+	if !strings.Contains(err.Error(), "olga already has 1 uploads in flight") {
+		t.Fatalf("per-caller refusal: %v", err)
+	}
+	go func() { done <- imp("otto", "c") }()
+	if got := <-b.entered; got != "c" {
+		t.Fatalf("entered %q", got)
+	}
+	err = imp("ada", "d")
+	wantCode(t, err, codes.ResourceExhausted)
+	if !strings.Contains(err.Error(), "the server is receiving 2 uploads") {
+		t.Fatalf("total refusal: %v", err)
+	}
+	close(b.release)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := imp("olga", "b"); err != nil {
+		t.Fatalf("after the uploads ended: %v", err)
+	}
+	if err := imp("ada", "d"); err != nil {
+		t.Fatalf("ada after the uploads ended: %v", err)
 	}
 }

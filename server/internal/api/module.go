@@ -19,6 +19,11 @@ type moduleServer struct {
 func (s *moduleServer) RegisterModule(stream grpc.ClientStreamingServer[pb.RegisterModuleRequest, pb.RegisterModuleResponse]) error {
 	const op = "register module"
 	ctx := stream.Context()
+	release, err := s.startUpload(ctx, op)
+	if err != nil {
+		return err
+	}
+	defer release()
 	h, code, sum, err := receiveUpload(op, s.cfg.maxModuleBytes, stream.Recv,
 		func(m *pb.RegisterModuleRequest) (*pb.RegisterModuleHeader, bool, []byte) {
 			return m.GetHeader(), m.GetHeader() != nil, m.GetChunk()

@@ -158,7 +158,12 @@ func (i *Interceptors) authorize(ctx context.Context, method string) error {
 		return nil
 	}
 	if err := i.policy.Authorize(method, p); err != nil {
-		return status.Errorf(codes.PermissionDenied, "authz: %s may not call %s", p.Subject, method)
+		if errors.Is(err, identity.ErrUnknownMethod) {
+			return status.Errorf(codes.PermissionDenied, "authz: %s is not in the role table: no token may call it", method)
+		}
+		// The policy's error names the roles that may call the method.
+		return status.Errorf(codes.PermissionDenied, "authz: %v; a token with one of those roles is needed "+
+			"(an admin mints one: fleetlearn token mint --role ROLE)", err)
 	}
 	return nil
 }

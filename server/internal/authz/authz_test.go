@@ -49,7 +49,7 @@ var allowed = map[string][]identity.Role{
 	"TaskService/WatchTask":  {"admin", "operator", "auditor"},
 	"TaskService/ListRounds": {"admin", "operator", "auditor"},
 
-	"ModelService/ImportModel": {"admin", "operator", "pool-worker"},
+	"ModelService/ImportModel": {"admin", "operator"}, // not pool-worker: a job script can read its worker's token
 	"ModelService/ExportModel": {"admin", "operator", "pool-worker"},
 	"ModelService/GetModel":    {"admin", "operator", "auditor", "pool-worker"},
 	"ModelService/ListModels":  {"admin", "operator", "auditor", "pool-worker"},
@@ -500,7 +500,8 @@ func TestAuditBetween(t *testing.T) {
 		{create, "Bearer " + mint(t, e.admin, "audrey", identity.RoleAuditor), codes.PermissionDenied},
 		{imp, "Bearer " + mint(t, e.admin, "audrey", identity.RoleAuditor), codes.PermissionDenied},
 		{create, "Bearer " + mint(t, e.admin, "olga", identity.RoleOperator), codes.OK},
-		{imp, "Bearer " + mint(t, e.admin, "pool-7", identity.RolePoolWorker), codes.OK},
+		{imp, "Bearer " + mint(t, e.admin, "pool-7", identity.RolePoolWorker), codes.PermissionDenied},
+		{imp, "Bearer " + mint(t, e.admin, "otto", identity.RoleOperator), codes.OK},
 		{create, "", codes.Unauthenticated},
 		{imp, "Bearer " + mint(t, e.rogue, "mallory", identity.RoleAdmin), codes.Unauthenticated},
 	} {
@@ -512,7 +513,8 @@ func TestAuditBetween(t *testing.T) {
 		"audrey " + create.full + " PermissionDenied",
 		"audrey " + imp.full + " PermissionDenied",
 		"olga " + create.full + " OK",
-		"pool-7 " + imp.full + " OK",
+		"pool-7 " + imp.full + " PermissionDenied",
+		"otto " + imp.full + " OK",
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -520,7 +522,7 @@ func TestAuditBetween(t *testing.T) {
 		t.Fatalf("audited %q\nwant    %q", audited, want)
 	}
 	// The handler sees the principal too.
-	if e.h.who[0] != "olga" || e.h.who[1] != "pool-7" {
+	if e.h.who[0] != "olga" || e.h.who[1] != "otto" {
 		t.Fatalf("handlers saw %q", e.h.who)
 	}
 }

@@ -5,6 +5,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -51,8 +52,14 @@ type Backend interface {
 	WatchTask(ctx context.Context, id string) (<-chan *pb.WatchTaskResponse, error)
 	ListRounds(ctx context.Context, taskID string, p Page) ([]*pb.RoundSummary, string, error)
 
-	// ImportModel stores safetensors bytes as a base model version.
-	ImportModel(ctx context.Context, h *pb.ImportModelHeader, safetensors []byte) (*pb.Model, error)
+	// ImportModel stores the safetensors file r holds as a base model
+	// version. r is the upload as it arrives: it ends with io.EOF only once
+	// the whole upload has arrived and matched the header's declared size
+	// and digest (h.SizeBytes and h.Sha256, either of which may be unset),
+	// and with an error otherwise. An implementation must read r to io.EOF
+	// before it keeps anything, and should not hold the whole file in
+	// memory: an upload may be as large as the API's limit.
+	ImportModel(ctx context.Context, h *pb.ImportModelHeader, r io.Reader) (*pb.Model, error)
 	// ExportModel returns a model version's metadata and safetensors bytes.
 	ExportModel(ctx context.Context, version string) (*pb.Model, []byte, error)
 	GetModel(ctx context.Context, version string) (*pb.Model, error)

@@ -80,7 +80,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { sb.Close(context.Background()) })
 	h := &harness{t: t, clk: clock.NewFake(epoch), nc: nc, js: js, st: st, keys: map[string]ed25519.PrivateKey{}}
-	bl := blobs.New(obs)
+	bl := blobs.New(js, obs)
 	m, err := model.New(model.Tensor{Name: "w", Shape: []int{2, 3}, Data: []float32{1, 2, 3, 4, 5, 6}},
 		model.Tensor{Name: "b", Shape: []int{2}, Data: []float32{0.5, -0.5}})
 	if err != nil {

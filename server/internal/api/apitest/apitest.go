@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"sync"
@@ -444,15 +445,22 @@ func (b *Backend) ListRounds(ctx context.Context, taskID string, p backend.Page)
 
 // ImportModel implements backend.Backend. An empty version becomes
 // "name@N" for the next free N.
-func (b *Backend) ImportModel(ctx context.Context, h *pb.ImportModelHeader, data []byte) (*pb.Model, error) {
+func (b *Backend) ImportModel(ctx context.Context, h *pb.ImportModelHeader, r io.Reader) (*pb.Model, error) {
+	// Read before taking the lock: the upload arrives at the client's pace.
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
 	defer b.mu.Unlock()
 	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); h.GetSha256() != got || h.GetSizeBytes() != uint64(len(data)) {
+	if got := hex.EncodeToString(sum[:]); (h.GetSha256() != "" && h.GetSha256() != got) || (h.GetSizeBytes() != 0 && h.GetSizeBytes() != uint64(len(data))) {
 		return nil, fmt.Errorf("model %q: header does not describe the data: %w", h.GetName(), backend.ErrInvalid)
 	}
+	h = proto.CloneOf(h)
+	h.Sha256, h.SizeBytes = hex.EncodeToString(sum[:]), uint64(len(data))
 	version := h.GetVersion()
 	for n := 1; version == ""; n++ {
 		if v := fmt.Sprintf("%s@%d", h.GetName(), n); b.model(v) == nil {
