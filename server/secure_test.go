@@ -31,7 +31,8 @@ import (
 
 // TestSecureRounds: rounds of a task with secure aggregation run over NATS
 // through the SecAgg+ stages while one device vanishes after uploading its
-// keys and another after uploading its masked update; each round commits
+// keys (and then sits a round out) and another after uploading its masked
+// update every round; each round commits
 // the sum of the survivors only, which the server learns unmasked: with the
 // trivial module every update is +0.001 with weight 1, so the model moves by
 // exactly that (up to quantization) per round.
@@ -92,12 +93,17 @@ func TestSecureRounds(t *testing.T) {
 		committed++
 		// The one that left after its keys is not in the sum; the one that
 		// left after its masked update is (its self mask is removed with
-		// its neighbours' shares).
-		if r.Assigned != 8 || r.Reported != 7 || !strings.Contains(r.Reason, "secure sum of 7") {
-			t.Errorf("round %d: assigned %d, reported %d (%s), want 8 and 7", r.Round, r.Assigned, r.Reported, r.Reason)
+		// its neighbours' shares). Having held its seat in silence through
+		// a stage's timeout, the first sits round 2 out.
+		want := uint32(8)
+		if r.Round == 2 {
+			want = 7
+		}
+		if r.Assigned != want || r.Reported != 7 || !strings.Contains(r.Reason, "secure sum of 7") {
+			t.Errorf("round %d: assigned %d, reported %d (%s), want %d and 7", r.Round, r.Assigned, r.Reported, r.Reason, want)
 		}
 	}
-	if committed != 2 || drops.Load() < 4 {
+	if committed != 2 || drops.Load() < 3 {
 		t.Fatalf("%d rounds committed, %d dropouts", committed, drops.Load())
 	}
 	// The audit log names each secure round's parameters by digest.

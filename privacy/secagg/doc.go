@@ -46,7 +46,10 @@
 // cohort size, k, t, bits, clip range and graph seed. Advertisements and
 // consistency checks are signed with the devices' enrolled Ed25519 keys
 // and every client verifies its neighbours' signatures, so the server can
-// neither substitute keys nor show participants different survivor sets.
+// neither substitute keys nor, without colluding clients, show participants
+// different survivor sets. With c colluding clients a malicious server can
+// split the honest clients' views once c ≥ 2t + 2 − n on the complete
+// graph: 3 colluders at the default t = k/2 + 1 (docs/SECAGG.md).
 //
 // Errors wrap the sentinels in errors.go. docs/SECAGG.md has the threat
 // model, parameters, message flow and costs.

@@ -57,8 +57,7 @@ func TestStrategicDropoutStopsBeforeUnmasking(t *testing.T) {
 	if !isDistributedDP(plan) || plan.GetDp().GetMinNoiseContributors() != 6 {
 		t.Fatalf("plan DP: %v", plan.GetDp())
 	}
-	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 6)
-	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Shares", 6)
+	awaitAllAcks(t, acked, map[string]int{"*fleetlearnv1.SecAggUp_Advertise": 6, "*fleetlearnv1.SecAggUp_Shares": 6})
 	// Five masked inputs arrive; the sixth never does, so the stage closes
 	// at its deadline.
 	for _, d := range devs[1:] {
@@ -69,7 +68,7 @@ func TestStrategicDropoutStopsBeforeUnmasking(t *testing.T) {
 	h.clk.Set(plan.GetReportDeadline().AsTime().Add(-2 * 5 * time.Second))
 	got := h.next(ev)
 	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
-		!containsAll(got.Reason, "5 masked updates, fewer than the 6 noise contributors", "before unmasking") {
+		!containsAll(got.Reason, "5 masked updates arrived, fewer than the distributed DP noise contributors 6", "before unmasking") {
 		t.Fatalf("round: %v", got)
 	}
 	if <-results[0] != nil {

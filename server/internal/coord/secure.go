@@ -245,15 +245,6 @@ func allParticipants(sec *secureRun) []uint32 {
 // reply; the next stage then waits for exactly those devices.
 func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 	sec := r.secure
-	if stage == secagg.StageMaskedInput && t.dp != nil && t.dp.dist != nil && len(sec.got) < int(t.dp.cfg.GetMinNoiseContributors()) {
-		// The masked inputs received are the sum's terms. With fewer than
-		// the noise was split across, the sum would carry too little noise:
-		// stop before any device is asked for the shares that unmask it, so
-		// that devices dropping out on purpose after selection cannot have
-		// the honest ones reveal an underprotected sum to the server.
-		return fmt.Errorf("distributed DP: %d masked updates, fewer than the %d noise contributors; the round stops before unmasking",
-			len(sec.got), t.dp.cfg.GetMinNoiseContributors())
-	}
 	if err := sec.srv.CloseStage(); err != nil {
 		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
 	}

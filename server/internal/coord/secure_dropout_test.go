@@ -33,8 +33,7 @@ func TestSecureRoundBelowGoalNotUnmasked(t *testing.T) {
 	for i, d := range devs {
 		results[i] = d.secure(plans[i], constant(8, 0.1), 1, silent[i], acked)
 	}
-	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 6)
-	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Shares", 6)
+	awaitAllAcks(t, acked, map[string]int{"*fleetlearnv1.SecAggUp_Advertise": 6, "*fleetlearnv1.SecAggUp_Shares": 6})
 	for _, d := range devs[2:] {
 		if r := d.receipt(); !r.Accepted {
 			t.Fatalf("%s: masked input refused: %s", d.id, r.Reason)

@@ -279,14 +279,29 @@ func awaitArmed(t *testing.T, clk *clock.Fake, at time.Time) {
 
 func awaitAcks(t *testing.T, acked <-chan string, typ string, n int) {
 	t.Helper()
-	for n > 0 {
+	awaitAllAcks(t, acked, map[string]int{typ: n})
+}
+
+// awaitAllAcks waits for the stage messages want counts, by type. A device
+// sends its next stage's message as soon as the server answers, so when the
+// server may close a stage before the test has seen every ack of it, the
+// stages are awaited together: a wait for one type alone would consume, and
+// lose, acks of the next.
+func awaitAllAcks(t *testing.T, acked <-chan string, want map[string]int) {
+	t.Helper()
+	left := 0
+	for _, n := range want {
+		left += n
+	}
+	for left > 0 {
 		select {
 		case got := <-acked:
-			if got == typ {
-				n--
+			if want[got] > 0 {
+				want[got]--
+				left--
 			}
 		case <-testwait.After(t):
-			t.Fatalf("timed out waiting for %d more %s", n, typ)
+			t.Fatalf("timed out waiting for %v more acks", want)
 		}
 	}
 }
