@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/slots"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
@@ -126,7 +127,7 @@ var serviceNames = []string{
 // NATSService. Call it before s.Serve.
 func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 	c := newConfig(opts)
-	core := &service{b: b, cfg: c, uploads: &uploadSlots{perCaller: c.uploadsPer, total: c.uploads}}
+	core := &service{b: b, cfg: c, uploads: slots.New(c.uploads, c.uploadsPer)}
 	apiv1.RegisterTaskServiceServer(s, &taskServer{service: core})
 	apiv1.RegisterModelServiceServer(s, &modelServer{service: core})
 	apiv1.RegisterModuleServiceServer(s, &moduleServer{service: core})
@@ -159,5 +160,5 @@ func Register(s *grpc.Server, b backend.Backend, opts ...Option) {
 type service struct {
 	b       backend.Backend
 	cfg     config
-	uploads *uploadSlots
+	uploads *slots.Pool
 }

@@ -3,10 +3,11 @@ package api
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fleetlearn/fleetlearn/internal/slots"
 )
 
 // Default bounds on uploads (ImportModel and RegisterModule streams) in
@@ -18,48 +19,8 @@ const (
 	DefaultUploads          = 8
 )
 
-// uploadSlots counts the uploads in flight, per caller and in all.
-type uploadSlots struct {
-	perCaller, total int
-
-	mu sync.Mutex
-	n  int
-	by map[string]int
-}
-
-// acquire takes a slot for caller or refuses with ResourceExhausted, saying
-// which bound was reached; release gives the slot back.
-func (u *uploadSlots) acquire(op, caller string) (release func(), err error) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	switch {
-	case u.by[caller] >= u.perCaller:
-		return nil, status.Error(codes.ResourceExhausted, fmt.Sprintf(
-			"%s: %s already has %d uploads in flight (model imports and module registrations), the most one caller may have at once; "+
-				"wait for one to finish, or cancel it, and retry", op, caller, u.by[caller]))
-	case u.n >= u.total:
-		return nil, status.Error(codes.ResourceExhausted, fmt.Sprintf(
-			"%s: the server is receiving %d uploads, the most it takes at once; retry when one has finished", op, u.n))
-	}
-	if u.by == nil {
-		u.by = make(map[string]int)
-	}
-	u.by[caller]++
-	u.n++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			u.mu.Lock()
-			defer u.mu.Unlock()
-			u.n--
-			if u.by[caller]--; u.by[caller] == 0 {
-				delete(u.by, caller)
-			}
-		})
-	}, nil
-}
-
-// startUpload takes an upload slot for the caller ctx belongs to.
+// startUpload takes an upload slot (s.uploads counts them per caller and
+// in all) for the caller ctx belongs to.
 func (s *service) startUpload(ctx context.Context, op string) (release func(), err error) {
 	caller := ""
 	if s.cfg.caller != nil {
@@ -68,5 +29,15 @@ func (s *service) startUpload(ctx context.Context, op string) (release func(), e
 	if caller == "" {
 		caller = PeerIdentity(ctx)
 	}
-	return s.uploads.acquire(op, caller)
+	release, refused := s.uploads.Acquire(caller, s.cfg.uploads)
+	switch refused {
+	case slots.PerKey:
+		return nil, status.Error(codes.ResourceExhausted, fmt.Sprintf(
+			"%s: %s already has %d uploads in flight (model imports and module registrations), the most one caller may have at once; "+
+				"wait for one to finish, or cancel it, and retry", op, caller, s.cfg.uploadsPer))
+	case slots.Full, slots.Reserved:
+		return nil, status.Error(codes.ResourceExhausted, fmt.Sprintf(
+			"%s: the server is receiving %d uploads, the most it takes at once; retry when one has finished", op, s.cfg.uploads))
+	}
+	return release, nil
 }

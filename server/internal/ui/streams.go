@@ -1,9 +1,8 @@
 package ui
 
 import (
-	"sync"
-
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/slots"
 )
 
 // Why a live-update stream was refused: the fixed values a WithStreamRefused
@@ -24,20 +23,17 @@ const (
 var StreamRefusals = []string{StreamRefusedPrincipal, StreamRefusedReserved, StreamRefusedFull}
 
 // streamGate shares the dashboard's live-update streams among principals:
-// no principal holds more than perPrincipal, and principals that may
-// operate or audit have the last reserve streams to themselves, so that
-// no viewer, however many tabs or scripts it runs, keeps an operator's
-// pages from being live.
+// no principal holds more than its share, and principals that may operate
+// or audit have the last reserve streams to themselves, so that no viewer,
+// however many tabs or scripts it runs, keeps an operator's pages from
+// being live.
 type streamGate struct {
-	max, perPrincipal, reserve int
-
-	mu    sync.Mutex
-	total int
-	held  map[string]int // open streams by principal; no zero entries
+	pool         *slots.Pool
+	max, reserve int
 }
 
 func newStreamGate(max, perPrincipal, reserve int) *streamGate {
-	return &streamGate{max: max, perPrincipal: perPrincipal, reserve: reserve, held: map[string]int{}}
+	return &streamGate{pool: slots.New(max, perPrincipal), max: max, reserve: reserve}
 }
 
 // privileged reports whether p may use the streams kept in reserve.
@@ -51,41 +47,19 @@ func privileged(p identity.Principal) bool {
 func principalKey(p identity.Principal) string { return p.Subject }
 
 // acquire takes a stream for p, or says why not (one of StreamRefusals);
-// release must be called exactly once for every stream taken.
+// release must be called for every stream taken.
 func (g *streamGate) acquire(p identity.Principal) (release func(), refused string) {
-	key := principalKey(p)
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	limit := g.max
 	if !privileged(p) {
 		limit = g.max - g.reserve
 	}
-	switch {
-	case g.held[key] >= g.perPrincipal:
-		return nil, StreamRefusedPrincipal
-	case g.total >= g.max:
-		return nil, StreamRefusedFull
-	case g.total >= limit:
-		return nil, StreamRefusedReserved
-	}
-	g.total++
-	g.held[key]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			g.total--
-			if g.held[key]--; g.held[key] == 0 {
-				delete(g.held, key)
-			}
-		})
-	}, ""
+	release, why := g.pool.Acquire(principalKey(p), limit)
+	return release, streamRefusal[why]
 }
 
+// streamRefusal names each refusal of the pool among StreamRefusals.
+var streamRefusal = map[slots.Refusal]string{slots.Granted: "", slots.PerKey: StreamRefusedPrincipal,
+	slots.Full: StreamRefusedFull, slots.Reserved: StreamRefusedReserved}
+
 // open is how many streams are held in all, and by how many principals.
-func (g *streamGate) open() (streams, principals int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.total, len(g.held)
-}
+func (g *streamGate) open() (streams, principals int) { return g.pool.Open() }
