@@ -125,5 +125,5 @@ func (c *Coordinator) handleStoredChunk(subj string, h nats.Header) {
 		}
 	}
 	c.d.Log.Debug("chunk for no open round dropped", "subject", subj, "device", device, "err", err)
-	c.purgeSubject(subj)
+	c.purgeStored(subj, 0)
 }

@@ -372,7 +372,7 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 	task, round, device, err := wire.ParseReportSubject(subj)
 	if err != nil {
 		c.d.Log.Warn("report on a malformed subject", "subject", subj, "err", err)
-		c.purgeSubject(subj)
+		c.purgeStored(subj, 0)
 		return
 	}
 	c.mu.Lock()
@@ -394,17 +394,7 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 	c.d.Metrics.Refused(metrics.RefusedNotOpen)
 	c.d.Log.Info("report refused", "task", task, "round", round, "device", device, "reason", reason)
 	c.receipt(task, round, device, reason)
-	c.purgeSubject(subj)
-}
-
-// purgeSubject drops a report nothing will consume. The notice follows the
-// store, so one purge suffices.
-func (c *Coordinator) purgeSubject(subj string) {
-	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-	defer cancel()
-	if err := c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
-		c.d.Log.Warn("purging refused report", "subject", subj, "err", err)
-	}
+	c.purgeStored(subj, 0)
 }
 
 var errStopped = errors.New("coord: stopped")

@@ -153,6 +153,7 @@ func (t *taskRun) chargeStored(subj string, round uint64, device string, n notic
 		t.quota = &storeQuota{round: round, devices: map[string]*deviceStore{}}
 	}
 	var act quotaAction
+	quota := t.storeQuotaBytes(r)
 	if r != nil && n.chunk && !r.seated(device) {
 		act = purgeUnseated
 	} else {
@@ -161,7 +162,7 @@ func (t *taskRun) chargeStored(subj string, round uint64, device string, n notic
 			d = &deviceStore{}
 			t.quota.devices[device] = d
 		}
-		act = d.charge(n, t.storeQuotaBytes(r))
+		act = d.charge(n, quota)
 	}
 	t.mu.Unlock()
 
@@ -177,7 +178,6 @@ func (t *taskRun) chargeStored(subj string, round uint64, device string, n notic
 		c.d.Metrics.Refused(metrics.RefusedCohort)
 		c.purgeStored(subj, 0)
 	case overQuota:
-		quota := t.storeQuotaBytes(r)
 		why := fmt.Sprintf("device %q stored more than the %d bytes round %d admits per device; what it stored for the round was purged and its reports are refused", device, quota, round)
 		c.d.Log.Warn("report storage quota exceeded", "task", t.id, "round", round, "device", device, "quota", quota)
 		c.d.Metrics.Refused(metrics.RefusedQuota)
@@ -248,7 +248,8 @@ func (c *Coordinator) charge(tr *taskRun, subj string, round uint64, device stri
 }
 
 // purgeStored purges subj's messages below sequence before (all of them
-// when before is 0).
+// when before is 0): what nothing will consume, or what is over a quota.
+// The notice follows the store, so one purge covers what it announced.
 func (c *Coordinator) purgeStored(subj string, before uint64) {
 	ctx, cancel := context.WithTimeout(c.ctx, purgeTimeout)
 	defer cancel()
