@@ -11,9 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // ErrShape reports operands whose shapes do not fit the kernel.
@@ -52,77 +49,6 @@ func sameShape(op string, a, b Mat) error {
 	}
 	return nil
 }
-
-var impl gonum.Implementation
-
-// Gemm computes C = alpha·op(A)·op(B) + beta·C where op transposes when asked.
-func Gemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat) error {
-	return GemmCheck(transA, transB, alpha, a, b, beta, c, nil)
-}
-
-// blockWork is the work of one row block of a gemm: about 10 ms of arithmetic,
-// the granularity at which GemmCheck polls.
-const blockWork = 1 << 25
-
-// GemmCheck is Gemm computed in blocks of rows of C, calling check (if not
-// nil) before each block and stopping with its error. Both Gemm and the WASM
-// host use the same blocking, so their results agree bit for bit.
-func GemmCheck(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat, check func() error) error {
-	for _, m := range []struct {
-		n string
-		m Mat
-	}{{"A", a}, {"B", b}, {"C", c}} {
-		if err := m.m.check(m.n); err != nil {
-			return fmt.Errorf("gemm: %w", err)
-		}
-	}
-	m, k := a.Rows, a.Cols
-	if transA {
-		m, k = k, m
-	}
-	kb, n := b.Rows, b.Cols
-	if transB {
-		kb, n = n, kb
-	}
-	if k != kb || c.Rows != m || c.Cols != n {
-		return fmt.Errorf("%w: gemm: op(A) %dx%d, op(B) %dx%d, C %v", ErrShape, m, k, kb, n, c)
-	}
-	if m == 0 || n == 0 {
-		return nil
-	}
-	if k == 0 {
-		// BLAS leaves C untouched when k is zero only if beta is 1; be explicit.
-		Scale(beta, c)
-		return nil
-	}
-	tA, tB := blas.NoTrans, blas.NoTrans
-	if transA {
-		tA = blas.Trans
-	}
-	if transB {
-		tB = blas.Trans
-	}
-	rows := max(1, blockWork/(2*n*k))
-	for r0 := 0; r0 < m; r0 += rows {
-		if check != nil {
-			if err := check(); err != nil {
-				return fmt.Errorf("gemm: %w", err)
-			}
-		}
-		r1 := min(r0+rows, m)
-		// Row r of op(A) starts at A[r,0] untransposed and at A[0,r] transposed.
-		off := r0 * a.Cols
-		if transA {
-			off = r0
-		}
-		impl.Sgemm(tA, tB, r1-r0, n, k, alpha, a.Data[off:], max(a.Cols, 1), b.Data, max(b.Cols, 1),
-			beta, c.Data[r0*c.Cols:], max(c.Cols, 1))
-	}
-	return nil
-}
-
-// GemmFLOPs is the work Gemm does for an m×k by k×n product.
-func GemmFLOPs(m, n, k int) int64 { return 2 * int64(m) * int64(n) * int64(k) }
 
 // BiasAdd adds the 1×Cols row b to every row of x.
 func BiasAdd(x, b Mat) error {

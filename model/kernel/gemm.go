@@ -1,0 +1,416 @@
+package kernel
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Gemm computes C = alpha·op(A)·op(B) + beta·C where op transposes when asked.
+//
+// Every element is computed in one fixed order whatever the CPU, the blocking
+// or the number of threads: c = beta·c (or 0 when beta is 0: C is then not
+// read), then for l = 0 … k-1, c = fma(alpha·a[i,l], b[l,j], c) with each fma
+// rounded once to float32 and alpha·a rounded to float32 (alpha = 1 leaves a
+// unchanged). The SIMD microkernels and the pure-Go one all follow it, so a
+// product has the same bits on every machine and on any number of threads.
+func Gemm(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat) error {
+	return GemmCheck(transA, transB, alpha, a, b, beta, c, nil)
+}
+
+// blockWork bounds the work between two calls of GemmCheck's check: about
+// 2^25 multiply-adds, well under a millisecond on a SIMD core and tens of
+// milliseconds on the pure-Go path.
+const blockWork = 1 << 25
+
+// GemmCheck is Gemm calling check (if not nil) before each block of work and
+// stopping with its error; C is then partly written. check is never called
+// concurrently.
+func GemmCheck(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat, check func() error) error {
+	for _, m := range []struct {
+		n string
+		m Mat
+	}{{"A", a}, {"B", b}, {"C", c}} {
+		if err := m.m.check(m.n); err != nil {
+			return fmt.Errorf("gemm: %w", err)
+		}
+	}
+	m, k := a.Rows, a.Cols
+	if transA {
+		m, k = k, m
+	}
+	kb, n := b.Rows, b.Cols
+	if transB {
+		kb, n = n, kb
+	}
+	if k != kb || c.Rows != m || c.Cols != n {
+		return fmt.Errorf("%w: gemm: op(A) %dx%d, op(B) %dx%d, C %v", ErrShape, m, k, kb, n, c)
+	}
+	if m == 0 || n == 0 {
+		return nil
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return fmt.Errorf("gemm: %w", err)
+		}
+	}
+	g := gemmOp{
+		transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
+		a: a.Data, lda: a.Cols, b: b.Data, ldb: b.Cols, c: c.Data, ldc: c.Cols,
+		check: check,
+	}
+	// beta·c first, so the k products then continue the same fma chain on
+	// every block and every path.
+	switch {
+	case beta == 0:
+		if k == 0 {
+			g.forRows(func(row []float32) { clear(row) })
+			return nil
+		}
+	case beta != 1:
+		g.forRows(func(row []float32) {
+			for j, v := range row {
+				row[j] = float32(beta * v)
+			}
+		})
+		g.load = true
+	default:
+		g.load = true
+	}
+	if k == 0 {
+		return nil
+	}
+	if err := g.run(activeKernel(), min(Threads(), runtime.GOMAXPROCS(0))); err != nil {
+		return fmt.Errorf("gemm: %w", err)
+	}
+	return nil
+}
+
+// GemmFLOPs is the work Gemm does for an m×k by k×n product.
+func GemmFLOPs(m, n, k int) int64 { return 2 * int64(m) * int64(n) * int64(k) }
+
+// fma32 is fma(a, b, c) rounded once to float32, as a SIMD fused multiply-add
+// computes it. The product of two float32 is exact in float64; the sum is
+// rounded to odd in float64 (53 ≥ 24+2 bits), after which the one rounding to
+// float32 is the correctly rounded result.
+func fma32(a, b, c float32) float32 {
+	p := float64(a) * float64(b)
+	cc := float64(c)
+	s := p + cc
+	// TwoSum: s + e is exactly p + c.
+	bb := s - p
+	e := (p - (s - bb)) + (cc - bb)
+	if (e > 0 || e < 0) && math.Float64bits(s)&1 == 0 {
+		bits := math.Float64bits(s)
+		if (e > 0) == (s > 0) {
+			bits++
+		} else {
+			bits--
+		}
+		s = math.Float64frombits(bits)
+	}
+	return float32(s)
+}
+
+// microkernel computes an mr×nr tile of C from packed panels: for kc steps p,
+// c[i,j] = fma(a[p·mr+i], b[p·nr+j], c[i,j]), starting from the tile's values
+// when load is set and from zero otherwise. c has row stride ldc.
+type microkernel struct {
+	name   string
+	mr, nr int
+	// kc, mc and nc are the cache blocks: a kc×nr panel of B stays in L1 while
+	// the mc×kc block of A is in L2.
+	kc, mc, nc int
+	run        func(kc int, a, b, c *float32, ldc int, load bool)
+}
+
+var (
+	kernels   []microkernel // usable on this CPU, fastest first; the last is pure Go
+	kernelSel atomic.Int32  // index into kernels
+	threads   atomic.Int32
+)
+
+func init() {
+	kernels = append(simdKernels(), microkernel{
+		name: "go", mr: 4, nr: 4, kc: 256, mc: 64, nc: 1024, run: goKernel,
+	})
+	threads.Store(int32(runtime.NumCPU()))
+}
+
+func activeKernel() microkernel { return kernels[kernelSel.Load()] }
+
+// KernelName names the GEMM microkernel this CPU runs: avx512, avx2+fma,
+// neon or go.
+func KernelName() string { return activeKernel().name }
+
+// SetThreads bounds the threads one Gemm call uses (at least 1); the agent
+// and the pool worker set it from the operator's CPU budget. Results do not
+// depend on it. It returns the previous bound.
+func SetThreads(n int) int {
+	return int(threads.Swap(int32(max(1, min(n, 1024)))))
+}
+
+// Threads is the bound SetThreads set, NumCPU by default.
+func Threads() int { return int(threads.Load()) }
+
+// goKernel is the portable microkernel: 4×4, fma32 per step.
+func goKernel(kc int, a, b, c *float32, ldc int, load bool) {
+	const mr, nr = 4, 4
+	var acc [mr * nr]float32
+	cs := unsafeSlice(c, (mr-1)*ldc+nr)
+	if load {
+		for i := range mr {
+			copy(acc[i*nr:(i+1)*nr], cs[i*ldc:i*ldc+nr])
+		}
+	}
+	as, bs := unsafeSlice(a, kc*mr), unsafeSlice(b, kc*nr)
+	for p := range kc {
+		ap, bp := as[p*mr:p*mr+mr], bs[p*nr:p*nr+nr]
+		for i, av := range ap {
+			row := acc[i*nr : i*nr+nr]
+			for j, bv := range bp {
+				row[j] = fma32(av, bv, row[j])
+			}
+		}
+	}
+	for i := range mr {
+		copy(cs[i*ldc:i*ldc+nr], acc[i*nr:(i+1)*nr])
+	}
+}
+
+// gemmOp is one validated product.
+type gemmOp struct {
+	transA, transB bool
+	m, n, k        int
+	alpha          float32
+	a, b, c        []float32
+	lda, ldb, ldc  int
+	load           bool // C holds beta·C to continue from
+	check          func() error
+}
+
+func (g *gemmOp) forRows(f func(row []float32)) {
+	for i := range g.m {
+		f(g.c[i*g.ldc : i*g.ldc+g.n])
+	}
+}
+
+// parallelWork is the least work (multiply-adds) worth a second thread.
+const parallelWork = 1 << 18
+
+// run is the blocked product: for each nc-wide column block and kc-deep slice
+// of k, B's panel is packed once and the mc-tall blocks of A are packed and
+// multiplied by the workers, each writing its own rows of C.
+func (g *gemmOp) run(kn microkernel, nthreads int) error {
+	mr, nr := kn.mr, kn.nr
+	kc := min(kn.kc, g.k)
+	nc := min(kn.nc, roundUp(g.n, nr))
+	mc := min(kn.mc, roundUp(g.m, mr))
+	work := int64(g.m) * int64(g.n) * int64(g.k)
+	if work < parallelWork {
+		nthreads = 1
+	}
+	nthreads = min(nthreads, ceilDiv(g.m, mr))
+	if nthreads > 1 && ceilDiv(g.m, mc) < nthreads {
+		mc = roundUp(ceilDiv(g.m, nthreads), mr)
+	}
+	// Keep the work between checks near blockWork.
+	if per := int64(mc) * int64(nc) * int64(kc); per > blockWork {
+		nc = max(nr, int(int64(blockWork)/(int64(mc)*int64(kc)))/nr*nr)
+	}
+	bp := getPanel(kc * nc)
+	defer putPanel(bp)
+	var (
+		mu      sync.Mutex
+		stopErr error
+		stopped atomic.Bool
+	)
+	poll := func() bool {
+		if stopped.Load() {
+			return false
+		}
+		if g.check == nil {
+			return true
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if stopErr == nil {
+			stopErr = g.check()
+			if stopErr != nil {
+				stopped.Store(true)
+			}
+		}
+		return stopErr == nil
+	}
+	mblocks := ceilDiv(g.m, mc)
+	workers := min(nthreads, mblocks)
+	aps := make([]*[]float32, workers)
+	for w := range aps {
+		aps[w] = getPanel(mc * kc)
+	}
+	defer func() {
+		for _, ap := range aps {
+			putPanel(ap)
+		}
+	}()
+	for jc := 0; jc < g.n; jc += nc {
+		ncb := min(nc, g.n-jc)
+		for pc := 0; pc < g.k; pc += kc {
+			kcb := min(kc, g.k-pc)
+			load := g.load || pc > 0
+			g.packB(*bp, pc, kcb, jc, ncb, nr)
+			if workers == 1 {
+				for ic := 0; ic < g.m; ic += mc {
+					if !poll() {
+						return stopErr
+					}
+					g.block(kn, *aps[0], *bp, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
+				}
+			} else {
+				var next atomic.Int32
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Add(1)
+					go func(ap []float32) {
+						defer wg.Done()
+						for {
+							ib := int(next.Add(1)) - 1
+							if ib >= mblocks || !poll() {
+								return
+							}
+							ic := ib * mc
+							g.block(kn, ap, *bp, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
+						}
+					}(*aps[w])
+				}
+				wg.Wait()
+				if stopped.Load() {
+					return stopErr
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// block multiplies rows ic… of A (packed into ap) by the packed panel bp into
+// C's mcb×ncb block at (ic, jc).
+func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, ncb int, load bool) {
+	mr, nr := kn.mr, kn.nr
+	g.packA(ap, ic, mcb, pc, kcb, mr)
+	var edge [16 * 64]float32 // largest mr·nr of any kernel
+	for jr := 0; jr < ncb; jr += nr {
+		nb := min(nr, ncb-jr)
+		bptr := &bp[jr*kcb]
+		for ir := 0; ir < mcb; ir += mr {
+			mb := min(mr, mcb-ir)
+			aptr := &ap[ir*kcb]
+			ci := (ic+ir)*g.ldc + jc + jr
+			if mb == mr && nb == nr {
+				kn.run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
+				continue
+			}
+			// A partial tile goes through a full one on the stack.
+			if load {
+				for i := range mb {
+					copy(edge[i*nr:i*nr+nb], g.c[ci+i*g.ldc:ci+i*g.ldc+nb])
+				}
+			}
+			kn.run(kcb, aptr, bptr, &edge[0], nr, load)
+			for i := range mb {
+				copy(g.c[ci+i*g.ldc:ci+i*g.ldc+nb], edge[i*nr:i*nr+nb])
+			}
+		}
+	}
+}
+
+// packA writes rows ic…ic+mcb of alpha·op(A), columns pc…pc+kcb, as mr-tall
+// slivers: sliver s holds, for each p, the mr values a[ic+s·mr+i, pc+p],
+// zero past the last row.
+func (g *gemmOp) packA(ap []float32, ic, mcb, pc, kcb, mr int) {
+	for s := 0; s*mr < mcb; s++ {
+		dst := ap[s*mr*kcb : (s+1)*mr*kcb]
+		r0 := ic + s*mr
+		rows := min(mr, mcb-s*mr)
+		if g.transA {
+			// op(A)[r, l] = A[l, r]: the mr values of a step are adjacent in A.
+			for p := range kcb {
+				d := dst[p*mr : p*mr+mr]
+				copy(d, g.a[(pc+p)*g.lda+r0:(pc+p)*g.lda+r0+rows])
+				clear(d[rows:])
+			}
+		} else {
+			for i := range rows {
+				src := g.a[(r0+i)*g.lda+pc : (r0+i)*g.lda+pc+kcb]
+				for p, v := range src {
+					dst[p*mr+i] = v
+				}
+			}
+			for i := rows; i < mr; i++ {
+				for p := range kcb {
+					dst[p*mr+i] = 0
+				}
+			}
+		}
+		if g.alpha != 1 {
+			for i, v := range dst {
+				dst[i] = float32(g.alpha * v)
+			}
+		}
+	}
+}
+
+// packB writes op(B)'s rows pc…pc+kcb, columns jc…jc+ncb, as nr-wide
+// slivers: sliver s holds, for each p, the nr values b[pc+p, jc+s·nr+j],
+// zero past the last column.
+func (g *gemmOp) packB(bp []float32, pc, kcb, jc, ncb, nr int) {
+	for s := 0; s*nr < ncb; s++ {
+		dst := bp[s*nr*kcb : (s+1)*nr*kcb]
+		cols := min(nr, ncb-s*nr)
+		j0 := jc + s*nr
+		if !g.transB {
+			for p := range kcb {
+				src := g.b[(pc+p)*g.ldb+j0 : (pc+p)*g.ldb+j0+cols]
+				d := dst[p*nr : p*nr+nr]
+				copy(d, src)
+				clear(d[cols:])
+			}
+			continue
+		}
+		// op(B)[l, j] = B[j, l]
+		for j := range nr {
+			if j >= cols {
+				for p := range kcb {
+					dst[p*nr+j] = 0
+				}
+				continue
+			}
+			src := g.b[(j0+j)*g.ldb+pc : (j0+j)*g.ldb+pc+kcb]
+			for p, v := range src {
+				dst[p*nr+j] = v
+			}
+		}
+	}
+}
+
+var panels sync.Pool
+
+func getPanel(n int) *[]float32 {
+	if p, ok := panels.Get().(*[]float32); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	// Room past the end lets SIMD kernels read a whole vector at the tail.
+	s := make([]float32, n, n+64)
+	return &s
+}
+
+func putPanel(p *[]float32) { panels.Put(p) }
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+func roundUp(a, b int) int { return ceilDiv(a, b) * b }
+
+func unsafeSlice(p *float32, n int) []float32 { return unsafe.Slice(p, n) }

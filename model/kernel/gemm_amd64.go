@@ -1,0 +1,23 @@
+package kernel
+
+import "golang.org/x/sys/cpu"
+
+//go:generate go run gen_amd64.go
+
+//go:noescape
+func sgemmAVX2(kc int, a, b, c *float32, ldc int, load bool)
+
+//go:noescape
+func sgemmAVX512(kc int, a, b, c *float32, ldc int, load bool)
+
+// simdKernels lists the microkernels this CPU can run, fastest first.
+func simdKernels() []microkernel {
+	var ks []microkernel
+	if cpu.X86.HasAVX512F {
+		ks = append(ks, microkernel{name: "avx512", mr: 12, nr: 32, kc: 256, mc: 192, nc: 3072, run: sgemmAVX512})
+	}
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		ks = append(ks, microkernel{name: "avx2+fma", mr: 6, nr: 16, kc: 256, mc: 168, nc: 3072, run: sgemmAVX2})
+	}
+	return ks
+}
