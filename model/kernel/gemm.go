@@ -125,6 +125,10 @@ type microkernel struct {
 	// the mc×kc block of A is in L2.
 	kc, mc, nc int
 	run        func(kc int, a, b, c *float32, ldc int, load bool)
+	// runB, where a kernel has it, is run reading B unpacked: step p's nr
+	// values start at b + p·ldb. Products with few rows of A use it, as
+	// packing B would cost them as much as the arithmetic.
+	runB func(kc int, a, b *float32, ldb int, c *float32, ldc int, load bool)
 }
 
 var (
@@ -189,6 +193,7 @@ type gemmOp struct {
 	a, b, c        []float32
 	lda, ldb, ldc  int
 	load           bool // C holds beta·C to continue from
+	directB        bool // full slivers of B are read in place (microkernel.runB)
 	check          func() error
 }
 
@@ -197,6 +202,10 @@ func (g *gemmOp) forRows(f func(row []float32)) {
 		f(g.c[i*g.ldc : i*g.ldc+g.n])
 	}
 }
+
+// directRowSlivers is the most mr-tall slivers of A for which B is read in
+// place rather than packed.
+const directRowSlivers = 4
 
 // parallelWork is the least work (multiply-adds) worth a second thread.
 const parallelWork = 1 << 18
@@ -221,6 +230,9 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 	if per := int64(mc) * int64(nc) * int64(kc); per > blockWork {
 		nc = max(nr, int(int64(blockWork)/(int64(mc)*int64(kc)))/nr*nr)
 	}
+	// B is read in place when it is not transposed and each of its values
+	// meets few rows of A.
+	g.directB = kn.runB != nil && !g.transB && ceilDiv(g.m, mr) <= directRowSlivers
 	bp := getPanel(kc * nc)
 	defer putPanel(bp)
 	var (
@@ -261,7 +273,14 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 		for pc := 0; pc < g.k; pc += kc {
 			kcb := min(kc, g.k-pc)
 			load := g.load || pc > 0
-			g.packB(*bp, pc, kcb, jc, ncb, nr)
+			if g.directB {
+				// Only a last, partial sliver is packed, at its own offset.
+				if full := ncb / nr * nr; full < ncb {
+					g.packB((*bp)[full*kcb:], pc, kcb, jc+full, ncb-full, nr)
+				}
+			} else {
+				g.packB(*bp, pc, kcb, jc, ncb, nr)
+			}
 			if workers == 1 {
 				for ic := 0; ic < g.m; ic += mc {
 					if !poll() {
@@ -310,7 +329,11 @@ func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, n
 			aptr := &ap[ir*kcb]
 			ci := (ic+ir)*g.ldc + jc + jr
 			if mb == mr && nb == nr {
-				kn.run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
+				if g.directB {
+					kn.runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &g.c[ci], g.ldc, load)
+				} else {
+					kn.run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
+				}
 				continue
 			}
 			// A partial tile goes through a full one on the stack.
@@ -319,7 +342,11 @@ func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, n
 					copy(edge[i*nr:i*nr+nb], g.c[ci+i*g.ldc:ci+i*g.ldc+nb])
 				}
 			}
-			kn.run(kcb, aptr, bptr, &edge[0], nr, load)
+			if g.directB && nb == nr {
+				kn.runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &edge[0], nr, load)
+			} else {
+				kn.run(kcb, aptr, bptr, &edge[0], nr, load)
+			}
 			for i := range mb {
 				copy(g.c[ci+i*g.ldc:ci+i*g.ldc+nb], edge[i*nr:i*nr+nb])
 			}
@@ -343,17 +370,7 @@ func (g *gemmOp) packA(ap []float32, ic, mcb, pc, kcb, mr int) {
 				clear(d[rows:])
 			}
 		} else {
-			for i := range rows {
-				src := g.a[(r0+i)*g.lda+pc : (r0+i)*g.lda+pc+kcb]
-				for p, v := range src {
-					dst[p*mr+i] = v
-				}
-			}
-			for i := rows; i < mr; i++ {
-				for p := range kcb {
-					dst[p*mr+i] = 0
-				}
-			}
+			interleave(dst, mr, rows, kcb, g.a[r0*g.lda+pc:], g.lda)
 		}
 		if g.alpha != 1 {
 			for i, v := range dst {
@@ -381,17 +398,34 @@ func (g *gemmOp) packB(bp []float32, pc, kcb, jc, ncb, nr int) {
 			continue
 		}
 		// op(B)[l, j] = B[j, l]
-		for j := range nr {
-			if j >= cols {
-				for p := range kcb {
-					dst[p*nr+j] = 0
-				}
-				continue
-			}
-			src := g.b[(j0+j)*g.ldb+pc : (j0+j)*g.ldb+pc+kcb]
-			for p, v := range src {
-				dst[p*nr+j] = v
-			}
+		interleave(dst, nr, cols, kcb, g.b[j0*g.ldb+pc:], g.ldb)
+	}
+}
+
+// interleave writes rows values of each of n steps as dst[p·w+i] = src[i·ld+p]
+// for i < rows, and zeros for rows ≤ i < w: the transposing half of packing.
+// Four rows go together so that each pass over a step writes adjacent values.
+func interleave(dst []float32, w, rows, n int, src []float32, ld int) {
+	dst = dst[:w*n]
+	i := 0
+	for ; i+4 <= rows; i += 4 {
+		r0 := src[i*ld : i*ld+n]
+		r1 := src[(i+1)*ld : (i+1)*ld+n][:len(r0)]
+		r2 := src[(i+2)*ld : (i+2)*ld+n][:len(r0)]
+		r3 := src[(i+3)*ld : (i+3)*ld+n][:len(r0)]
+		for p := range r0 {
+			d := dst[p*w+i : p*w+i+4 : p*w+i+4]
+			d[0], d[1], d[2], d[3] = r0[p], r1[p], r2[p], r3[p]
+		}
+	}
+	for ; i < rows; i++ {
+		for p, v := range src[i*ld : i*ld+n] {
+			dst[p*w+i] = v
+		}
+	}
+	if rows < w {
+		for p := range n {
+			clear(dst[p*w+rows : p*w+w])
 		}
 	}
 }
