@@ -364,11 +364,7 @@ func (g *gemmOp) packA(ap []float32, ic, mcb, pc, kcb, mr int) {
 		rows := min(mr, mcb-s*mr)
 		if g.transA {
 			// op(A)[r, l] = A[l, r]: the mr values of a step are adjacent in A.
-			for p := range kcb {
-				d := dst[p*mr : p*mr+mr]
-				copy(d, g.a[(pc+p)*g.lda+r0:(pc+p)*g.lda+r0+rows])
-				clear(d[rows:])
-			}
+			copySteps(dst, mr, rows, kcb, g.a[pc*g.lda+r0:], g.lda)
 		} else {
 			interleave(dst, mr, rows, kcb, g.a[r0*g.lda+pc:], g.lda)
 		}
@@ -389,16 +385,75 @@ func (g *gemmOp) packB(bp []float32, pc, kcb, jc, ncb, nr int) {
 		cols := min(nr, ncb-s*nr)
 		j0 := jc + s*nr
 		if !g.transB {
-			for p := range kcb {
-				src := g.b[(pc+p)*g.ldb+j0 : (pc+p)*g.ldb+j0+cols]
-				d := dst[p*nr : p*nr+nr]
-				copy(d, src)
-				clear(d[cols:])
-			}
+			copySteps(dst, nr, cols, kcb, g.b[pc*g.ldb+j0:], g.ldb)
 			continue
 		}
 		// op(B)[l, j] = B[j, l]
 		interleave(dst, nr, cols, kcb, g.b[j0*g.ldb+pc:], g.ldb)
+	}
+}
+
+// copySteps writes dst[p·w+i] = src[p·ld+i] for i < rows and zeros for
+// rows ≤ i < w, for n steps: the half of packing that needs no transpose.
+// Whole steps of the kernels' widths copy as arrays, which the compiler
+// moves in registers rather than through a call to memmove per step.
+func copySteps(dst []float32, w, rows, n int, src []float32, ld int) {
+	if rows == w {
+		switch w {
+		case 4:
+			copyArrays[[4]float32](dst, n, src, ld)
+			return
+		case 6:
+			copyArrays[[6]float32](dst, n, src, ld)
+			return
+		case 8:
+			copyArrays[[8]float32](dst, n, src, ld)
+			return
+		case 12:
+			copyArrays[[12]float32](dst, n, src, ld)
+			return
+		case 16:
+			copyArrays[[16]float32](dst, n, src, ld)
+			return
+		case 32:
+			copyArrays[[32]float32](dst, n, src, ld)
+			return
+		}
+	}
+	for p := range n {
+		d := dst[p*w : p*w+w]
+		copy(d, src[p*ld:p*ld+rows])
+		clear(d[rows:])
+	}
+}
+
+// copyArrays copies n steps of len(A) values, ld apart in src, to dst.
+func copyArrays[A [4]float32 | [6]float32 | [8]float32 | [12]float32 | [16]float32 | [32]float32](dst []float32, n int, src []float32, ld int) {
+	var a A
+	w := len(a)
+	if n == 0 {
+		return
+	}
+	// The last step's bounds cover every earlier one.
+	_ = dst[(n-1)*w+w-1]
+	_ = src[(n-1)*ld+w-1]
+	for p := range n {
+		*(*A)(unsafe.Pointer(&dst[p*w])) = *(*A)(unsafe.Pointer(&src[p*ld]))
+	}
+}
+
+// interleave4Go is interleave4 in Go.
+func interleave4Go(dst []float32, w, n int, src []float32, ld int) {
+	if n == 0 {
+		return
+	}
+	r0 := src[:n]
+	r1 := src[ld : ld+n][:len(r0)]
+	r2 := src[2*ld : 2*ld+n][:len(r0)]
+	r3 := src[3*ld : 3*ld+n][:len(r0)]
+	for p := range r0 {
+		d := dst[p*w : p*w+4 : p*w+4]
+		d[0], d[1], d[2], d[3] = r0[p], r1[p], r2[p], r3[p]
 	}
 }
 
@@ -409,14 +464,7 @@ func interleave(dst []float32, w, rows, n int, src []float32, ld int) {
 	dst = dst[:w*n]
 	i := 0
 	for ; i+4 <= rows; i += 4 {
-		r0 := src[i*ld : i*ld+n]
-		r1 := src[(i+1)*ld : (i+1)*ld+n][:len(r0)]
-		r2 := src[(i+2)*ld : (i+2)*ld+n][:len(r0)]
-		r3 := src[(i+3)*ld : (i+3)*ld+n][:len(r0)]
-		for p := range r0 {
-			d := dst[p*w+i : p*w+i+4 : p*w+i+4]
-			d[0], d[1], d[2], d[3] = r0[p], r1[p], r2[p], r3[p]
-		}
+		interleave4(dst[i:], w, n, src[i*ld:], ld)
 	}
 	for ; i < rows; i++ {
 		for p, v := range src[i*ld : i*ld+n] {
