@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/fleetlearn/fleetlearn/model/kernel"
+
 	"google.golang.org/grpc"
 
 	"github.com/fleetlearn/fleetlearn/client"
@@ -131,6 +133,11 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 	b := l.GetSpec().GetBuiltin()
 	if b == nil {
 		return fmt.Errorf("worker: rank: %w: not a built-in trainer job", ErrLease)
+	}
+	// The trainer's kernels use no more threads than the CPUs the rank was
+	// leased; results do not depend on the count.
+	if mc := l.GetSpec().GetPerRank().GetMilliCpu(); mc > 0 {
+		kernel.SetThreads(int((mc + 999) / 1000))
 	}
 	opts := []client.DialOption{client.WithToken(lf.Token)}
 	switch {

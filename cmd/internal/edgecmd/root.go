@@ -129,7 +129,7 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 			"unauthenticated, so keep it on loopback or the pod network")
 	f.trace = tracing.Config{ServiceName: "fleetlearn-edge", OTLPFromEnv: true}
 	tracing.AddFlags(fl, &f.trace)
-	fl.IntVar(&f.procs, "max-procs", 1, "threads running the agent's Go code at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
+	fl.IntVar(&f.procs, "max-procs", 1, "CPU budget: threads running the agent's Go code and training kernels at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
 
 	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{
 		Use:   "version",
