@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/model/kernel"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
@@ -378,7 +380,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return failed(fmt.Errorf("edge: %w", err))
 	}
 	defer receipts.Unsubscribe()
-	a.o.log.Info("edge agent running", "device", a.cfg.DeviceID, "examples", a.data.Len(), "nats", a.cfg.NATSURL)
+	a.o.log.Info("edge agent running", "device", a.cfg.DeviceID, "examples", a.data.Len(), "nats", a.cfg.NATSURL, "gemm_kernel", kernel.KernelName())
 	dev.Run(ctx, nc, js)
 	return st.err() // set when the connection's handlers stopped the agent
 }

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/model/kernel"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -174,7 +176,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			id, interval = r.GetWorkerId(), r.GetHeartbeatInterval().AsDuration()
 			interval = min(max(interval, 100*time.Millisecond), 10*time.Minute)
-			a.log.Info("registered with the pool", "worker", id, "heartbeat", interval, "milli_cpu", capRes.GetMilliCpu(), "memory", capRes.GetMemoryBytes(), "gpus", capRes.GetGpus())
+			a.log.Info("registered with the pool", "worker", id, "heartbeat", interval, "milli_cpu", capRes.GetMilliCpu(), "memory", capRes.GetMemoryBytes(), "gpus", capRes.GetGpus(), "gemm_kernel", kernel.KernelName())
 			b.Reset()
 		}
 		// The server holds a heartbeat up to interval; the timeout is a
