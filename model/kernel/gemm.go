@@ -146,9 +146,31 @@ func init() {
 
 func activeKernel() microkernel { return kernels[kernelSel.Load()] }
 
-// KernelName names the GEMM microkernel this CPU runs: avx512, avx2+fma,
-// neon or go.
+// KernelName names the GEMM microkernel in use: avx512, avx2+fma, neon or
+// go.
 func KernelName() string { return activeKernel().name }
+
+// Kernels names the GEMM microkernels this CPU can run, fastest first; the
+// last is always "go", the portable one.
+func Kernels() []string {
+	names := make([]string, len(kernels))
+	for i, k := range kernels {
+		names[i] = k.name
+	}
+	return names
+}
+
+// UseKernel selects the GEMM microkernel every later product runs, by a
+// name from Kernels, and returns the one it replaces. Results do not depend
+// on the choice; tests and benchmarks use it to compare the paths.
+func UseKernel(name string) (string, error) {
+	for i, k := range kernels {
+		if k.name == name {
+			return kernels[kernelSel.Swap(int32(i))].name, nil
+		}
+	}
+	return "", fmt.Errorf("%w: gemm kernel %q is not one this CPU runs (%v)", ErrArgument, name, Kernels())
+}
 
 // SetThreads bounds the threads one Gemm call uses (at least 1); the agent
 // and the pool worker set it from the operator's CPU budget. Results do not
