@@ -129,6 +129,17 @@ type microkernel struct {
 	// values start at b + p·ldb. Products with few rows of A use it, as
 	// packing B would cost them as much as the arithmetic.
 	runB func(kc int, a, b *float32, ldb int, c *float32, ldc int, load bool)
+	// fewer are the same kernel for fewer rows (ascending, each < mr),
+	// reading the same mr-tall packed A: a product's last sliver runs the
+	// smallest that covers it rather than computing rows of padding.
+	fewer []tile
+}
+
+// tile is a microkernel variant for rows rows of C.
+type tile struct {
+	rows int
+	run  func(kc int, a, b, c *float32, ldc int, load bool)
+	runB func(kc int, a, b *float32, ldb int, c *float32, ldc int, load bool)
 }
 
 var (
@@ -350,11 +361,21 @@ func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, n
 			mb := min(mr, mcb-ir)
 			aptr := &ap[ir*kcb]
 			ci := (ic+ir)*g.ldc + jc + jr
-			if mb == mr && nb == nr {
-				if g.directB {
-					kn.runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &g.c[ci], g.ldc, load)
+			run, runB, rows := kn.run, kn.runB, mr
+			if mb < mr {
+				for _, f := range kn.fewer {
+					if f.rows >= mb {
+						run, runB, rows = f.run, f.runB, f.rows
+						break
+					}
+				}
+			}
+			direct := g.directB && nb == nr
+			if mb == rows && nb == nr {
+				if direct {
+					runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &g.c[ci], g.ldc, load)
 				} else {
-					kn.run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
+					run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
 				}
 				continue
 			}
@@ -364,10 +385,10 @@ func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, n
 					copy(edge[i*nr:i*nr+nb], g.c[ci+i*g.ldc:ci+i*g.ldc+nb])
 				}
 			}
-			if g.directB && nb == nr {
-				kn.runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &edge[0], nr, load)
+			if direct {
+				runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &edge[0], nr, load)
 			} else {
-				kn.run(kcb, aptr, bptr, &edge[0], nr, load)
+				run(kcb, aptr, bptr, &edge[0], nr, load)
 			}
 			for i := range mb {
 				copy(g.c[ci+i*g.ldc:ci+i*g.ldc+nb], edge[i*nr:i*nr+nb])
