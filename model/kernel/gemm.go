@@ -311,8 +311,25 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 				if full := ncb / nr * nr; full < ncb {
 					g.packB((*bp)[full*kcb:], pc, kcb, jc+full, ncb-full, nr)
 				}
-			} else {
+			} else if workers == 1 {
 				g.packB(*bp, pc, kcb, jc, ncb, nr)
+			} else {
+				// The workers pack shares of whole slivers, then multiply.
+				slivers := ceilDiv(ncb, nr)
+				var wg sync.WaitGroup
+				for w := range workers {
+					s0, s1 := slivers*w/workers, slivers*(w+1)/workers
+					if s0 == s1 {
+						continue
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						j0, j1 := s0*nr, min(s1*nr, ncb)
+						g.packB((*bp)[j0*kcb:], pc, kcb, jc+j0, j1-j0, nr)
+					}()
+				}
+				wg.Wait()
 			}
 			if workers == 1 {
 				for ic := 0; ic < g.m; ic += mc {
