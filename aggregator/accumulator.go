@@ -47,7 +47,9 @@ func (a *Accumulator) Add(update []float32, weight float64) error {
 	}
 	sum := a.sum[:len(update)]
 	for i, x := range update {
-		sum[i] += weight * float64(x)
+		// The conversion rounds the product, so that arm64 (where Go may
+		// fuse x*y+z into one instruction) sums the same bits as amd64.
+		sum[i] += float64(weight * float64(x))
 	}
 	a.total += weight
 	a.count++

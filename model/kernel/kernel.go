@@ -63,10 +63,7 @@ func BiasAdd(x, b Mat) error {
 	}
 	bv := b.Vals()
 	for r := 0; r < x.Rows; r++ {
-		row := x.Data[r*x.Cols : (r+1)*x.Cols]
-		for j, v := range bv {
-			row[j] += v
-		}
+		addVec(bv, x.Data[r*x.Cols:(r+1)*x.Cols])
 	}
 	return nil
 }
@@ -85,10 +82,7 @@ func ColSum(x, out Mat) error {
 		return nil // see Empty rows above ErrArgument
 	}
 	for r := 0; r < x.Rows; r++ {
-		row := x.Data[r*x.Cols : (r+1)*x.Cols]
-		for j, v := range row {
-			ov[j] += v
-		}
+		addVec(x.Data[r*x.Cols:(r+1)*x.Cols], ov)
 	}
 	return nil
 }
@@ -101,14 +95,7 @@ func ReLU(x, y Mat) error {
 	if err := sameShape("relu", x, y); err != nil {
 		return err
 	}
-	yv := y.Vals()
-	for i, v := range x.Vals() {
-		if v > 0 {
-			yv[i] = v
-		} else {
-			yv[i] = 0
-		}
-	}
+	reluVec(x.Vals(), y.Vals())
 	return nil
 }
 
@@ -120,14 +107,7 @@ func ReLUGrad(dy, x, dx Mat) error {
 	if err := errors.Join(sameShape("relu_grad", dy, x), sameShape("relu_grad", dy, dx)); err != nil {
 		return err
 	}
-	xv, dxv := x.Vals(), dx.Vals()
-	for i, g := range dy.Vals() {
-		if xv[i] > 0 {
-			dxv[i] = g
-		} else {
-			dxv[i] = 0
-		}
-	}
+	reluGradVec(dy.Vals(), x.Vals(), dx.Vals())
 	return nil
 }
 
@@ -224,7 +204,8 @@ func CountCorrect(logits, labels Mat) (int, error) {
 	return correct, nil
 }
 
-// Axpy computes y += alpha·x over matrices of the same shape.
+// Axpy computes y += alpha·x over matrices of the same shape, rounding the
+// product before the sum (no fused multiply-add) on every CPU.
 func Axpy(alpha float32, x, y Mat) error {
 	if err := errors.Join(x.check("x"), y.check("y")); err != nil {
 		return fmt.Errorf("axpy: %w", err)
@@ -232,10 +213,7 @@ func Axpy(alpha float32, x, y Mat) error {
 	if err := sameShape("axpy", x, y); err != nil {
 		return err
 	}
-	yv := y.Vals()
-	for i, v := range x.Vals() {
-		yv[i] += alpha * v
-	}
+	axpyVec(alpha, x.Vals(), y.Vals())
 	return nil
 }
 
@@ -246,9 +224,7 @@ func Scale(alpha float32, x Mat) {
 		clear(xv)
 		return
 	}
-	for i := range xv {
-		xv[i] *= alpha
-	}
+	scaleVec(alpha, xv)
 }
 
 // Norm2 is the Euclidean norm of x's values, accumulated in float64.
