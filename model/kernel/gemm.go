@@ -172,11 +172,18 @@ func Kernels() []string {
 }
 
 // UseKernel selects the GEMM microkernel every later product runs, by a
-// name from Kernels, and returns the one it replaces. Results do not depend
-// on the choice; tests and benchmarks use it to compare the paths.
+// name from Kernels, and returns the one it replaces; "go" also runs the
+// element-wise kernels in pure Go, any other name their SIMD code. Results
+// do not depend on the choice; tests and benchmarks use it to compare the
+// paths. Call it while no kernel runs.
 func UseKernel(name string) (string, error) {
 	for i, k := range kernels {
 		if k.name == name {
+			if name == "go" {
+				vec = &vecImpls[0]
+			} else {
+				vec = &vecImpls[len(vecImpls)-1]
+			}
 			return kernels[kernelSel.Swap(int32(i))].name, nil
 		}
 	}

@@ -1,3 +1,5 @@
+//go:build !purego
+
 package kernel
 
 import "golang.org/x/sys/cpu"

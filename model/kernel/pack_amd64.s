@@ -1,3 +1,5 @@
+//go:build !purego
+
 #include "textflag.h"
 
 // func transpose4(dst *float32, w int, src *float32, ld int, groups int)
