@@ -3,6 +3,8 @@ package aggregator
 import (
 	"fmt"
 	"math"
+
+	"github.com/fleetlearn/fleetlearn/model/kernel"
 )
 
 // Accumulator is a streaming weighted mean of updates: FedAvg's aggregate.
@@ -45,11 +47,10 @@ func (a *Accumulator) Add(update []float32, weight float64) error {
 	if err := a.checkTotal("add", weight); err != nil {
 		return err
 	}
-	sum := a.sum[:len(update)]
-	for i, x := range update {
-		// The conversion rounds the product, so that arm64 (where Go may
-		// fuse x*y+z into one instruction) sums the same bits as amd64.
-		sum[i] += float64(weight * float64(x))
+	// The kernel rounds each product before its sum, on every path, so
+	// every machine sums the same bits.
+	if err := kernel.AddScaled(a.sum[:len(update)], update, weight); err != nil {
+		return fmt.Errorf("aggregator: add: %w", err)
 	}
 	a.total += weight
 	a.count++
