@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/big"
@@ -230,5 +231,16 @@ func TestGemmCheckStops(t *testing.T) {
 		if err != nil || calls < int(GemmFLOPs(m, n, k)/2/blockWork) {
 			t.Fatalf("threads %d: err %v, %d checks for %d multiply-adds", th, err, calls, m*n*k)
 		}
+	}
+}
+
+// TestGemmRefusesOverflowingShapes: shapes whose product overflows int are
+// refused before any kernel reads through a pointer.
+func TestGemmRefusesOverflowingShapes(t *testing.T) {
+	huge := Mat{Rows: 1 << 33, Cols: 1 << 31, Data: make([]float32, 4)} // 2^64 wraps to 0
+	small := Mat{Rows: 1 << 31, Cols: 1, Data: make([]float32, 4)}
+	c := Mat{Rows: 1 << 33, Cols: 1, Data: make([]float32, 4)}
+	if err := Gemm(false, false, 1, huge, small, 0, c); !errors.Is(err, ErrShape) {
+		t.Fatalf("err %v, want ErrShape", err)
 	}
 }

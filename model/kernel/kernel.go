@@ -35,7 +35,10 @@ func (m Mat) Len() int { return m.Rows * m.Cols }
 func (m Mat) Vals() []float32 { return m.Data[:m.Rows*m.Cols] }
 
 func (m Mat) check(name string) error {
-	if m.Rows < 0 || m.Cols < 0 || len(m.Data) < m.Rows*m.Cols {
+	// Rows > len/Cols rather than len < Rows·Cols: the product of two
+	// caller-chosen sizes can overflow, and the SIMD kernels read through
+	// pointers past any bounds check.
+	if m.Rows < 0 || m.Cols < 0 || (m.Cols > 0 && m.Rows > len(m.Data)/m.Cols) {
 		return fmt.Errorf("%w: %s is %dx%d over %d values", ErrShape, name, m.Rows, m.Cols, len(m.Data))
 	}
 	return nil
