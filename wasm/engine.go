@@ -1,6 +1,7 @@
 package wasm
 
 import (
+	"fmt"
 	"runtime"
 
 	"github.com/tetratelabs/wazero"
@@ -45,10 +46,22 @@ func compilerSupported(goos, goarch string, sse41 bool) bool {
 	return false
 }
 
-// newRuntimeConfig is the runtime configuration of the engine Engine names.
-func newRuntimeConfig() wazero.RuntimeConfig {
-	if Engine() == EngineCompiler {
-		return wazero.NewRuntimeConfigCompiler()
+// newRuntimeConfig is the runtime configuration of the engine named, or of
+// the one Engine names when name is empty.
+func newRuntimeConfig(name string) (wazero.RuntimeConfig, error) {
+	switch name {
+	case "":
+		name = Engine()
+	case EngineCompiler:
+		if Engine() != EngineCompiler {
+			return nil, fmt.Errorf("%w: wazero cannot compile for %s/%s; use the %s engine", ErrEngine, runtime.GOOS, runtime.GOARCH, EngineInterpreter)
+		}
+	case EngineInterpreter:
+	default:
+		return nil, fmt.Errorf("%w: %q is not an engine; use %s or %s", ErrEngine, name, EngineCompiler, EngineInterpreter)
 	}
-	return wazero.NewRuntimeConfigInterpreter()
+	if name == EngineCompiler {
+		return wazero.NewRuntimeConfigCompiler(), nil
+	}
+	return wazero.NewRuntimeConfigInterpreter(), nil
 }

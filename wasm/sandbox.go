@@ -92,6 +92,7 @@ type Option func(*config)
 
 type config struct {
 	cacheDir string
+	engine   string
 	limits   Limits
 	logger   *slog.Logger
 	maxCode  int
@@ -99,6 +100,11 @@ type config struct {
 
 // WithCacheDir keeps compiled machine code in dir so later processes skip compilation.
 func WithCacheDir(dir string) Option { return func(c *config) { c.cacheDir = dir } }
+
+// WithEngine runs modules with the named engine, EngineCompiler or
+// EngineInterpreter, instead of the one Engine names for this machine. New
+// refuses the compiler where wazero cannot compile.
+func WithEngine(name string) Option { return func(c *config) { c.engine = name } }
 
 // WithLimits sets the defaults for calls that leave a limit zero.
 func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
@@ -137,6 +143,10 @@ func New(opts ...Option) (*Sandbox, error) {
 	if err := cfg.limits.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: new: %w", err)
 	}
+	rc, err := newRuntimeConfig(cfg.engine)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: new: %w", err)
+	}
 	s := &Sandbox{cfg: cfg, modules: map[string]*entry{}}
 	if cfg.cacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
@@ -148,8 +158,7 @@ func New(opts ...Option) (*Sandbox, error) {
 		s.cache = wazero.NewCompilationCache()
 	}
 	ctx := context.Background()
-	rc := newRuntimeConfig().
-		WithCompilationCache(s.cache).
+	rc = rc.WithCompilationCache(s.cache).
 		WithMemoryLimitPages(MaxMemoryPages).
 		WithCloseOnContextDone(true).
 		WithCoreFeatures(api.CoreFeaturesV2)
@@ -257,7 +266,7 @@ type entry struct {
 // first call.
 func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero.CompiledModule, int, error) {
 	op := "wasm: load " + hash[:12]
-	cm, err := s.rt.CompileModule(ctx, code)
+	cm, err := s.rt.CompileModule(ctx, mergeDataSegments(code))
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w: %v", op, ErrInvalidModule, err)
 	}
