@@ -132,17 +132,14 @@ func BenchmarkLMEpoch(b *testing.B) {
 }
 
 // benchEngines runs one training call of pkg's module per iteration:
-// "wasm" with the engine the sandbox picks by default, "wasm-interpreter"
-// with wazero's interpreter. Each call instantiates the module afresh, as
-// every round does.
+// "wasm" with the best engine of this machine (the compiler, where wazero
+// compiles: what a device runs once the module has been compiled),
+// "wasm-interpreter" with wazero's interpreter (what it runs before). Each
+// call instantiates the module afresh, as every round does.
 func benchEngines(b *testing.B, pkg string, c wasm.Call) {
-	for _, e := range []struct{ name, engine string }{{"wasm", ""}, {"wasm-interpreter", wasm.EngineInterpreter}} {
+	for _, e := range []struct{ name, engine string }{{"wasm", wasm.Engine()}, {"wasm-interpreter", wasm.EngineInterpreter}} {
 		b.Run(e.name, func(b *testing.B) {
-			var opts []wasm.Option
-			if e.engine != "" {
-				opts = append(opts, wasm.WithEngine(e.engine))
-			}
-			mod := load(b, newSandbox(b, opts...), pkg)
+			mod := load(b, newSandbox(b, wasm.WithEngine(e.engine)), pkg)
 			start := cpuTime()
 			for b.Loop() {
 				if _, err := mod.Train(context.Background(), c); err != nil {

@@ -17,7 +17,7 @@ const (
 	// arm, riscv64, ...), much slower but the same results.
 	EngineInterpreter = "interpreter"
 	// EngineAuto, the default where the compiler runs, starts each module
-	// on the interpreter, which prepares it some fifteen times faster than
+	// on the interpreter, which prepares it some ten times faster than
 	// the compiler compiles it, and compiles it in the background once the
 	// time the module has spent outside host kernels would have paid for
 	// compiling it; a module whose compiled code the cache already holds

@@ -137,6 +137,8 @@ type Sandbox struct {
 	closed  bool
 	modules map[string]*entry // by sha256
 
+	promoting sync.WaitGroup // background compilations (tiered.go), awaited by Close
+
 	pool tensorPool
 }
 
@@ -211,11 +213,15 @@ func (s *Sandbox) Engine() string { return s.engine }
 // Close releases all runtimes and compiled code. It is safe to call twice.
 func (s *Sandbox) Close(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
+	// A compilation under way finishes first: the runtime it compiles in
+	// must not close under it.
+	s.promoting.Wait()
 	errs := []error{s.rt.Close(ctx)}
 	if s.irt != nil {
 		errs = append(errs, s.irt.Close(ctx))

@@ -25,9 +25,10 @@ import (
 // few calls. docs/ABI.md ("Starting a module") has the figures.
 
 // compileFactor is how many times longer wazero's compiler takes to compile
-// a module than its interpreter takes to prepare it: 15 to 17 for the
-// example modules on amd64 (docs/ABI.md).
-const compileFactor = 16
+// a module than its interpreter takes to prepare it: 8 to 17 for the
+// example modules on amd64, 8 to 10 counting the CPU time of the garbage
+// collection each leaves behind (docs/ABI.md).
+const compileFactor = 10
 
 // tier is what an entry running on the interpreter keeps towards its
 // compilation; every field is under the sandbox's mu.
@@ -69,6 +70,7 @@ func (s *Sandbox) charge(e *entry, d time.Duration) {
 	}
 	code := e.code
 	e.code = nil
+	s.promoting.Add(1)
 	go s.promote(e, code)
 }
 
@@ -76,6 +78,7 @@ func (s *Sandbox) charge(e *entry, d time.Duration) {
 // calls run the compiled code. Calls in flight finish on the interpreter.
 func (s *Sandbox) promote(e *entry, code []byte) {
 	ctx := context.Background()
+	defer s.promoting.Done()
 	defer close(e.promoted)
 	start := time.Now()
 	cm, err := s.rt.CompileModule(ctx, code)

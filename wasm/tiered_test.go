@@ -198,3 +198,21 @@ func TestWithEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestAutoCloseWhileCompiling: closing the sandbox waits for a background
+// compilation, so the runtime it compiles in never closes under it.
+func TestAutoCloseWhileCompiling(t *testing.T) {
+	s := tieredSandbox(t, withCompileBudget(time.Nanosecond))
+	mod := loadExample(t, s, "mlp")
+	if _, err := mod.Train(context.Background(), smallCall(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-mod.e.promoted:
+	default:
+		t.Error("Close returned while the module was being compiled")
+	}
+}
