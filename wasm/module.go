@@ -172,8 +172,9 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		// towards compiling it.
 		defer func() { m.s.charge(m.e, time.Since(start)-st.hostTime) }()
 	}
-	inst, err := m.s.instantiate(ctx, rt, cm, st, lim, c.Seed)
+	inst, err := m.s.instantiate(ctx, rt, cm, st, lim, c.Seed, m.e.memHint.Load())
 	defer inst.close(ctx)
+	defer func() { m.e.memHint.Store(inst.alloc.size()) }()
 	cctx, out, alloc := inst.ctx, inst.out, inst.alloc
 	if err != nil {
 		return nil, callErr(op, "instantiate", st, cctx, err, out, lim, alloc)
@@ -237,8 +238,8 @@ type instance struct {
 // instantiate runs the module's start function in a fresh instance whose
 // host calls see st, whose memory is capped at lim.MemoryPages and which is
 // closed when lim.Timeout passes. seed drives the module's random source.
-func (s *Sandbox) instantiate(ctx context.Context, rt wazero.Runtime, cm wazero.CompiledModule, st *callState, lim Limits, seed uint64) (*instance, error) {
-	in := &instance{out: &boundedBuffer{max: 16 << 10}, alloc: &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage}}
+func (s *Sandbox) instantiate(ctx context.Context, rt wazero.Runtime, cm wazero.CompiledModule, st *callState, lim Limits, seed, memHint uint64) (*instance, error) {
+	in := &instance{out: &boundedBuffer{max: 16 << 10}, alloc: &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage, hint: memHint}}
 	cctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	in.cancel = cancel
 	st.ctx = cctx

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -302,7 +303,8 @@ type entry struct {
 	version int // the ABI version the module declares
 	err     error
 	refs    int
-	tier    // under EngineAuto, while the module runs on the interpreter
+	memHint atomic.Uint64 // bytes of memory the last call ended with
+	tier                  // under EngineAuto, while the module runs on the interpreter
 }
 
 // compile compiles code into e, checks its shape and reads the ABI version
@@ -353,7 +355,7 @@ func (s *Sandbox) compile(ctx context.Context, e *entry, code []byte, hash strin
 func (s *Sandbox) probeVersion(ctx context.Context, op string, rt wazero.Runtime, cm wazero.CompiledModule) (int, error) {
 	lim := s.cfg.limits
 	st := &callState{log: s.cfg.logger, limits: lim, handles: []*tensor{nil}, pool: &s.pool, probe: true}
-	inst, err := s.instantiate(ctx, rt, cm, st, lim, 0)
+	inst, err := s.instantiate(ctx, rt, cm, st, lim, 0, 0)
 	defer inst.close(ctx)
 	if err != nil {
 		return 0, callErr(op, "instantiate", st, inst.ctx, err, inst.out, lim, inst.alloc)
