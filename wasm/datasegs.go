@@ -1,6 +1,7 @@
 package wasm
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 )
@@ -68,15 +69,8 @@ func mergeDataSegments(code []byte) []byte {
 	if !ok || len(segs) < 2 {
 		return code
 	}
-	slices.SortStableFunc(segs, func(a, b dataSegment) int {
-		switch {
-		case a.offset < b.offset:
-			return -1
-		case a.offset > b.offset:
-			return 1
-		}
-		return 0
-	})
+	// Go writes each of its data sections in address order.
+	slices.SortFunc(segs, func(a, b dataSegment) int { return cmp.Compare(a.offset, b.offset) })
 	// Sorting is safe only if no two segments overlap: the later one would
 	// win in the original order.
 	for i := 1; i < len(segs); i++ {
@@ -84,46 +78,67 @@ func mergeDataSegments(code []byte) []byte {
 			return code
 		}
 	}
-	var merged []dataSegment
+	// Runs of segments no more than dataMergeGap apart become one segment.
+	type run struct {
+		first, last int    // segs[first:last+1]
+		size        uint64 // bytes, gaps included
+	}
+	var runs []run
 	var total uint64
-	for _, s := range segs {
-		if k := len(merged) - 1; k >= 0 {
-			last := &merged[k]
-			lastEnd := uint64(last.offset) + uint64(len(last.data))
-			if gap := uint64(s.offset) - lastEnd; gap <= dataMergeGap {
-				total += gap + uint64(len(s.data))
+	for i, sg := range segs {
+		if k := len(runs) - 1; k >= 0 {
+			prev := segs[i-1]
+			if gap := uint64(sg.offset) - uint64(prev.offset) - uint64(len(prev.data)); gap <= dataMergeGap {
+				runs[k].last = i
+				runs[k].size += gap + uint64(len(sg.data))
+				total += gap + uint64(len(sg.data))
 				if total > maxMergedDataBytes {
 					return code
 				}
-				last.data = append(last.data, make([]byte, gap)...)
-				last.data = append(last.data, s.data...)
 				continue
 			}
 		}
-		total += uint64(len(s.data))
+		runs = append(runs, run{first: i, last: i, size: uint64(len(sg.data))})
+		total += uint64(len(sg.data))
 		if total > maxMergedDataBytes {
 			return code
 		}
-		merged = append(merged, dataSegment{offset: s.offset, data: slices.Clone(s.data)})
 	}
-	if len(merged) == len(segs) {
+	if len(runs) == len(segs) {
 		return code
 	}
-	var sec []byte
-	sec = binary.AppendUvarint(sec, uint64(len(merged)))
-	for _, s := range merged {
-		sec = append(sec, 0, 0x41) // active, memory 0; i32.const
-		sec = appendSleb32(sec, int32(s.offset))
-		sec = append(sec, 0x0b) // end
-		sec = binary.AppendUvarint(sec, uint64(len(s.data)))
-		sec = append(sec, s.data...)
+	// One allocation for the new module; make zeroes it, so the gaps are
+	// written by extending the slice.
+	secLen := uint64(uvarintLen(uint64(len(runs))))
+	for _, r := range runs {
+		secLen += 2 + uint64(len(appendSleb32(nil, int32(segs[r.first].offset)))) + 1 + uint64(uvarintLen(r.size)) + r.size
 	}
-	out := make([]byte, 0, len(code)-(end-start)+len(sec)+5)
+	out := make([]byte, 0, uint64(hdr+1+5)+secLen+uint64(len(code)-end))
 	// The section's size is rewritten; Go pads it to five bytes.
 	out = append(out, code[:hdr+1]...)
-	out = binary.AppendUvarint(out, uint64(len(sec)))
-	out = append(out, sec...)
+	out = binary.AppendUvarint(out, secLen)
+	out = binary.AppendUvarint(out, uint64(len(runs)))
+	for _, r := range runs {
+		out = append(out, 0, 0x41) // active, memory 0; i32.const
+		out = appendSleb32(out, int32(segs[r.first].offset))
+		out = append(out, 0x0b) // end
+		out = binary.AppendUvarint(out, r.size)
+		base := uint64(len(out)) - uint64(segs[r.first].offset)
+		for _, sg := range segs[r.first : r.last+1] {
+			out = out[:base+uint64(sg.offset)]
+			out = append(out, sg.data...)
+		}
+	}
 	return append(out, code[end:]...)
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
 }
 
 // parseDataSegments reads a data section's contents, reporting false for

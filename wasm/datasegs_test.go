@@ -187,3 +187,19 @@ func FuzzMergeDataSegments(f *testing.F) {
 		sameInstance(t, code, got)
 	})
 }
+
+// BenchmarkMergeDataSegments is the rewrite of the MLP module's data
+// section, done once per load.
+func BenchmarkMergeDataSegments(b *testing.B) {
+	m, err := embedded.Lookup("mlp")
+	if err != nil {
+		b.Fatal(err)
+	}
+	code, err := m.Code()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		mergeDataSegments(code)
+	}
+}

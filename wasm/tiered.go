@@ -18,9 +18,10 @@ import (
 // the interpreter is slow (instantiation, the Go runtime's start, the
 // module's own loops); the price is compiling, which costs compileFactor
 // times what preparing the module for the interpreter cost at load. The
-// device never pays more than twice what the better of the two choices,
-// made with hindsight, would have cost it. A module that does all its work
-// in host kernels (the MLP) runs interpreted for many rounds; one that
+// device then pays at most about twice what the better of the two choices,
+// made with hindsight, would have cost it (about: part of the rent is time
+// the compiled module would spend too). A module that does all its work
+// in host kernels (the MLP) runs interpreted for a few dozen rounds; one that
 // computes in the module (the transformer's bookkeeping) compiles after a
 // few calls. docs/ABI.md ("Starting a module") has the figures.
 
