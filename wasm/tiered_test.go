@@ -3,6 +3,7 @@ package wasm
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,5 +215,35 @@ func TestAutoCloseWhileCompiling(t *testing.T) {
 	case <-mod.e.promoted:
 	default:
 		t.Error("Close returned while the module was being compiled")
+	}
+}
+
+// TestAutoConcurrentCalls: calls in flight while the module moves to the
+// compiler finish on whichever code they started with, and every call
+// trains to the same bits.
+func TestAutoConcurrentCalls(t *testing.T) {
+	s := tieredSandbox(t, withCompileBudget(time.Nanosecond))
+	mod := loadExample(t, s, "mlp")
+	c := smallCall(t)
+	want, err := mod.Train(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	results := make([]*Result, 8)
+	errs := make([]error, len(results))
+	for i := range results {
+		wg.Go(func() { results[i], errs[i] = mod.Train(context.Background(), c) })
+	}
+	wg.Wait()
+	<-mod.e.promoted
+	for i, r := range results {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		sameModel(t, want.Model, r.Model)
+	}
+	if mod.Engine() != EngineCompiler {
+		t.Errorf("module on %s after its budget was spent", mod.Engine())
 	}
 }
