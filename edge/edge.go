@@ -75,6 +75,10 @@ type Config struct {
 	// DataDir's publishers.jwks from enrollment when there is one. With
 	// publishers set the agent runs only modules they signed.
 	ModulePublishers []byte
+	// WASMEngine is the sandbox's engine (wasm.EngineAuto, EngineCompiler
+	// or EngineInterpreter); empty takes the sandbox's default, EngineAuto
+	// where wazero compiles. Ignored with WithSandbox.
+	WASMEngine string
 }
 
 // Option injects collaborators.
@@ -227,9 +231,10 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		return nil, fmt.Errorf("edge: dataset: %w", err)
 	}
 	if o.sandbox == nil {
-		s, err := wasm.New(wasm.WithCacheDir(filepath.Join(cfg.DataDir, "wasm-cache")), wasm.WithLogger(o.log))
+		s, err := wasm.New(wasm.WithCacheDir(filepath.Join(cfg.DataDir, "wasm-cache")), wasm.WithLogger(o.log),
+			wasm.WithEngine(cfg.WASMEngine))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("edge: sandbox: %w", err)
 		}
 		a.o.sandbox, a.own = s, true
 	}

@@ -3,6 +3,7 @@ package wasm_test
 import (
 	"context"
 	"encoding/json"
+	"path"
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/model"
@@ -27,46 +28,56 @@ func BenchmarkEpoch(b *testing.B) {
 			}
 		}
 	})
-	b.Run("wasm", func(b *testing.B) {
-		s := newSandbox(b)
-		mod := load(b, s, wasmtest.MLP)
-		hyper, _ := json.Marshal(h)
-		for b.Loop() {
-			if _, err := mod.Train(context.Background(), wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1}); err != nil {
+	hyper, _ := json.Marshal(h)
+	benchEngines(b, wasmtest.MLP, wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1})
+}
+
+// BenchmarkLoad is loading a module, per engine: compiling it to machine
+// code cold, with a warm on-disk compilation cache as a restarted agent sees
+// it, and preparing it for wazero's interpreter. Loading runs the module's
+// initialisation once (to read its ABI version), as an agent's first
+// selection does.
+func BenchmarkLoad(b *testing.B) {
+	ctx := context.Background()
+	for _, pkg := range []string{wasmtest.MLP, wasmtest.LM} {
+		code := wasmtest.Build(b, pkg)
+		hash := wasm.Hash(code)
+		run := func(b *testing.B, opts ...wasm.Option) {
+			s, err := wasm.New(opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close(ctx)
+			if _, err := s.Load(ctx, code, hash); err != nil {
 				b.Fatal(err)
 			}
 		}
-	})
-}
-
-// BenchmarkLoad is loading the MLP module: compiling it to machine code cold,
-// and with a warm on-disk compilation cache as a restarted agent sees it.
-func BenchmarkLoad(b *testing.B) {
-	code := wasmtest.Build(b, wasmtest.MLP)
-	hash := wasm.Hash(code)
-	ctx := context.Background()
-	run := func(b *testing.B, opts ...wasm.Option) {
-		s, err := wasm.New(opts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer s.Close(ctx)
-		if _, err := s.Load(ctx, code, hash); err != nil {
-			b.Fatal(err)
-		}
+		name := path.Base(pkg)
+		b.Run(name+"/compiler/cold", func(b *testing.B) {
+			b.ReportMetric(float64(len(code))/1e6, "module-MB")
+			start := cpuTime()
+			for b.Loop() {
+				run(b, wasm.WithEngine(wasm.EngineCompiler))
+			}
+			reportCPU(b, start)
+		})
+		b.Run(name+"/compiler/cached", func(b *testing.B) {
+			dir := b.TempDir()
+			run(b, wasm.WithEngine(wasm.EngineCompiler), wasm.WithCacheDir(dir))
+			start := cpuTime()
+			for b.Loop() {
+				run(b, wasm.WithEngine(wasm.EngineCompiler), wasm.WithCacheDir(dir))
+			}
+			reportCPU(b, start)
+		})
+		b.Run(name+"/interpreter", func(b *testing.B) {
+			start := cpuTime()
+			for b.Loop() {
+				run(b, wasm.WithEngine(wasm.EngineInterpreter))
+			}
+			reportCPU(b, start)
+		})
 	}
-	b.Run("cold", func(b *testing.B) {
-		for b.Loop() {
-			run(b)
-		}
-	})
-	b.Run("cached", func(b *testing.B) {
-		dir := b.TempDir()
-		run(b, wasm.WithCacheDir(dir))
-		for b.Loop() {
-			run(b, wasm.WithCacheDir(dir))
-		}
-	})
 }
 
 // BenchmarkTrivialTrain is one training call of the hand-assembled trivial
@@ -117,13 +128,39 @@ func BenchmarkLMEpoch(b *testing.B) {
 			}
 		}
 	})
-	b.Run("wasm", func(b *testing.B) {
-		s := newSandbox(b)
-		mod := load(b, s, wasmtest.LM)
-		for b.Loop() {
-			if _, err := mod.Train(context.Background(), wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1}); err != nil {
-				b.Fatal(err)
+	benchEngines(b, wasmtest.LM, wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1})
+}
+
+// benchEngines runs one training call of pkg's module per iteration:
+// "wasm" with the best engine of this machine (the compiler, where wazero
+// compiles: what a device runs once the module has been compiled),
+// "wasm-interpreter" with wazero's interpreter (what it runs before). Each
+// call instantiates the module afresh, as every round does.
+func benchEngines(b *testing.B, pkg string, c wasm.Call) {
+	for _, e := range []struct{ name, engine string }{{"wasm", wasm.Engine()}, {"wasm-interpreter", wasm.EngineInterpreter}} {
+		b.Run(e.name, func(b *testing.B) {
+			mod := load(b, newSandbox(b, wasm.WithEngine(e.engine)), pkg)
+			start := cpuTime()
+			for b.Loop() {
+				if _, err := mod.Train(context.Background(), c); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+			reportCPU(b, start)
+		})
+	}
+}
+
+// BenchmarkCall is one training call of the MLP module on a model and a
+// dataset too small to cost anything (a 4-3 layer, six examples): what a
+// round costs a device besides its training, per engine. Each call
+// instantiates the module afresh and runs its initialisation (the Go
+// runtime's, for the example modules).
+func BenchmarkCall(b *testing.B) {
+	d, _ := mnistLike(b)
+	init, err := train.InitMLP([]int{4, 3}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchEngines(b, wasmtest.MLP, wasm.Call{Model: init, Data: d, Hyper: []byte(`{"batch_size": 2}`), Seed: 1})
 }

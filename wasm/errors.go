@@ -35,4 +35,6 @@ var (
 	ErrLimits = errors.New("wasm: invalid limits")
 	// ErrClosed: the sandbox was closed.
 	ErrClosed = errors.New("wasm: sandbox closed")
+	// ErrEngine: a sandbox was asked for an engine this machine cannot run.
+	ErrEngine = errors.New("wasm: unsupported engine")
 )

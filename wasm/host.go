@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -51,6 +52,11 @@ type callState struct {
 	bytes   int64
 	err     error // first host-detected error; it aborts the call
 	probe   bool  // the load-time version probe: no host function may run
+	// timeHost has host functions add their time to hostTime: the call
+	// runs on the interpreter, and the time outside them counts towards
+	// compiling the module (tiered.go).
+	timeHost bool
+	hostTime time.Duration
 }
 
 type stateKey struct{}
@@ -473,7 +479,13 @@ func instantiateHost(ctx context.Context, r wazero.Runtime) error {
 			if err := s.deadline(); err != nil {
 				s.abort(fmt.Errorf("%s: %w", f.name, err))
 			}
+			if !s.timeHost {
+				f.fn(s, mod, stack)
+				return
+			}
+			start := time.Now()
 			f.fn(s, mod, stack)
+			s.hostTime += time.Since(start)
 		}
 	}
 	for v := MinABIVersion; v <= ABIVersion; v++ {

@@ -25,16 +25,28 @@ import (
 // Module is a loaded, hash-checked update module. Each call runs in a fresh
 // instance, so no state survives from one call to the next.
 type Module struct {
-	s        *Sandbox
-	hash     string
-	compiled wazero.CompiledModule
-	e        *entry
-	version  int
-	close    sync.Once
+	s       *Sandbox
+	hash    string
+	e       *entry
+	version int
+	close   sync.Once
 }
 
 // SHA256 is the lowercase hex hash of the module's bytes.
 func (m *Module) SHA256() string { return m.hash }
+
+// Engine is the engine the module's next call runs on, EngineCompiler or
+// EngineInterpreter: under EngineAuto it starts on the interpreter and
+// moves to the compiler once compiling it has paid (tiered.go).
+func (m *Module) Engine() string {
+	if m.s.engine == EngineInterpreter {
+		return EngineInterpreter
+	}
+	if _, _, interpreted := m.s.current(m.e); interpreted {
+		return EngineInterpreter
+	}
+	return EngineCompiler
+}
 
 // ABIVersion is the ABI version the module declares (its
 // fleetlearn_abi_version), one this host serves.
@@ -152,9 +164,17 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		return nil, fmt.Errorf("%s: %w: %v", op, ErrInvalidCall, err)
 	}
 
+	rt, cm, interpreted := m.s.current(m.e)
+	st.timeHost = interpreted
 	start := time.Now()
-	inst, err := m.s.instantiate(ctx, m.compiled, st, lim, c.Seed)
+	if interpreted {
+		// Whatever its outcome, the call's time in the module counts
+		// towards compiling it.
+		defer func() { m.s.charge(m.e, time.Since(start)-st.hostTime) }()
+	}
+	inst, err := m.s.instantiate(ctx, rt, cm, st, lim, c.Seed, m.e.memHint.Load())
 	defer inst.close(ctx)
+	defer func() { m.e.memHint.Store(inst.alloc.size()) }()
 	cctx, out, alloc := inst.ctx, inst.out, inst.alloc
 	if err != nil {
 		return nil, callErr(op, "instantiate", st, cctx, err, out, lim, alloc)
@@ -218,8 +238,8 @@ type instance struct {
 // instantiate runs the module's start function in a fresh instance whose
 // host calls see st, whose memory is capped at lim.MemoryPages and which is
 // closed when lim.Timeout passes. seed drives the module's random source.
-func (s *Sandbox) instantiate(ctx context.Context, cm wazero.CompiledModule, st *callState, lim Limits, seed uint64) (*instance, error) {
-	in := &instance{out: &boundedBuffer{max: 16 << 10}, alloc: &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage}}
+func (s *Sandbox) instantiate(ctx context.Context, rt wazero.Runtime, cm wazero.CompiledModule, st *callState, lim Limits, seed, memHint uint64) (*instance, error) {
+	in := &instance{out: &boundedBuffer{max: 16 << 10}, alloc: &capAllocator{maxBytes: uint64(lim.MemoryPages) * memoryPage, hint: memHint}}
 	cctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	in.cancel = cancel
 	st.ctx = cctx
@@ -232,7 +252,7 @@ func (s *Sandbox) instantiate(ctx context.Context, cm wazero.CompiledModule, st 
 		WithStartFunctions(exportInit).
 		WithStdout(in.out).WithStderr(in.out).
 		WithRandSource(rand.NewChaCha8(rs))
-	mod, err := s.rt.InstantiateModule(in.ctx, cm, mc)
+	mod, err := rt.InstantiateModule(in.ctx, cm, mc)
 	in.mod = mod
 	return in, err
 }

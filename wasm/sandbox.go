@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -92,13 +93,24 @@ type Option func(*config)
 
 type config struct {
 	cacheDir string
-	limits   Limits
-	logger   *slog.Logger
-	maxCode  int
+	engine   string
+	// compileBudget replaces the rent after which EngineAuto compiles a
+	// module (tests: a nanosecond compiles after the first call, an hour
+	// never).
+	compileBudget time.Duration
+	limits        Limits
+	logger        *slog.Logger
+	maxCode       int
 }
 
 // WithCacheDir keeps compiled machine code in dir so later processes skip compilation.
 func WithCacheDir(dir string) Option { return func(c *config) { c.cacheDir = dir } }
+
+// WithEngine runs modules with the named engine (EngineAuto,
+// EngineCompiler or EngineInterpreter) instead of the default, EngineAuto
+// where wazero compiles for this machine and the interpreter elsewhere.
+// New refuses an engine this machine cannot run with ErrEngine.
+func WithEngine(name string) Option { return func(c *config) { c.engine = name } }
 
 // WithLimits sets the defaults for calls that leave a limit zero.
 func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
@@ -111,18 +123,22 @@ func WithMaxModuleBytes(n int) Option { return func(c *config) { c.maxCode = n }
 
 // Sandbox compiles and runs update modules. It is safe for concurrent use.
 //
-// One wazero runtime serves every call: the per-call memory cap is enforced by
-// a memory allocator handed to each instantiation, not by the runtime, so calls
-// with different caps share compiled code.
+// One wazero runtime per engine serves every call: the per-call memory cap
+// is enforced by a memory allocator handed to each instantiation, not by the
+// runtime, so calls with different caps share compiled code.
 type Sandbox struct {
-	cfg   config
-	cache wazero.CompilationCache
-	rt    wazero.Runtime
-	wasi  map[string]api.FunctionDefinition // signatures of the WASI functions we serve
+	cfg    config
+	engine string // resolved: EngineAuto, EngineCompiler or EngineInterpreter
+	cache  wazero.CompilationCache
+	rt     wazero.Runtime                    // the compiler's, or the interpreter's under EngineInterpreter
+	irt    wazero.Runtime                    // under EngineAuto, the interpreter's
+	wasi   map[string]api.FunctionDefinition // signatures of the WASI functions we serve
 
 	mu      sync.Mutex
 	closed  bool
 	modules map[string]*entry // by sha256
+
+	promoting sync.WaitGroup // background compilations (tiered.go), awaited by Close
 
 	pool tensorPool
 }
@@ -137,7 +153,11 @@ func New(opts ...Option) (*Sandbox, error) {
 	if err := cfg.limits.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: new: %w", err)
 	}
-	s := &Sandbox{cfg: cfg, modules: map[string]*entry{}}
+	engine, err := resolveEngine(cfg.engine)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: new: %w", err)
+	}
+	s := &Sandbox{cfg: cfg, engine: engine, modules: map[string]*entry{}}
 	if cfg.cacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(cfg.cacheDir)
 		if err != nil {
@@ -147,34 +167,67 @@ func New(opts ...Option) (*Sandbox, error) {
 	} else {
 		s.cache = wazero.NewCompilationCache()
 	}
-	ctx := context.Background()
-	rc := newRuntimeConfig().
-		WithCompilationCache(s.cache).
-		WithMemoryLimitPages(MaxMemoryPages).
-		WithCloseOnContextDone(true).
-		WithCoreFeatures(api.CoreFeaturesV2)
-	s.rt = wazero.NewRuntimeWithConfig(ctx, rc)
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, s.rt); err != nil {
-		s.rt.Close(ctx)
-		return nil, fmt.Errorf("wasm: new: wasi: %w", err)
+	main := EngineCompiler
+	if engine == EngineInterpreter {
+		main = EngineInterpreter
+	}
+	if s.rt, err = s.newRuntime(main); err != nil {
+		s.cache.Close(context.Background())
+		return nil, err
 	}
 	s.wasi = s.rt.Module(wasiModule).ExportedFunctionDefinitions()
-	if err := instantiateHost(ctx, s.rt); err != nil {
-		s.rt.Close(ctx)
-		return nil, fmt.Errorf("wasm: new: host module: %w", err)
+	if engine == EngineAuto {
+		if s.irt, err = s.newRuntime(EngineInterpreter); err != nil {
+			s.rt.Close(context.Background())
+			s.cache.Close(context.Background())
+			return nil, err
+		}
 	}
 	return s, nil
 }
 
+// newRuntime starts a runtime of one engine with the WASI functions and the
+// host modules instantiated.
+func (s *Sandbox) newRuntime(engine string) (wazero.Runtime, error) {
+	ctx := context.Background()
+	rc := newRuntimeConfig(engine).
+		WithCompilationCache(s.cache).
+		WithMemoryLimitPages(MaxMemoryPages).
+		WithCloseOnContextDone(true).
+		WithCoreFeatures(api.CoreFeaturesV2)
+	rt := wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+		rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: new: wasi: %w", err)
+	}
+	if err := instantiateHost(ctx, rt); err != nil {
+		rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: new: host module: %w", err)
+	}
+	return rt, nil
+}
+
+// Engine is the engine the sandbox runs modules with: EngineAuto,
+// EngineCompiler or EngineInterpreter.
+func (s *Sandbox) Engine() string { return s.engine }
+
 // Close releases all runtimes and compiled code. It is safe to call twice.
 func (s *Sandbox) Close(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
-	return errors.Join(s.rt.Close(ctx), s.cache.Close(ctx))
+	s.mu.Unlock()
+	// A compilation under way finishes first: the runtime it compiles in
+	// must not close under it.
+	s.promoting.Wait()
+	errs := []error{s.rt.Close(ctx)}
+	if s.irt != nil {
+		errs = append(errs, s.irt.Close(ctx))
+	}
+	return errors.Join(append(errs, s.cache.Close(ctx))...)
 }
 
 // Hash returns the lowercase hex sha256 that identifies module bytes.
@@ -217,7 +270,7 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 		// waiting on the same bytes, nor make the next one start over.
 		// Both are bounded by the sandbox's default limits.
 		go func() {
-			e.cm, e.version, e.err = s.compile(context.WithoutCancel(ctx), code, got)
+			e.err = s.compile(context.WithoutCancel(ctx), e, code, got)
 			if e.err != nil {
 				s.mu.Lock()
 				delete(s.modules, got)
@@ -237,36 +290,50 @@ func (s *Sandbox) Load(ctx context.Context, code []byte, wantSHA256 string) (*Mo
 	s.mu.Lock()
 	e.refs++
 	s.mu.Unlock()
-	return &Module{s: s, hash: got, compiled: e.cm, e: e, version: e.version}, nil
+	return &Module{s: s, hash: got, e: e, version: e.version}, nil
 }
 
-// entry is one compiled module shared by every Module loaded from the same bytes.
+// entry is one compiled module shared by every Module loaded from the same
+// bytes. Its fields are set before ready is closed; rt and cm, and the
+// tiering fields, change afterwards only under the sandbox's mu.
 type entry struct {
 	ready   chan struct{}
+	rt      wazero.Runtime // the runtime that compiled cm
 	cm      wazero.CompiledModule
 	version int // the ABI version the module declares
 	err     error
 	refs    int
+	memHint atomic.Uint64 // bytes of memory the last call ended with
+	tier                  // under EngineAuto, while the module runs on the interpreter
 }
 
-// compile compiles code, checks its shape and reads the ABI version it
-// declares. Reading the version runs the module (its _initialize and
+// compile compiles code into e, checks its shape and reads the ABI version
+// it declares. Reading the version runs the module (its _initialize and
 // fleetlearn_abi_version) in a fresh instance under the sandbox's default
 // limits, with every host function refused, so that a module importing from
 // a namespace its version does not have is refused here rather than on its
-// first call.
-func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero.CompiledModule, int, error) {
+// first call. Under EngineAuto a module the compiler has not compiled on this
+// device before is prepared for the interpreter (tiered.go).
+func (s *Sandbox) compile(ctx context.Context, e *entry, code []byte, hash string) error {
 	op := "wasm: load " + hash[:12]
-	cm, err := s.rt.CompileModule(ctx, code)
-	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w: %v", op, ErrInvalidModule, err)
+	code = mergeDataSegments(code)
+	rt := s.rt
+	interpret := s.engine == EngineAuto && !s.compiledBefore(hash)
+	if interpret {
+		rt = s.irt
 	}
+	start := time.Now()
+	cm, err := rt.CompileModule(ctx, code)
+	if err != nil {
+		return fmt.Errorf("%s: %w: %v", op, ErrInvalidModule, err)
+	}
+	prepared := time.Since(start)
 	im, err := s.checkShape(cm)
 	if err != nil {
 		cm.Close(ctx)
-		return nil, 0, fmt.Errorf("%s: %w", op, err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	v, err := s.probeVersion(ctx, op, cm)
+	v, err := s.probeVersion(ctx, op, rt, cm)
 	if err == nil {
 		err = im.checkVersion(v)
 		if err != nil {
@@ -275,16 +342,20 @@ func (s *Sandbox) compile(ctx context.Context, code []byte, hash string) (wazero
 	}
 	if err != nil {
 		cm.Close(ctx)
-		return nil, 0, err
+		return err
 	}
-	return cm, v, nil
+	e.rt, e.cm, e.version = rt, cm, v
+	if interpret {
+		e.tier = s.newTier(hash, code, prepared)
+	}
+	return nil
 }
 
 // probeVersion calls fleetlearn_abi_version in a fresh instance of cm.
-func (s *Sandbox) probeVersion(ctx context.Context, op string, cm wazero.CompiledModule) (int, error) {
+func (s *Sandbox) probeVersion(ctx context.Context, op string, rt wazero.Runtime, cm wazero.CompiledModule) (int, error) {
 	lim := s.cfg.limits
 	st := &callState{log: s.cfg.logger, limits: lim, handles: []*tensor{nil}, pool: &s.pool, probe: true}
-	inst, err := s.instantiate(ctx, cm, st, lim, 0)
+	inst, err := s.instantiate(ctx, rt, cm, st, lim, 0, 0)
 	defer inst.close(ctx)
 	if err != nil {
 		return 0, callErr(op, "instantiate", st, inst.ctx, err, inst.out, lim, inst.alloc)
@@ -309,7 +380,11 @@ func (s *Sandbox) release(ctx context.Context, e *entry) error {
 			delete(s.modules, h)
 		}
 	}
-	return e.cm.Close(ctx)
+	errs := []error{e.cm.Close(ctx)}
+	for _, cm := range e.retired {
+		errs = append(errs, cm.Close(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // checkShape refuses imports outside the ABI, imports with the wrong

@@ -77,13 +77,20 @@ func TestFlags(t *testing.T) {
 		return nil
 	}
 	code, _, errOut := execute(t, agent, "", "-data-dir", "state", "-dataset=data", "-tasks", "t-1,t-2", "-charging=false",
-		"-nats-url", "nats://agg:4222", "--max-procs", "2", "-device-class", "gw")
+		"-nats-url", "nats://agg:4222", "--max-procs", "2", "-device-class", "gw", "-wasm-engine", wasm.EngineInterpreter)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	if got.DataDir != "state" || got.DatasetDir != "data" || !slices.Equal(got.TaskIDs, []string{"t-1", "t-2"}) || got.Charging ||
-		!got.Idle || got.NATSURL != "nats://agg:4222" || got.DeviceClass != "gw" || procs != 2 {
+		!got.Idle || got.NATSURL != "nats://agg:4222" || got.DeviceClass != "gw" || procs != 2 ||
+		got.WASMEngine != wasm.EngineInterpreter {
 		t.Errorf("config %+v, procs %d", got, procs)
+	}
+	// An engine this machine does not run is the command line's fault, and
+	// the error lists the ones it does.
+	if code, _, errOut := execute(t, noAgent(t), "", "--dataset", "d", "--wasm-engine", "jit"); code != exitUsage ||
+		!strings.Contains(errOut, "--wasm-engine \"jit\": this machine runs "+strings.Join(wasm.Engines(), ", ")) {
+		t.Errorf("--wasm-engine jit: exit %d, stderr %q; want a usage error listing the engines", code, errOut)
 	}
 
 	for _, args := range [][]string{{}, {"-dataset"}, {"--dataset", "d", "--log-level", "loud"}, {"--dataset", "d", "--bogus"}, {"bogus"}} {

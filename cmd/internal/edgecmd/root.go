@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -129,6 +130,9 @@ func newRootCommand(agent agentFunc) *cobra.Command {
 			"unauthenticated, so keep it on loopback or the pod network")
 	f.trace = tracing.Config{ServiceName: "fleetlearn-edge", OTLPFromEnv: true}
 	tracing.AddFlags(fl, &f.trace)
+	fl.StringVar(&f.cfg.WASMEngine, "wasm-engine", "",
+		"how update modules run: auto (interpreted first, compiled once a module's calls have paid for compiling it), "+
+			"compiler (compiled before the first call) or interpreter (default: auto where wazero compiles, else interpreter)")
 	fl.IntVar(&f.procs, "max-procs", 1, "CPU budget: threads running the agent's Go code and training kernels at once (GOMAXPROCS; 0: one per core, or $GOMAXPROCS)")
 
 	root.AddCommand(newEnrollCommand(), newHealthCommand(), &cobra.Command{
@@ -171,6 +175,9 @@ func (f *flags) config(cmd *cobra.Command) (edge.Config, int, slog.Level, error)
 	// only add scheduler and collector overhead and take the owner's cores.
 	if !cmd.Flags().Changed("max-procs") && os.Getenv("GOMAXPROCS") != "" {
 		procs = 0 // an explicit environment wins over the default
+	}
+	if e := cfg.WASMEngine; e != "" && !slices.Contains(wasm.Engines(), e) {
+		return cfg, 0, 0, usage("--wasm-engine %q: this machine runs %s", e, strings.Join(wasm.Engines(), ", "))
 	}
 	if f.tasks != "" {
 		cfg.TaskIDs = strings.Split(f.tasks, ",")
