@@ -36,6 +36,21 @@ func onEveryKernel(t *testing.T, f func(name string)) {
 	}
 }
 
+// sameOnEveryKernel trains with train (natively and through the module) on
+// every kernel and thread bound: every run must give the first one's weights.
+func sameOnEveryKernel(t *testing.T, train func() (native, module *model.Model)) {
+	t.Helper()
+	var ref *model.Model
+	onEveryKernel(t, func(name string) {
+		nat, mod := train()
+		sameBits(t, name+": wasm vs native", mod, nat)
+		if ref == nil {
+			ref = nat
+		}
+		sameBits(t, name+": vs "+kernel.Kernels()[0]+" on one thread", nat, ref)
+	})
+}
+
 // sameBits fails unless got has exactly the weights of want.
 func sameBits(t *testing.T, what string, got, want *model.Model) {
 	t.Helper()
@@ -57,8 +72,7 @@ func TestEveryKernelSameWeights(t *testing.T) {
 	h := sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 512}
 	hyper, _ := json.Marshal(h)
 	mod := load(t, newSandbox(t), wasmtest.MLP)
-	var ref *model.Model
-	onEveryKernel(t, func(name string) {
+	sameOnEveryKernel(t, func() (*model.Model, *model.Model) {
 		nat, _, err := train.Train(init, d, h, 11)
 		if err != nil {
 			t.Fatal(err)
@@ -67,11 +81,7 @@ func TestEveryKernelSameWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sameBits(t, name+": wasm vs native", res.Model, nat)
-		if ref == nil {
-			ref = nat
-		}
-		sameBits(t, name+": vs "+kernel.Kernels()[0]+" on one thread", nat, ref)
+		return nat, res.Model
 	})
 }
 
@@ -88,8 +98,7 @@ func TestEveryKernelSameLM(t *testing.T) {
 	}
 	hyper := []byte(`{"epochs": 1, "batch_size": 4, "learning_rate": 0.003, "warmup": 2, "heads": 2}`)
 	mod := load(t, newSandbox(t), wasmtest.LM)
-	var ref *model.Model
-	onEveryKernel(t, func(name string) {
+	sameOnEveryKernel(t, func() (*model.Model, *model.Model) {
 		nat, _, err := train.TrainLM(base, d, hyper, 9, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -98,10 +107,6 @@ func TestEveryKernelSameLM(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sameBits(t, name+": wasm vs native", res.Model, nat)
-		if ref == nil {
-			ref = nat
-		}
-		sameBits(t, name+": vs "+kernel.Kernels()[0]+" on one thread", nat, ref)
+		return nat, res.Model
 	})
 }
