@@ -331,3 +331,46 @@ func withParticipant(plan *pb.RoundPlan, p uint32) *pb.RoundPlan {
 	out.ParticipantId = p
 	return out
 }
+
+// DefaultCheckInRate is the check-in rate a round's announcement spreads the
+// woken fleet to by default. A deferred check-in costs the coordinator tens
+// of microseconds on one of its workers, so this leaves the workers mostly
+// idle; fleets too large to wake at this rate within the pace window get
+// the pace window, as before.
+const DefaultCheckInRate = 1000
+
+// MinCheckInSpread is the shortest spread an announcement gives: agents
+// read a zero spread as a missing one (and wait up to a second).
+const MinCheckInSpread = 5 * time.Millisecond
+
+// announceSpread is the spread a round's announcement gives the devices it
+// wakes (every device listening, whatever its tasks): long enough that
+// their check-ins arrive at about CheckInRate, and no longer, since
+// selection waits for them. The devices counted are those the store saw
+// within SeenWindow and those seen since that it has yet to be told of: a
+// restarted coordinator knows its fleet from the store. Without the count
+// the spread is the pace window.
+func (c *Coordinator) announceSpread() time.Duration {
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	_, seen, err := c.d.Store.FleetSize(ctx, c.now().Add(-SeenWindow), false)
+	if err != nil {
+		c.d.Log.Warn("counting the fleet for the announcement; spreading check-ins over the pace window", "err", err)
+		return c.d.PaceWindow
+	}
+	c.mu.Lock()
+	seen += len(c.unseen)
+	c.mu.Unlock()
+	return checkInSpread(seen, c.d.CheckInRate, c.d.PaceWindow)
+}
+
+// checkInSpread is the time n check-ins take at rate per second, within
+// [MinCheckInSpread, pace].
+func checkInSpread(n int, rate float64, pace time.Duration) time.Duration {
+	floor := min(MinCheckInSpread, pace)
+	secs := float64(n) / rate
+	if !(secs < pace.Seconds()) { // also a rate of 0 or NaN
+		return max(pace, floor)
+	}
+	return max(time.Duration(secs*float64(time.Second)), floor)
+}

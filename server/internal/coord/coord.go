@@ -56,8 +56,15 @@ type Deps struct {
 	Rand  *rand.Rand // guarded by the coordinator's mutex
 	// PaceWindow spreads the check-ins of devices that were not selected:
 	// each retries after the current round is expected to end plus a uniform
-	// delay in [0, PaceWindow).
+	// delay in [0, PaceWindow). It also caps the spread a round's
+	// announcement gives the devices it wakes (see CheckInRate).
 	PaceWindow time.Duration
+	// CheckInRate is the rate, in check-ins per second, at which a round's
+	// announcement spreads the check-ins of the devices it wakes: the
+	// announced spread is the devices seen within SeenWindow divided by
+	// it, at least MinCheckInSpread and at most PaceWindow (default
+	// DefaultCheckInRate).
+	CheckInRate float64
 	// Audit records events in the audit log, all of one call in one batch
 	// (all or none); nil records nothing.
 	Audit func(ctx context.Context, actor audit.Actor, ps ...audit.Payload) error
@@ -120,6 +127,9 @@ type Coordinator struct {
 func New(d Deps) *Coordinator {
 	if d.PaceWindow <= 0 {
 		d.PaceWindow = 2 * time.Second
+	}
+	if !(d.CheckInRate > 0) {
+		d.CheckInRate = DefaultCheckInRate
 	}
 	d.Clock = clock.Or(d.Clock)
 	c := &Coordinator{d: d, tracer: newTracer(d.Tracer), tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.WatchTaskResponse]struct{}{},
