@@ -347,22 +347,39 @@ const MinCheckInSpread = 5 * time.Millisecond
 // announceSpread is the spread a round's announcement gives the devices it
 // wakes (every device listening, whatever its tasks): long enough that
 // their check-ins arrive at about CheckInRate, and no longer, since
-// selection waits for them. The devices counted are those the store saw
-// within SeenWindow and those seen since that it has yet to be told of: a
-// restarted coordinator knows its fleet from the store. Without the count
-// the spread is the pace window.
+// selection waits for them.
 func (c *Coordinator) announceSpread() time.Duration {
-	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-	defer cancel()
-	_, seen, err := c.d.Store.FleetSize(ctx, c.now().Add(-SeenWindow), false)
-	if err != nil {
-		c.d.Log.Warn("counting the fleet for the announcement; spreading check-ins over the pace window", "err", err)
+	n, ok := c.seenFleet(c.now())
+	if !ok {
 		return c.d.PaceWindow
 	}
+	return checkInSpread(n, c.d.CheckInRate, c.d.PaceWindow)
+}
+
+// seenFleet counts the devices that checked in within SeenWindow of now.
+// Within SeenWindow of its start it counts at least what the store had seen
+// when it started, since a restarted coordinator has not heard from every
+// device yet; ok is false while that count is unknown. Entries older than
+// SeenWindow leave seen, at most once a deviceWriteInterval.
+func (c *Coordinator) seenFleet(now time.Time) (n int, ok bool) {
 	c.mu.Lock()
-	seen += len(c.unseen)
-	c.mu.Unlock()
-	return checkInSpread(seen, c.d.CheckInRate, c.d.PaceWindow)
+	defer c.mu.Unlock()
+	if now.Sub(c.swept) >= deviceWriteInterval {
+		for id, at := range c.seen {
+			if now.Sub(at) >= SeenWindow {
+				delete(c.seen, id)
+			}
+		}
+		c.swept = now
+	}
+	n = len(c.seen) // noteDevice enters every sighting here, written or not
+	if now.Sub(c.started) < SeenWindow {
+		if c.stored < 0 {
+			return 0, false
+		}
+		n = max(n, c.stored)
+	}
+	return n, true
 }
 
 // checkInSpread is the time n check-ins take at rate per second, within

@@ -115,6 +115,13 @@ type Coordinator struct {
 	watchers map[string]map[chan *pb.WatchTaskResponse]struct{}
 	seen     map[string]time.Time // devices recently written to the store
 	unseen   map[string]sighting  // sightings the writer has yet to store
+	// swept is when seen last lost its devices older than SeenWindow;
+	// stored counts the devices the store had seen within SeenWindow when
+	// the coordinator started (-1: unknown), which a restarted coordinator
+	// has yet to hear from (see announceSpread).
+	swept    time.Time
+	stored   int
+	started  time.Time
 	seenKick chan struct{}
 	checkins chan *nats.Msg
 	subs     []*nats.Subscription
@@ -143,6 +150,12 @@ func New(d Deps) *Coordinator {
 // Start subscribes to check-ins and stray reports and resumes running tasks.
 func (c *Coordinator) Start(ctx context.Context) error {
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	c.started, c.stored = c.now(), -1
+	if _, seen, err := c.d.Store.FleetSize(ctx, c.started.Add(-SeenWindow), false); err != nil {
+		c.d.Log.Warn("counting the devices seen lately; announcements spread check-ins over the pace window for now", "err", err)
+	} else {
+		c.stored = seen
+	}
 	c.wg.Add(1 + checkInWorkers)
 	go c.writeSeen()
 	for range checkInWorkers {
