@@ -331,3 +331,64 @@ func withParticipant(plan *pb.RoundPlan, p uint32) *pb.RoundPlan {
 	out.ParticipantId = p
 	return out
 }
+
+// DefaultCheckInRate is the check-in rate a round's announcement spreads the
+// woken fleet to by default. A check-in that is turned away costs the
+// coordinator about 50 µs of CPU (one that takes a seat, with its store
+// write, about 0.5 ms; profiled with 100 agents), so at this rate its
+// workers are mostly idle. Fleets too large to wake at this rate within the
+// pace window get the pace window, as before.
+const DefaultCheckInRate = 1000
+
+// MinCheckInSpread is the shortest spread an announcement gives: agents
+// read a zero spread as a missing one (and wait up to a second).
+const MinCheckInSpread = 5 * time.Millisecond
+
+// announceSpread is the spread a round's announcement gives the devices it
+// wakes (every device listening, whatever its tasks): long enough that
+// their check-ins arrive at about CheckInRate, and no longer, since
+// selection waits for them.
+func (c *Coordinator) announceSpread() time.Duration {
+	n, ok := c.seenFleet(c.now())
+	if !ok {
+		return c.d.PaceWindow
+	}
+	return checkInSpread(n, c.d.CheckInRate, c.d.PaceWindow)
+}
+
+// seenFleet counts the devices that checked in within SeenWindow of now.
+// Within SeenWindow of its start it counts at least what the store had seen
+// when it started, since a restarted coordinator has not heard from every
+// device yet; ok is false while that count is unknown. Entries older than
+// SeenWindow leave seen, at most once a deviceWriteInterval.
+func (c *Coordinator) seenFleet(now time.Time) (n int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now.Sub(c.swept) >= deviceWriteInterval {
+		for id, at := range c.seen {
+			if now.Sub(at) >= SeenWindow {
+				delete(c.seen, id)
+			}
+		}
+		c.swept = now
+	}
+	n = len(c.seen) // noteDevice enters every sighting here, written or not
+	if now.Sub(c.started) < SeenWindow {
+		if c.stored < 0 {
+			return 0, false
+		}
+		n = max(n, c.stored)
+	}
+	return n, true
+}
+
+// checkInSpread is the time n check-ins take at rate per second, within
+// [MinCheckInSpread, pace].
+func checkInSpread(n int, rate float64, pace time.Duration) time.Duration {
+	floor := min(MinCheckInSpread, pace)
+	secs := float64(n) / rate
+	if !(secs < pace.Seconds()) { // also a rate of 0 or NaN
+		return max(pace, floor)
+	}
+	return max(time.Duration(secs*float64(time.Second)), floor)
+}

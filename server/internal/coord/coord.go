@@ -56,8 +56,15 @@ type Deps struct {
 	Rand  *rand.Rand // guarded by the coordinator's mutex
 	// PaceWindow spreads the check-ins of devices that were not selected:
 	// each retries after the current round is expected to end plus a uniform
-	// delay in [0, PaceWindow).
+	// delay in [0, PaceWindow). It also caps the spread a round's
+	// announcement gives the devices it wakes (see CheckInRate).
 	PaceWindow time.Duration
+	// CheckInRate is the rate, in check-ins per second, at which a round's
+	// announcement spreads the check-ins of the devices it wakes: the
+	// announced spread is the devices seen within SeenWindow divided by
+	// it, at least MinCheckInSpread and at most PaceWindow (default
+	// DefaultCheckInRate).
+	CheckInRate float64
 	// Audit records events in the audit log, all of one call in one batch
 	// (all or none); nil records nothing.
 	Audit func(ctx context.Context, actor audit.Actor, ps ...audit.Payload) error
@@ -108,6 +115,13 @@ type Coordinator struct {
 	watchers map[string]map[chan *pb.WatchTaskResponse]struct{}
 	seen     map[string]time.Time // devices recently written to the store
 	unseen   map[string]sighting  // sightings the writer has yet to store
+	// swept is when seen last lost its devices older than SeenWindow;
+	// stored counts the devices the store had seen within SeenWindow when
+	// the coordinator started (-1: unknown), which a restarted coordinator
+	// has yet to hear from (see announceSpread).
+	swept    time.Time
+	stored   int
+	started  time.Time
 	seenKick chan struct{}
 	checkins chan *nats.Msg
 	subs     []*nats.Subscription
@@ -121,6 +135,9 @@ func New(d Deps) *Coordinator {
 	if d.PaceWindow <= 0 {
 		d.PaceWindow = 2 * time.Second
 	}
+	if !(d.CheckInRate > 0) {
+		d.CheckInRate = DefaultCheckInRate
+	}
 	d.Clock = clock.Or(d.Clock)
 	c := &Coordinator{d: d, tracer: newTracer(d.Tracer), tasks: map[string]*taskRun{}, watchers: map[string]map[chan *pb.WatchTaskResponse]struct{}{},
 		seen: map[string]time.Time{}, unseen: map[string]sighting{}, seenKick: make(chan struct{}, 1),
@@ -133,6 +150,12 @@ func New(d Deps) *Coordinator {
 // Start subscribes to check-ins and stray reports and resumes running tasks.
 func (c *Coordinator) Start(ctx context.Context) error {
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	c.started, c.stored = c.now(), -1
+	if _, seen, err := c.d.Store.FleetSize(ctx, c.started.Add(-SeenWindow), false); err != nil {
+		c.d.Log.Warn("counting the devices seen lately; announcements spread check-ins over the pace window for now", "err", err)
+	} else {
+		c.stored = seen
+	}
 	c.wg.Add(1 + checkInWorkers)
 	go c.writeSeen()
 	for range checkInWorkers {

@@ -225,7 +225,7 @@ func (t *taskRun) announce(r *roundRun) {
 		return
 	}
 	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
-		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.d.PaceWindow)})
+		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.announceSpread())})
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
 }
 
