@@ -275,6 +275,54 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 	g.directB = kn.runB != nil && !g.transB && ceilDiv(g.m, mr) <= directRowSlivers
 	bp := getPanel(kc * nc)
 	defer putPanel(bp)
+	mblocks := ceilDiv(g.m, mc)
+	workers := min(nthreads, mblocks)
+	if workers == 1 {
+		// One thread: no goroutines and no closures, so nothing of the
+		// product's state escapes to the heap.
+		ap := getPanel(mc*kc + edgeLen)
+		defer putPanel(ap)
+		a, edge := (*ap)[:mc*kc], (*ap)[mc*kc:]
+		for jc := 0; jc < g.n; jc += nc {
+			ncb := min(nc, g.n-jc)
+			for pc := 0; pc < g.k; pc += kc {
+				kcb := min(kc, g.k-pc)
+				g.packPanel(*bp, pc, kcb, jc, ncb, nr)
+				for ic := 0; ic < g.m; ic += mc {
+					if g.check != nil {
+						if err := g.check(); err != nil {
+							return err
+						}
+					}
+					g.block(kn, a, *bp, edge, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, g.load || pc > 0)
+				}
+			}
+		}
+		return nil
+	}
+	return g.runParallel(kn, *bp, workers, mblocks, mc, kc, nc)
+}
+
+// edgeLen holds a partial tile: the largest mr·nr of any kernel.
+const edgeLen = 16 * 64
+
+// packPanel packs the kc×nc panel of B at (pc, jc), or, when B is read in
+// place, only its last partial sliver.
+func (g *gemmOp) packPanel(bp []float32, pc, kcb, jc, ncb, nr int) {
+	if !g.directB {
+		g.packB(bp, pc, kcb, jc, ncb, nr)
+		return
+	}
+	if full := ncb / nr * nr; full < ncb {
+		g.packB(bp[full*kcb:], pc, kcb, jc+full, ncb-full, nr)
+	}
+}
+
+// runParallel is run's loop on workers goroutines: they pack shares of each
+// panel of B, then take the mc-tall blocks of A in turn. The check is
+// called by one worker at a time.
+func (g *gemmOp) runParallel(kn microkernel, bp []float32, workers, mblocks, mc, kc, nc int) error {
+	nr := kn.nr
 	var (
 		mu      sync.Mutex
 		stopErr error
@@ -297,11 +345,9 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 		}
 		return stopErr == nil
 	}
-	mblocks := ceilDiv(g.m, mc)
-	workers := min(nthreads, mblocks)
 	aps := make([]*[]float32, workers)
 	for w := range aps {
-		aps[w] = getPanel(mc * kc)
+		aps[w] = getPanel(mc*kc + edgeLen)
 	}
 	defer func() {
 		for _, ap := range aps {
@@ -314,12 +360,7 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 			kcb := min(kc, g.k-pc)
 			load := g.load || pc > 0
 			if g.directB {
-				// Only a last, partial sliver is packed, at its own offset.
-				if full := ncb / nr * nr; full < ncb {
-					g.packB((*bp)[full*kcb:], pc, kcb, jc+full, ncb-full, nr)
-				}
-			} else if workers == 1 {
-				g.packB(*bp, pc, kcb, jc, ncb, nr)
+				g.packPanel(bp, pc, kcb, jc, ncb, nr)
 			} else {
 				// The workers pack shares of whole slivers, then multiply.
 				slivers := ceilDiv(ncb, nr)
@@ -333,39 +374,31 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 					go func() {
 						defer wg.Done()
 						j0, j1 := s0*nr, min(s1*nr, ncb)
-						g.packB((*bp)[j0*kcb:], pc, kcb, jc+j0, j1-j0, nr)
+						g.packB(bp[j0*kcb:], pc, kcb, jc+j0, j1-j0, nr)
 					}()
 				}
 				wg.Wait()
 			}
-			if workers == 1 {
-				for ic := 0; ic < g.m; ic += mc {
-					if !poll() {
-						return stopErr
-					}
-					g.block(kn, *aps[0], *bp, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
-				}
-			} else {
-				var next atomic.Int32
-				var wg sync.WaitGroup
-				for w := range workers {
-					wg.Add(1)
-					go func(ap []float32) {
-						defer wg.Done()
-						for {
-							ib := int(next.Add(1)) - 1
-							if ib >= mblocks || !poll() {
-								return
-							}
-							ic := ib * mc
-							g.block(kn, ap, *bp, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
+			var next atomic.Int32
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func(ap []float32) {
+					defer wg.Done()
+					a, edge := ap[:mc*kc], ap[mc*kc:]
+					for {
+						ib := int(next.Add(1)) - 1
+						if ib >= mblocks || !poll() {
+							return
 						}
-					}(*aps[w])
-				}
-				wg.Wait()
-				if stopped.Load() {
-					return stopErr
-				}
+						ic := ib * mc
+						g.block(kn, a, bp, edge, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
+					}
+				}(*aps[w])
+			}
+			wg.Wait()
+			if stopped.Load() {
+				return stopErr
 			}
 		}
 	}
@@ -373,11 +406,10 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 }
 
 // block multiplies rows ic… of A (packed into ap) by the packed panel bp into
-// C's mcb×ncb block at (ic, jc).
-func (g *gemmOp) block(kn microkernel, ap, bp []float32, ic, mcb, pc, kcb, jc, ncb int, load bool) {
+// C's mcb×ncb block at (ic, jc); edge (edgeLen values) holds partial tiles.
+func (g *gemmOp) block(kn microkernel, ap, bp, edge []float32, ic, mcb, pc, kcb, jc, ncb int, load bool) {
 	mr, nr := kn.mr, kn.nr
 	g.packA(ap, ic, mcb, pc, kcb, mr)
-	var edge [16 * 64]float32 // largest mr·nr of any kernel
 	for jr := 0; jr < ncb; jr += nr {
 		nb := min(nr, ncb-jr)
 		bptr := &bp[jr*kcb]

@@ -244,3 +244,23 @@ func TestGemmRefusesOverflowingShapes(t *testing.T) {
 		t.Fatalf("err %v, want ErrShape", err)
 	}
 }
+
+// TestGemmAllocations: a product on one thread takes its panels from a pool
+// and keeps its state on the stack; a heap allocation per block (a partial
+// tile's buffer did) costs every device's training in garbage collection.
+func TestGemmAllocations(t *testing.T) {
+	a, b, c := NewMat(32, 784), NewMat(128, 784), NewMat(45, 128)
+	a2 := NewMat(45, 784)
+	defer SetThreads(SetThreads(1))
+	// A pool emptied by a collection during the run costs a few extra
+	// allocations once; a leak per block costs tens per call.
+	if n := testing.AllocsPerRun(50, func() {
+		_ = Gemm(false, true, 1, a, b, 0, rowsOf(c, 32))
+		_ = Gemm(false, true, 1, a2, b, 0, c)
+	}); n > 3 {
+		t.Fatalf("%v allocations per pair of products", n)
+	}
+}
+
+// rowsOf is a view of the first rows rows of m.
+func rowsOf(m Mat, rows int) Mat { return Mat{Rows: rows, Cols: m.Cols, Data: m.Data[:rows*m.Cols]} }
