@@ -247,25 +247,81 @@ func (g *gemmOp) forRows(f func(row []float32)) {
 // place rather than packed.
 const directRowSlivers = 4
 
-// parallelWork is the least work (multiply-adds) worth a second thread.
-const parallelWork = 1 << 18
+// workerShare is the least work (multiply-adds) a thread is given: below
+// it, handing a share to another thread costs more than it saves.
+const workerShare = 1 << 20
 
-// run is the blocked product: for each nc-wide column block and kc-deep slice
-// of k, B's panel is packed once and the mc-tall blocks of A are packed and
-// multiplied by the workers, each writing its own rows of C.
+// run computes the product on up to nthreads threads. Each thread gets its
+// own rows of C (or, when C is wider than tall, its own columns) and runs
+// the whole blocked product on them with its own panels: no thread waits
+// for another until the end, at the price of packing the shared operand
+// once per thread. Every element is still one fma chain, whoever computes it.
 func (g *gemmOp) run(kn microkernel, nthreads int) error {
+	work := int64(g.m) * int64(g.n) * int64(g.k)
+	byRows := g.m >= g.n
+	dim, unit := g.n, kn.nr
+	if byRows {
+		dim, unit = g.m, kn.mr
+	}
+	workers := int(min(int64(nthreads), work/workerShare, int64(ceilDiv(dim, unit))))
+	if workers <= 1 {
+		return g.serial(kn, g.check)
+	}
+	var (
+		mu      sync.Mutex
+		stopErr error
+	)
+	// The check runs on one thread at a time; after an error every thread
+	// stops at its next block.
+	check := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopErr == nil && g.check != nil {
+			stopErr = g.check()
+		}
+		return stopErr
+	}
+	units := ceilDiv(dim, unit)
+	var wg sync.WaitGroup
+	for w := range workers {
+		lo, hi := units*w/workers*unit, min(units*(w+1)/workers*unit, dim)
+		sub := *g
+		if byRows {
+			sub.m = hi - lo
+			if g.transA {
+				sub.a = g.a[lo:]
+			} else {
+				sub.a = g.a[lo*g.lda:]
+			}
+			sub.c = g.c[lo*g.ldc:]
+		} else {
+			sub.n = hi - lo
+			if g.transB {
+				sub.b = g.b[lo*g.ldb:]
+			} else {
+				sub.b = g.b[lo:]
+			}
+			sub.c = g.c[lo:]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = sub.serial(kn, check) // the error, if any, is stopErr
+		}()
+	}
+	wg.Wait()
+	return stopErr
+}
+
+// serial is the blocked product on one thread: for each nc-wide column
+// block and kc-deep slice of k, B's panel is packed once, then each mc-tall
+// block of A is packed and multiplied into its rows of C, check (if any)
+// called before each.
+func (g *gemmOp) serial(kn microkernel, check func() error) error {
 	mr, nr := kn.mr, kn.nr
 	kc := min(kn.kc, g.k)
 	nc := min(kn.nc, roundUp(g.n, nr))
 	mc := min(kn.mc, roundUp(g.m, mr))
-	work := int64(g.m) * int64(g.n) * int64(g.k)
-	if work < parallelWork {
-		nthreads = 1
-	}
-	nthreads = min(nthreads, ceilDiv(g.m, mr))
-	if nthreads > 1 && ceilDiv(g.m, mc) < nthreads {
-		mc = roundUp(ceilDiv(g.m, nthreads), mr)
-	}
 	// Keep the work between checks near blockWork.
 	if per := int64(mc) * int64(nc) * int64(kc); per > blockWork {
 		nc = max(nr, int(int64(blockWork)/(int64(mc)*int64(kc)))/nr*nr)
@@ -275,32 +331,25 @@ func (g *gemmOp) run(kn microkernel, nthreads int) error {
 	g.directB = kn.runB != nil && !g.transB && ceilDiv(g.m, mr) <= directRowSlivers
 	bp := getPanel(kc * nc)
 	defer putPanel(bp)
-	mblocks := ceilDiv(g.m, mc)
-	workers := min(nthreads, mblocks)
-	if workers == 1 {
-		// One thread: no goroutines and no closures, so nothing of the
-		// product's state escapes to the heap.
-		ap := getPanel(mc*kc + edgeLen)
-		defer putPanel(ap)
-		a, edge := (*ap)[:mc*kc], (*ap)[mc*kc:]
-		for jc := 0; jc < g.n; jc += nc {
-			ncb := min(nc, g.n-jc)
-			for pc := 0; pc < g.k; pc += kc {
-				kcb := min(kc, g.k-pc)
-				g.packPanel(*bp, pc, kcb, jc, ncb, nr)
-				for ic := 0; ic < g.m; ic += mc {
-					if g.check != nil {
-						if err := g.check(); err != nil {
-							return err
-						}
+	ap := getPanel(mc*kc + edgeLen)
+	defer putPanel(ap)
+	a, edge := (*ap)[:mc*kc], (*ap)[mc*kc:]
+	for jc := 0; jc < g.n; jc += nc {
+		ncb := min(nc, g.n-jc)
+		for pc := 0; pc < g.k; pc += kc {
+			kcb := min(kc, g.k-pc)
+			g.packPanel(*bp, pc, kcb, jc, ncb, nr)
+			for ic := 0; ic < g.m; ic += mc {
+				if check != nil {
+					if err := check(); err != nil {
+						return err
 					}
-					g.block(kn, a, *bp, edge, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, g.load || pc > 0)
 				}
+				g.block(kn, a, *bp, edge, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, g.load || pc > 0)
 			}
 		}
-		return nil
 	}
-	return g.runParallel(kn, *bp, workers, mblocks, mc, kc, nc)
+	return nil
 }
 
 // edgeLen holds a partial tile: the largest mr·nr of any kernel.
@@ -316,93 +365,6 @@ func (g *gemmOp) packPanel(bp []float32, pc, kcb, jc, ncb, nr int) {
 	if full := ncb / nr * nr; full < ncb {
 		g.packB(bp[full*kcb:], pc, kcb, jc+full, ncb-full, nr)
 	}
-}
-
-// runParallel is run's loop on workers goroutines: they pack shares of each
-// panel of B, then take the mc-tall blocks of A in turn. The check is
-// called by one worker at a time.
-func (g *gemmOp) runParallel(kn microkernel, bp []float32, workers, mblocks, mc, kc, nc int) error {
-	nr := kn.nr
-	var (
-		mu      sync.Mutex
-		stopErr error
-		stopped atomic.Bool
-	)
-	poll := func() bool {
-		if stopped.Load() {
-			return false
-		}
-		if g.check == nil {
-			return true
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if stopErr == nil {
-			stopErr = g.check()
-			if stopErr != nil {
-				stopped.Store(true)
-			}
-		}
-		return stopErr == nil
-	}
-	aps := make([]*[]float32, workers)
-	for w := range aps {
-		aps[w] = getPanel(mc*kc + edgeLen)
-	}
-	defer func() {
-		for _, ap := range aps {
-			putPanel(ap)
-		}
-	}()
-	for jc := 0; jc < g.n; jc += nc {
-		ncb := min(nc, g.n-jc)
-		for pc := 0; pc < g.k; pc += kc {
-			kcb := min(kc, g.k-pc)
-			load := g.load || pc > 0
-			if g.directB {
-				g.packPanel(bp, pc, kcb, jc, ncb, nr)
-			} else {
-				// The workers pack shares of whole slivers, then multiply.
-				slivers := ceilDiv(ncb, nr)
-				var wg sync.WaitGroup
-				for w := range workers {
-					s0, s1 := slivers*w/workers, slivers*(w+1)/workers
-					if s0 == s1 {
-						continue
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						j0, j1 := s0*nr, min(s1*nr, ncb)
-						g.packB(bp[j0*kcb:], pc, kcb, jc+j0, j1-j0, nr)
-					}()
-				}
-				wg.Wait()
-			}
-			var next atomic.Int32
-			var wg sync.WaitGroup
-			for w := range workers {
-				wg.Add(1)
-				go func(ap []float32) {
-					defer wg.Done()
-					a, edge := ap[:mc*kc], ap[mc*kc:]
-					for {
-						ib := int(next.Add(1)) - 1
-						if ib >= mblocks || !poll() {
-							return
-						}
-						ic := ib * mc
-						g.block(kn, a, bp, edge, ic, min(mc, g.m-ic), pc, kcb, jc, ncb, load)
-					}
-				}(*aps[w])
-			}
-			wg.Wait()
-			if stopped.Load() {
-				return stopErr
-			}
-		}
-	}
-	return nil
 }
 
 // block multiplies rows ic… of A (packed into ap) by the packed panel bp into
