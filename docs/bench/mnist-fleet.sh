@@ -24,7 +24,8 @@
 #   directories, logs and fleet.json with the figures. To compare two builds,
 #   run it once per BIN_DIR, alternating. Environment knobs (defaults are the
 #   issue's job): DEVICES=100 COHORT=30 TARGET=0.96 MAX_ROUNDS=1000
-#   DATASETS=DIR (reuse datasets written by an earlier run) PYTHON=/usr/bin/python3.
+#   DATASETS=DIR (reuse datasets written by an earlier run) PYTHON=/usr/bin/python3
+#   EDGE_FLAGS="--wasm-engine compiler" (extra flags for every agent, split on spaces).
 #   Exit status 0 when the target was reached, 2 when the task ran MAX_ROUNDS
 #   rounds without reaching it (the figures then describe those rounds).
 #   A short check that it works: DEVICES=10 COHORT=3 MAX_ROUNDS=3 docs/bench/mnist-fleet.sh BIN_DIR
@@ -106,7 +107,8 @@ for ((k = 0; k < DEVICES; k++)); do
   "$FL" device token --ttl 1h >"$WORK/token" 2>>"$WORK/setup.log"
   quiet "$BIN/fleetlearn-edge" enroll --api "$GRPC" --ca "$FLEETLEARN_CA" --token-file "$WORK/token" \
     --data-dir "$WORK/edge/$k"
-  "$BIN/fleetlearn-edge" --data-dir "$WORK/edge/$k" --dataset "$DS/device-$k" --log-level info \
+  # shellcheck disable=SC2086 # EDGE_FLAGS is a list of flags
+  "$BIN/fleetlearn-edge" --data-dir "$WORK/edge/$k" --dataset "$DS/device-$k" --log-level info ${EDGE_FLAGS:-} \
     >"$WORK/edge/$k.log" 2>&1 &
   PIDS+=("$!")
   echo "edge-$k $!" >>"$WORK/pids"
