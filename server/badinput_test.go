@@ -153,14 +153,20 @@ func (d *scripted) publish(subject string, body []byte, opts ...jetstream.Publis
 	return d.js.Publish(ctx, subject, body, opts...)
 }
 
+// scriptedWait bounds a scripted device's wait for the server's answer. It
+// only turns a lost answer into a failure with a message rather than go
+// test's timeout: a round's work (a module interpreted under the race
+// detector, on a loaded 2-core machine) can take tens of seconds.
+const scriptedWait = 2 * time.Minute
+
 // receipt waits for the device's next receipt.
 func (d *scripted) receipt(t testing.TB) *pb.ReportReceipt {
 	t.Helper()
 	select {
 	case r := <-d.receipts:
 		return r
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: no receipt within 10s", d.id)
+	case <-time.After(scriptedWait):
+		t.Fatalf("%s: no receipt within %v", d.id, scriptedWait)
 		return nil
 	}
 }

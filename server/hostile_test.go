@@ -220,7 +220,7 @@ func violationsOf(d *scripted) <-chan error {
 // publish to subject.
 func wantViolation(t testing.TB, errs <-chan error, subject string) {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
+	timeout := time.After(scriptedWait)
 	for {
 		select {
 		case err := <-errs:
