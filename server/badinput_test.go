@@ -118,7 +118,7 @@ func (d *scripted) eligibleCheckIn(task string) *pb.CheckIn {
 // join checks in until the device is in the cohort of the given round.
 func (d *scripted) join(t testing.TB, task string, round uint64) *pb.RoundPlan {
 	t.Helper()
-	end := time.Now().Add(15 * time.Second)
+	end := time.Now().Add(scriptedWait)
 	for {
 		resp := d.checkIn(t, d.eligibleCheckIn(task))
 		if p := resp.GetPlan(); p != nil {

@@ -96,7 +96,7 @@ func l2(v []float32) float64 {
 // joinWith checks in with ci until the device is in the cohort of round.
 func joinWith(t testing.TB, d *scripted, ci *pb.CheckIn, round uint64) *pb.RoundPlan {
 	t.Helper()
-	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for end := time.Now().Add(scriptedWait); ; time.Sleep(50 * time.Millisecond) {
 		resp := d.checkIn(t, ci)
 		if p := resp.GetPlan(); p != nil && p.Round >= round {
 			if p.Round > round {
