@@ -174,7 +174,10 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		case reason != "":
 		case reported >= target && target > 0:
 			reason = fmt.Sprintf("cohort target %d reached", target)
-		case everyone && reported > 0:
+		case everyone && reported > 0 && reported >= int(t.spec.GetReportGoal()):
+			// Below the report goal the round waits on: a device whose
+			// report was refused may still send a valid one in time,
+			// and closing now could only abandon the round.
 			reason = "every selected device reported"
 			if reported < len(r.assigned) {
 				reason = "every selected device reported or failed"
