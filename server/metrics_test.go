@@ -78,7 +78,9 @@ func TestMetricsScrape(t *testing.T) {
 	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
 	stray := newScripted(t, h, "stray-1") // enrolled, never checks in
 	f := startFleet(t, h, 3, func(i int) *data.Dataset { return datatest.Synthetic(100, 8, 3, uint64(i+1)) })
-	spec := baseTask("metrics", version, module, 5)
+	// More rounds than the fleet can commit before it leaves: rounds are
+	// quick, and a few may commit between the first and the fleet's stop.
+	spec := baseTask("metrics", version, module, 20)
 	spec.CohortTarget, spec.OverSelection, spec.ReportGoal = 3, 0, 3
 	// Short selection windows: the rounds after the fleet leaves are
 	// abandoned quickly, and the third pauses the task.
@@ -110,11 +112,17 @@ func TestMetricsScrape(t *testing.T) {
 	if r := series(t, m, `fleetlearn_task_round{task="`+task.Id+`"}`); r != float64(got.Task.CurrentRound) || r < 2 {
 		t.Errorf("fleetlearn_task_round %v, the API's current_round %d (want at least 2)", r, got.Task.CurrentRound)
 	}
-	if v := series(t, m, `fleetlearn_task_rounds_target{task="`+task.Id+`"}`); v != 5 {
-		t.Errorf("fleetlearn_task_rounds_target %v, want 5", v)
+	if v := series(t, m, `fleetlearn_task_rounds_target{task="`+task.Id+`"}`); v != 20 {
+		t.Errorf("fleetlearn_task_rounds_target %v, want 20", v)
 	}
-	if v := series(t, m, `fleetlearn_task_train_rounds{task="`+task.Id+`"}`); v != 1 {
-		t.Errorf("fleetlearn_task_train_rounds %v, want 1", v)
+	committed := 0
+	for _, r := range h.Rounds(t, task.Id) {
+		if r.State == pb.RoundState_ROUND_STATE_COMMITTED {
+			committed++
+		}
+	}
+	if v := series(t, m, `fleetlearn_task_train_rounds{task="`+task.Id+`"}`); v != float64(committed) || committed < 1 {
+		t.Errorf("fleetlearn_task_train_rounds %v, the API's committed rounds %d (want at least 1)", v, committed)
 	}
 	if v := series(t, m, `fleetlearn_tasks{state="paused"}`); v != 1 {
 		t.Errorf(`fleetlearn_tasks{state="paused"} %v, want 1`, v)
