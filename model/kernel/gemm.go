@@ -62,24 +62,14 @@ func GemmCheck(transA, transB bool, alpha float32, a, b Mat, beta float32, c Mat
 		a: a.Data, lda: a.Cols, b: b.Data, ldb: b.Cols, c: c.Data, ldc: c.Cols,
 		check: check,
 	}
-	// beta·c first, so the k products then continue the same fma chain on
-	// every block and every path.
-	switch {
-	case beta == 0:
-		if k == 0 {
-			g.forRows(func(row []float32) { clear(row) })
-			return nil
-		}
-	case beta != 1:
-		g.forRows(func(row []float32) {
-			for j, v := range row {
-				row[j] = float32(beta * v)
-			}
-		})
-		g.load = true
-	default:
-		g.load = true
+	// beta·c first (Scale: one rounded product per value, zero for beta 0),
+	// so the k products then continue the same fma chain on every block and
+	// every path. With beta 0 and products to come, the microkernels start
+	// from zero and C is not read at all.
+	if beta != 1 && (beta != 0 || k == 0) {
+		Scale(beta, c)
 	}
+	g.load = beta != 0
 	if k == 0 {
 		return nil
 	}
@@ -235,12 +225,6 @@ type gemmOp struct {
 	load           bool // C holds beta·C to continue from
 	directB        bool // full slivers of B are read in place (microkernel.runB)
 	check          func() error
-}
-
-func (g *gemmOp) forRows(f func(row []float32)) {
-	for i := range g.m {
-		f(g.c[i*g.ldc : i*g.ldc+g.n])
-	}
 }
 
 // directRowSlivers is the most mr-tall slivers of A for which B is read in
