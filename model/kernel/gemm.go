@@ -372,31 +372,40 @@ func (g *gemmOp) block(kn microkernel, ap, bp, edge []float32, ic, mcb, pc, kcb,
 					}
 				}
 			}
-			direct := g.directB && nb == nr
+			// Full slivers of B read in place start at B's row pc, column
+			// jc+jr; the others are packed.
+			var bIn *float32
+			if g.directB && nb == nr {
+				bIn = &g.b[pc*g.ldb+jc+jr]
+			}
 			if mb == rows && nb == nr {
-				if direct {
-					runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &g.c[ci], g.ldc, load)
-				} else {
-					run(kcb, aptr, bptr, &g.c[ci], g.ldc, load)
-				}
+				tileRun(run, runB, kcb, aptr, bptr, bIn, g.ldb, &g.c[ci], g.ldc, load)
 				continue
 			}
-			// A partial tile goes through a full one on the stack.
+			// A partial tile goes through a full one in the edge buffer.
 			if load {
 				for i := range mb {
 					copy(edge[i*nr:i*nr+nb], g.c[ci+i*g.ldc:ci+i*g.ldc+nb])
 				}
 			}
-			if direct {
-				runB(kcb, aptr, &g.b[pc*g.ldb+jc+jr], g.ldb, &edge[0], nr, load)
-			} else {
-				run(kcb, aptr, bptr, &edge[0], nr, load)
-			}
+			tileRun(run, runB, kcb, aptr, bptr, bIn, g.ldb, &edge[0], nr, load)
 			for i := range mb {
 				copy(g.c[ci+i*g.ldc:ci+i*g.ldc+nb], edge[i*nr:i*nr+nb])
 			}
 		}
 	}
+}
+
+// tileRun runs one tile: with runB on B in place (bIn, ldb apart) when bIn
+// is set, else with run on the packed sliver bp.
+func tileRun(run func(kc int, a, b, c *float32, ldc int, load bool),
+	runB func(kc int, a, b *float32, ldb int, c *float32, ldc int, load bool),
+	kc int, a, bp, bIn *float32, ldb int, c *float32, ldc int, load bool) {
+	if bIn != nil {
+		runB(kc, a, bIn, ldb, c, ldc, load)
+		return
+	}
+	run(kc, a, bp, c, ldc, load)
 }
 
 // packA writes rows ic…ic+mcb of alpha·op(A), columns pc…pc+kcb, as mr-tall
