@@ -14,8 +14,9 @@ import (
 )
 
 // BenchmarkEpoch is one MLP (784-128-10) epoch over 6,000 MNIST examples with
-// batch 32, natively and through the WASM module. The sandbox always runs with
-// deadline enforcement (WithCloseOnContextDone) on.
+// batch 32, natively, through the shipped module (assembled without a
+// runtime, "wasm") and through the same MLP written in Go ("go-wasm"). The
+// sandbox always runs with deadline enforcement (WithCloseOnContextDone) on.
 func BenchmarkEpoch(b *testing.B) {
 	tr, _ := mnist(b)
 	d := head(tr, 6000)
@@ -29,7 +30,9 @@ func BenchmarkEpoch(b *testing.B) {
 		}
 	})
 	hyper, _ := json.Marshal(h)
-	benchEngines(b, wasmtest.MLP, wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1})
+	c := wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1}
+	benchEngines(b, "", wasmtest.MLPAsm, c)
+	benchEngines(b, "go-", wasmtest.MLP, c)
 }
 
 // BenchmarkLoad is loading a module, per engine: compiling it to machine
@@ -39,7 +42,7 @@ func BenchmarkEpoch(b *testing.B) {
 // selection does.
 func BenchmarkLoad(b *testing.B) {
 	ctx := context.Background()
-	for _, pkg := range []string{wasmtest.MLP, wasmtest.LM} {
+	for _, pkg := range []string{wasmtest.MLPAsm, wasmtest.MLP, wasmtest.LM} {
 		code := wasmtest.Build(b, pkg)
 		hash := wasm.Hash(code)
 		run := func(b *testing.B, opts ...wasm.Option) {
@@ -128,17 +131,17 @@ func BenchmarkLMEpoch(b *testing.B) {
 			}
 		}
 	})
-	benchEngines(b, wasmtest.LM, wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1})
+	benchEngines(b, "", wasmtest.LM, wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 1})
 }
 
 // benchEngines runs one training call of pkg's module per iteration:
-// "wasm" with the best engine of this machine (the compiler, where wazero
+// prefix+"wasm" with the best engine of this machine (the compiler, where wazero
 // compiles: what a device runs once the module has been compiled),
-// "wasm-interpreter" with wazero's interpreter (what it runs before). Each
+// prefix+"wasm-interpreter" with wazero's interpreter (what it runs before). Each
 // call instantiates the module afresh, as every round does.
-func benchEngines(b *testing.B, pkg string, c wasm.Call) {
+func benchEngines(b *testing.B, prefix, pkg string, c wasm.Call) {
 	for _, e := range []struct{ name, engine string }{{"wasm", wasm.Engine()}, {"wasm-interpreter", wasm.EngineInterpreter}} {
-		b.Run(e.name, func(b *testing.B) {
+		b.Run(prefix+e.name, func(b *testing.B) {
 			mod := load(b, newSandbox(b, wasm.WithEngine(e.engine)), pkg)
 			start := cpuTime()
 			for b.Loop() {
@@ -153,14 +156,17 @@ func benchEngines(b *testing.B, pkg string, c wasm.Call) {
 
 // BenchmarkCall is one training call of the MLP module on a model and a
 // dataset too small to cost anything (a 4-3 layer, six examples): what a
-// round costs a device besides its training, per engine. Each call
+// round costs a device besides its training, per engine, for the shipped
+// module ("wasm") and the one written in Go ("go-wasm"). Each call
 // instantiates the module afresh and runs its initialisation (the Go
-// runtime's, for the example modules).
+// runtime's, for the Go module).
 func BenchmarkCall(b *testing.B) {
 	d, _ := mnistLike(b)
 	init, err := train.InitMLP([]int{4, 3}, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchEngines(b, wasmtest.MLP, wasm.Call{Model: init, Data: d, Hyper: []byte(`{"batch_size": 2}`), Seed: 1})
+	c := wasm.Call{Model: init, Data: d, Hyper: []byte(`{"batch_size": 2}`), Seed: 1}
+	benchEngines(b, "", wasmtest.MLPAsm, c)
+	benchEngines(b, "go-", wasmtest.MLP, c)
 }

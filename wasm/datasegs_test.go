@@ -191,7 +191,7 @@ func FuzzMergeDataSegments(f *testing.F) {
 // BenchmarkMergeDataSegments is the rewrite of the MLP module's data
 // section, done once per load.
 func BenchmarkMergeDataSegments(b *testing.B) {
-	m, err := embedded.Lookup("mlp")
+	m, err := embedded.Lookup("mlp-go")
 	if err != nil {
 		b.Fatal(err)
 	}

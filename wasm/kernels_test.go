@@ -3,6 +3,7 @@ package wasm_test
 import (
 	"context"
 	"encoding/json"
+	"path"
 	"runtime"
 	"testing"
 
@@ -59,7 +60,8 @@ func sameBits(t *testing.T, what string, got, want *model.Model) {
 	}
 }
 
-// TestEveryKernelSameWeights trains the MLP natively and through its module on
+// TestEveryKernelSameWeights trains the MLP natively and through its modules
+// (the shipped one, assembled without a runtime, and the one written in Go) on
 // every GEMM kernel the CPU has (the SIMD ones and pure Go), on one thread and
 // on four: every run must give the same weights, bit for bit.
 func TestEveryKernelSameWeights(t *testing.T) {
@@ -71,18 +73,23 @@ func TestEveryKernelSameWeights(t *testing.T) {
 	}
 	h := sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 512}
 	hyper, _ := json.Marshal(h)
-	mod := load(t, newSandbox(t), wasmtest.MLP)
-	sameOnEveryKernel(t, func() (*model.Model, *model.Model) {
-		nat, _, err := train.Train(init, d, h, 11)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := mod.Train(context.Background(), wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 11})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nat, res.Model
-	})
+	s := newSandbox(t)
+	for _, pkg := range []string{wasmtest.MLPAsm, wasmtest.MLP} {
+		t.Run(path.Base(pkg), func(t *testing.T) {
+			mod := load(t, s, pkg)
+			sameOnEveryKernel(t, func() (*model.Model, *model.Model) {
+				nat, _, err := train.Train(init, d, h, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := mod.Train(context.Background(), wasm.Call{Model: init, Data: d, Hyper: hyper, Seed: 11})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return nat, res.Model
+			})
+		})
+	}
 }
 
 // TestEveryKernelSameLM is TestEveryKernelSameWeights for the language model

@@ -15,7 +15,7 @@ func TestMemoryHint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
-	mod := loadExample(t, s, "mlp")
+	mod := loadExample(t, s, "mlp-go")
 	if _, err := mod.Train(context.Background(), smallCall(t)); err != nil {
 		t.Fatal(err)
 	}

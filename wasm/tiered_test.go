@@ -83,7 +83,7 @@ func sameModel(t *testing.T, a, b *model.Model) {
 func TestAutoCompilesOnceItPays(t *testing.T) {
 	dir := t.TempDir()
 	s := tieredSandbox(t, WithCacheDir(dir), withCompileBudget(time.Nanosecond))
-	mod := loadExample(t, s, "mlp")
+	mod := loadExample(t, s, "mlp-go")
 	if got := mod.Engine(); got != EngineInterpreter {
 		t.Fatalf("a module the device never compiled starts on %s, want the interpreter", got)
 	}
@@ -112,7 +112,7 @@ func TestAutoCompilesOnceItPays(t *testing.T) {
 	}
 
 	again := tieredSandbox(t, WithCacheDir(dir), withCompileBudget(time.Hour))
-	if got := loadExample(t, again, "mlp").Engine(); got != EngineCompiler {
+	if got := loadExample(t, again, "mlp-go").Engine(); got != EngineCompiler {
 		t.Errorf("a module compiled into the cache before starts on %s, want the compiler", got)
 	}
 	// Another module in the same cache was never compiled.
@@ -125,7 +125,7 @@ func TestAutoCompilesOnceItPays(t *testing.T) {
 // module on the interpreter, with their time in the module counted.
 func TestAutoRentsUntilBudget(t *testing.T) {
 	s := tieredSandbox(t, withCompileBudget(time.Hour))
-	mod := loadExample(t, s, "mlp")
+	mod := loadExample(t, s, "mlp-go")
 	for range 3 {
 		if _, err := mod.Train(context.Background(), smallCall(t)); err != nil {
 			t.Fatal(err)
@@ -190,7 +190,7 @@ func TestWithEngine(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(context.Background())
-		mod := loadExample(t, s, "mlp")
+		mod := loadExample(t, s, "mlp-go")
 		if _, err := mod.Train(context.Background(), smallCall(t)); err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +204,7 @@ func TestWithEngine(t *testing.T) {
 // compilation, so the runtime it compiles in never closes under it.
 func TestAutoCloseWhileCompiling(t *testing.T) {
 	s := tieredSandbox(t, withCompileBudget(time.Nanosecond))
-	mod := loadExample(t, s, "mlp")
+	mod := loadExample(t, s, "mlp-go")
 	if _, err := mod.Train(context.Background(), smallCall(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestAutoCloseWhileCompiling(t *testing.T) {
 // trains to the same bits.
 func TestAutoConcurrentCalls(t *testing.T) {
 	s := tieredSandbox(t, withCompileBudget(time.Nanosecond))
-	mod := loadExample(t, s, "mlp")
+	mod := loadExample(t, s, "mlp-go")
 	c := smallCall(t)
 	want, err := mod.Train(context.Background(), c)
 	if err != nil {

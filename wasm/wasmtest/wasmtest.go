@@ -21,10 +21,13 @@ const (
 	MLP     = build.MLP
 	Softmax = build.Softmax
 	LM      = build.LM
+	// MLPAsm is the MLP assembled without a language runtime: Build returns
+	// the embedded module, which CI checks against mlpasm.Module.
+	MLPAsm = "github.com/fleetlearn/fleetlearn/wasm/examples/mlpasm"
 )
 
 // prebuilt names the embedded module of each shipped example package.
-var prebuilt = map[string]string{MLP: "mlp", Softmax: "softmax", LM: "lm"}
+var prebuilt = map[string]string{MLPAsm: "mlp", MLP: "mlp-go", Softmax: "softmax", LM: "lm"}
 
 var (
 	mu    sync.Mutex

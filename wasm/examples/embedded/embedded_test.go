@@ -93,7 +93,7 @@ func TestModulesRunInTheSandbox(t *testing.T) {
 	}
 	defer sb.Close(ctx)
 	d := &data.Dataset{Features: []float32{0, 1, 0, 1, 1, 0, 1, 0, 0.5, 0.5, 0, 0}, Labels: []uint8{0, 1, 1}, Dim: 4, NumClasses: 2}
-	archs := map[string][]int{"mlp": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}, "lm": nil}
+	archs := map[string][]int{"mlp": {4, 3, 2}, "mlp-go": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}, "lm": nil}
 	for _, m := range List() {
 		arch, ok := archs[m.Name]
 		if !ok {

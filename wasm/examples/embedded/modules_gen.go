@@ -14,6 +14,9 @@ var lmWASMGzip []byte
 //go:embed mlp.wasm.gz
 var mlpWASMGzip []byte
 
+//go:embed mlp-go.wasm.gz
+var mlpgoWASMGzip []byte
+
 //go:embed noop.wasm.gz
 var noopWASMGzip []byte
 
@@ -31,11 +34,19 @@ var modules = []Module{
 	},
 	{
 		Name:        "mlp",
+		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/mlpasm",
+		Description: "multi-layer perceptron (fc1, fc2, … with ReLU), mini-batch SGD with optional FedProx, ABI v3; assembled without a language runtime (a few KB, starts in microseconds); the demo's module",
+		SHA256:      "ebe8131c1a878689709dc6170870fe03a6b26bae6c4368f3950385276df9a3e0",
+		Size:        5394,
+		gz:          mlpWASMGzip,
+	},
+	{
+		Name:        "mlp-go",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/mlp",
-		Description: "multi-layer perceptron (fc1, fc2, … with ReLU), mini-batch SGD with optional FedProx; the demo's module",
+		Description: "the same multi-layer perceptron written in Go with wasm/sdk, ABI v1 (same weights bit for bit); the example to start from when writing a module in Go",
 		SHA256:      "2b3a43b0e9229628c61756b61559d5663b49cb9d71c24d5f26a1a6e30828604c",
 		Size:        3383088,
-		gz:          mlpWASMGzip,
+		gz:          mlpgoWASMGzip,
 	},
 	{
 		Name:        "noop",
