@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
@@ -440,6 +441,16 @@ func TestABIV3SGDOrder(t *testing.T) {
 		c := wasm.Call{Model: tinyModel(t), Data: tinyData(), Limits: wasm.Limits{MaxWork: base.Work + 23}}
 		_, _, err := v3Run(t, v3().call("sgd_order", 1024, 24, 0).examples(24).encode(3), "train", c)
 		wantSentinel(t, err, wasm.ErrBudget, "sgd_order", fmt.Sprintf("exceeds limit %d", base.Work+23))
+	})
+	t.Run("deadline", func(t *testing.T) {
+		// sgd_order forever: the call ends at its timeout.
+		p := v3()
+		p.body = append(p.body, wasmbin.OpLoop, wasmbin.BlockEmpty)
+		p.call("sgd_order", 1024, 24, 0)
+		p.body = append(p.body, wasmbin.OpBr, 0, wasmbin.OpEnd)
+		c := wasm.Call{Model: tinyModel(t), Data: tinyData(), Limits: wasm.Limits{Timeout: 200 * time.Millisecond}}
+		_, _, err := v3Run(t, p.examples(24).encode(3), "train", c)
+		wantSentinel(t, err, wasm.ErrDeadline)
 	})
 	t.Run("empty data", func(t *testing.T) {
 		empty := tinyData()
