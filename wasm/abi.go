@@ -11,13 +11,13 @@ import (
 // ABIVersion is the newest module ABI this host implements; see docs/ABI.md.
 // Every version from MinABIVersion up is still served: a module built for ABI
 // v1 imports fleetlearn_v1 and runs unchanged.
-const ABIVersion = 2
+const ABIVersion = 3
 
 // MinABIVersion is the oldest module ABI this host still serves.
 const MinABIVersion = 1
 
 // HostModule is the import module name of ABIVersion's host functions.
-const HostModule = "fleetlearn_v2"
+const HostModule = "fleetlearn_v3"
 
 // HostModuleOf is the import module name of ABI version v's host functions.
 // Each version has its own namespace, and a module imports only from the one
@@ -25,7 +25,7 @@ const HostModule = "fleetlearn_v2"
 func HostModuleOf(v int) string { return "fleetlearn_v" + strconv.Itoa(v) }
 
 // ABIRange says which module ABIs this build serves, for version lines:
-// "module ABI 1-2".
+// "module ABI 1-3".
 func ABIRange() string {
 	return fmt.Sprintf("module ABI %d-%d", MinABIVersion, ABIVersion)
 }
@@ -81,7 +81,8 @@ type request struct {
 	Seed   uint64          `json:"seed"`
 	Params []paramInfo     `json:"params"`
 	Data   dataInfo        `json:"data"`
-	// Trainable is ABI 2's: the parameter indices a train call may change.
+	// Trainable is ABI 2's (and every later version's): the parameter
+	// indices a train call may change.
 	Trainable []int `json:"trainable,omitempty"`
 }
 
@@ -96,7 +97,8 @@ type dataInfo struct {
 	Classes  int `json:"classes"`
 }
 
-// moduleResult is what a module writes through output_write, as JSON.
+// moduleResult is what a module writes through output_write, as JSON, or
+// builds with ABI v3's result_examples and result_metric.
 type moduleResult struct {
 	NumExamples int                `json:"num_examples"`
 	Metrics     map[string]float64 `json:"metrics"`
@@ -105,8 +107,26 @@ type moduleResult struct {
 // maxOutputBytes bounds a module's result document; weights travel in tensors, not here.
 const maxOutputBytes = 64 << 10
 
-// maxMetrics bounds the number of metrics one result may carry.
-const maxMetrics = 64
+// maxMetrics bounds the number of metrics one result may carry, and
+// maxMetricName the bytes of a metric's name.
+const (
+	maxMetrics    = 64
+	maxMetricName = 64
+)
+
+// requestHyper is the task's hyper-parameter JSON as the request document
+// carries it: compacted as encoding/json writes a RawMessage, "{}" for none.
+// sgd_hyper parses these very bytes, so it reads what the document says.
+func requestHyper(raw json.RawMessage) (json.RawMessage, error) {
+	if len(raw) == 0 {
+		return json.RawMessage("{}"), nil
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: hyper-parameters: %v", ErrInvalidCall, err)
+	}
+	return b, nil
+}
 
 // decodeResult parses and validates a module's result document. examples is the
 // size of the local dataset: a module may not claim more examples than it was given,
@@ -134,7 +154,7 @@ func decodeResult(b []byte, examples int) (moduleResult, error) {
 		return r, fmt.Errorf("%w: %d metrics, limit %d", ErrResult, len(r.Metrics), maxMetrics)
 	}
 	for k, v := range r.Metrics {
-		if k == "" || len(k) > 64 {
+		if k == "" || len(k) > maxMetricName {
 			return r, fmt.Errorf("%w: metric name %q", ErrResult, k)
 		}
 		if math.IsNaN(v) || math.IsInf(v, 0) {

@@ -57,6 +57,10 @@ type callState struct {
 	// compiling the module (tiered.go).
 	timeHost bool
 	hostTime time.Duration
+	// wrote is set by output_write, even of no bytes, so that a module
+	// using both ways of returning a result is told so.
+	wrote bool
+	v3    v3State
 }
 
 type stateKey struct{}
@@ -206,7 +210,7 @@ func fl(v uint64) float32 { return api.DecodeF32(v) }
 // hostFunctions is every host function of every ABI version, served from
 // this one table so that a function shared by two versions has one
 // implementation. docs/ABI.md is its reference.
-var hostFunctions = slices.Concat(hostFunctionsV1, hostFunctionsV2)
+var hostFunctions = slices.Concat(hostFunctionsV1, hostFunctionsV2, hostFunctionsV3)
 
 // hostFunctionsV1 is ABI v1's host import module, fleetlearn_v1.
 var hostFunctionsV1 = []hostFn{
@@ -229,6 +233,7 @@ var hostFunctionsV1 = []hostFn{
 			s.abort(fmt.Errorf("%w: output_write: %d bytes, limit %d", ErrResult, n, maxOutputBytes))
 		}
 		s.output = append(s.output[:0], s.memRange("output_write", mod, ptr, n)...)
+		s.wrote = true
 	}},
 	{"fail", 1, []api.ValueType{i32, i32}, nil, func(s *callState, mod api.Module, st []uint64) {
 		ptr, n := u32(st[0]), min(u32(st[1]), maxFailMsg)

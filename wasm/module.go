@@ -136,13 +136,15 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool}
-	defer st.release()
-	req := request{ABI: m.version, Kind: entry, Hyper: c.Hyper, Seed: c.Seed, Trainable: c.Trainable,
-		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
-	if len(req.Hyper) == 0 {
-		req.Hyper = json.RawMessage("{}")
+	hyper, err := requestHyper(c.Hyper)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool,
+		v3: v3State{hyper: hyper, seed: c.Seed}}
+	defer st.release()
+	req := request{ABI: m.version, Kind: entry, Hyper: hyper, Seed: c.Seed, Trainable: c.Trainable,
+		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
 	// Parameters are budgeted like any tensor; check up front, since outside a
 	// module call nothing would recover newTensor's abort.
 	var paramBytes int64
@@ -158,6 +160,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		h := st.newTensor("param", r, cols, true)
 		copy(st.handles[h].m.Data, t.Data)
 		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
+		st.v3.names = append(st.v3.names, t.Name)
 	}
 	st.nparams = len(c.Model.Tensors)
 	if st.input, err = json.Marshal(req); err != nil {
@@ -198,7 +201,11 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		return nil, fmt.Errorf("%s: %w: status %d: %s", op, ErrModuleFailed, code, msg)
 	}
 
-	mr, err := decodeResult(st.output, c.Data.Len())
+	doc, err := st.resultDoc()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	mr, err := decodeResult(doc, c.Data.Len())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}

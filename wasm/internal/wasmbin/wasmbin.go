@@ -10,6 +10,7 @@ package wasmbin
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -380,4 +381,11 @@ func Imports(b []byte) ([]Import, error) {
 func F32Const(v float32) []byte {
 	u := math.Float32bits(v)
 	return []byte{0x43, byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24)}
+}
+
+// F64Const is f64.const v.
+func F64Const(v float64) []byte {
+	b := []byte{0x44, 0, 0, 0, 0, 0, 0, 0, 0}
+	binary.LittleEndian.PutUint64(b[1:], math.Float64bits(v))
+	return b
 }

@@ -166,3 +166,12 @@ func TestF32Const(t *testing.T) {
 		t.Errorf("F32Const(1) = %x", got)
 	}
 }
+
+func TestF64Const(t *testing.T) {
+	if got := F64Const(1); !bytes.Equal(got, []byte{0x44, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f}) {
+		t.Errorf("F64Const(1) = %x", got)
+	}
+	if got := F64Const(-2.5); !bytes.Equal(got, []byte{0x44, 0, 0, 0, 0, 0, 0, 0x04, 0xc0}) {
+		t.Errorf("F64Const(-2.5) = %x", got)
+	}
+}
