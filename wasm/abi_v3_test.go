@@ -26,6 +26,7 @@ var v3Sigs = map[string]wasmbin.FuncType{
 	"sgd_hyper":       {Params: []wasmbin.ValType{vI32}},
 	"sgd_order":       {Params: []wasmbin.ValType{vI32, vI32, vI32}},
 	"param_name":      {Params: []wasmbin.ValType{vI32, vI32, vI32}, Results: []wasmbin.ValType{vI32}},
+	"param_shape":     {Params: []wasmbin.ValType{vI32, vI32, vI32}, Results: []wasmbin.ValType{vI32}},
 	"result_examples": {Params: []wasmbin.ValType{vI32}},
 	"result_metric":   {Params: []wasmbin.ValType{vI32, vI32, wasmbin.F64}},
 	"data_count":      {Results: []wasmbin.ValType{vI32}},
@@ -93,6 +94,12 @@ func (p *prog) call(fn string, args ...any) *prog {
 
 func (p *prog) push(v int32) *prog {
 	p.body = append(p.body, wasmbin.I32Const(v)...)
+	return p
+}
+
+// times4 multiplies the value on the stack by 4 (int32s to bytes).
+func (p *prog) times4() *prog {
+	p.body = append(append(p.body, wasmbin.I32Const(4)...), 0x6c) // i32.mul
 	return p
 }
 
@@ -542,6 +549,60 @@ func TestABIV3ParamName(t *testing.T) {
 		})
 	}
 	v3Healthy(t)
+}
+
+// TestABIV3ParamShape: param_shape writes a parameter's dimensions as the
+// request gives them, up to the capacity, and returns its rank, which the
+// matrix behind a handle does not keep; bad indices, capacities and ranges
+// are refused like param_name's.
+func TestABIV3ParamShape(t *testing.T) {
+	mdl, err := model.New(
+		model.Tensor{Name: "w", Shape: []int{3, 2}, Data: make([]float32, 6)},
+		model.Tensor{Name: "b", Shape: []int{3}, Data: make([]float32, 3)},
+		model.Tensor{Name: "r", Shape: []int{1, 3}, Data: make([]float32, 3)},
+		model.Tensor{Name: "c", Shape: []int{2, 1, 2}, Data: make([]float32, 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T, p *prog) (*wasm.Result, [][]byte, error) {
+		t.Helper()
+		return v3Run(t, p.encode(3), "train", wasm.Call{Model: mdl, Data: tinyData()})
+	}
+	le := func(v ...uint32) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint32(b, x)
+		}
+		return b
+	}
+	// Each logs the rank's worth of int32s: the dimensions that fitted, then
+	// the zeros that were there.
+	p := v3().
+		push(1024).call("param_shape", 0, 1024, 8).times4().call("log").
+		push(2048).call("param_shape", 1, 2048, 8).times4().call("log").
+		push(3072).call("param_shape", 2, 3072, 8).times4().call("log").
+		push(4096).call("param_shape", 3, 4096, 2).times4().call("log").
+		push(5120).call("param_shape", 3, 0xfffffff0, 0).times4().call("log").
+		examples(24)
+	_, logs, err := run(t, p)
+	wantLogs(t, logs, err, le(3, 2), le(3), le(1, 3), le(2, 1, 0), le(0, 0, 0))
+	for _, tc := range []struct {
+		name        string
+		i, ptr, cap int64
+		want        error
+		mentions    []string
+	}{
+		{"index -1", -1, 1024, 4, wasm.ErrKernel, []string{"param_shape", "index -1 not in [0,4)"}},
+		{"index = count", 4, 1024, 4, wasm.ErrKernel, []string{"index 4 not in [0,4)"}},
+		{"negative cap", 0, 1024, -1, wasm.ErrKernel, []string{"param_shape", "capacity -1"}},
+		{"past the end", 0, 65536 - 4, 2, wasm.ErrMemoryAccess, []string{"param_shape"}},
+		{"wraps around", 0, 0xfffffffc, 2, wasm.ErrMemoryAccess, []string{"param_shape"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := run(t, v3().call("param_shape", int32(tc.i), uint32(tc.ptr), int32(tc.cap)).drop().examples(24))
+			wantSentinel(t, err, tc.want, tc.mentions...)
+		})
+	}
 }
 
 // TestABIV3Result: result_examples and result_metric build the result a

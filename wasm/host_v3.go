@@ -20,9 +20,10 @@ const sgdHyperBytes = 20
 type v3State struct {
 	// hyper is the request's "hyper" field, the very bytes of the document
 	// (requestHyper), and seed its "seed".
-	hyper []byte
-	seed  uint64
-	names []string // parameter names, in request order
+	hyper  []byte
+	seed   uint64
+	names  []string // parameter names, in request order
+	shapes [][]int  // and their shapes
 	// parsed caches sgd_hyper's parse: a module may ask once per batch, and
 	// the task's JSON is the same each time. A parse error ends the call,
 	// so only success is cached.
@@ -89,6 +90,26 @@ var hostFunctionsV3 = []hostFn{
 			copy(b, name)
 		}
 		st[0] = uint64(len(name))
+	}},
+	{"param_shape", 3, []api.ValueType{i32, i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
+		const op = "param_shape"
+		i, ptr, capacity := s32(st[0]), u32(st[1]), s32(st[2])
+		if i < 0 || int(i) >= s.nparams {
+			s.abort(fmt.Errorf("%w: %s: index %d not in [0,%d)", ErrKernel, op, i, s.nparams))
+		}
+		if capacity < 0 {
+			s.abort(fmt.Errorf("%w: %s: capacity %d is negative; pass 0 to ask only for the rank", ErrKernel, op, capacity))
+		}
+		shape := s.v3.shapes[i]
+		if k := min(int(capacity), len(shape)); k > 0 {
+			b := s.memRange(op, mod, ptr, uint32(4*k))
+			s.charge(op, int64(k))
+			for j, dim := range shape[:k] {
+				// A tensor's dimensions multiply to its length, so each fits an int32.
+				binary.LittleEndian.PutUint32(b[4*j:], uint32(int32(dim)))
+			}
+		}
+		st[0] = uint64(len(shape))
 	}},
 	{"result_examples", 3, []api.ValueType{i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		// The count is checked with the rest of the result, by decodeResult.

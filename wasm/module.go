@@ -161,6 +161,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		copy(st.handles[h].m.Data, t.Data)
 		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
 		st.v3.names = append(st.v3.names, t.Name)
+		st.v3.shapes = append(st.v3.shapes, t.Shape)
 	}
 	st.nparams = len(c.Model.Tensors)
 	if st.input, err = json.Marshal(req); err != nil {
