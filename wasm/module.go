@@ -61,7 +61,9 @@ func (m *Module) Close(ctx context.Context) error {
 
 // Call is one invocation of a module's train or evaluate entry point.
 type Call struct {
-	Model  *model.Model
+	Model *model.Model
+	// Data must not change while calls use it: a sandbox validates a
+	// dataset's contents once, at its first call.
 	Data   *data.Dataset
 	Hyper  json.RawMessage // task hyper-parameters, passed to the module verbatim
 	Seed   uint64          // drives example order and the module's random source
@@ -126,7 +128,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if err := c.Model.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w: model: %v", op, ErrInvalidCall, err)
 	}
-	if err := c.Data.Validate(); err != nil {
+	if err := m.s.dataChecks.validate(c.Data); err != nil {
 		return nil, fmt.Errorf("%s: %w: data: %v", op, ErrInvalidCall, err)
 	}
 	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {

@@ -140,7 +140,8 @@ type Sandbox struct {
 
 	promoting sync.WaitGroup // background compilations (tiered.go), awaited by Close
 
-	pool tensorPool
+	pool       tensorPool
+	dataChecks dataChecks
 }
 
 // New returns a sandbox. Close releases it.
