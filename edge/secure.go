@@ -351,11 +351,12 @@ func updateOf(dst []float32, before, after *model.Model, train []int) []float32 
 			i = train[k]
 		}
 		t := after.Tensors[i]
-		b := before.Tensors[i].Data
+		b := before.Tensors[i].Data[:len(t.Data)]
 		off := len(dst)
 		dst = slices.Grow(dst, len(t.Data))[:off+len(t.Data)]
+		out := dst[off:]
 		for j, x := range t.Data {
-			dst[off+j] = x - b[j]
+			out[j] = x - b[j] // the compiler proves both indices: no bounds checks
 		}
 	}
 	return dst
