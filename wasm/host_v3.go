@@ -75,16 +75,10 @@ var hostFunctionsV3 = []hostFn{
 	}},
 	{"param_name", 3, []api.ValueType{i32, i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
 		const op = "param_name"
-		i, ptr, capacity := s32(st[0]), u32(st[1]), s32(st[2])
-		if i < 0 || int(i) >= s.nparams {
-			s.abort(fmt.Errorf("%w: %s: index %d not in [0,%d)", ErrKernel, op, i, s.nparams))
-		}
-		if capacity < 0 {
-			s.abort(fmt.Errorf("%w: %s: buffer capacity %d is negative; pass 0 to ask only for the length", ErrKernel, op, capacity))
-		}
+		i, ptr, capacity := s.paramArgs(op, "the length", st)
 		name := s.v3.names[i]
 		// With nothing to copy the pointer is not used, so not checked.
-		if k := min(int(capacity), len(name)); k > 0 {
+		if k := min(capacity, len(name)); k > 0 {
 			b := s.memRange(op, mod, ptr, uint32(k))
 			s.charge(op, int64(k))
 			copy(b, name)
@@ -93,15 +87,9 @@ var hostFunctionsV3 = []hostFn{
 	}},
 	{"param_shape", 3, []api.ValueType{i32, i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
 		const op = "param_shape"
-		i, ptr, capacity := s32(st[0]), u32(st[1]), s32(st[2])
-		if i < 0 || int(i) >= s.nparams {
-			s.abort(fmt.Errorf("%w: %s: index %d not in [0,%d)", ErrKernel, op, i, s.nparams))
-		}
-		if capacity < 0 {
-			s.abort(fmt.Errorf("%w: %s: capacity %d is negative; pass 0 to ask only for the rank", ErrKernel, op, capacity))
-		}
+		i, ptr, capacity := s.paramArgs(op, "the rank", st)
 		shape := s.v3.shapes[i]
-		if k := min(int(capacity), len(shape)); k > 0 {
+		if k := min(capacity, len(shape)); k > 0 {
 			b := s.memRange(op, mod, ptr, uint32(4*k))
 			s.charge(op, int64(k))
 			for j, dim := range shape[:k] {
@@ -141,6 +129,20 @@ var hostFunctionsV3 = []hostFn{
 		r.used = true
 		r.metrics[name] = v
 	}},
+}
+
+// paramArgs checks the (i, ptr, cap) arguments of param_name and
+// param_shape: i must name a parameter and cap may not be negative (0 asks
+// only for what); ptr is checked when something is copied.
+func (s *callState) paramArgs(op, what string, st []uint64) (i int, ptr uint32, capacity int) {
+	idx, ptr, c := s32(st[0]), u32(st[1]), s32(st[2])
+	if idx < 0 || int(idx) >= s.nparams {
+		s.abort(fmt.Errorf("%w: %s: index %d not in [0,%d)", ErrKernel, op, idx, s.nparams))
+	}
+	if c < 0 {
+		s.abort(fmt.Errorf("%w: %s: buffer capacity %d is negative; pass 0 to ask only for %s", ErrKernel, op, c, what))
+	}
+	return int(idx), ptr, int(c)
 }
 
 // sgdHyper parses the request's hyper-parameters as model/sgd does. They
