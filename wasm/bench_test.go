@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"path"
 	"testing"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
@@ -169,4 +170,70 @@ func BenchmarkCall(b *testing.B) {
 	c := wasm.Call{Model: init, Data: d, Hyper: []byte(`{"batch_size": 2}`), Seed: 1}
 	benchEngines(b, "", wasmtest.MLPAsm, c)
 	benchEngines(b, "go-", wasmtest.MLP, c)
+}
+
+// BenchmarkWASMOverNative runs an epoch natively and through the module in
+// turn, one of each per iteration (which goes first alternates), and
+// reports the ratio of their total times, "wasm/native". On a shared VM
+// whose speed drifts by a third within minutes, separate benchmarks of the
+// two sides turn the drift into noise in their ratio; paired epochs see the
+// same machine. mlp is BenchmarkEpoch's epoch through the shipped module,
+// lm BenchmarkLMEpoch's through the lm module.
+func BenchmarkWASMOverNative(b *testing.B) {
+	tr, _ := mnist(b)
+	mlp, err := train.InitMLP([]int{784, 128, 10}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 512}
+	mlpHyper, _ := json.Marshal(h)
+	mlpData := head(tr, 6000)
+	lmData := goText(b, 64, 64)
+	lm, err := train.InitLM(train.LMConfig{Vocab: 98, Context: 64, Dim: 128, Layers: 4}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lmHyper := []byte(`{"batch_size": 16}`)
+	for _, tc := range []struct {
+		name   string
+		pkg    string
+		call   wasm.Call
+		native func() error
+	}{
+		{"mlp", wasmtest.MLPAsm, wasm.Call{Model: mlp, Data: mlpData, Hyper: mlpHyper, Seed: 1}, func() error {
+			_, _, err := train.Train(mlp, mlpData, h, 1)
+			return err
+		}},
+		{"lm", wasmtest.LM, wasm.Call{Model: lm, Data: lmData, Hyper: lmHyper, Seed: 1}, func() error {
+			_, _, err := train.TrainLM(lm, lmData, lmHyper, 1, nil)
+			return err
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			mod := load(b, newSandbox(b), tc.pkg)
+			var native, module time.Duration
+			side := func(d *time.Duration, f func() error) {
+				start := time.Now()
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+				*d += time.Since(start)
+			}
+			runModule := func() error { _, err := mod.Train(context.Background(), tc.call); return err }
+			i := 0
+			for b.Loop() {
+				if i%2 == 0 {
+					side(&native, tc.native)
+					side(&module, runModule)
+				} else {
+					side(&module, runModule)
+					side(&native, tc.native)
+				}
+				i++
+			}
+			b.ReportMetric(float64(module)/float64(native), "wasm/native")
+			b.ReportMetric(float64(native.Milliseconds())/float64(i), "native-ms")
+			b.ReportMetric(float64(module.Milliseconds())/float64(i), "wasm-ms")
+		})
+	}
 }
