@@ -121,9 +121,10 @@ func requestHyper(raw json.RawMessage) (json.RawMessage, error) {
 	if len(raw) == 0 {
 		return json.RawMessage("{}"), nil
 	}
+	// Marshal validates as it compacts: one pass over the task's bytes.
 	b, err := json.Marshal(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: hyper-parameters: %v", ErrInvalidCall, err)
+		return nil, fmt.Errorf("%w: hyper-parameters are not JSON", ErrInvalidCall)
 	}
 	return b, nil
 }

@@ -18,12 +18,10 @@ const sgdHyperBytes = 20
 
 // v3State is what ABI v3's host services need beyond v1's call state.
 type v3State struct {
-	// hyper is the request's "hyper" field, the very bytes of the document
-	// (requestHyper), and seed its "seed".
-	hyper  []byte
-	seed   uint64
-	names  []string // parameter names, in request order
-	shapes [][]int  // and their shapes
+	// req is the request document the module reads: sgd_hyper parses its
+	// "hyper" bytes (requestHyper), sgd_order uses its "seed", param_name
+	// and param_shape read its "params".
+	req *request
 	// parsed caches sgd_hyper's parse: a module may ask once per batch, and
 	// the task's JSON is the same each time. A parse error ends the call,
 	// so only success is cached.
@@ -69,14 +67,14 @@ var hostFunctionsV3 = []hostFn{
 		}
 		b := s.memRange(op, mod, ptr, elemBytes(op, s, uint32(n)))
 		s.charge(op, int64(n))
-		for i, v := range sgd.Order(int(n), s.v3.seed, int(epoch)) {
+		for i, v := range sgd.Order(int(n), s.v3.req.Seed, int(epoch)) {
 			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
 		}
 	}},
 	{"param_name", 3, []api.ValueType{i32, i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
 		const op = "param_name"
 		i, ptr, capacity := s.paramArgs(op, "the length", st)
-		name := s.v3.names[i]
+		name := s.v3.req.Params[i].Name
 		// With nothing to copy the pointer is not used, so not checked.
 		if k := min(capacity, len(name)); k > 0 {
 			b := s.memRange(op, mod, ptr, uint32(k))
@@ -88,7 +86,7 @@ var hostFunctionsV3 = []hostFn{
 	{"param_shape", 3, []api.ValueType{i32, i32, i32}, []api.ValueType{i32}, func(s *callState, mod api.Module, st []uint64) {
 		const op = "param_shape"
 		i, ptr, capacity := s.paramArgs(op, "the rank", st)
-		shape := s.v3.shapes[i]
+		shape := s.v3.req.Params[i].Shape
 		if k := min(capacity, len(shape)); k > 0 {
 			b := s.memRange(op, mod, ptr, uint32(4*k))
 			s.charge(op, int64(k))
@@ -149,7 +147,7 @@ func (s *callState) paramArgs(op, what string, st []uint64) (i int, ptr uint32, 
 // come from the task, not from the module, so an error is the caller's.
 func (s *callState) sgdHyper() sgd.Hyper {
 	if !s.v3.parsedOK {
-		h, err := sgd.ParseHyper(s.v3.hyper)
+		h, err := sgd.ParseHyper(s.v3.req.Hyper)
 		if err != nil {
 			s.abort(fmt.Errorf("%w: sgd_hyper: the task's hyper-parameters: %w; fix them in the task", ErrInvalidCall, err))
 		}

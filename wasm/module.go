@@ -131,22 +131,19 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	if err := m.s.dataChecks.validate(c.Data); err != nil {
 		return nil, fmt.Errorf("%s: %w: data: %v", op, ErrInvalidCall, err)
 	}
-	if len(c.Hyper) > 0 && !json.Valid(c.Hyper) {
-		return nil, fmt.Errorf("%s: %w: hyper-parameters are not JSON", op, ErrInvalidCall)
+	hyper, err := requestHyper(c.Hyper)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	frozen, err := frozenParams(c, m.version)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	hyper, err := requestHyper(c.Hyper)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool,
-		v3: v3State{hyper: hyper, seed: c.Seed}}
-	defer st.release()
-	req := request{ABI: m.version, Kind: entry, Hyper: hyper, Seed: c.Seed, Trainable: c.Trainable,
+	req := &request{ABI: m.version, Kind: entry, Hyper: hyper, Seed: c.Seed, Trainable: c.Trainable,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
+	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool,
+		v3: v3State{req: req}}
+	defer st.release()
 	// Parameters are budgeted like any tensor; check up front, since outside a
 	// module call nothing would recover newTensor's abort.
 	var paramBytes int64
@@ -162,8 +159,6 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		h := st.newTensor("param", r, cols, true)
 		copy(st.handles[h].m.Data, t.Data)
 		req.Params = append(req.Params, paramInfo{Name: t.Name, Shape: t.Shape})
-		st.v3.names = append(st.v3.names, t.Name)
-		st.v3.shapes = append(st.v3.shapes, t.Shape)
 	}
 	st.nparams = len(c.Model.Tensors)
 	if st.input, err = json.Marshal(req); err != nil {
