@@ -1,9 +1,6 @@
 package wasmtest
 
 import (
-	"encoding/binary"
-	"math"
-
 	"github.com/fleetlearn/fleetlearn/wasm/internal/wasmbin"
 )
 
@@ -79,13 +76,10 @@ func Stepping(step float32) []byte {
 		opLocalSet = 0x21
 		opI32GeS   = 0x4e
 		opI32Add   = 0x6a
-		opF32Const = 0x43
 	)
 	get := func(i byte) []byte { return []byte{opLocalGet, i} }
 	set := func(i byte) []byte { return []byte{opLocalSet, i} }
-	f32 := func(v float32) []byte {
-		return binary.LittleEndian.AppendUint32([]byte{opF32Const}, math.Float32bits(v))
-	}
+	f32 := wasmbin.F32Const
 	// Locals: 0 n, 1 i, 2 p (parameter handle), 3 c (scratch tensor).
 	train := wasmbin.Code(
 		wasmbin.Call(fParamCount), set(0),

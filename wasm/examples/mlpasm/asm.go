@@ -1,9 +1,7 @@
 package mlpasm
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/fleetlearn/fleetlearn/wasm/internal/wasmbin"
 )
@@ -51,31 +49,22 @@ func (f *fn) get(name string) *fn { return f.op(0x20).u32(f.idx(name)) }
 func (f *fn) set(name string) *fn { return f.op(0x21).u32(f.idx(name)) }
 func (f *fn) tee(name string) *fn { return f.op(0x22).u32(f.idx(name)) }
 
-func (f *fn) u32(v uint32) *fn {
-	for v >= 0x80 {
-		f.code = append(f.code, byte(v)|0x80)
-		v >>= 7
-	}
-	f.code = append(f.code, byte(v))
-	return f
-}
+func (f *fn) u32(v uint32) *fn { f.code = wasmbin.AppendU32(f.code, v); return f }
 
 func (f *fn) i32(v int32) *fn { f.code = append(f.code, wasmbin.I32Const(v)...); return f }
 func (f *fn) f32(v float32) *fn {
 	f.code = append(f.code, wasmbin.F32Const(v)...)
 	return f
 }
-func (f *fn) f64(v float64) *fn {
-	f.code = binary.LittleEndian.AppendUint64(append(f.code, 0x44), math.Float64bits(v))
-	return f
-}
+func (f *fn) f64(v float64) *fn { f.code = append(f.code, wasmbin.F64Const(v)...); return f }
 
 func (f *fn) call(name string) *fn {
 	i, ok := f.imports[name]
 	if !ok {
 		panic("mlpasm: no import " + name)
 	}
-	return f.op(0x10).u32(i)
+	f.code = append(f.code, wasmbin.Call(i)...)
+	return f
 }
 
 // Memory access at a constant offset from the address on the stack.

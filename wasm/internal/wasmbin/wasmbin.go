@@ -105,12 +105,12 @@ func (m Module) Encode() []byte {
 		if n == 0 {
 			return
 		}
-		payload := appendU32(nil, uint32(n))
+		payload := AppendU32(nil, uint32(n))
 		for i := range n {
 			payload = item(payload, i)
 		}
 		out = append(out, id)
-		out = appendU32(out, uint32(len(payload)))
+		out = AppendU32(out, uint32(len(payload)))
 		out = append(out, payload...)
 	}
 	section(SectionType, len(m.Types), func(b []byte, i int) []byte {
@@ -125,35 +125,35 @@ func (m Module) Encode() []byte {
 		if im.Memory {
 			return append(b, 0x02, 0x00, 0x01) // memory, limits without max, min 1
 		}
-		return appendU32(append(b, 0x00), im.Type)
+		return AppendU32(append(b, 0x00), im.Type)
 	})
 	section(SectionFunction, len(m.Funcs), func(b []byte, i int) []byte {
-		return appendU32(b, m.Funcs[i].Type)
+		return AppendU32(b, m.Funcs[i].Type)
 	})
 	if m.Memory != nil {
 		section(SectionMemory, 1, func(b []byte, _ int) []byte {
-			return appendU32(append(b, 0x00), *m.Memory)
+			return AppendU32(append(b, 0x00), *m.Memory)
 		})
 	}
 	section(SectionExport, len(m.Exports), func(b []byte, i int) []byte {
 		e := m.Exports[i]
-		return appendU32(append(appendName(b, e.Name), byte(e.Kind)), e.Index)
+		return AppendU32(append(appendName(b, e.Name), byte(e.Kind)), e.Index)
 	})
 	section(SectionCode, len(m.Funcs), func(b []byte, i int) []byte {
 		f := m.Funcs[i]
 		// Each local gets its own (count 1, type) entry: simple, and valid.
-		body := appendU32(nil, uint32(len(f.Locals)))
+		body := AppendU32(nil, uint32(len(f.Locals)))
 		for _, l := range f.Locals {
 			body = append(body, 0x01, byte(l))
 		}
 		body = append(append(body, f.Body...), OpEnd)
-		return append(appendU32(b, uint32(len(body))), body...)
+		return append(AppendU32(b, uint32(len(body))), body...)
 	})
 	section(SectionData, len(m.Data), func(b []byte, i int) []byte {
 		d := m.Data[i]
 		b = append(b, 0x00) // active, memory 0
 		b = append(append(b, I32Const(d.Offset)...), OpEnd)
-		return append(appendU32(b, uint32(len(d.Bytes))), d.Bytes...)
+		return append(AppendU32(b, uint32(len(d.Bytes))), d.Bytes...)
 	})
 	return out
 }
@@ -174,7 +174,7 @@ const (
 func I32Const(v int32) []byte { return appendS32([]byte{0x41}, v) }
 
 // Call is call f.
-func Call(f uint32) []byte { return appendU32([]byte{0x10}, f) }
+func Call(f uint32) []byte { return AppendU32([]byte{0x10}, f) }
 
 // MemoryGrow is memory.grow on memory 0.
 func MemoryGrow() []byte { return []byte{0x40, 0x00} }
@@ -183,17 +183,17 @@ func MemoryGrow() []byte { return []byte{0x40, 0x00} }
 func Code(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 
 func appendVals(b []byte, vs []ValType) []byte {
-	b = appendU32(b, uint32(len(vs)))
+	b = AppendU32(b, uint32(len(vs)))
 	for _, v := range vs {
 		b = append(b, byte(v))
 	}
 	return b
 }
 
-func appendName(b []byte, s string) []byte { return append(appendU32(b, uint32(len(s))), s...) }
+func appendName(b []byte, s string) []byte { return append(AppendU32(b, uint32(len(s))), s...) }
 
-// appendU32 appends v as unsigned LEB128.
-func appendU32(b []byte, v uint32) []byte {
+// AppendU32 appends v as unsigned LEB128.
+func AppendU32(b []byte, v uint32) []byte {
 	for v >= 0x80 {
 		b = append(b, byte(v)|0x80)
 		v >>= 7

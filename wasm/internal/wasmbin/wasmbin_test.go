@@ -15,9 +15,9 @@ func TestLEB128(t *testing.T) {
 		want []byte
 	}{{0, []byte{0}}, {127, []byte{0x7f}}, {128, []byte{0x80, 0x01}}, {624485, []byte{0xe5, 0x8e, 0x26}},
 		{0xffffffff, []byte{0xff, 0xff, 0xff, 0xff, 0x0f}}} {
-		got := appendU32(nil, c.v)
+		got := AppendU32(nil, c.v)
 		if !bytes.Equal(got, c.want) {
-			t.Errorf("appendU32(%d) = %x, want %x", c.v, got, c.want)
+			t.Errorf("AppendU32(%d) = %x, want %x", c.v, got, c.want)
 		}
 		back, next, err := readU32(got, 0)
 		if err != nil || back != c.v || next != len(got) {
