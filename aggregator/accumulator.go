@@ -25,6 +25,9 @@ type Accumulator struct {
 	sum     []float64
 	total   float64
 	count   int
+	// open is set while a Part is being added, torn once it has added
+	// values it has not counted (see Begin).
+	open, torn bool
 }
 
 // NewAccumulator returns an empty accumulator for updates of dim values
@@ -41,6 +44,9 @@ func NewAccumulator(dim int, maxNorm float64) (*Accumulator, error) {
 // normally the report's example count. On error nothing changes, so a bad
 // report is simply not counted.
 func (a *Accumulator) Add(update []float32, weight float64) error {
+	if a.open {
+		return fmt.Errorf("aggregator: add: another update is being added: %w", ErrIncomplete)
+	}
 	if err := validate("add", update, weight, a.dim, a.maxNorm); err != nil {
 		return err
 	}
@@ -64,6 +70,9 @@ func (a *Accumulator) Add(update []float32, weight float64) error {
 // bound, ‖weightedSum‖ ≤ totalWeight·maxNorm must hold (the triangle
 // inequality for bounded updates). On error nothing changes.
 func (a *Accumulator) AddSum(weightedSum []float64, totalWeight float64, count int) error {
+	if a.open {
+		return fmt.Errorf("aggregator: add sum: another update is being added: %w", ErrIncomplete)
+	}
 	if err := checkWeight("add sum", totalWeight); err != nil {
 		return err
 	}
@@ -110,6 +119,9 @@ func (a *Accumulator) checkTotal(op string, w float64) error {
 // Mean returns the weighted mean Σ wₖ·updateₖ / Σ wₖ as a new slice, or
 // ErrEmpty before the first report.
 func (a *Accumulator) Mean() ([]float32, error) {
+	if a.torn {
+		return nil, fmt.Errorf("aggregator: mean: an update was added in part: %w", ErrIncomplete)
+	}
 	if a.count == 0 {
 		return nil, fmt.Errorf("aggregator: mean: %w", ErrEmpty)
 	}
@@ -133,4 +145,5 @@ func (a *Accumulator) Dim() int { return a.dim }
 func (a *Accumulator) Reset() {
 	clear(a.sum)
 	a.total, a.count = 0, 0
+	a.open, a.torn = false, false
 }

@@ -24,6 +24,9 @@ var (
 	// ErrConfig reports an unknown rule, a bad dimension or an option out of
 	// range.
 	ErrConfig = errors.New("invalid configuration")
+	// ErrIncomplete reports an update added in pieces (Part) that was not
+	// finished: the sum holds part of it, so the round cannot aggregate.
+	ErrIncomplete = errors.New("update added in part")
 	// ErrState reports serialized optimizer state that cannot be restored.
 	ErrState = errors.New("invalid state")
 )

@@ -17,6 +17,10 @@ type Collector interface {
 	// Accumulator.AddSum). Rules that are not Streaming refuse it with
 	// ErrUnsupported.
 	AddSum(weightedSum []float64, totalWeight float64, count int) error
+	// Begin starts adding one update of the given weight in pieces (see
+	// Part); the update must have passed a Check with the collector's
+	// dimension and bound.
+	Begin(weight float64) (Part, error)
 	// Count returns the number of updates counted.
 	Count() int
 	// TotalWeight returns the sum of their weights.
