@@ -133,7 +133,7 @@ func TestPartMatchesAdd(t *testing.T) {
 
 // TestPartLeftOpen: an update abandoned half-added makes the mean fail
 // rather than come out partial; one abandoned before any value is harmless
-//; and a second Part cannot start while one is open.
+// ; and a second Part cannot start while one is open.
 func TestPartLeftOpen(t *testing.T) {
 	acc, err := aggregator.NewAccumulator(4, 0)
 	if err != nil {
