@@ -52,11 +52,6 @@ func NewDecoder(bits, n int, size uint64, emit func([]float32) error) (*Decoder,
 	if n < 1 || n > MaxLen {
 		return nil, fmt.Errorf("quant: %s: want %d values, not in [1, %d]: %w", d.h.op, n, MaxLen, ErrShape)
 	}
-	// The smallest encoding the stream block admits; the exact length is
-	// checked once the header says the block.
-	if min := headerSize + d.h.payload(d.n); size < min {
-		return nil, fmt.Errorf("quant: %s: %d bytes, too few for %d values: %w", d.h.op, size, n, ErrFormat)
-	}
 	return d, nil
 }
 
@@ -198,6 +193,9 @@ func (d *Decoder) flush() error {
 
 // Close checks that the encoding was whole and hands on the last values.
 func (d *Decoder) Close() error {
+	if d.block == 0 {
+		return fmt.Errorf("quant: %s: %d bytes, shorter than the %d-byte header: %w", d.h.op, d.off, headerSize, ErrFormat)
+	}
 	if d.off != d.size || d.i != d.n {
 		return fmt.Errorf("quant: %s: %d of %d bytes, %d of %d values: %w", d.h.op, d.off, d.size, d.i, d.n, ErrFormat)
 	}

@@ -79,14 +79,16 @@ func payloadOf(msg, field protowire.Number) PayloadField {
 }
 
 // ScanUpdate reads a serialized UpdateReport from next, which returns its
-// bytes piece by piece and io.EOF after the last. It hands the payload's
-// bytes to payload as they come, in order (pieces of any length, none
-// empty), and returns the report with that field empty, which field it was,
-// and the payload's length. Everything but the payload is held, at most
-// limit bytes of it. An error from next or payload stops the scan and is
-// returned as it is; malformed bytes give ErrScan.
-func ScanUpdate(next func() ([]byte, error), limit int, payload func([]byte) error) (*pb.UpdateReport, PayloadField, uint64, error) {
-	s := scanner{r: pieceReader{next: next}, limit: limit, payload: payload}
+// bytes piece by piece and io.EOF after the last. When it reaches the
+// payload's values it calls open with their field and length, and hands
+// them to the function open returns as they come, in order (pieces of any
+// length, none empty); open may refuse them first. It returns the report
+// with that field empty, which field it was, and the payload's length.
+// Everything but the payload is held, at most limit bytes of it. An error
+// from next, open or the payload function stops the scan and is returned
+// as it is; malformed bytes give ErrScan.
+func ScanUpdate(next func() ([]byte, error), limit int, open func(PayloadField, uint64) (func([]byte) error, error)) (*pb.UpdateReport, PayloadField, uint64, error) {
+	s := scanner{r: pieceReader{next: next}, limit: limit, open: open}
 	if err := s.top(); err != nil {
 		return nil, s.field, 0, err
 	}
@@ -100,7 +102,7 @@ func ScanUpdate(next func() ([]byte, error), limit int, payload func([]byte) err
 type scanner struct {
 	r       pieceReader
 	limit   int
-	payload func([]byte) error
+	open    func(PayloadField, uint64) (func([]byte) error, error)
 	skel    []byte
 	field   PayloadField
 	size    uint64
@@ -192,7 +194,11 @@ func (s *scanner) message(msg protowire.Number, n uint64) ([]byte, error) {
 			return nil, fmt.Errorf("%w: %v of %d bytes overruns its message", ErrScan, f, size)
 		}
 		s.size = size
-		if err := s.r.stream(size, s.payload); err != nil {
+		payload, err := s.open(f, size)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.r.stream(size, payload); err != nil {
 			return nil, err
 		}
 		// The field stays, empty, so that the message says which it was.

@@ -2,6 +2,9 @@ package wire_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
+	"slices"
 	"errors"
 	"fmt"
 	"io"
@@ -33,12 +36,14 @@ func pieces(rng *rand.Rand, b []byte) func() ([]byte, error) {
 // scanWhole scans b and puts the payload back into the report it returns.
 func scanWhole(t testing.TB, rng *rand.Rand, b []byte, limit int) (*pb.UpdateReport, error) {
 	var payload []byte
-	rep, field, size, err := wire.ScanUpdate(pieces(rng, b), limit, func(p []byte) error {
-		if len(p) == 0 {
-			t.Fatal("empty payload piece")
-		}
-		payload = append(payload, p...)
-		return nil
+	rep, field, size, err := wire.ScanUpdate(pieces(rng, b), limit, func(wire.PayloadField, uint64) (func([]byte) error, error) {
+		return func(p []byte) error {
+			if len(p) == 0 {
+				t.Fatal("empty payload piece")
+			}
+			payload = append(payload, p...)
+			return nil
+		}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -159,9 +164,17 @@ func TestScanUpdateRefuses(t *testing.T) {
 func TestScanUpdateStopsOnCallerErrors(t *testing.T) {
 	b, _ := proto.Marshal(reports()[0])
 	boom := errors.New("boom")
-	_, _, _, err := wire.ScanUpdate(pieces(rand.New(rand.NewPCG(1, 1)), b), 1<<10, func([]byte) error { return boom })
+	_, _, _, err := wire.ScanUpdate(pieces(rand.New(rand.NewPCG(1, 1)), b), 1<<10, func(wire.PayloadField, uint64) (func([]byte) error, error) {
+		return func([]byte) error { return boom }, nil
+	})
 	if err != boom {
 		t.Fatalf("payload error: %v", err)
+	}
+	_, _, _, err = wire.ScanUpdate(pieces(rand.New(rand.NewPCG(1, 1)), b), 1<<10, func(wire.PayloadField, uint64) (func([]byte) error, error) {
+		return nil, boom
+	})
+	if err != boom {
+		t.Fatalf("open error: %v", err)
 	}
 	calls := 0
 	_, _, _, err = wire.ScanUpdate(func() ([]byte, error) {
@@ -169,7 +182,7 @@ func TestScanUpdateStopsOnCallerErrors(t *testing.T) {
 			return nil, boom
 		}
 		return b[calls-1 : calls], nil
-	}, 1<<10, func([]byte) error { return nil })
+	}, 1<<10, func(wire.PayloadField, uint64) (func([]byte) error, error) { return func([]byte) error { return nil }, nil })
 	if err != boom {
 		t.Fatalf("next error: %v", err)
 	}
@@ -233,4 +246,46 @@ func FuzzScanUpdate(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDenseDecoderMatchesWhole: values cut anywhere decode as
+// DecodeDenseInto decodes them, and what it refuses is refused.
+func TestDenseDecoderMatchesWhole(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, n := range []int{1, 3, 4095, 4096, 4097, 10000} {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(rng.NormFloat64())))
+		}
+		for trial := range 4 {
+			c := slices.Clone(b)
+			want := n
+			switch trial {
+			case 1:
+				binary.LittleEndian.PutUint32(c[4*rng.IntN(n):], 0x7fc00000) // NaN
+			case 2:
+				c = c[:len(c)-1]
+			case 3:
+				want = n - 1
+			}
+			ref, rerr := wire.DecodeDenseInto(nil, c, want)
+			var got []float32
+			d := wire.NewDenseDecoder(want, func(v []float32) error { got = append(got, v...); return nil })
+			var err error
+			for next := pieces(rng, c); err == nil; {
+				p, nerr := next()
+				if nerr != nil {
+					err = d.Close()
+					break
+				}
+				err = d.Write(p)
+			}
+			if (rerr == nil) != (err == nil) || rerr == nil && !slices.Equal(ref, got) {
+				t.Fatalf("n %d trial %d: whole %v, pieces %v", n, trial, rerr, err)
+			}
+			if err != nil && !errors.Is(err, wire.ErrPayload) {
+				t.Fatalf("n %d trial %d: %v without ErrPayload", n, trial, err)
+			}
+		}
+	}
 }

@@ -387,3 +387,88 @@ func ChunkMsgID(reportID, payloadSHA256 string, index int) string {
 
 // IsEvalSubject reports whether a report subject carries an evaluation report.
 func IsEvalSubject(subj string) bool { return len(subj) > 8 && subj[:8] == "fl.eval." }
+
+// DenseDecoder decodes dense float32 values that arrive in pieces, as
+// strictly as DecodeDenseInto decodes them whole, and hands them on in
+// order, a batch at a time. It holds one batch.
+type DenseDecoder struct {
+	want, got int
+	carry     [4]byte
+	nc        int
+	out       []float32
+	emit      func([]float32) error
+}
+
+// NewDenseDecoder returns a decoder of want values for emit (whose slice is
+// reused after it returns).
+func NewDenseDecoder(want int, emit func([]float32) error) *DenseDecoder {
+	return &DenseDecoder{want: want, emit: emit}
+}
+
+const denseBatch = 4096
+
+// Write decodes the next bytes.
+func (d *DenseDecoder) Write(p []byte) error {
+	if d.out == nil {
+		d.out = make([]float32, 0, denseBatch)
+	}
+	for len(p) > 0 {
+		if d.nc > 0 || len(p) < 4 {
+			k := copy(d.carry[d.nc:], p)
+			d.nc += k
+			p = p[k:]
+			if d.nc < 4 {
+				return nil
+			}
+			if err := d.value(binary.LittleEndian.Uint32(d.carry[:])); err != nil {
+				return err
+			}
+			d.nc = 0
+			continue
+		}
+		for len(p) >= 4 && len(d.out) < denseBatch {
+			if err := d.value(binary.LittleEndian.Uint32(p)); err != nil {
+				return err
+			}
+			p = p[4:]
+		}
+		if len(d.out) == denseBatch {
+			if err := d.flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *DenseDecoder) value(bits uint32) error {
+	if d.got == d.want {
+		return fmt.Errorf("%w: more than %d float32 values", ErrPayload, d.want)
+	}
+	if bits&0x7f800000 == 0x7f800000 {
+		return fmt.Errorf("%w: value %d is %v", ErrPayload, d.got, math.Float32frombits(bits))
+	}
+	d.out = append(d.out, math.Float32frombits(bits))
+	d.got++
+	if len(d.out) == denseBatch {
+		return d.flush()
+	}
+	return nil
+}
+
+func (d *DenseDecoder) flush() error {
+	if len(d.out) == 0 {
+		return nil
+	}
+	err := d.emit(d.out)
+	d.out = d.out[:0]
+	return err
+}
+
+// Close checks that every value came, whole, and hands on the last ones.
+func (d *DenseDecoder) Close() error {
+	if d.nc != 0 || d.got != d.want {
+		return fmt.Errorf("%w: %d float32 values and %d bytes, want %d values", ErrPayload, d.got, d.nc, d.want)
+	}
+	return d.flush()
+}

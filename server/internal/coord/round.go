@@ -170,6 +170,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 			r.selectionDone(len(r.assigned))
 		}
 		t.mu.Unlock()
+		if r.lost != "" {
+			return t.abandon(ctx, r, r.lost)
+		}
 		switch {
 		case reason != "":
 		case reported >= target && target > 0:
@@ -234,11 +237,11 @@ func (t *taskRun) announce(r *roundRun) {
 
 // handleReport validates one report and counts it, or refuses it with a receipt.
 func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) {
-	kind := "update"
 	if wire.IsEvalSubject(m.Subject()) {
-		kind = "evaluation"
+		t.settleChunked(r, m, "evaluation", func(m jetstream.Msg) (string, error) { return t.acceptReport(r, mm, m) })
+		return
 	}
-	t.settleChunked(r, m, kind, func(m jetstream.Msg) (string, error) { return t.acceptReport(r, col, mm, m, kind) })
+	t.settle(r, m, "update", func() (string, error) { return t.acceptUpdate(r, col, mm, m) })
 }
 
 // settle counts a report's bytes, runs accept, and answers the device with a

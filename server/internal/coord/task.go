@@ -86,11 +86,12 @@ type roundRun struct {
 	// reported (PlanFailure) or why their report was refused. One per
 	// device, the first; kept with the round when it closes.
 	failures map[string]string
-	// decoded holds the report being checked: collectors copy what they
-	// keep, so one buffer serves the round's reports (handled one at a time).
-	decoded []float32
-	// chunked holds a chunked report while it is checked (chunks.go).
+	// chunked holds a chunked masked or evaluation report while it is
+	// checked (chunks.go); plaintext updates are never held (intake.go).
 	chunked []byte
+	// lost is set when the sum holds part of an update that could not be
+	// read again (intake.go): the round can only be abandoned.
+	lost string
 	// tr holds the round's spans (tracing.go).
 	tr roundTrace
 	// waitedOut is set when the round waited out a timer for devices that

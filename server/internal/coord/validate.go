@@ -11,8 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fleetlearn/fleetlearn/aggregator"
-	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -58,65 +56,32 @@ func (t *taskRun) sender(r *roundRun, subject string) (string, store.Assignment,
 	return device, seat, r.keys[device], nil
 }
 
-func (t *taskRun) acceptReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg, kind string) (string, error) {
+// acceptReport checks an evaluation report and counts its metrics.
+func (t *taskRun) acceptReport(r *roundRun, mm *metricMean, m jetstream.Msg) (string, error) {
 	device, seat, key, err := t.sender(r, m.Subject())
 	if err != nil {
 		return device, err
 	}
-	wantKind := map[pb.RoundKind]string{pb.RoundKind_ROUND_KIND_TRAIN: "update", pb.RoundKind_ROUND_KIND_EVALUATE: "evaluation"}[r.row.Kind]
-	if kind != wantKind {
-		return device, refuseAs(metrics.RefusedKind, "%s report in a round that wants %s reports", kind, wantKind)
+	if r.row.Kind != pb.RoundKind_ROUND_KIND_EVALUATE {
+		return device, refuseAs(metrics.RefusedKind, "evaluation report in a round that wants update reports")
 	}
-	var (
-		examples uint64
-		metrics  map[string]float64
-	)
-	if kind == "evaluation" {
-		var rep pb.EvaluationReport
-		if err := proto.Unmarshal(m.Data(), &rep); err != nil {
-			return device, refuseAs(refusedDecode, "decode evaluation report: %v", err)
-		}
-		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
-			return device, err
-		}
-		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.EvalStatement(&rep)); err != nil {
-			return device, err
-		}
-		if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {
-			return device, err
-		}
-		if err := checkExamples(rep.NumExamples, seat); err != nil {
-			return device, err
-		}
-		examples, metrics = rep.NumExamples, rep.GetMetrics().GetValues()
-	} else {
-		var rep pb.UpdateReport
-		if err := proto.Unmarshal(m.Data(), &rep); err != nil {
-			return device, refuseAs(refusedDecode, "decode update report: %v", err)
-		}
-		if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
-			return device, err
-		}
-		if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(&rep)); err != nil {
-			return device, err
-		}
-		delta, err := t.checkDense(r, &rep)
-		if err != nil {
-			return device, err
-		}
-		if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {
-			return device, err
-		}
-		if err := checkExamples(rep.NumExamples, seat); err != nil {
-			return device, err
-		}
-		// Last: a refused report must not have touched the aggregate.
-		if err := col.Add(delta, t.weight(rep.NumExamples)); err != nil {
-			return device, refuseAs(refusedAggregate, "%v", err)
-		}
-		examples, metrics = rep.NumExamples, rep.GetMetrics().GetValues()
+	var rep pb.EvaluationReport
+	if err := proto.Unmarshal(m.Data(), &rep); err != nil {
+		return device, refuseAs(refusedDecode, "decode evaluation report: %v", err)
 	}
-	mm.add(metrics, t.weight(examples))
+	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+		return device, err
+	}
+	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.EvalStatement(&rep)); err != nil {
+		return device, err
+	}
+	if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {
+		return device, err
+	}
+	if err := checkExamples(rep.NumExamples, seat); err != nil {
+		return device, err
+	}
+	mm.add(rep.GetMetrics().GetValues(), t.weight(rep.NumExamples))
 	t.mu.Lock()
 	r.reported[device] = true
 	t.mu.Unlock()
@@ -192,75 +157,4 @@ func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bo
 		return refuse("ran module %q, task uses %q", module, t.spec.GetModule().GetSha256())
 	}
 	return nil
-}
-
-// checkDense decodes a plaintext update, float32 or quantized as the task
-// says, into float32 and checks it against the model layout: one
-// conversion into the round's buffer, bounded by the model's size.
-func (t *taskRun) checkDense(r *roundRun, rep *pb.UpdateReport) (_ []float32, refused error) {
-	defer classify(&refused, metrics.RefusedPayload)
-	want := t.spec.GetUpdateEncoding()
-	var (
-		layout []*pb.TensorSpec
-		body   []byte
-		bits   int
-	)
-	switch p := rep.Payload.(type) {
-	case *pb.UpdateReport_Dense:
-		if want != pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
-			return nil, refuse("update is float32, task %s takes %s updates", t.id, encodingName(want))
-		}
-		layout, body = p.Dense.GetLayout(), p.Dense.GetValues()
-	case *pb.UpdateReport_Quantized:
-		q := p.Quantized
-		switch {
-		case want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
-			return nil, refuse("update is %s-quantized, task %s takes float32 updates", encodingName(q.GetEncoding()), t.id)
-		case q.GetEncoding() != want:
-			return nil, refuse("update is %s-quantized, task %s takes %s updates", encodingName(q.GetEncoding()), t.id, encodingName(want))
-		case want == pb.UpdateEncoding_UPDATE_ENCODING_INT8:
-			bits = 8
-		case want == pb.UpdateEncoding_UPDATE_ENCODING_INT4:
-			bits = 4
-		default:
-			return nil, refuse("update encoding %v is unknown", want)
-		}
-		layout, body = q.GetLayout(), q.GetData()
-	case nil:
-		return nil, refuse("update has no dense payload")
-	default:
-		return nil, refuse("update has no dense payload (a masked one, but round %d is not secure)", r.row.Round)
-	}
-	if got := wire.SHA256(body); got != rep.PayloadSha256 {
-		return nil, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
-	}
-	ml := t.ulayout
-	if len(layout) != len(ml.Entries) {
-		return nil, refuse("update has %d tensors, the task trains %d", len(layout), len(ml.Entries))
-	}
-	for i, e := range ml.Entries {
-		s := layout[i]
-		if s.Name != e.Name || len(s.Shape) != len(e.Shape) {
-			return nil, refuse("tensor %d is %s%v, the task trains %s%v", i, s.Name, s.Shape, e.Name, e.Shape)
-		}
-		for j := range e.Shape {
-			if s.Shape[j] != uint64(e.Shape[j]) {
-				return nil, refuse("tensor %s has shape %v, model has %v", e.Name, s.Shape, e.Shape)
-			}
-		}
-	}
-	var (
-		v   []float32
-		err error
-	)
-	if bits == 0 {
-		v, err = wire.DecodeDenseInto(r.decoded, body, ml.Size())
-	} else {
-		v, err = quant.DecodeInto(r.decoded, body, bits, ml.Size())
-	}
-	if err != nil {
-		return nil, refuse("%v", err)
-	}
-	r.decoded = v
-	return v, nil
 }

@@ -48,7 +48,7 @@ func reportSeeds(tb testing.TB) map[string]proto.Message {
 			Payload: &pb.UpdateReport_Quantized{Quantized: &pb.QuantizedUpdate{Encoding: enc, Data: body, Layout: fuzzLayoutSpec()}}}
 	}
 	rng := rand.NewPCG(1, 2)
-	q8, err := quant.Quantize(values, 4, rng)
+	q8, err := quant.Quantize(values, quant.MinStreamBlock, rng)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func reportSeeds(tb testing.TB) map[string]proto.Message {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	q4, err := quant.Quantize4(values, 4, rng)
+	q4, err := quant.Quantize4(values, quant.MinStreamBlock, rng)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -97,6 +97,18 @@ func reportSeeds(tb testing.TB) map[string]proto.Message {
 	}
 }
 
+// checkFuzzPayload runs the intake's first pass over a one-message report
+// and returns the values it checked.
+func checkFuzzPayload(tr *taskRun, data []byte) ([]float32, error) {
+	var v []float32
+	p := &scanPass{t: tr, r: &roundRun{row: &store.RoundRow{Round: 7}}, emit: func(b []float32) error {
+		v = append(v, b...)
+		return nil
+	}}
+	_, err := p.checkPayload(onePiece(data))
+	return v, err
+}
+
 // TestReportCheckSeeds: each seed of FuzzReportChecks meets the check its
 // name says: accepted in its encoding, or refused.
 func TestReportCheckSeeds(t *testing.T) {
@@ -107,7 +119,11 @@ func TestReportCheckSeeds(t *testing.T) {
 		case *pb.UpdateReport:
 			for encName, enc := range encodings {
 				tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}, ulayout: fuzzLayout}
-				_, err := tr.checkDense(&roundRun{row: &store.RoundRow{Round: 7}}, m)
+				b, err := proto.Marshal(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = checkFuzzPayload(tr, b)
 				if (err == nil) != (name == encName) {
 					t.Errorf("%s in a %s task: %v", name, encName, err)
 				}
@@ -152,16 +168,18 @@ func FuzzReportChecks(f *testing.F) {
 			}
 			return err != nil
 		}
-		var rep pb.UpdateReport
-		if proto.Unmarshal(data, &rep) == nil {
-			for _, enc := range []pb.UpdateEncoding{pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED,
-				pb.UpdateEncoding_UPDATE_ENCODING_INT8, pb.UpdateEncoding_UPDATE_ENCODING_INT4} {
-				tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}, ulayout: fuzzLayout}
-				r := &roundRun{row: &store.RoundRow{Round: 7}}
-				v, err := tr.checkDense(r, &rep)
-				if refused("payload", err) {
-					continue
-				}
+		for _, enc := range []pb.UpdateEncoding{pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED,
+			pb.UpdateEncoding_UPDATE_ENCODING_INT8, pb.UpdateEncoding_UPDATE_ENCODING_INT4} {
+			tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}, ulayout: fuzzLayout}
+			v, err := checkFuzzPayload(tr, data)
+			if refused("payload", err) {
+				continue
+			}
+			var rep pb.UpdateReport
+			if err := proto.Unmarshal(data, &rep); err != nil {
+				t.Fatalf("%v: accepted a report protobuf refuses: %v", enc, err)
+			}
+			{
 				if len(v) != fuzzLayout.Size() {
 					t.Fatalf("%v: accepted %d values, the task trains %d", enc, len(v), fuzzLayout.Size())
 				}
@@ -183,6 +201,9 @@ func FuzzReportChecks(f *testing.F) {
 					t.Fatalf("%v: accepted a payload that does not hash to the declared %q", enc, rep.PayloadSha256)
 				}
 			}
+		}
+		var rep pb.UpdateReport
+		if proto.Unmarshal(data, &rep) == nil {
 			checkFuzzedMetrics(t, rep.GetMetrics().GetValues(), refused)
 			if !refused("examples", checkExamples(rep.NumExamples, store.Assignment{Examples: seatExamples})) &&
 				(rep.NumExamples == 0 || rep.NumExamples > seatExamples) {

@@ -1,0 +1,297 @@
+package coord
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/aggregator/quant"
+	"github.com/fleetlearn/fleetlearn/identity"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+)
+
+// Plaintext update intake (docs/PROTOCOL.md, Reports). An update folds into
+// the round's sum as its bytes arrive: the server never holds a whole
+// report, chunked or not, nor a whole decoded update. It reads the report
+// twice. The first pass splits off the payload (wire.ScanUpdate), hashes
+// it, decodes it and checks the values (aggregator.Check: finite, norm);
+// only once the rest of the report, its signature and its hashes have
+// passed too does the second pass decode the values again into the sum
+// (aggregator.Part). A chunked report's chunks are read from the stream in
+// each pass, checked again, and each pass holds one chunk and one batch of
+// values: the cost of never holding the report is decoding it twice.
+
+// reportPieces returns a report's bytes, piece by piece: the message's own,
+// or its chunks, read and checked one at a time (chunkStream).
+func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg) (next func() ([]byte, error), err error) {
+	defer classify(&err, metrics.RefusedChunks)
+	if _, chunked := m.Headers()[wire.HeaderChunked]; !chunked {
+		return onePiece(m.Data()), nil
+	}
+	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
+		return nil, refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
+	}
+	read := func(seq uint64) (string, []byte, error) {
+		raw, err := t.readChunk(seq)
+		if err != nil {
+			return "", nil, err
+		}
+		return raw.Subject, raw.Data, nil
+	}
+	cs, err := openChunks(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, read)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]byte, error) {
+		b, err := cs.next()
+		if err != nil && err != io.EOF {
+			classify(&err, metrics.RefusedChunks)
+		}
+		return b, err
+	}, nil
+}
+
+// payloadSpec is what the task's updates must be: which field carries the
+// values, and for quantized ones the code width.
+func (t *taskRun) payloadSpec(r *roundRun, f wire.PayloadField) (bits int, refused error) {
+	want := t.spec.GetUpdateEncoding()
+	switch {
+	case f == wire.DenseValues && want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
+		return 0, nil
+	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_INT8:
+		return 8, nil
+	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_INT4:
+		return 4, nil
+	case f == wire.DenseValues:
+		return 0, refuseAs(metrics.RefusedPayload, "update is float32, task %s takes %s updates", t.id, encodingName(want))
+	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
+		return 0, refuseAs(metrics.RefusedPayload, "update is quantized, task %s takes float32 updates", t.id)
+	case f == wire.QuantizedData:
+		return 0, refuseAs(metrics.RefusedPayload, "update encoding %v is unknown", want)
+	case f == wire.MaskedValues || f == wire.MaskedPacked:
+		return 0, refuseAs(metrics.RefusedPayload, "update has no dense payload (a masked one, but round %d is not secure)", r.row.Round)
+	}
+	return 0, refuseAs(metrics.RefusedPayload, "update has no dense payload")
+}
+
+// valueDecoder is a streaming decoder of an update's values.
+type valueDecoder interface {
+	Write([]byte) error
+	Close() error
+}
+
+// newValueDecoder decodes size bytes of payload into n values for emit.
+func newValueDecoder(bits, n int, size uint64, emit func([]float32) error) (valueDecoder, error) {
+	if bits == 0 {
+		return wire.NewDenseDecoder(n, emit), nil
+	}
+	return quant.NewDecoder(bits, n, size, emit)
+}
+
+// scanPass is one reading of an update report: the payload's values go to
+// emit, and the payload's sha256 is taken.
+type scanPass struct {
+	t    *taskRun
+	r    *roundRun
+	emit func([]float32) error
+	dec  valueDecoder
+	h    hash.Hash
+	n    int
+	bad  error // the payload's decoding error, reported after the other checks
+}
+
+func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, error) {
+	bits, err := p.t.payloadSpec(p.r, f)
+	if err != nil {
+		return nil, err
+	}
+	if p.dec, err = newValueDecoder(bits, p.t.ulayout.Size(), size, p.emit); err != nil {
+		return nil, refuseAs(metrics.RefusedPayload, "%v", err)
+	}
+	p.h = sha256.New()
+	return func(b []byte) error {
+		p.h.Write(b)
+		if p.bad != nil {
+			return nil
+		}
+		// A payload that does not decode is refused after the report's
+		// other checks, whose messages (the wrong layout, say) say more.
+		if err := p.dec.Write(b); err != nil {
+			p.bad = err
+			var r *refusal
+			if errors.As(err, &r) {
+				return err // emit's: the values decoded but were refused
+			}
+		}
+		return nil
+	}, nil
+}
+
+// run scans the report's bytes from next; the report comes back without
+// its values.
+func (p *scanPass) run(next func() ([]byte, error)) (rep *pb.UpdateReport, sha string, err error) {
+	limit := reportOverhead + tensorOverhead*len(p.t.ulayout.Entries)
+	rep, f, _, err := wire.ScanUpdate(func() ([]byte, error) {
+		b, err := next()
+		p.n += len(b)
+		return b, err
+	}, limit, p.open)
+	if err != nil {
+		classify(&err, refusedDecode)
+		return nil, "", err
+	}
+	if f == wire.NoPayload {
+		_, err := p.t.payloadSpec(p.r, f)
+		return nil, "", err
+	}
+	return rep, hex.EncodeToString(p.h.Sum(nil)), nil
+}
+
+// checkPayload runs the pass and checks the payload against the report:
+// its sha256, and the layout against the trained tensors. It is the pure
+// part of the intake, with no I/O but next.
+func (p *scanPass) checkPayload(next func() ([]byte, error)) (*pb.UpdateReport, error) {
+	rep, sha, err := p.run(next)
+	if err != nil {
+		return nil, err
+	}
+	if q := rep.GetQuantized(); q != nil && q.GetEncoding() != p.t.spec.GetUpdateEncoding() {
+		return nil, refuseAs(metrics.RefusedPayload, "update is %s-quantized, task %s takes %s updates",
+			encodingName(q.GetEncoding()), p.t.id, encodingName(p.t.spec.GetUpdateEncoding()))
+	}
+	if sha != rep.PayloadSha256 {
+		return nil, refuseAs(metrics.RefusedPayload, "payload sha256 %s does not match the declared %q", sha, rep.PayloadSha256)
+	}
+	if err := p.t.checkLayout(rep); err != nil {
+		return nil, err
+	}
+	if p.bad == nil {
+		p.bad = p.dec.Close()
+	}
+	if p.bad != nil {
+		var r *refusal
+		if errors.As(p.bad, &r) {
+			return nil, p.bad
+		}
+		return nil, refuseAs(metrics.RefusedPayload, "%v", p.bad)
+	}
+	return rep, nil
+}
+
+// onePiece is a next function over one message's bytes.
+func onePiece(b []byte) func() ([]byte, error) {
+	done := false
+	return func() ([]byte, error) {
+		if done {
+			return nil, io.EOF
+		}
+		done = true
+		return b, nil
+	}
+}
+
+// acceptUpdate checks a plaintext update report and folds it into col.
+func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) (string, error) {
+	device, seat, key, err := t.sender(r, m.Subject())
+	if err != nil {
+		return device, err
+	}
+	if r.row.Kind != pb.RoundKind_ROUND_KIND_TRAIN {
+		return device, refuseAs(metrics.RefusedKind, "update report in a round that wants evaluation reports")
+	}
+	next, err := t.reportPieces(r, device, m)
+	if err != nil {
+		return device, err
+	}
+	check, err := aggregator.NewCheck(t.ulayout.Size(), t.normBound())
+	if err != nil {
+		return device, err
+	}
+	first := &scanPass{t: t, r: r, emit: func(v []float32) error {
+		if err := check.Write(v); err != nil {
+			return refuseAs(metrics.RefusedPayload, "%v", err)
+		}
+		return nil
+	}}
+	rep, err := first.checkPayload(next)
+	if err != nil {
+		return device, err
+	}
+	if _, chunked := m.Headers()[wire.HeaderChunked]; chunked {
+		t.c.d.Metrics.ReportBytes.Add(float64(first.n)) // settle counted the manifest
+	}
+	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+		return device, err
+	}
+	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
+		return device, err
+	}
+	if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {
+		return device, err
+	}
+	if err := checkExamples(rep.NumExamples, seat); err != nil {
+		return device, err
+	}
+	if err := check.Close(); err != nil {
+		return device, refuseAs(refusedAggregate, "%v", err)
+	}
+	weight := t.weight(rep.NumExamples)
+	part, err := col.Begin(weight)
+	if err != nil {
+		return device, refuseAs(refusedAggregate, "%v", err)
+	}
+	// Last: a refused report must not have touched the aggregate. The
+	// second pass reads what the first accepted; it fails only if the
+	// stream does, and then the sum holds part of an update.
+	if next, err = t.reportPieces(r, device, m); err == nil {
+		second := &scanPass{t: t, r: r, emit: part.Write}
+		if _, err = second.checkPayload(next); err == nil {
+			err = part.Close()
+		}
+	}
+	if err != nil {
+		r.lost = fmt.Sprintf("the sum holds part of the update of %s, whose report could not be read again: %v", device, err)
+		return device, fmt.Errorf("report of %s could not be read again: %w", device, err)
+	}
+	mm.add(rep.GetMetrics().GetValues(), weight)
+	t.mu.Lock()
+	r.reported[device] = true
+	t.mu.Unlock()
+	return device, nil
+}
+
+// checkLayout checks an update's tensor layout against the trained tensors.
+func (t *taskRun) checkLayout(rep *pb.UpdateReport) (err error) {
+	defer classify(&err, metrics.RefusedPayload)
+	var layout []*pb.TensorSpec
+	switch p := rep.Payload.(type) {
+	case *pb.UpdateReport_Dense:
+		layout = p.Dense.GetLayout()
+	case *pb.UpdateReport_Quantized:
+		layout = p.Quantized.GetLayout()
+	}
+	ml := t.ulayout
+	if len(layout) != len(ml.Entries) {
+		return refuse("update has %d tensors, the task trains %d", len(layout), len(ml.Entries))
+	}
+	for i, e := range ml.Entries {
+		s := layout[i]
+		if s.Name != e.Name || len(s.Shape) != len(e.Shape) {
+			return refuse("tensor %d is %s%v, the task trains %s%v", i, s.Name, s.Shape, e.Name, e.Shape)
+		}
+		for j := range e.Shape {
+			if s.Shape[j] != uint64(e.Shape[j]) {
+				return refuse("tensor %s has shape %v, model has %v", e.Name, s.Shape, e.Shape)
+			}
+		}
+	}
+	return nil
+}
