@@ -100,15 +100,15 @@ func ScanUpdate(next func() ([]byte, error), limit int, open func(PayloadField, 
 }
 
 type scanner struct {
-	r       pieceReader
-	limit   int
-	open    func(PayloadField, uint64) (func([]byte) error, error)
-	skel    []byte
-	field   PayloadField
-	size    uint64
-	sawMsg  bool
-	depth   int
-	held    int
+	r      pieceReader
+	limit  int
+	open   func(PayloadField, uint64) (func([]byte) error, error)
+	skel   []byte
+	field  PayloadField
+	size   uint64
+	sawMsg bool
+	depth  int
+	held   int
 }
 
 // maxGroupDepth is protobuf's own recursion limit.

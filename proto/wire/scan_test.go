@@ -3,12 +3,12 @@ package wire_test
 import (
 	"bytes"
 	"encoding/binary"
-	"math"
-	"slices"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -182,7 +182,9 @@ func TestScanUpdateStopsOnCallerErrors(t *testing.T) {
 			return nil, boom
 		}
 		return b[calls-1 : calls], nil
-	}, 1<<10, func(wire.PayloadField, uint64) (func([]byte) error, error) { return func([]byte) error { return nil }, nil })
+	}, 1<<10, func(wire.PayloadField, uint64) (func([]byte) error, error) {
+		return func([]byte) error { return nil }, nil
+	})
 	if err != boom {
 		t.Fatalf("next error: %v", err)
 	}
