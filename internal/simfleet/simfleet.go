@@ -3,8 +3,9 @@
 // (internal/devproto) over NATS: it checks in, and when selected it fetches
 // the round's model from the blob store and publishes an update report to
 // JetStream under its message id. It runs no module: every report carries
-// the same precomputed dense update, so what a benchmark measures is the
-// server, the transport and aggregation rather than training.
+// the same precomputed update (float32, or already quantized), so what a
+// benchmark measures is the server, the transport and aggregation rather
+// than training.
 package simfleet
 
 import (
@@ -12,7 +13,9 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -51,9 +54,22 @@ type Config struct {
 	// gives every device its own, as separate agents have.
 	Conns int
 	// Layout and Delta are the update every device reports: the model's
-	// tensor layout, and as many values as it holds, in its order.
+	// tensor layout, and as many values as it holds, in its order. The fleet
+	// encodes Delta once and keeps no reference to it.
 	Layout []*pb.TensorSpec
 	Delta  []float32
+	// Encoding is how reports carry the update, as the task's
+	// update_encoding asks: unspecified sends Delta as float32 values;
+	// UPDATE_ENCODING_INT8 or _INT4 send Quantized instead, the update
+	// already in that encoding (aggregator/quant's Encode, as an agent
+	// makes it), which every device reports. Delta is then left empty.
+	Encoding  pb.UpdateEncoding
+	Quantized []byte
+	// MaxPublishing bounds how many devices build and publish a training
+	// report at the same time (0: no bound). Each one being built holds a
+	// marshaled copy of the update, so with large models this bounds the
+	// fleet's memory; the others wait their turn after their download.
+	MaxPublishing int
 	// Examples is each device's example count and report weight (default 1).
 	Examples uint64
 	// FetchModel makes a selected device download the round's model blob by
@@ -93,6 +109,9 @@ type Stats struct {
 	Accepted int64 // receipts accepting a report
 	Refused  int64 // receipts refusing one
 	Failures int64 // rounds a device gave up on
+	// PeakPublishing is the most devices that were building or publishing
+	// a training report at the same time.
+	PeakPublishing int64
 	// Disconnects counts connections the server dropped (a slow consumer, say);
 	// they reconnect on their own.
 	Disconnects int64
@@ -115,8 +134,14 @@ type Fleet struct {
 	cfg    Config
 	o      options
 	jitter func(time.Duration) time.Duration
-	values []byte // encoded Delta, shared by every report
+	values []byte // encoded update (Delta, or Quantized), shared by every report
 	sha    string
+	// publishing holds a token per device building or publishing a training
+	// report, when Config.MaxPublishing bounds them (nil otherwise); buffers
+	// keeps the marshaled reports' buffers for reuse.
+	publishing           chan struct{}
+	buffers              sync.Pool
+	inFlight, peakFlight atomic.Int64
 
 	conns  []*nats.Conn
 	cancel context.CancelFunc
@@ -161,9 +186,16 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	if err := check(cfg); err != nil {
 		return nil, err
 	}
-	values := wire.EncodeDense(cfg.Delta)
+	values := cfg.Quantized
+	if cfg.Encoding == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+		values = wire.EncodeDense(cfg.Delta)
+	}
+	cfg.Delta = nil
 	f := &Fleet{cfg: cfg, o: o, jitter: backoff.Jitter(o.rand), values: values, sha: wire.SHA256(values),
 		traces: map[roundKey]*RoundTrace{}}
+	if cfg.MaxPublishing > 0 {
+		f.publishing = make(chan struct{}, cfg.MaxPublishing)
+	}
 
 	jss := make([]jetstream.JetStream, cfg.Conns)
 	for i := range cfg.Conns {
@@ -238,11 +270,34 @@ func check(cfg Config) error {
 		return fmt.Errorf("%w: %d devices", ErrConfig, cfg.Devices)
 	case cfg.Conns < 1 || cfg.Conns > cfg.Devices:
 		return fmt.Errorf("%w: %d connections for %d devices", ErrConfig, cfg.Conns, cfg.Devices)
-	case len(cfg.Delta) == 0:
-		return fmt.Errorf("%w: empty update", ErrConfig)
+	case cfg.MaxPublishing < 0:
+		return fmt.Errorf("%w: MaxPublishing %d (0 for no bound)", ErrConfig, cfg.MaxPublishing)
 	}
-	if len(cfg.Layout) == 0 || layoutSize(cfg.Layout, len(cfg.Delta)) != len(cfg.Delta) {
-		return fmt.Errorf("%w: layout of %d tensors does not hold %d values", ErrConfig, len(cfg.Layout), len(cfg.Delta))
+	switch cfg.Encoding {
+	case pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
+		switch {
+		case len(cfg.Delta) == 0:
+			return fmt.Errorf("%w: empty update", ErrConfig)
+		case len(cfg.Quantized) > 0:
+			return fmt.Errorf("%w: a quantized update needs its Encoding (int8 or int4)", ErrConfig)
+		}
+		if len(cfg.Layout) == 0 || layoutSize(cfg.Layout, len(cfg.Delta)) != len(cfg.Delta) {
+			return fmt.Errorf("%w: layout of %d tensors does not hold %d values", ErrConfig, len(cfg.Layout), len(cfg.Delta))
+		}
+	case pb.UpdateEncoding_UPDATE_ENCODING_INT8, pb.UpdateEncoding_UPDATE_ENCODING_INT4:
+		switch {
+		case len(cfg.Quantized) == 0:
+			return fmt.Errorf("%w: empty update: %v needs the encoded update in Quantized", ErrConfig, cfg.Encoding)
+		case len(cfg.Delta) > 0:
+			return fmt.Errorf("%w: %v sends Quantized; leave Delta empty", ErrConfig, cfg.Encoding)
+		}
+		// The encoding's header holds the count, which the server checks
+		// against the model; here the layout need only be sane.
+		if len(cfg.Layout) == 0 || layoutSize(cfg.Layout, math.MaxInt32) < 1 {
+			return fmt.Errorf("%w: layout of %d tensors does not hold 1 to %d values", ErrConfig, len(cfg.Layout), math.MaxInt32)
+		}
+	default:
+		return fmt.Errorf("%w: update encoding %v (want unspecified, int8 or int4)", ErrConfig, cfg.Encoding)
 	}
 	if err := wire.CheckToken("device", fmt.Sprintf("%s%d", cfg.IDPrefix, cfg.Devices-1)); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -288,7 +343,7 @@ func (f *Fleet) closeConns() {
 func (f *Fleet) Stats() Stats {
 	return Stats{CheckIns: f.checkIns.Load(), Plans: f.plans.Load(), Fetches: f.fetches.Load(),
 		Reports: f.reports.Load(), Accepted: f.accepted.Load(), Refused: f.refused.Load(), Failures: f.failures.Load(),
-		Disconnects: f.disconnects.Load()}
+		PeakPublishing: f.peakFlight.Load(), Disconnects: f.disconnects.Load()}
 }
 
 // LastFailure describes the latest round a device gave up on, or a refusal.
@@ -372,15 +427,12 @@ func (d *device) work(ctx context.Context, r *devproto.Round) error {
 	)
 	switch plan.Kind {
 	case pb.RoundKind_ROUND_KIND_TRAIN:
-		rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
-			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-			NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{},
-			Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: d.f.values, Layout: d.f.cfg.Layout}},
-			PayloadSha256: d.f.sha}
-		if rep.Signature, err = d.sign(identity.UpdateStatement(rep)); err != nil {
+		release, err := d.f.startPublishing(ctx)
+		if err != nil {
 			return err
 		}
-		payload, err = proto.Marshal(rep)
+		defer release()
+		return d.publishUpdate(r)
 	case pb.RoundKind_ROUND_KIND_EVALUATE:
 		rep := &pb.EvaluationReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
@@ -403,6 +455,62 @@ func (d *device) work(ctx context.Context, r *devproto.Round) error {
 	return nil
 }
 
+// startPublishing waits for a turn to build and publish a training report
+// under Config.MaxPublishing, and returns the function that ends it.
+func (f *Fleet) startPublishing(ctx context.Context) (func(), error) {
+	if f.publishing != nil {
+		select {
+		case f.publishing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait to publish: %w", context.Cause(ctx))
+		}
+	}
+	n := f.inFlight.Add(1)
+	for peak := f.peakFlight.Load(); n > peak && !f.peakFlight.CompareAndSwap(peak, n); peak = f.peakFlight.Load() {
+	}
+	return func() {
+		f.inFlight.Add(-1)
+		if f.publishing != nil {
+			<-f.publishing
+		}
+	}, nil
+}
+
+// publishUpdate signs, marshals and publishes the fleet's update as d's
+// report for r, into a buffer it then returns for the next report.
+func (d *device) publishUpdate(r *devproto.Round) error {
+	plan := r.Plan
+	rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: d.id,
+		ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
+		NumExamples: d.f.cfg.Examples, Metrics: &pb.Metrics{}, PayloadSha256: d.f.sha}
+	if d.f.cfg.Encoding == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED {
+		rep.Payload = &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: d.f.values, Layout: d.f.cfg.Layout}}
+	} else {
+		rep.Payload = &pb.UpdateReport_Quantized{Quantized: &pb.QuantizedUpdate{Encoding: d.f.cfg.Encoding,
+			Data: d.f.values, Layout: d.f.cfg.Layout}}
+	}
+	var err error
+	if rep.Signature, err = d.sign(identity.UpdateStatement(rep)); err != nil {
+		return err
+	}
+	buf, _ := d.f.buffers.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	defer d.f.buffers.Put(buf)
+	if *buf, err = (proto.MarshalOptions{}).MarshalAppend((*buf)[:0], rep); err != nil {
+		return err
+	}
+	if err := r.Publish(*buf); err != nil {
+		return err
+	}
+	d.f.reports.Add(1)
+	d.f.note(plan.TaskId, plan.Round, false)
+	return nil
+}
+
+// fetch downloads the model blob sha as an agent would, a chunk at a time
+// without keeping it: only its length is checked.
 func (d *device) fetch(ctx context.Context, sha string, size uint64) error {
 	if err := wire.CheckSHA256("model", sha); err != nil {
 		return devproto.Permanent(fmt.Errorf("plan: %w", err))
@@ -414,12 +522,16 @@ func (d *device) fetch(ctx context.Context, sha string, size uint64) error {
 		}
 		d.bucket = bk
 	}
-	b, err := d.bucket.Get(ctx, sha, devproto.MaxBlobBytes)
+	rd, err := d.bucket.Open(ctx, sha, devproto.MaxBlobBytes)
 	if err != nil {
 		return fmt.Errorf("fetch model %s: %w", sha, err)
 	}
-	if size != 0 && uint64(len(b)) != size {
-		return fmt.Errorf("fetch model %s: %d bytes, plan says %d", sha, len(b), size)
+	n, err := io.Copy(io.Discard, rd)
+	if err != nil {
+		return fmt.Errorf("fetch model %s: %w", sha, err)
+	}
+	if size != 0 && uint64(n) != size {
+		return fmt.Errorf("fetch model %s: %d bytes, plan says %d", sha, n, size)
 	}
 	d.f.fetches.Add(1)
 	return nil

@@ -2,12 +2,14 @@ package simfleet_test
 
 import (
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/internal/simfleet"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -34,6 +36,16 @@ func TestStartRefusesBadConfig(t *testing.T) {
 		{"overflowing shape", simfleet.Config{NATSURL: "nats://x", Devices: 1, Delta: delta,
 			Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{1 << 40, 1 << 40}}}}, "does not hold"},
 		{"bad id", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, IDPrefix: "a.b"}, "invalid identifier"},
+		{"negative max publishing", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, MaxPublishing: -1}, "MaxPublishing"},
+		{"unknown encoding", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Quantized: []byte{1},
+			Encoding: pb.UpdateEncoding(99)}, "update encoding"},
+		{"quantized without encoding", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, Quantized: []byte{1}}, "needs its Encoding"},
+		{"int8 without quantized", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta,
+			Encoding: pb.UpdateEncoding_UPDATE_ENCODING_INT8}, "empty update"},
+		{"int8 with delta too", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, Quantized: []byte{1},
+			Encoding: pb.UpdateEncoding_UPDATE_ENCODING_INT8}, "leave Delta empty"},
+		{"int8 without layout", simfleet.Config{NATSURL: "nats://x", Devices: 1, Quantized: []byte{1},
+			Encoding: pb.UpdateEncoding_UPDATE_ENCODING_INT8}, "does not hold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := simfleet.Start(tc.cfg)
@@ -89,6 +101,65 @@ func TestFleetRunsRounds(t *testing.T) {
 		t.Fatalf("stats %+v: %s", st, f.LastFailure())
 	}
 	// FedAvg of identical deltas is the delta: two rounds move every value by 1.
+	_, buf, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.DecodeSafetensors(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got.Flatten() {
+		if v < 0.999 || v > 1.001 {
+			t.Fatalf("value %d is %v after two rounds of +0.5", i, v)
+		}
+	}
+}
+
+// TestFleetQuantizedOneAtATime: devices of an int8 task report the update
+// the fleet was given already quantized, and with MaxPublishing 1 they build
+// and publish their reports one at a time; every round commits with all of
+// them and moves the model by the update.
+func TestFleetQuantizedOneAtATime(t *testing.T) {
+	h := servertest.New(t, servertest.WithPace(20*time.Millisecond))
+	m, err := model.New(model.Tensor{Name: "w", Shape: []int{2, 3}, Data: make([]float32, 6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "tiny", m)
+	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
+	task := h.CreateTask(t, &pb.Task{Name: "simfleet-int8", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: 3, ReportGoal: 3, OverSelection: 0.01, RoundsTotal: 2, UpdateEncoding: pb.UpdateEncoding_UPDATE_ENCODING_INT8,
+		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(20 * time.Second),
+		Aggregation: &pb.AggregationConfig{MaxUpdateNorm: 2}})
+	// Every value is the block's largest, which int8 codes as 127 steps of
+	// the block's scale: 0.5 to within float32 rounding.
+	enc, _, err := quant.Encode([]float32{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}, 8, quant.DefaultBlock, rand.NewPCG(1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg := simfleet.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: 3, FetchModel: true,
+		Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{2, 3}}}, Encoding: pb.UpdateEncoding_UPDATE_ENCODING_INT8, Quantized: enc,
+		MaxPublishing: 1}
+	lg.Keys = h.EnrollKeys(t, lg.DeviceIDs())
+	f, err := simfleet.Start(lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s (fleet %+v, %s)", done.State, done.StateReason, f.Stats(), f.LastFailure())
+	}
+	for _, r := range h.Rounds(t, task.Id) {
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED || r.Reported != 3 {
+			t.Fatalf("round %d: %v with %d reports: %s", r.Round, r.State, r.Reported, r.Reason)
+		}
+	}
+	f.Stop()
+	if st := f.Stats(); st.Reports < 6 || st.Refused != 0 || st.Failures != 0 || st.PeakPublishing != 1 {
+		t.Fatalf("stats %+v (want 6 reports or more, none refused, one publishing at a time): %s", st, f.LastFailure())
+	}
 	_, buf, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
 	if err != nil {
 		t.Fatal(err)
