@@ -85,22 +85,32 @@ func (t *taskRun) maxReportBytesFor(kind pb.RoundKind) uint64 {
 // report they make up (assembleReport holds the checks).
 func (t *taskRun) reassemble(r *roundRun, device string, m jetstream.Msg) (_ jetstream.Msg, err error) {
 	defer classify(&err, metrics.RefusedChunks)
-	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
-		return nil, refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
+	if err := checkChunkedHeader(m); err != nil {
+		return nil, err
 	}
-	read := func(seq uint64) (string, []byte, error) {
-		raw, err := t.readChunk(seq)
-		if err != nil {
-			return "", nil, err
-		}
-		return raw.Subject, raw.Data, nil
-	}
-	buf, err := assembleReport(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, read, r.chunked)
+	buf, err := assembleReport(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, t.readStored, r.chunked)
 	r.chunked = buf
 	if err != nil {
 		return nil, err
 	}
 	return assembled{Msg: m, data: buf}, nil
+}
+
+// checkChunkedHeader checks the chunked report header's version.
+func checkChunkedHeader(m jetstream.Msg) error {
+	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
+		return refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
+	}
+	return nil
+}
+
+// readStored is the chunkReader of the reports stream.
+func (t *taskRun) readStored(seq uint64) (string, []byte, error) {
+	raw, err := t.readChunk(seq)
+	if err != nil {
+		return "", nil, err
+	}
+	return raw.Subject, raw.Data, nil
 }
 
 // readChunk reads one message of the reports stream by sequence.

@@ -36,17 +36,10 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg) (nex
 	if _, chunked := m.Headers()[wire.HeaderChunked]; !chunked {
 		return onePiece(m.Data()), nil
 	}
-	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
-		return nil, refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
+	if err := checkChunkedHeader(m); err != nil {
+		return nil, err
 	}
-	read := func(seq uint64) (string, []byte, error) {
-		raw, err := t.readChunk(seq)
-		if err != nil {
-			return "", nil, err
-		}
-		return raw.Subject, raw.Data, nil
-	}
-	cs, err := openChunks(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, read)
+	cs, err := openChunks(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, t.readStored)
 	if err != nil {
 		return nil, err
 	}
