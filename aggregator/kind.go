@@ -69,6 +69,10 @@ func (k Kind) valid() bool { return k >= FedAvg && k <= TrimmedMean }
 
 func (k Kind) adaptive() bool { return k == FedAdam || k == FedYogi || k == FedAdagrad }
 
+// StateVectors is the number of dim-long float32 vectors of optimizer
+// state the rule keeps between rounds (0 for FedAvg and the robust rules).
+func (k Kind) StateVectors() int { return k.vectors() }
+
 // vectors is the number of dim-long optimizer state vectors the rule keeps.
 func (k Kind) vectors() int {
 	switch {

@@ -34,6 +34,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/healthcheck"
+	"github.com/fleetlearn/fleetlearn/internal/memlimit"
 	"github.com/fleetlearn/fleetlearn/pool"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -63,6 +64,12 @@ type Config struct {
 	// JetStream may store if that is less; -1: no limit. One device can
 	// never fill it: each may keep only its largest report per round.
 	ReportStoreBytes int64
+	// MemoryHeadroom is the garbage the server lets its heap hold beyond
+	// its tasks' models, optimizer state and round sums before it collects
+	// (internal/memlimit): its memory is those plus about this, whatever
+	// the model size. Default 0: DefaultMemoryHeadroom; -1 leaves Go's
+	// collector as it is (GOGC, GOMEMLIMIT).
+	MemoryHeadroom int64
 	// PaceWindow spreads check-ins of devices not selected (default 2s).
 	PaceWindow time.Duration
 	// CacheDir keeps compiled WASM modules (default DataDir/wasm-cache).
@@ -163,6 +170,9 @@ type Config struct {
 	// UIAddr.
 	UIInsecure bool
 }
+
+// DefaultMemoryHeadroom is the default MemoryHeadroom.
+const DefaultMemoryHeadroom = 128 << 20
 
 // DefaultReportStoreBytes is the default ReportStoreBytes.
 const DefaultReportStoreBytes = 8 << 30
@@ -444,7 +454,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
-		Tracer: s.o.tracer})
+		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom())})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
@@ -712,5 +722,16 @@ func (s *Server) warnUnreachable() {
 			s.o.log.Warn("the public host is set but this listener is on loopback: other hosts cannot reach it",
 				"public_host", s.cfg.PublicHost, what, addr)
 		}
+	}
+}
+
+func (s *Server) memoryHeadroom() int64 {
+	switch n := s.cfg.MemoryHeadroom; {
+	case n == 0:
+		return DefaultMemoryHeadroom
+	case n < 0:
+		return 0
+	default:
+		return n
 	}
 }

@@ -183,6 +183,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.Fleet, "fleet", server.DefaultFleet, "the `NAME` of the fleet that devices enroll into")
 	fl.StringVar(&f.publishers, "module-publishers", "", "trust the module publisher keys in the JWK Set `FILE` (fleetlearn module publisher-jwks)")
 	fl.DurationVar(&f.cfg.PaceWindow, "pace-window", 2*time.Second, "spread of the check-ins of devices not selected")
+	fl.Int64Var(&f.cfg.MemoryHeadroom, "memory-headroom", 0,
+		"`bytes` of garbage the server's heap may hold beyond its models and round sums before Go collects it; 0 is 128 MiB, -1 leaves GOGC/GOMEMLIMIT alone")
 	fl.Int64Var(&f.cfg.ReportStoreBytes, "report-store-bytes", 0,
 		"most `bytes` the reports stream keeps; 0 is 8 GiB (or half the embedded JetStream's storage if less), -1 no limit")
 	fl.IntVar(&f.cfg.Replicas, "replicas", 0,

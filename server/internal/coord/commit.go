@@ -137,6 +137,7 @@ func (t *taskRun) resumePending(ctx context.Context, round uint64) (done bool, e
 	}
 	if next != nil {
 		t.global = next
+		t.holdModel()
 	}
 	t.log().Info("round close recorded before a restart committed", "round", round, "state", p.Row.State)
 	outcome := "committed"

@@ -32,6 +32,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/memlimit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
@@ -81,6 +82,11 @@ type Deps struct {
 	// RequireEnrollment refuses devices DeviceKey does not vouch for: they are
 	// not selected and their reports are refused.
 	RequireEnrollment bool
+	// Memory is told the bytes of each task's model, optimizer state and
+	// round sum (memlimit), so that the garbage the server lets grow before
+	// it collects stays a fixed headroom however large the model; nil
+	// leaves the runtime's limit alone.
+	Memory *memlimit.Limit
 	// Tracer records each round as a trace (tracing.go); nil records nothing.
 	Tracer trace.TracerProvider
 }

@@ -106,10 +106,13 @@ func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, e
 	if err != nil {
 		return nil, err
 	}
-	if p.dec, err = newValueDecoder(bits, p.t.ulayout.Size(), size, p.emit); err != nil {
-		return nil, refuseAs(metrics.RefusedPayload, "%v", err)
-	}
 	p.h = sha256.New()
+	if n := p.t.ulayout.Size(); bits == 0 && size != 4*uint64(n) {
+		// As wire.DecodeDenseInto says it; refused after the other checks.
+		p.bad = fmt.Errorf("%w: %d bytes for %d float32 values", wire.ErrPayload, size, n)
+	} else if p.dec, err = newValueDecoder(bits, n, size, p.emit); err != nil {
+		p.bad = err
+	}
 	return func(b []byte) error {
 		p.h.Write(b)
 		if p.bad != nil {
@@ -138,7 +141,9 @@ func (p *scanPass) run(next func() ([]byte, error)) (rep *pb.UpdateReport, sha s
 		return b, err
 	}, limit, p.open)
 	if err != nil {
-		classify(&err, refusedDecode)
+		if errors.Is(err, wire.ErrScan) {
+			return nil, "", refuseAs(refusedDecode, "decode update report: %v", err)
+		}
 		return nil, "", err
 	}
 	if f == wire.NoPayload {
@@ -156,27 +161,32 @@ func (p *scanPass) checkPayload(next func() ([]byte, error)) (*pb.UpdateReport, 
 	if err != nil {
 		return nil, err
 	}
+	return rep, p.finish(rep, sha)
+}
+
+// finish checks the payload of the report run returned against it.
+func (p *scanPass) finish(rep *pb.UpdateReport, sha string) error {
 	if q := rep.GetQuantized(); q != nil && q.GetEncoding() != p.t.spec.GetUpdateEncoding() {
-		return nil, refuseAs(metrics.RefusedPayload, "update is %s-quantized, task %s takes %s updates",
+		return refuseAs(metrics.RefusedPayload, "update is %s-quantized, task %s takes %s updates",
 			encodingName(q.GetEncoding()), p.t.id, encodingName(p.t.spec.GetUpdateEncoding()))
 	}
 	if sha != rep.PayloadSha256 {
-		return nil, refuseAs(metrics.RefusedPayload, "payload sha256 %s does not match the declared %q", sha, rep.PayloadSha256)
+		return refuseAs(metrics.RefusedPayload, "payload sha256 %s does not match the declared %q", sha, rep.PayloadSha256)
 	}
 	if err := p.t.checkLayout(rep); err != nil {
-		return nil, err
+		return err
 	}
-	if p.bad == nil {
+	if p.bad == nil && p.dec != nil {
 		p.bad = p.dec.Close()
 	}
 	if p.bad != nil {
 		var r *refusal
 		if errors.As(p.bad, &r) {
-			return nil, p.bad
+			return p.bad
 		}
-		return nil, refuseAs(metrics.RefusedPayload, "%v", p.bad)
+		return refuseAs(metrics.RefusedPayload, "%v", p.bad)
 	}
-	return rep, nil
+	return nil
 }
 
 // onePiece is a next function over one message's bytes.
@@ -214,7 +224,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 		}
 		return nil
 	}}
-	rep, err := first.checkPayload(next)
+	rep, sha, err := first.run(next)
 	if err != nil {
 		return device, err
 	}
@@ -225,6 +235,9 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 		return device, err
 	}
 	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
+		return device, err
+	}
+	if err := first.finish(rep, sha); err != nil {
 		return device, err
 	}
 	if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {

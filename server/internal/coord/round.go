@@ -29,6 +29,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			return err
 		}
 		t.global = m
+		t.holdModel()
 	}
 	assigned, err := t.c.d.Store.Assignments(ctx, t.id, row.Round)
 	if err != nil {
@@ -59,6 +60,17 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		if col, err = t.rule.NewCollector(bound); err != nil {
 			return fmt.Errorf("round %d: %w", row.Round, err)
 		}
+		// The sum: float64s, or for the robust rules a float32 row per report.
+		dim := int64(t.ulayout.Size())
+		n := 8 * dim
+		if !t.rule.Kind().Streaming() {
+			n = 4 * dim * int64(r.wanted)
+		}
+		if t.secure(row.Kind) {
+			n += 4 * dim // the masked sum
+		}
+		t.hold("round", n)
+		defer t.hold("round", 0)
 	}
 	if t.secure(row.Kind) {
 		if len(assigned) > 0 {

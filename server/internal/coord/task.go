@@ -42,6 +42,9 @@ type taskRun struct {
 	// Loaded once per run.
 	spec   *pb.Task
 	global *model.Model // current model
+	// holds are the task's bytes held in the memory limit, by what they
+	// are: "model", "state" (the optimizer's), "round" (the round's sum).
+	holds map[string]func()
 	// train lists the tensors that train (nil: all), ulayout the update's
 	// layout: those tensors of the model, in order.
 	train   []int
@@ -132,6 +135,9 @@ func (t *taskRun) run(ctx context.Context) {
 		t.mu.Lock()
 		t.loading, t.round = false, nil
 		t.mu.Unlock()
+		for k := range t.holds {
+			t.hold(k, 0)
+		}
 	}()
 	if err := t.load(ctx); err != nil {
 		if ctx.Err() == nil {
@@ -188,6 +194,7 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.global, err = t.loadModel(ctx, row.CurrentModel); err != nil {
 		return err
 	}
+	t.holdModel()
 	if t.robust, err = ResolveRobustness(t.spec, nil); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
@@ -199,6 +206,7 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.rule, err = NewRule(t.spec.GetAggregation(), t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: aggregation: %w", t.id, err)
 	}
+	t.hold("state", 4*int64(t.ulayout.Size())*int64(t.rule.Kind().StateVectors()))
 	if t.dp, err = newDPRun(t.spec, t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
@@ -342,3 +350,21 @@ func (t *taskRun) finish(ctx context.Context) error {
 	t.recordStopped(ctx, audit.TaskCompleted, reason)
 	return nil
 }
+
+// hold sets the bytes the task holds under key to n (0 releases them).
+func (t *taskRun) hold(key string, n int64) {
+	if release := t.holds[key]; release != nil {
+		release()
+		delete(t.holds, key)
+	}
+	if n <= 0 || t.c.d.Memory == nil {
+		return
+	}
+	if t.holds == nil {
+		t.holds = map[string]func(){}
+	}
+	t.holds[key] = t.c.d.Memory.Hold(n)
+}
+
+// holdModel holds the current model's float32 parameters.
+func (t *taskRun) holdModel() { t.hold("model", 4*int64(t.global.Layout().Size())) }
