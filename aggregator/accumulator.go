@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 )
@@ -129,6 +130,28 @@ func (a *Accumulator) Mean() ([]float32, error) {
 	for i, s := range a.sum {
 		out[i] = float32(s / a.total)
 	}
+	return out, nil
+}
+
+// MeanInPlace returns the weighted mean as Mean does, but in the
+// accumulator's own memory: the float32 means overwrite the front of the
+// float64 sums, so a round's aggregate costs no second model-sized buffer.
+// The accumulator is spent: anything but Reset then fails with
+// ErrIncomplete, and the slice is valid until Reset.
+func (a *Accumulator) MeanInPlace() ([]float32, error) {
+	if a.torn {
+		return nil, fmt.Errorf("aggregator: mean: an update was added in part: %w", ErrIncomplete)
+	}
+	if a.count == 0 {
+		return nil, fmt.Errorf("aggregator: mean: %w", ErrEmpty)
+	}
+	// Mean i lands in bytes [4i, 4i+4), inside sum i/2, which is read
+	// before: ascending order reads every sum before it is overwritten.
+	out := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(a.sum))), 2*len(a.sum))[:a.dim]
+	for i := range a.dim {
+		out[i] = float32(a.sum[i] / a.total)
+	}
+	a.torn, a.open = true, true // spent until Reset
 	return out, nil
 }
 

@@ -25,9 +25,11 @@ type Collector interface {
 	Count() int
 	// TotalWeight returns the sum of their weights.
 	TotalWeight() float64
-	// Aggregate returns the round's combined update as a new slice: the
-	// weighted mean for the FedAvg family, the coordinate-wise median or
-	// trimmed mean for the robust rules. ErrEmpty if nothing was counted.
+	// Aggregate returns the round's combined update: the weighted mean for
+	// the FedAvg family, the coordinate-wise median or trimmed mean for the
+	// robust rules. ErrEmpty if nothing was counted. The FedAvg family
+	// returns it in the collector's own memory, which it then no longer
+	// needs: a collector aggregates once.
 	Aggregate() ([]float32, error)
 }
 
@@ -58,6 +60,9 @@ type Rule interface {
 	// lengths give ErrShape; a non-finite value in delta or global, or a
 	// step that would overflow float32, gives ErrNonFinite.
 	Apply(global, delta []float32) error
+	// ApplyParts is Apply to a global vector held in parts, laid end to end
+	// (a model's tensors), updated in place.
+	ApplyParts(parts [][]float32, delta []float32) error
 	// MarshalBinary encodes the optimizer state (see UnmarshalBinary).
 	encoding.BinaryMarshaler
 	// UnmarshalBinary restores state written by MarshalBinary of a rule of
@@ -125,33 +130,51 @@ func (r *rule) NewCollector(maxNorm float64) (Collector, error) {
 
 type meanCollector struct{ *Accumulator }
 
-func (c meanCollector) Aggregate() ([]float32, error) { return c.Mean() }
+// Aggregate returns the mean in the accumulator's memory (MeanInPlace):
+// a collector serves one round.
+func (c meanCollector) Aggregate() ([]float32, error) { return c.MeanInPlace() }
 
 func (r *rule) Apply(global, delta []float32) error {
-	if len(global) != r.dim || len(delta) != r.dim {
+	return r.ApplyParts([][]float32{global}, delta)
+}
+
+func (r *rule) ApplyParts(parts [][]float32, delta []float32) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n != r.dim || len(delta) != r.dim {
 		return fmt.Errorf("aggregator: apply: global has %d values and delta %d, want %d: %w",
-			len(global), len(delta), r.dim, ErrShape)
+			n, len(delta), r.dim, ErrShape)
 	}
 	// Check every coordinate before writing any, so that a failure leaves
 	// the model and the optimizer state as they were. The step is cheap
 	// next to collecting a round, so it is simply computed twice.
-	for i := range delta {
-		if !finite32(delta[i]) {
-			return fmt.Errorf("aggregator: apply: delta[%d] = %v: %w", i, delta[i], ErrNonFinite)
-		}
-		if m, v, g := r.step(i, global[i], delta[i]); !finite32(m) || !finite32(v) || !finite32(g) {
-			return fmt.Errorf("aggregator: apply: %v step at %d (global %v, delta %v) is not finite: %w",
-				r.kind, i, global[i], delta[i], ErrNonFinite)
+	i := 0
+	for _, global := range parts {
+		for j := range global {
+			if !finite32(delta[i]) {
+				return fmt.Errorf("aggregator: apply: delta[%d] = %v: %w", i, delta[i], ErrNonFinite)
+			}
+			if m, v, g := r.step(i, global[j], delta[i]); !finite32(m) || !finite32(v) || !finite32(g) {
+				return fmt.Errorf("aggregator: apply: %v step at %d (global %v, delta %v) is not finite: %w",
+					r.kind, i, global[j], delta[i], ErrNonFinite)
+			}
+			i++
 		}
 	}
-	for i := range delta {
-		m, v, g := r.step(i, global[i], delta[i])
-		global[i] = g
-		if r.m != nil {
-			r.m[i] = m
-		}
-		if r.v != nil {
-			r.v[i] = v
+	i = 0
+	for _, global := range parts {
+		for j := range global {
+			m, v, g := r.step(i, global[j], delta[i])
+			global[j] = g
+			if r.m != nil {
+				r.m[i] = m
+			}
+			if r.v != nil {
+				r.v[i] = v
+			}
+			i++
 		}
 	}
 	r.steps++

@@ -169,3 +169,72 @@ func TestPartLeftOpen(t *testing.T) {
 		t.Fatalf("NaN weight: %v, want ErrWeight", err)
 	}
 }
+
+// TestMeanInPlace: the in-place mean is Mean's to the bit, and spends the
+// accumulator until Reset.
+func TestMeanInPlace(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dim := range []int{1, 2, 3, 1000} {
+		a, _ := aggregator.NewAccumulator(dim, 0)
+		for k := range 3 {
+			v := make([]float32, dim)
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+			if err := a.Add(v, float64(k+1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := a.Mean()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.MeanInPlace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(want, got) {
+			t.Fatalf("dim %d: in-place mean differs", dim)
+		}
+		if err := a.Add(make([]float32, dim), 1); !errors.Is(err, aggregator.ErrIncomplete) {
+			t.Fatalf("Add after MeanInPlace: %v, want ErrIncomplete", err)
+		}
+		a.Reset()
+		if err := a.Add(make([]float32, dim), 1); err != nil {
+			t.Fatalf("after Reset: %v", err)
+		}
+	}
+}
+
+// TestApplyParts: a model in parts steps as the same model in one slice.
+func TestApplyParts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const dim = 50
+	for _, kind := range []aggregator.Kind{aggregator.FedAvg, aggregator.FedAvgM, aggregator.FedAdam} {
+		whole, _ := aggregator.NewRule(kind, dim)
+		parts, _ := aggregator.NewRule(kind, dim)
+		g := make([]float32, dim)
+		d := make([]float32, dim)
+		for i := range g {
+			g[i], d[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+		}
+		g2 := slices.Clone(g)
+		for range 3 {
+			if err := whole.Apply(g, d); err != nil {
+				t.Fatal(err)
+			}
+			if err := parts.ApplyParts([][]float32{g2[:7], g2[7:7], g2[7:40], g2[40:]}, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(g, g2) {
+			t.Fatalf("%v: parts stepped differently", kind)
+		}
+		bad := slices.Clone(d)
+		bad[45] = float32(math.NaN())
+		before := slices.Clone(g2)
+		if err := parts.ApplyParts([][]float32{g2[:40], g2[40:]}, bad); !errors.Is(err, aggregator.ErrNonFinite) || !slices.Equal(before, g2) {
+			t.Fatalf("%v: NaN in the last part: %v, model changed %v", kind, err, !slices.Equal(before, g2))
+		}
+	}
+}

@@ -1,10 +1,12 @@
 package coord
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"strings"
@@ -221,7 +223,13 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	// Apply advances the optimizer state; until the round is durably
 	// closed, restore holds the state to go back to.
 	var restore []byte
+	stale := false
 	defer func() {
+		if restore != nil && stale {
+			// The step is in the model; the round did not close. The
+			// next round reloads its base model from the store.
+			t.global.Lineage.Version = ""
+		}
 		if restore != nil {
 			t.rule.UnmarshalBinary(restore)
 		}
@@ -251,41 +259,40 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if err := t.addCentralNoise(delta, col.TotalWeight()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
 		}
+		// The step goes into the current model's trained tensors in place:
+		// the server holds one model, not a copy per commit. Until the
+		// round is durably closed, stale marks it for a reload from the
+		// store should the close fail.
 		trained, err := t.global.Select(t.train)
 		if err != nil {
 			return err
 		}
-		flat := trained.Flatten()
+		parts := make([][]float32, len(trained.Tensors))
+		for i := range trained.Tensors {
+			parts[i] = trained.Tensors[i].Data
+		}
 		if restore, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
-		if err := t.rule.Apply(flat, delta); err != nil {
+		if err := t.rule.ApplyParts(parts, delta); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("aggregation: %v", err))
 		}
-		if i := floats.FirstNonFinite(flat); i >= 0 {
-			return t.abandon(ctx, r, fmt.Sprintf("the new model has a non-finite parameter at %d; the current model stays", i))
-		}
+		stale = true
 		r.aggregationDone()
 		startCommit()
 		if optState, err = t.rule.MarshalBinary(); err != nil {
 			return err
 		}
-		if next, err = t.withTrained(flat); err != nil {
-			return err
-		}
-		next.Lineage = model.Lineage{Parent: t.global.Lineage.Version, Task: t.id, Round: int64(r.row.Round), Source: "federated"}
-		var buf bytes.Buffer
-		if err := model.WriteSafetensors(&buf, next); err != nil {
-			return err
-		}
-		version, err := t.c.d.Blobs.Put(ctx, buf.Bytes())
+		parent := t.global.Lineage.Version
+		next.Lineage = model.Lineage{Parent: parent, Task: t.id, Round: int64(r.row.Round), Source: "federated"}
+		version, size, err := t.putModel(ctx, next)
 		if err != nil {
 			return err
 		}
 		next.Lineage.Version = version
-		newRow = &store.ModelRow{Version: version, Name: t.spec.GetName(), Parent: t.global.Lineage.Version,
+		newRow = &store.ModelRow{Version: version, Name: t.spec.GetName(), Parent: parent,
 			TaskID: t.id, Round: r.row.Round, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
-			Tensors: len(next.Tensors), Params: next.Layout().Size(), Size: int64(buf.Len()), Created: t.c.now()}
+			Tensors: len(next.Tensors), Params: next.Layout().Size(), Size: size, Created: t.c.now()}
 		if t.evalSet != nil {
 			for k, v := range t.serverEval(ctx, next) {
 				metrics[k] = v
@@ -496,4 +503,35 @@ func (m *metricMean) means(prefix string) map[string]float64 {
 		out[prefix+k] = v
 	}
 	return out
+}
+
+// putModel writes m to the blob store as safetensors without holding the
+// file: once to learn its sha256 (the blob's name) and size, once into the
+// store.
+func (t *taskRun) putModel(ctx context.Context, m *model.Model) (string, int64, error) {
+	h := sha256.New()
+	cw := &countWriter{w: h}
+	if err := model.WriteSafetensors(cw, m); err != nil {
+		return "", 0, err
+	}
+	name := hex.EncodeToString(h.Sum(nil))
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(model.WriteSafetensors(pw, m)) }()
+	err := t.c.d.Blobs.PutReader(ctx, name, pr)
+	pr.CloseWithError(err) // stops the writer if the store gave up
+	if err != nil {
+		return "", 0, err
+	}
+	return name, cw.n, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
 }

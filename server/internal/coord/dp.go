@@ -124,12 +124,18 @@ func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) error {
 	if !(totalWeight > 0) {
 		return fmt.Errorf("total weight %v", totalWeight)
 	}
-	noise := make([]float64, len(mean))
-	if err := dp.AddCentralNoise(noise, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src); err != nil {
-		return err
-	}
-	for i := range mean {
-		mean[i] += float32(noise[i] / totalWeight)
+	// The source draws one normal per element in order, so a block at a
+	// time draws the noise a whole vector would, without a second model.
+	noise := make([]float64, min(len(mean), 1<<14))
+	for off := 0; off < len(mean); off += len(noise) {
+		block := noise[:min(len(noise), len(mean)-off)]
+		clear(block)
+		if err := dp.AddCentralNoise(block, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src); err != nil {
+			return err
+		}
+		for i, v := range block {
+			mean[off+i] += float32(v / totalWeight)
+		}
 	}
 	return nil
 }

@@ -82,24 +82,3 @@ func planTrainable(idx []int) []uint32 {
 	}
 	return out
 }
-
-// withTrained is the current model with its trained tensors replaced by the
-// flat values of the update's layout (the frozen ones copied unchanged).
-func (t *taskRun) withTrained(flat []float32) (*model.Model, error) {
-	sub, err := t.ulayout.Unflatten(flat)
-	if err != nil {
-		return nil, err
-	}
-	if t.train == nil {
-		return sub, nil
-	}
-	next := t.global.Clone()
-	next.Lineage = model.Lineage{}
-	for k, i := range t.train {
-		next.Tensors[i].Data = sub.Tensors[k].Data
-	}
-	if err := next.Validate(); err != nil {
-		return nil, err
-	}
-	return next, nil
-}
