@@ -147,6 +147,12 @@ func Setup(ctx context.Context, js jetstream.JetStream, maxMsg int32, replicas i
 		// Headers-only notices of stored reports let the server refuse
 		// reports for closed rounds without receiving every payload twice.
 		RePublish: &jetstream.RePublish{Source: ">", Destination: wire.SubjectStoredPrefix + ">", HeadersOnly: true},
+		// The server reads chunks by sequence, twice per report: a direct
+		// get answers with the message as it is, where the API get wraps it
+		// in base64 inside JSON. On a cluster a direct get may be answered
+		// by a replica that has not stored the chunk yet, so there the
+		// leader answers through the API.
+		AllowDirect: replicas == 1,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats: reports stream (at most %d bytes; lower --report-store-bytes if JetStream has less storage): %w", maxBytes, err)
