@@ -70,6 +70,10 @@ import (
 // 4) is how many devices build and publish a report at once (each holds a
 // marshaled copy of it); FLEETLEARN_BENCH_SERVER_ENV adds space-separated
 // NAME=value pairs to the server's environment (GODEBUG=gctrace=1, say).
+// FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
+// in DIR each row's heap profile at its largest heap in use, and with
+// FLEETLEARN_BENCH_CPU_SECONDS=N a CPU profile of the first measured round's
+// first N seconds.
 func BenchmarkLargeModelRound(b *testing.B) {
 	if os.Getenv("FLEETLEARN_BENCH_LARGE") != "1" {
 		b.Skip("set FLEETLEARN_BENCH_LARGE=1 to move tens of GB of models and reports")
@@ -456,8 +460,20 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 			b.Fatalf("server CPU: %v (%s)", err, diag())
 		}
 		var w *heapWatch
+		var cpuProf chan []byte
 		if pprofAddr != "" {
 			w = watchHeap(pprofAddr)
+			if secs := os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"); secs != "" && measured == 0 {
+				cpuProf = make(chan []byte, 1)
+				go func() {
+					var body []byte
+					if resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/profile?seconds=" + secs); err == nil {
+						body, _ = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					}
+					cpuProf <- body
+				}()
+			}
 		}
 		r := nextBenchRound(b, rounds, 30*time.Minute, fleetDiag)
 		if w != nil {
@@ -468,6 +484,13 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 		kb, err := benchHWM(pid)
 		if err != nil {
 			b.Fatalf("server peak RSS: %v (%s)", err, diag())
+		}
+		if cpuProf != nil {
+			name := strings.NewReplacer("/", "_", "=", "-").Replace(strings.TrimPrefix(b.Name(), "BenchmarkLargeModelRound/"))
+			path := filepath.Join(profiles, name+".cpu.pb.gz")
+			if err := os.MkdirAll(profiles, 0o755); err == nil && os.WriteFile(path, <-cpuProf, 0o644) == nil {
+				b.Logf("server CPU profile of the first measured round's first %ss: %s", os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), path)
+			}
 		}
 		c1, err := benchCPU(pid)
 		if err != nil {
