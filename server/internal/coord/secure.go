@@ -224,6 +224,8 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			if sec.srv.Stage() == secagg.StageDone {
 				return t.finishSecure(ctx, r, col)
 			}
+			// The next stage begins once its devices have their replies.
+			now = t.c.now()
 			began, last, seen = now, time.Time{}, 0
 		}
 	}

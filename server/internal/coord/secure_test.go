@@ -166,10 +166,10 @@ func secureTask(h *harness) *pb.Task {
 }
 
 // TestSecureRoundStages drives every stage of a secure round on the fake
-// clock: a device that never advertises (the advertisement stage closes at
-// its timeout), one that vanishes after sharing its keys (the masked input
-// closes at its deadline and its mask is recovered from its neighbours'
-// shares), and four that see the round through. The committed model moves
+// clock: a device that never advertises (the advertisement stage closes
+// once quiet, a stage timeout after the others advertised), one that
+// vanishes after sharing its keys (the masked input closes once quiet and
+// its mask is recovered from its neighbours' shares), and four that see the round through. The committed model moves
 // by exactly the survivors' weighted mean, up to quantization.
 func TestSecureRoundStages(t *testing.T) {
 	h := newHarness(t)
