@@ -99,8 +99,9 @@ var Defaults = Config{Edges: 100, Rounds: 20, Cohort: 30, Alpha: 0.5, BaseExampl
 
 // Secure aggregation settings of the demo's task: update elements are
 // clipped to ±SecAggClipRange and weights (example counts) capped at
-// SecAggMaxWeight inside the masked vector; a stage waits SecAggStageTimeout
-// for devices that dropped out.
+// SecAggMaxWeight inside the masked vector; a stage that has had no answer
+// for SecAggStageTimeout (or half the time its answers took, if longer)
+// stops waiting for devices that dropped out.
 const (
 	SecAggClipRange    = 1.0
 	SecAggMaxWeight    = 4096

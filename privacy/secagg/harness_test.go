@@ -40,6 +40,9 @@ type cohort struct {
 	stop    secagg.Stage
 	dim     int
 	refused map[uint32]error // clients that refused a message, by id
+	// beforeClose, when set, runs before each CloseStage, once the
+	// stage's messages are in.
+	beforeClose func()
 }
 
 func seededReader(seed uint64, id uint32) io.Reader {
@@ -178,6 +181,9 @@ func (c *cohort) run(tb testing.TB, plan []int, inputs [][]uint32) outcome {
 			out.sum, out.err = c.srv.Result()
 			out.survivors, _ = c.srv.Survivors()
 			return out
+		}
+		if c.beforeClose != nil {
+			c.beforeClose()
 		}
 		if err = c.srv.CloseStage(); err != nil {
 			out.err = err

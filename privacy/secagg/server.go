@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ecdh"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -203,36 +204,71 @@ func (s *Server) CloseStage() error {
 	if s.err != nil {
 		return fmt.Errorf("secagg: %s: %w: %w", op, ErrAborted, s.err)
 	}
-	var err error
-	switch s.stage {
-	case StageAdvertise:
-		for id := 1; id <= s.r.n; id++ {
-			s.u1[id] = s.adv[id] != nil
-		}
-		err = s.prune(s.u1, "advertised")
-	case StageShareKeys:
-		for id := 1; id <= s.r.n; id++ {
-			s.u2[id] = s.sent[id]
-		}
-		err = s.prune(s.u2, "shared keys")
-		if err == nil {
-			s.sum = make([]uint32, s.dim)
-		}
-	case StageMaskedInput:
-		err = s.feasible(s.inS, "masked inputs")
-	case StageConsistency:
-		err = s.feasible(s.u4, "consistency checks")
-	case StageUnmask:
-		err = s.reconstructible()
-	default:
-		return fmt.Errorf("secagg: %s: %w: round is done", op, ErrStage)
+	set, err := s.closing()
+	if errors.Is(err, ErrStage) {
+		return err
 	}
 	if err != nil {
 		s.err = err
 		return err
 	}
+	switch s.stage {
+	case StageAdvertise:
+		copy(s.u1, set)
+	case StageShareKeys:
+		copy(s.u2, set)
+		s.sum = make([]uint32, s.dim)
+	}
 	s.stage++
 	return nil
+}
+
+// Closable reports what CloseStage would do now, without doing it: how
+// many participants the current stage would keep, or the error (wrapping
+// ErrTooFewSurvivors) with which closing would abort the round. A caller
+// deciding when to close a stage uses it to tell a stage that may close
+// from one that would lose the round if closed now.
+func (s *Server) Closable() (int, error) {
+	const op = "closable"
+	if s.err != nil {
+		return 0, fmt.Errorf("secagg: %s: %w: %w", op, ErrAborted, s.err)
+	}
+	set, err := s.closing()
+	if err != nil {
+		return 0, err
+	}
+	kept := 0
+	for id := 1; id <= s.r.n; id++ {
+		if set[id] {
+			kept++
+		}
+	}
+	return kept, nil
+}
+
+// closing returns the participants the current stage would keep if it
+// closed now and whether closing would abort the round; it changes nothing
+// (the advertise and share stages' sets are pruned copies).
+func (s *Server) closing() ([]bool, error) {
+	switch s.stage {
+	case StageAdvertise:
+		set := make([]bool, s.r.n+1)
+		for id := 1; id <= s.r.n; id++ {
+			set[id] = s.adv[id] != nil
+		}
+		return set, s.prune(set, "advertised")
+	case StageShareKeys:
+		set := slices.Clone(s.sent)
+		return set, s.prune(set, "shared keys")
+	case StageMaskedInput:
+		return s.inS, s.feasible(s.inS, "masked inputs")
+	case StageConsistency:
+		return s.u4, s.feasible(s.u4, "consistency checks")
+	case StageUnmask:
+		return s.u5, s.reconstructible()
+	default:
+		return nil, fmt.Errorf("secagg: close stage: %w: round is done", ErrStage)
+	}
 }
 
 // prune drops, until none is left, every member of set with fewer than t

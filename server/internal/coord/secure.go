@@ -119,33 +119,36 @@ func (c *Coordinator) handleSecAggUp(m *nats.Msg) {
 
 // runSecure runs the stages of a secure aggregation round after its setup
 // (runRound): selection and key advertisement, share keys, masked input,
-// consistency, unmasking. It returns nil once the round is closed in the store.
+// consistency, unmasking. Each stage closes by the rule of stagetiming.go.
+// It returns nil once the round is closed in the store.
 func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Collector, msgs <-chan jetstream.Msg) error {
 	sec := r.secure
 	stageTimeout := sec.cfg.GetStageTimeout().AsDuration()
-	row := r.row
-	// Masked input closes at the report deadline the plan states minus the
-	// two stages that follow it.
-	maskedEnd := row.Deadline.Add(-2 * stageTimeout)
 	now := t.c.now()
 	selTimer := t.clock().NewTimer(max(0, r.selEnd.Sub(now)))
 	defer selTimer.Stop()
-	// The stage timer is armed (at most one at a time) once a stage may
-	// close: nil while none is.
-	var stageTimer clock.Timer
-	var stageC <-chan time.Time
+	// The stage timer, at most one, fires when the current stage's close is
+	// to be decided again; nil while none is armed.
+	var (
+		stageTimer clock.Timer
+		stageC     <-chan time.Time
+		stageAt    time.Time
+	)
 	disarm := func() {
 		if stageTimer != nil {
 			stageTimer.Stop()
-			stageTimer, stageC = nil, nil
+			stageTimer, stageC, stageAt = nil, nil, time.Time{}
 		}
 	}
 	defer disarm()
-	arm := func(d time.Duration) {
-		stageTimer = t.clock().NewTimer(max(0, d))
-		stageC = stageTimer.C()
+	arm := func(at time.Time) {
+		if stageTimer != nil && at.Equal(stageAt) {
+			return
+		}
+		disarm()
+		stageTimer = t.clock().NewTimer(max(0, at.Sub(t.c.now())))
+		stageC, stageAt = stageTimer.C(), at
 	}
-	stageArmed := func() bool { return stageTimer != nil }
 	abortAs := func(reason string, short bool) error {
 		t.secureDown(sec, func(uint32) (*pb.SecAggDown, error) {
 			return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
@@ -156,8 +159,13 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 	// The stages are the aggregation: its span holds an event per stage.
 	t.aggregation(r)
 
+	// The current stage's progress: when it began waiting (zero while
+	// selection is open), the answers counted and when the latest came.
+	var (
+		began, last time.Time
+		seen        int
+	)
 	for {
-		stage := sec.srv.Stage()
 		select {
 		case <-ctx.Done():
 			// Shares and masks live in memory only: a resumed round is abandoned.
@@ -172,63 +180,109 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 				return abortAs(why, true)
 			}
 		case <-stageC:
-			stageTimer, stageC = nil, nil
-			t.mu.Lock()
-			r.waitedOut = true
-			t.mu.Unlock()
+			stageTimer, stageC, stageAt = nil, nil, time.Time{}
+			// Answers that queued up while the server was busy arrived
+			// before the timer: they are progress, not late.
+			t.drainSecure(r, msgs)
+		}
+		now := t.c.now()
+		if n := len(sec.got); n > seen {
+			seen, last = n, now
+		}
+		// Decide the stage's close; a closed stage's successor is decided
+		// at once, so that its timer runs even if no device ever answers.
+		for {
+			stage := sec.srv.Stage()
+			if stage == secagg.StageAdvertise {
+				if !t.seatAdvertisers(r) {
+					break // selection is open
+				}
+				if began.IsZero() {
+					if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
+						return abortAs(why, true)
+					}
+					began = now
+				}
+			}
+			st := stageTiming{start: began, last: last, answered: len(sec.got), expected: len(sec.expected),
+				minQuiet: stageTimeout, cap: stageCap(stage, began, r.row.Deadline, stageTimeout)}
+			closeNow, wake := st.decide(now, func() bool { return t.stageViable(sec) })
+			if !closeNow {
+				arm(wake)
+				break
+			}
+			disarm()
+			if st.answered < st.expected {
+				// The round waited out its timer for devices that stayed silent.
+				t.mu.Lock()
+				r.waitedOut = true
+				t.mu.Unlock()
+			}
 			if err := t.closeStage(r, stage); err != nil {
 				return abort(err.Error())
 			}
-			continue
+			if sec.srv.Stage() == secagg.StageDone {
+				return t.finishSecure(ctx, r, col)
+			}
+			// The next stage begins once its devices have their replies.
+			now = t.c.now()
+			began, last, seen = now, time.Time{}, 0
 		}
-		// Decide whether the stage can close early (everyone expected has
-		// answered) and when it must close at the latest.
-		switch stage {
-		case secagg.StageAdvertise:
-			t.mu.Lock()
-			// A check-in reserves its seat (participant 0) before the store
-			// gives it a participant: a reservation is neither expected to
-			// advertise nor a seat that ends selection, else the stage
-			// would wait for a participant 0 that never comes.
-			seated := 0
-			for _, seat := range r.assigned {
-				if seat.Participant != 0 {
-					seated++
-					sec.expected[seat.Participant] = true
-				}
-			}
-			if seated >= r.wanted {
-				r.selecting = false
-			}
-			selecting := r.selecting
-			t.mu.Unlock()
-			if selecting {
-				continue
-			}
-			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
-				return abortAs(why, true)
-			}
-			if !stageArmed() {
-				arm(stageTimeout)
-			}
-		case secagg.StageMaskedInput:
-			if !stageArmed() {
-				arm(maskedEnd.Sub(t.c.now()))
-			}
+	}
+}
+
+// seatAdvertisers makes every seated participant one the advertisement
+// stage expects, and reports whether selection is over.
+func (t *taskRun) seatAdvertisers(r *roundRun) bool {
+	sec := r.secure
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// A check-in reserves its seat (participant 0) before the store gives
+	// it a participant: a reservation is neither expected to advertise nor
+	// a seat that ends selection, else the stage would wait for a
+	// participant 0 that never comes.
+	seated := 0
+	for _, seat := range r.assigned {
+		if seat.Participant != 0 {
+			seated++
+			sec.expected[seat.Participant] = true
+		}
+	}
+	if seated >= r.wanted {
+		r.selecting = false
+	}
+	return !r.selecting
+}
+
+// stageViable reports whether closing the current stage now keeps the
+// round alive: the close passes every SecAgg check, and the stages up to
+// the masked input keep at least as many devices as the round must unmask
+// (secureFloor).
+func (t *taskRun) stageViable(sec *secureRun) bool {
+	kept, err := sec.srv.Closable()
+	if err != nil {
+		return false
+	}
+	switch sec.srv.Stage() {
+	case secagg.StageAdvertise, secagg.StageShareKeys, secagg.StageMaskedInput:
+		floor, _ := t.secureFloor()
+		return kept >= floor
+	}
+	return true
+}
+
+// drainSecure handles the stage messages and masked reports queued when it
+// is called, and no more: a device flooding the queue cannot keep it going.
+func (t *taskRun) drainSecure(r *roundRun, msgs <-chan jetstream.Msg) {
+	sec := r.secure
+	for n := len(sec.ups) + len(msgs); n > 0; n-- {
+		select {
+		case up := <-sec.ups:
+			up.reply(t.secureUp(r, up))
+		case m := <-msgs:
+			t.handleMasked(r, m)
 		default:
-			if !stageArmed() {
-				arm(stageTimeout)
-			}
-		}
-		if len(sec.got) < len(sec.expected) {
-			continue
-		}
-		disarm()
-		if err := t.closeStage(r, stage); err != nil {
-			return abort(err.Error())
-		}
-		if sec.srv.Stage() == secagg.StageDone {
-			return t.finishSecure(ctx, r, col)
+			return
 		}
 	}
 }

@@ -166,10 +166,10 @@ func secureTask(h *harness) *pb.Task {
 }
 
 // TestSecureRoundStages drives every stage of a secure round on the fake
-// clock: a device that never advertises (the advertisement stage closes at
-// its timeout), one that vanishes after sharing its keys (the masked input
-// closes at its deadline and its mask is recovered from its neighbours'
-// shares), and four that see the round through. The committed model moves
+// clock: a device that never advertises (the advertisement stage closes
+// once quiet, a stage timeout after the others advertised), one that
+// vanishes after sharing its keys (the masked input closes once quiet and
+// its mask is recovered from its neighbours' shares), and four that see the round through. The committed model moves
 // by exactly the survivors' weighted mean, up to quantization.
 func TestSecureRoundStages(t *testing.T) {
 	h := newHarness(t)
@@ -198,8 +198,9 @@ func TestSecureRoundStages(t *testing.T) {
 	awaitArmed(t, h.clk, h.clk.Now().Add(stage))
 	h.clk.Advance(stage)
 	// Shares close early (all five shared); one device then vanishes, so the
-	// masked input closes at its deadline: the report deadline minus the
-	// two stages after it.
+	// masked input closes once quiet, a stage timeout after the last input
+	// (setting the clock to its latest close, the report deadline minus the
+	// two stages after it, passes that).
 	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Shares", 5)
 	for _, d := range devs[2:] {
 		if r := d.receipt(); !r.Accepted {
@@ -225,26 +226,39 @@ func TestSecureRoundStages(t *testing.T) {
 }
 
 // TestSecureRoundTooFewAdvertise: selection ends with enough devices, but
-// too few advertise keys by the stage timeout for the threshold: the round
-// is aborted (every device told so) and abandoned.
+// too few advertise keys for the threshold. Once the stage has gone quiet
+// (a stage timeout without an answer) closing would lose the round, so it
+// waits on; at its cap, a quarter of the time left to the masked input's
+// deadline, the round is aborted (every device told so) and abandoned.
 func TestSecureRoundTooFewAdvertise(t *testing.T) {
 	h := newHarness(t)
 	task := h.start(secureTask(h))
 	ev := h.watch(task.Id)
 	var results []<-chan error
+	var plan *pb.RoundPlan
 	acked := make(chan string, 64)
 	for i := range 6 {
 		d := h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plan := d.join()
+		plan = d.join()
 		silent := "nothing"
 		if i < 2 {
 			silent = ""
 		}
 		results = append(results, d.secure(plan, constant(8, 0.1), 1, silent, acked))
 	}
+	stage := 5 * time.Second
+	start := h.clk.Now()
 	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 2)
-	awaitArmed(t, h.clk, h.clk.Now().Add(5*time.Second))
-	h.clk.Advance(5 * time.Second)
+	awaitArmed(t, h.clk, start.Add(stage))
+	h.clk.Advance(stage)
+	capAt := start.Add(plan.GetReportDeadline().AsTime().Add(-2*stage).Sub(start) / 4)
+	awaitArmed(t, h.clk, capAt)
+	select {
+	case got := <-ev:
+		t.Fatalf("round event before the advertisement stage's cap: %v", got)
+	default:
+	}
+	h.clk.Set(capAt)
 	got := h.next(ev)
 	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED || !containsAll(got.Reason, "secure aggregation") {
 		t.Fatalf("round: %v", got)
@@ -253,6 +267,90 @@ func TestSecureRoundTooFewAdvertise(t *testing.T) {
 		if err := <-r; err == nil || !containsAll(err.Error(), "aborted") {
 			t.Fatalf("advertiser: %v", err)
 		}
+	}
+}
+
+// TestSecureSlowAdvertisersKeepTheRound: two devices advertise at once,
+// the other four only after a stage timeout of silence (a large cohort's
+// model downloads take that long). A fixed timer closed the stage then and
+// lost the round; closing would leave two advertisers, too few for the
+// threshold, so the stage waits, and the round commits with all six.
+func TestSecureSlowAdvertisersKeepTheRound(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(secureTask(h))
+	ev := h.watch(task.Id)
+	devs := make([]*device, 6)
+	plans := make([]*pb.RoundPlan, 6)
+	for i := range devs {
+		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
+		plans[i] = devs[i].join()
+	}
+	stage := 5 * time.Second
+	start := h.clk.Now()
+	acked := make(chan string, 64)
+	results := make([]<-chan error, 6)
+	for i := range 2 {
+		results[i] = devs[i].secure(plans[i], constant(8, 0.1), 1, "", acked)
+	}
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 2)
+	awaitArmed(t, h.clk, start.Add(stage))
+	h.clk.Advance(stage)
+	awaitArmed(t, h.clk, start.Add(plans[0].GetReportDeadline().AsTime().Add(-2*stage).Sub(start)/4))
+	for i := 2; i < 6; i++ {
+		results[i] = devs[i].secure(plans[i], constant(8, 0.1), 1, "", acked)
+	}
+	for i, r := range results {
+		if err := <-r; err != nil {
+			t.Fatalf("device %d: %v", i, err)
+		}
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 6 {
+		t.Fatalf("secure round: %v", got)
+	}
+}
+
+// TestSecureStageQuietExtends: a stage that is still receiving answers is
+// not closed a stage timeout after it began. Four devices advertise at
+// once, a fifth 4 s later; the sixth never does. The stage goes quiet a
+// stage timeout after the fifth answer (the answers took 4 s, and half of
+// that is less than the timeout), not after the first four, and closes
+// then with five.
+func TestSecureStageQuietExtends(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(secureTask(h))
+	ev := h.watch(task.Id)
+	devs := make([]*device, 6)
+	plans := make([]*pb.RoundPlan, 6)
+	for i := range devs {
+		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
+		plans[i] = devs[i].join()
+	}
+	stage := 5 * time.Second
+	start := h.clk.Now()
+	acked := make(chan string, 64)
+	results := make([]<-chan error, 6)
+	for i := range 4 {
+		results[i] = devs[i].secure(plans[i], constant(8, 0.1), 1, "", acked)
+	}
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 4)
+	awaitArmed(t, h.clk, start.Add(stage))
+	h.clk.Advance(4 * time.Second)
+	results[4] = devs[4].secure(plans[4], constant(8, 0.1), 1, "", acked)
+	results[5] = devs[5].secure(plans[5], constant(8, 0.1), 1, "nothing", acked)
+	awaitAcks(t, acked, "*fleetlearnv1.SecAggUp_Advertise", 1)
+	quiet := start.Add(4*time.Second + stage)
+	awaitArmed(t, h.clk, quiet)
+	if slices.ContainsFunc(h.clk.Deadlines(), start.Add(stage).Equal) {
+		t.Fatal("the stage still closes a stage timeout after it began, with answers coming")
+	}
+	h.clk.Set(quiet)
+	for i, r := range results {
+		if err := <-r; err != nil {
+			t.Fatalf("device %d: %v", i, err)
+		}
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 5 {
+		t.Fatalf("secure round: %v", got)
 	}
 }
 
