@@ -52,6 +52,14 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg) (nex
 	}, nil
 }
 
+// chargeChunkedBytes counts the n bytes a chunked report's chunks held
+// (settle counted its manifest).
+func (c *Coordinator) chargeChunkedBytes(m jetstream.Msg, n int) {
+	if _, chunked := m.Headers()[wire.HeaderChunked]; chunked {
+		c.d.Metrics.ReportBytes.Add(float64(n))
+	}
+}
+
 // payloadSpec is what the task's updates must be: which field carries the
 // values, and for quantized ones the code width.
 func (t *taskRun) payloadSpec(r *roundRun, f wire.PayloadField) (bits int, refused error) {
@@ -228,9 +236,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	if err != nil {
 		return device, err
 	}
-	if _, chunked := m.Headers()[wire.HeaderChunked]; chunked {
-		t.c.d.Metrics.ReportBytes.Add(float64(first.n)) // settle counted the manifest
-	}
+	t.c.chargeChunkedBytes(m, first.n)
 	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 		return device, err
 	}

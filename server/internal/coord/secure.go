@@ -3,8 +3,12 @@ package coord
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"math"
 	"time"
 
@@ -184,6 +188,9 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			// Answers that queued up while the server was busy arrived
 			// before the timer: they are progress, not late.
 			t.drainSecure(r, msgs)
+		}
+		if r.lost != "" {
+			return abort(r.lost)
 		}
 		now := t.c.now()
 		if n := len(sec.got); n > seen {
@@ -449,9 +456,13 @@ func checkSender(claimed, actual uint32) error {
 // handleMasked takes a masked update report into the secure sum, or refuses
 // it with a receipt.
 func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
-	t.settleChunked(r, m, "update", func(m jetstream.Msg) (string, error) { return t.acceptMasked(r, m) })
+	t.settle(r, m, "update", func() (string, error) { return t.acceptMasked(r, m) })
 }
 
+// acceptMasked checks a masked update report and folds it into the secure
+// sum, reading it twice as acceptUpdate does a plaintext one (intake.go):
+// the values are checked and hashed as they arrive, and added only once the
+// whole report has passed.
 func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err error) {
 	defer classify(&err, refusedSecAgg)
 	sec := r.secure
@@ -465,10 +476,17 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if sec.srv.Stage() != secagg.StageMaskedInput {
 		return device, refuse("masked input arrived in the %v stage", sec.srv.Stage())
 	}
-	var rep pb.UpdateReport
-	if err := proto.Unmarshal(m.Data(), &rep); err != nil {
-		return device, refuse("decode update report: %v", err)
+	next, err := t.reportPieces(r, device, m)
+	if err != nil {
+		return device, err
 	}
+	bits, dim := sec.round.Bits(), sec.srv.Dim()
+	first := &maskedPass{bits: bits, dim: dim, emit: func([]uint32) error { return nil }}
+	rep, err := first.run(next, reportOverhead)
+	if err != nil {
+		return device, err
+	}
+	t.c.chargeChunkedBytes(m, first.n)
 	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 		return device, err
 	}
@@ -483,24 +501,104 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 		return device, refuse("a masked report carries no plaintext metrics")
 	case mu.ParticipantId != seat.Participant:
 		return device, refuse("masked update for participant %d from participant %d", mu.ParticipantId, seat.Participant)
+	case int(mu.Bits) != bits:
+		return device, refuse("secagg: unpack: %v: %d bits, the round has %d", secagg.ErrMalformed, mu.Bits, bits)
 	}
-	// Packed values (⌈bits/8⌉ bytes each) become uint32s first: the signed
-	// hash is over the values, whichever form carried them.
-	if err := secagg.Unpack(mu, sec.round.Bits(), sec.srv.Dim()); err != nil {
-		return device, refuse("%v", err)
+	if first.bad != nil {
+		return device, refuse("%v", first.bad)
 	}
-	if got := wire.MaskedSHA256(mu); got != rep.PayloadSha256 {
+	// The signed hash is over the values as uint32s, whichever form carried them.
+	if got := first.sha(); got != rep.PayloadSha256 {
 		return device, refuse("payload sha256 %s does not match the declared %q", got, rep.PayloadSha256)
 	}
-	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(&rep)); err != nil {
+	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
 		return device, err
 	}
-	if err := sec.srv.AddMasked(mu); err != nil {
+	part, err := sec.srv.BeginMasked(mu.ParticipantId, mu.Bits)
+	if err != nil {
 		return device, refuse("%v", err)
+	}
+	if next, err = t.reportPieces(r, device, m); err == nil {
+		second := &maskedPass{bits: bits, dim: dim, emit: part.Write}
+		if _, err = second.run(next, reportOverhead); err == nil && second.bad != nil {
+			err = second.bad
+		}
+		if err == nil {
+			err = part.Close()
+		}
+	}
+	if err != nil {
+		r.lost = fmt.Sprintf("the secure sum holds part of the masked update of %s, whose report could not be read again: %v", device, err)
+		return device, fmt.Errorf("report of %s could not be read again: %w", device, err)
 	}
 	sec.got[seat.Participant] = true
 	return device, nil
 }
+
+// maskedPass is one reading of a masked update report: its values go to
+// emit and their uint32 form is hashed.
+type maskedPass struct {
+	bits, dim int
+	emit      func([]uint32) error
+	dec       *secagg.MaskedDecoder
+	h         hash.Hash
+	scratch   []byte
+	n         int
+	bad       error // the values' decoding error, reported after the header checks
+}
+
+func (p *maskedPass) open(f wire.PayloadField, size uint64) (func([]byte) error, error) {
+	if f != wire.MaskedValues && f != wire.MaskedPacked {
+		return nil, refuse("a secure round takes masked updates only")
+	}
+	p.h = sha256.New()
+	dec, err := secagg.NewMaskedDecoder(p.bits, p.dim, f == wire.MaskedPacked, size, func(v []uint32) error {
+		p.scratch = p.scratch[:0]
+		for _, x := range v {
+			p.scratch = binary.LittleEndian.AppendUint32(p.scratch, x)
+		}
+		p.h.Write(p.scratch)
+		return p.emit(v)
+	})
+	if err != nil {
+		p.bad = err
+		return func([]byte) error { return nil }, nil
+	}
+	p.dec = dec
+	return func(b []byte) error {
+		if p.bad != nil {
+			return nil
+		}
+		if err := p.dec.Write(b); err != nil {
+			p.bad = err
+		}
+		return nil
+	}, nil
+}
+
+// run scans the report from next; the report comes back without its values.
+func (p *maskedPass) run(next func() ([]byte, error), limit int) (*pb.UpdateReport, error) {
+	rep, f, _, err := wire.ScanUpdate(func() ([]byte, error) {
+		b, err := next()
+		p.n += len(b)
+		return b, err
+	}, limit, p.open)
+	if err != nil {
+		if errors.Is(err, wire.ErrScan) {
+			return nil, refuse("decode update report: %v", err)
+		}
+		return nil, err
+	}
+	if f == wire.NoPayload {
+		return nil, refuse("a secure round takes masked updates only")
+	}
+	if p.bad == nil && p.dec != nil {
+		p.bad = p.dec.Close()
+	}
+	return rep, nil
+}
+
+func (p *maskedPass) sha() string { return hex.EncodeToString(p.h.Sum(nil)) }
 
 // finishSecure unmasks the sum, decodes it and commits the round.
 func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.Collector) error {
