@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
 // decodeMasked runs a MaskedDecoder over b cut at random points.
