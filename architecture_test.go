@@ -13,7 +13,7 @@ const mod = "github.com/fleetlearn/fleetlearn"
 
 // pure are the libraries that must stay free of networking and of the services,
 // so that they can be embedded anywhere and reasoned about alone.
-var pure = []string{"aggregator", "privacy", "audit", "wasm", "model", "data", "pool"}
+var pure = []string{"aggregator", "privacy", "audit", "wasm", "model", "data", "pool", "round"}
 
 // services are the three programs' cores: none imports another's code.
 var services = []string{"server", "edge", "worker"}
@@ -320,5 +320,31 @@ func TestDashboardReadsThroughTheAPI(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no server/internal/ui package")
+	}
+}
+
+// TestRoundEngineIsPure: the round engine (round/) decides from values it
+// is given: it imports no messaging, storage, protobuf, network or files,
+// so that every rule can be tested as a table and its state carried by any
+// service.
+func TestRoundEngineIsPure(t *testing.T) {
+	banned := []string{"os", "net", "database/sql", "google.golang.org/protobuf", "google.golang.org/grpc",
+		"github.com/nats-io/", "modernc.org/sqlite", mod + "/proto", mod + "/server"}
+	found := false
+	for _, p := range listPackages(t) {
+		if !under(p.path, "round") {
+			continue
+		}
+		found = true
+		for _, imp := range p.imports {
+			for _, b := range banned {
+				if matches(imp, b) {
+					t.Errorf("%s imports %s: the round engine is pure", p.path, imp)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no round engine package found")
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
@@ -48,8 +49,9 @@ func (t *taskRun) settleChunked(r *roundRun, m jetstream.Msg, kind string, accep
 		return
 	}
 	t.settle(r, m, kind, func() (string, error) {
-		// Only a cohort device that has not reported gets its chunks read.
-		device, _, _, err := t.sender(r, m.Subject())
+		// Only a cohort device that has not reported gets its chunks read
+		// (settleChunked serves evaluation reports only).
+		device, _, _, err := t.sender(r, m.Subject(), round.Evaluate)
 		if err != nil {
 			return device, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
@@ -211,12 +212,9 @@ func onePiece(b []byte) func() ([]byte, error) {
 
 // acceptUpdate checks a plaintext update report and folds it into col.
 func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) (string, error) {
-	device, seat, key, err := t.sender(r, m.Subject())
+	device, seat, key, err := t.sender(r, m.Subject(), round.Train)
 	if err != nil {
 		return device, err
-	}
-	if r.row.Kind != pb.RoundKind_ROUND_KIND_TRAIN {
-		return device, refuseAs(metrics.RefusedKind, "update report in a round that wants evaluation reports")
 	}
 	next, err := t.reportPieces(r, device, m)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -30,7 +31,7 @@ const (
 	// MaxMetricAbs bounds the magnitude of every metric a device reports:
 	// far beyond any loss or accuracy, small enough that weighted sums of
 	// them stay finite.
-	MaxMetricAbs = 1e12
+	MaxMetricAbs = round.MaxMetricAbs
 )
 
 // Robustness is what bounds one device's influence on a task: the update

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -141,10 +142,9 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 	defer selTimer.Stop()
 	deadline := t.clock().NewTimer(max(0, r.row.Deadline.Sub(now)))
 	defer deadline.Stop()
-	target := int(t.spec.GetCohortTarget())
 	mm := newMetricMean()
-	reason := ""
-	for reason == "" {
+	deadlinePassed := false
+	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err() // the round stays open, to be resumed
@@ -156,7 +156,7 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 				return t.abandonShort(ctx, r, why)
 			}
 		case <-deadline.C():
-			reason = "report deadline passed"
+			deadlinePassed = true
 			t.mu.Lock()
 			r.waitedOut = true
 			t.mu.Unlock()
@@ -170,45 +170,29 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 				}
 			}
 		}
+		if r.lost != "" {
+			return t.abandon(ctx, r, r.lost)
+		}
 		t.mu.Lock()
 		if len(r.assigned) >= r.wanted {
 			r.selecting = false
 		}
-		// A device whose plan failed or whose report was refused is not
-		// waited for: only its silence could hold the round to its deadline.
-		everyone := !r.selecting && r.settled() == len(r.assigned)
-		reported := len(r.reported)
 		if !r.selecting {
 			r.selectionDone(len(r.assigned))
 		}
+		// A device whose plan failed or whose report was refused is not
+		// waited for: only its silence could hold the round to its deadline.
+		p := round.Plain{CohortTarget: int(t.spec.GetCohortTarget()), ReportGoal: int(t.spec.GetReportGoal()),
+			Assigned: len(r.assigned), Reported: len(r.reported), Settled: r.settled(), Selecting: r.selecting,
+			DeadlinePassed: deadlinePassed}
 		t.mu.Unlock()
-		if r.lost != "" {
-			return t.abandon(ctx, r, r.lost)
-		}
-		switch {
-		case reason != "":
-		case reported >= target && target > 0:
-			reason = fmt.Sprintf("cohort target %d reached", target)
-		case everyone && reported > 0 && reported >= int(t.spec.GetReportGoal()):
-			// Below the report goal the round waits on: a device whose
-			// report was refused may still send a valid one in time,
-			// and closing now could only abandon the round.
-			reason = "every selected device reported"
-			if reported < len(r.assigned) {
-				reason = "every selected device reported or failed"
-			}
+		switch outcome, reason, short := p.Decide(); outcome {
+		case round.Commit:
+			return t.commit(ctx, r, col, mm, reason, 0)
+		case round.Abandon:
+			return t.abandonAs(ctx, r, reason, short)
 		}
 	}
-	if n := len(r.reported); n < int(t.spec.GetReportGoal()) || n == 0 {
-		why := fmt.Sprintf("%s with %d reports, below the report goal %d", reason, n, t.spec.GetReportGoal())
-		t.mu.Lock()
-		// A round resumed past both its timers may see the deadline first:
-		// a cohort below the goal is still a want of devices, not of reports.
-		short := len(r.assigned) < int(t.spec.GetReportGoal())
-		t.mu.Unlock()
-		return t.abandonAs(ctx, r, why, short)
-	}
-	return t.commit(ctx, r, col, mm, reason, 0)
 }
 
 // endSelection closes selection when its timeout fires. It returns why the

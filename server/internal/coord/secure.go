@@ -23,6 +23,7 @@ import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // Secure aggregation defaults for SecAggConfig fields left zero.
@@ -466,7 +467,7 @@ func (t *taskRun) handleMasked(r *roundRun, m jetstream.Msg) {
 func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err error) {
 	defer classify(&err, refusedSecAgg)
 	sec := r.secure
-	device, seat, key, err := t.sender(r, m.Subject())
+	device, seat, key, err := t.sender(r, m.Subject(), round.Train)
 	if err != nil {
 		return device, err
 	}

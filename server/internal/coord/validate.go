@@ -4,9 +4,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"math"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
@@ -14,6 +11,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/identity"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
@@ -27,43 +25,34 @@ func refuse(format string, args ...any) error {
 
 // Bounds on a report's metrics.
 const (
-	maxMetrics        = 64
-	maxMetricNameSize = 64
+	maxMetrics        = round.MaxMetrics
+	maxMetricNameSize = round.MaxMetricNameSize
 )
 
 // sender checks that a report's subject names this round and a device of
 // its cohort that has not reported yet, and returns the device, its seat and
 // its enrolled key (nil when not enrolled).
-func (t *taskRun) sender(r *roundRun, subject string) (string, store.Assignment, ed25519.PublicKey, error) {
-	task, round, device, err := wire.ParseReportSubject(subject)
+func (t *taskRun) sender(r *roundRun, subject string, kind round.Kind) (string, store.Assignment, ed25519.PublicKey, error) {
+	task, rnd, device, err := wire.ParseReportSubject(subject)
 	if err != nil {
 		return "", store.Assignment{}, nil, refuseAs(metrics.RefusedSubject, "%v", err)
-	}
-	if task != t.id || round != r.row.Round {
-		return device, store.Assignment{}, nil, refuseAs(metrics.RefusedSubject, "subject is for %s/%d, round is %s/%d", task, round, t.id, r.row.Round)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	seat, inCohort := r.assigned[device]
-	switch {
-	case !inCohort:
-		return device, seat, nil, refuseAs(metrics.RefusedCohort, "device %q is not in the cohort of round %d", device, round)
-	case r.reported[device]:
-		return device, seat, nil, refuseAs(metrics.RefusedDuplicate, "device %q already reported for round %d", device, round)
-	case t.quota.over(round, device):
-		return device, seat, nil, refuseAs(metrics.RefusedQuota, "device %q stored more than round %d admits per device", device, round)
+	c := round.Cohort{Seat: round.Seat{Examples: seat.Examples}, Seated: inCohort, Reported: r.reported[device],
+		OverQuota: inCohort && !r.reported[device] && t.quota.over(r.row.Round, device)}
+	if err := fromRound(round.CheckSender(t.roundSpec(r), task, rnd, device, kind, c)); err != nil {
+		return device, seat, nil, err
 	}
 	return device, seat, r.keys[device], nil
 }
 
 // acceptReport checks an evaluation report and counts its metrics.
 func (t *taskRun) acceptReport(r *roundRun, mm *metricMean, m jetstream.Msg) (string, error) {
-	device, seat, key, err := t.sender(r, m.Subject())
+	device, seat, key, err := t.sender(r, m.Subject(), round.Evaluate)
 	if err != nil {
 		return device, err
-	}
-	if r.row.Kind != pb.RoundKind_ROUND_KIND_EVALUATE {
-		return device, refuseAs(metrics.RefusedKind, "evaluation report in a round that wants update reports")
 	}
 	var rep pb.EvaluationReport
 	if err := proto.Unmarshal(m.Data(), &rep); err != nil {
@@ -88,39 +77,30 @@ func (t *taskRun) acceptReport(r *roundRun, mm *metricMean, m jetstream.Msg) (st
 	return device, nil
 }
 
-// checkExamples: the example count weights the report, so a device may not
-// claim more than it said it had when it was selected (and its weight is
-// capped besides, see taskRun.weight).
-func checkExamples(n uint64, seat store.Assignment) (err error) {
-	defer classify(&err, metrics.RefusedExamples)
-	if n == 0 || n > seat.Examples {
-		return refuse("num_examples %d not in [1, %d] (examples available at check-in)", n, seat.Examples)
-	}
-	return nil
+// checkExamples, checkMetrics and checkHeader are the round engine's rules
+// (package round), as refusals of this package.
+func checkExamples(n uint64, seat store.Assignment) error {
+	return fromRound(round.CheckExamples(n, round.Seat{Examples: seat.Examples}))
 }
 
-// checkMetrics bounds what a report's metrics may be: few, named in short
-// printable UTF-8, finite and at most MaxMetricAbs in magnitude, so that
-// their weighted mean is finite and fits the audit log.
-func checkMetrics(m map[string]float64) (err error) {
-	defer classify(&err, metrics.RefusedMetrics)
-	if len(m) > maxMetrics {
-		return refuse("%d metrics, at most %d", len(m), maxMetrics)
+func checkMetrics(m map[string]float64) error { return fromRound(round.CheckMetrics(m)) }
+
+// fromRound turns the engine's refusal into this package's, with its class.
+func fromRound(err error) error {
+	var rr *round.Refusal
+	if errors.As(err, &rr) {
+		return refuseAs(string(rr.Class), "%s", rr.Reason())
 	}
-	for k, v := range m {
-		if k == "" || len(k) > maxMetricNameSize || !utf8.ValidString(k) {
-			return refuse("metric name %q must be 1-%d bytes of UTF-8", k, maxMetricNameSize)
-		}
-		for _, c := range k {
-			if unicode.IsControl(c) {
-				return refuse("metric name %q contains a control character", k)
-			}
-		}
-		if !(math.Abs(v) <= MaxMetricAbs) {
-			return refuse("metric %q is %v (metrics must be finite, at most %g in magnitude)", k, v, MaxMetricAbs)
-		}
+	return err
+}
+
+// roundSpec is the open round as the engine sees it.
+func (t *taskRun) roundSpec(r *roundRun) round.Spec {
+	kind := round.Train
+	if r.row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
+		kind = round.Evaluate
 	}
-	return nil
+	return round.Spec{Task: t.id, Round: r.row.Round, Kind: kind, Model: r.row.BaseModel, Module: t.spec.GetModule().GetSha256()}
 }
 
 // checkSignature checks a report's device signature against the key the
@@ -144,17 +124,7 @@ func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string
 	return nil
 }
 
-func (t *taskRun) checkHeader(r *roundRun, device, task string, round uint64, bodyDevice, modelVersion, module string) (err error) {
-	defer classify(&err, metrics.RefusedHeader)
-	switch {
-	case task != t.id || round != r.row.Round:
-		return refuse("report body is for %s/%d, not %s/%d", task, round, t.id, r.row.Round)
-	case bodyDevice != device:
-		return refuse("report body names device %q, subject %q", bodyDevice, device)
-	case modelVersion != r.row.BaseModel:
-		return refuse("trained on model %q, round %d serves %q", modelVersion, r.row.Round, r.row.BaseModel)
-	case module != t.spec.GetModule().GetSha256():
-		return refuse("ran module %q, task uses %q", module, t.spec.GetModule().GetSha256())
-	}
-	return nil
+func (t *taskRun) checkHeader(r *roundRun, device, task string, rnd uint64, bodyDevice, modelVersion, module string) error {
+	return fromRound(round.CheckHeader(t.roundSpec(r), device, round.Header{Task: task, Round: rnd, Device: bodyDevice,
+		Model: modelVersion, Module: module}))
 }

@@ -5,6 +5,7 @@ package metrics
 import (
 	"slices"
 
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -52,22 +53,22 @@ type M struct {
 // Every refusal the coordinator makes maps to one of them, so a peer can
 // never add a series.
 const (
-	RefusedNotOpen   = "not_open"  // the report's round is not open (late, or a stray)
-	RefusedSubject   = "subject"   // the subject is malformed or names another round
-	RefusedCohort    = "cohort"    // the device is not in the round's cohort
-	RefusedDuplicate = "duplicate" // the device already reported
-	RefusedKind      = "kind"      // an update where an evaluation is wanted, or the reverse
-	RefusedDecode    = "decode"    // the message does not decode
-	RefusedHeader    = "header"    // the body names another task, round, device, model or module
-	RefusedSignature = "signature" // unsigned, not enrolled, or the signature does not verify
-	RefusedPayload   = "payload"   // encoding, digest, layout or shape of the update is wrong
-	RefusedMetrics   = "metrics"   // too many, badly named or out-of-range metrics
-	RefusedExamples  = "examples"  // num_examples outside what the device declared
-	RefusedAggregate = "aggregate" // the aggregator refused the update (bounds)
-	RefusedChunks    = "chunks"    // a chunked report cannot be reassembled
-	RefusedSecAgg    = "secagg"    // a masked report that breaks the SecAgg+ protocol
-	RefusedQuota     = "quota"     // the device stored more than the round admits per device
-	RefusedOther     = "other"     // none of the above
+	RefusedNotOpen   = "not_open"                   // the report's round is not open (late, or a stray)
+	RefusedSubject   = string(round.ClassSubject)   // the subject is malformed or names another round
+	RefusedCohort    = string(round.ClassCohort)    // the device is not in the round's cohort
+	RefusedDuplicate = string(round.ClassDuplicate) // the device already reported
+	RefusedKind      = string(round.ClassKind)      // an update where an evaluation is wanted, or the reverse
+	RefusedDecode    = "decode"                     // the message does not decode
+	RefusedHeader    = string(round.ClassHeader)    // the body names another task, round, device, model or module
+	RefusedSignature = "signature"                  // unsigned, not enrolled, or the signature does not verify
+	RefusedPayload   = "payload"                    // encoding, digest, layout or shape of the update is wrong
+	RefusedMetrics   = string(round.ClassMetrics)   // too many, badly named or out-of-range metrics
+	RefusedExamples  = string(round.ClassExamples)  // num_examples outside what the device declared
+	RefusedAggregate = "aggregate"                  // the aggregator refused the update (bounds)
+	RefusedChunks    = "chunks"                     // a chunked report cannot be reassembled
+	RefusedSecAgg    = "secagg"                     // a masked report that breaks the SecAgg+ protocol
+	RefusedQuota     = string(round.ClassQuota)     // the device stored more than the round admits per device
+	RefusedOther     = "other"                      // none of the above
 )
 
 // RefusalReasons lists every label value of fleetlearn_report_refusals_total.
