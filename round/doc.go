@@ -2,8 +2,9 @@
 // the server knows: no NATS, storage, protobuf, network or files, and time
 // only as values it is given. The aggregator service (server/internal/coord)
 // does the I/O and asks the engine: is this report one the round takes
-// (CheckSender, CheckHeader, CheckExamples, CheckMetrics), and does the
-// round close, and how (Plain.Decide)? Every refusal is a *Refusal with a
+// (CheckSender, CheckHeader, CheckExamples, CheckMetrics), does a
+// plaintext round close, and how (Plain.Decide), and does a secure round's
+// stage close or wait, and until when (StageTiming.Decide)? Every refusal is a *Refusal with a
 // Class, the label the service counts it under, and a message for the
 // device.
 //

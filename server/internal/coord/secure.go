@@ -212,15 +212,15 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 					began = now
 				}
 			}
-			st := stageTiming{start: began, last: last, answered: len(sec.got), expected: len(sec.expected),
-				minQuiet: stageTimeout, cap: stageCap(stage, began, r.row.Deadline, stageTimeout)}
-			closeNow, wake := st.decide(now, func() bool { return t.stageViable(sec) })
+			st := round.StageTiming{Start: began, Last: last, Answered: len(sec.got), Expected: len(sec.expected),
+				MinQuiet: stageTimeout, Cap: round.StageCap(stage, began, r.row.Deadline, stageTimeout)}
+			closeNow, wake := st.Decide(now, func() bool { return t.stageViable(sec) })
 			if !closeNow {
 				arm(wake)
 				break
 			}
 			disarm()
-			if st.answered < st.expected {
+			if st.Answered < st.Expected {
 				// The round waited out its timer for devices that stayed silent.
 				t.mu.Lock()
 				r.waitedOut = true

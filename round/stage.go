@@ -1,4 +1,4 @@
-package coord
+package round
 
 import (
 	"time"
@@ -20,56 +20,56 @@ import (
 //     report goal); a stage whose close would lose the round waits on,
 //     since waiting can only help it; or
 //  3. its cap comes, a share of the time left before the round's report
-//     deadline (stageCap), whatever it has then.
+//     deadline (StageCap), whatever it has then.
 //
 // The quiet period grows with the stage's own progress, which grows with
 // the cohort: answers that took 20 s to arrive are not given up on after
 // 2 s of silence. Only accepted answers are progress, and each device has
 // one per stage, so no device can hold a stage open past its cap.
 
-// stageTiming is what the close rule knows of the current stage.
-type stageTiming struct {
-	// start is when the stage began waiting: when selection ended for the
+// StageTiming is what the close rule knows of the current stage.
+type StageTiming struct {
+	// Start is when the stage began waiting: when selection ended for the
 	// advertisement stage (devices advertise as they take their seats), when
 	// the previous stage closed for the others.
-	start time.Time
-	// last is when the latest answer was accepted; zero if none yet.
-	last               time.Time
-	answered, expected int
-	// minQuiet is the task's stage timeout: the shortest silence after
+	Start time.Time
+	// Last is when the latest answer was accepted; zero if none yet.
+	Last               time.Time
+	Answered, Expected int
+	// MinQuiet is the task's stage timeout: the shortest silence after
 	// which a stage counts as quiet.
-	minQuiet time.Duration
-	// cap is when the stage closes whatever it has (stageCap).
-	cap time.Time
+	MinQuiet time.Duration
+	// Cap is when the stage closes whatever it has (StageCap).
+	Cap time.Time
 }
 
-// quietEnd is when the stage has gone quiet if no further answer comes.
-func (s stageTiming) quietEnd() time.Time {
-	ref := s.start
-	if s.last.After(ref) {
-		ref = s.last
+// QuietEnd is when the stage has gone quiet if no further answer comes.
+func (s StageTiming) QuietEnd() time.Time {
+	ref := s.Start
+	if s.Last.After(ref) {
+		ref = s.Last
 	}
-	return ref.Add(max(s.minQuiet, ref.Sub(s.start)/2))
+	return ref.Add(max(s.MinQuiet, ref.Sub(s.Start)/2))
 }
 
-// decide says whether the stage closes at now and, if it does not, when to
+// Decide says whether the stage closes at now and, if it does not, when to
 // decide again (absent new answers). viable reports whether closing now
 // keeps the round alive; it is asked only of a stage that has gone quiet
 // before its cap.
-func (s stageTiming) decide(now time.Time, viable func() bool) (closeNow bool, wake time.Time) {
-	if s.expected > 0 && s.answered >= s.expected || !now.Before(s.cap) {
+func (s StageTiming) Decide(now time.Time, viable func() bool) (closeNow bool, wake time.Time) {
+	if s.Expected > 0 && s.Answered >= s.Expected || !now.Before(s.Cap) {
 		return true, time.Time{}
 	}
-	if q := s.quietEnd(); now.Before(q) {
-		return false, minTime(q, s.cap)
+	if q := s.QuietEnd(); now.Before(q) {
+		return false, minTime(q, s.Cap)
 	}
 	if viable() {
 		return true, time.Time{}
 	}
-	return false, s.cap
+	return false, s.Cap
 }
 
-// stageCap is the latest a stage begun at start may close, given the
+// StageCap is the latest a stage begun at start may close, given the
 // round's report deadline, after which devices stop working on it. The
 // masked input closes at the deadline less two stage timeouts, as the
 // plan's deadline provides (plan.go), leaving those two to consistency and
@@ -78,7 +78,7 @@ func (s stageTiming) decide(now time.Time, viable func() bool) (closeNow bool, w
 // input stage and needs most of it), consistency half of what is left to
 // the deadline, unmasking the rest. Each stage but the masked input gets
 // at least one stage timeout.
-func stageCap(stage secagg.Stage, start, deadline time.Time, stageTimeout time.Duration) time.Time {
+func StageCap(stage secagg.Stage, start, deadline time.Time, stageTimeout time.Duration) time.Time {
 	maskedEnd := deadline.Add(-2 * stageTimeout)
 	part := func(end time.Time, num, den time.Duration) time.Time {
 		return start.Add(max(stageTimeout, end.Sub(start)*num/den))

@@ -1,4 +1,4 @@
-package coord
+package round
 
 import (
 	"testing"
@@ -10,18 +10,18 @@ import (
 func TestStageTimingDecide(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	base := stageTiming{start: t0, expected: 150, minQuiet: 2 * time.Second, cap: at(60)}
-	with := func(answered int, last float64) stageTiming {
+	base := StageTiming{Start: t0, Expected: 150, MinQuiet: 2 * time.Second, Cap: at(60)}
+	with := func(answered int, last float64) StageTiming {
 		s := base
-		s.answered = answered
+		s.Answered = answered
 		if last >= 0 {
-			s.last = at(last)
+			s.Last = at(last)
 		}
 		return s
 	}
 	cases := []struct {
 		name      string
-		s         stageTiming
+		s         StageTiming
 		now       float64
 		viable    bool
 		wantClose bool
@@ -39,14 +39,14 @@ func TestStageTimingDecide(t *testing.T) {
 		{"quiet after 10 s of answers, not viable: wait for the cap", with(100, 10), 15, false, false, 60, true},
 		{"the cap bounds the quiet period", with(100, 50), 51, true, false, 60, false},
 		{"at the cap the stage closes whatever it has", with(10, 59), 60, false, true, 0, false},
-		{"answers before the stage began (advertisements during selection) count from its start", stageTiming{
-			start: at(5), last: at(3), answered: 100, expected: 150, minQuiet: 2 * time.Second, cap: at(60)}, 6, true, false, 7, false},
-		{"an empty stage waits: nobody is there to answer yet", stageTiming{
-			start: t0, expected: 0, minQuiet: 2 * time.Second, cap: at(60)}, 0, false, false, 2, false},
+		{"answers before the stage began (advertisements during selection) count from its start", StageTiming{
+			Start: at(5), Last: at(3), Answered: 100, Expected: 150, MinQuiet: 2 * time.Second, Cap: at(60)}, 6, true, false, 7, false},
+		{"an empty stage waits: nobody is there to answer yet", StageTiming{
+			Start: t0, Expected: 0, MinQuiet: 2 * time.Second, Cap: at(60)}, 0, false, false, 2, false},
 	}
 	for _, c := range cases {
 		asked := false
-		gotClose, wake := c.s.decide(at(c.now), func() bool { asked = true; return c.viable })
+		gotClose, wake := c.s.Decide(at(c.now), func() bool { asked = true; return c.viable })
 		if gotClose != c.wantClose || asked != c.wantAsked {
 			t.Errorf("%s: close %v (viable asked %v), want %v (%v)", c.name, gotClose, asked, c.wantClose, c.wantAsked)
 			continue
@@ -63,20 +63,20 @@ func TestStageTimingDecide(t *testing.T) {
 func TestStageTimingSteadyStream(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, gap := range []time.Duration{100 * time.Millisecond, time.Second, 1900 * time.Millisecond} {
-		s := stageTiming{start: t0, expected: 1000, minQuiet: 2 * time.Second, cap: t0.Add(time.Hour)}
+		s := StageTiming{Start: t0, Expected: 1000, MinQuiet: 2 * time.Second, Cap: t0.Add(time.Hour)}
 		for i := 1; i < 1000; i++ {
 			now := t0.Add(time.Duration(i) * gap)
-			if c, wake := s.decide(now, func() bool { return true }); c || !wake.After(now) {
+			if c, wake := s.Decide(now, func() bool { return true }); c || !wake.After(now) {
 				t.Fatalf("gap %v: closed (%v) or woke in the past (%v) at answer %d", gap, c, wake, i)
 			}
-			s.answered, s.last = i, now
+			s.Answered, s.Last = i, now
 		}
-		took := s.last.Sub(t0)
-		want := s.last.Add(max(2*time.Second, took/2))
-		if c, wake := s.decide(s.last, func() bool { return true }); c || !wake.Equal(want) {
+		took := s.Last.Sub(t0)
+		want := s.Last.Add(max(2*time.Second, took/2))
+		if c, wake := s.Decide(s.Last, func() bool { return true }); c || !wake.Equal(want) {
 			t.Fatalf("gap %v: after the last answer: close %v, wake %v, want %v", gap, c, wake, want)
 		}
-		if c, _ := s.decide(want, func() bool { return true }); !c {
+		if c, _ := s.Decide(want, func() bool { return true }); !c {
 			t.Fatalf("gap %v: still open once quiet", gap)
 		}
 	}
@@ -102,7 +102,7 @@ func TestStageCap(t *testing.T) {
 		{secagg.StageUnmask, 90 * time.Second, 92 * time.Second},
 	}
 	for _, c := range cases {
-		if got := stageCap(c.stage, t0.Add(c.start), deadline, T); !got.Equal(t0.Add(c.want)) {
+		if got := StageCap(c.stage, t0.Add(c.start), deadline, T); !got.Equal(t0.Add(c.want)) {
 			t.Errorf("%v stage begun at %v: cap %v, want %v", c.stage, c.start, got.Sub(t0), c.want)
 		}
 	}
