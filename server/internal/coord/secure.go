@@ -124,7 +124,7 @@ func (c *Coordinator) handleSecAggUp(m *nats.Msg) {
 
 // runSecure runs the stages of a secure aggregation round after its setup
 // (runRound): selection and key advertisement, share keys, masked input,
-// consistency, unmasking. Each stage closes by the rule of stagetiming.go.
+// consistency, unmasking. Each stage closes by the round engine's rule (round.StageTiming).
 // It returns nil once the round is closed in the store.
 func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Collector, msgs <-chan jetstream.Msg) error {
 	sec := r.secure
