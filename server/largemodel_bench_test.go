@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +31,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
@@ -56,6 +58,14 @@ import (
 //	server-peak-MB-over-budget  server-peak-MB less the goal 300 + 3×model-MB
 //	                            (positive: over it)
 //	bench-peak-MB               this process's peak (the devices)
+//	nats-peak-MB, nats-cpu-s    with FLEETLEARN_BENCH_NATS=external: the same
+//	                            for the nats-server process
+//
+// By default the server runs its embedded NATS server, whose memory is then
+// the server's. FLEETLEARN_BENCH_NATS=external runs nats-server (built from
+// the module version go.mod names) as its own process, configured as an
+// operator would (the fragment --write-nats-config writes), and the server
+// with --nats-url: server-peak-MB is then the aggregator's alone.
 //
 // It moves tens of GB through JetStream and the disk, so it runs only with
 // FLEETLEARN_BENCH_LARGE=1, one round measured per row:
@@ -365,10 +375,16 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 		pprofAddr = benchAddr(b)
 		b.Setenv("FLEETLEARN_BENCH_PPROF_ADDR", pprofAddr)
 	}
+	natsArgs := []string{"--nats-listen", natsAddr}
+	var natsProc *benchProc
+	if os.Getenv("FLEETLEARN_BENCH_NATS") == "external" {
+		natsProc = startBenchNATS(b, filepath.Dir(bin), dir, serverDir, natsAddr, need+need/8+uint64(8*4*params)+1<<30)
+		natsArgs = []string{"--nats-url", "nats://" + natsAddr}
+	}
 	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), bin,
-		append([]string{"--data-dir", serverDir, "--nats-listen", natsAddr, "--grpc-addr", grpcAddr,
+		append(append([]string{"--data-dir", serverDir, "--grpc-addr", grpcAddr,
 			"--metrics-addr", "off", "--pace-window", benchPace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath},
-			storeArgs...)...)
+			natsArgs...), storeArgs...)...)
 	b.Cleanup(func() { stopBenchProcs(b, 60*time.Second, srv) })
 	var conn *grpc.ClientConn
 	for start := time.Now(); conn == nil; time.Sleep(100 * time.Millisecond) {
@@ -445,8 +461,8 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 	resetBenchRSS()
 
 	pid := srv.pid()
-	var total, sel, rep, cpu time.Duration
-	var peak int64
+	var total, sel, rep, cpu, natsCPU time.Duration
+	var peak, natsPeak int64
 	var heap *heapWatch
 	measured := 0
 	for b.Loop() {
@@ -458,6 +474,11 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 		c0, err := benchCPU(pid)
 		if err != nil {
 			b.Fatalf("server CPU: %v (%s)", err, diag())
+		}
+		var n0 time.Duration
+		if natsProc != nil {
+			os.WriteFile(filepath.Join("/proc", natsProc.pid(), "clear_refs"), []byte("5"), 0)
+			n0, _ = benchCPU(natsProc.pid())
 		}
 		var w *heapWatch
 		var cpuProf chan []byte
@@ -501,6 +522,11 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 		}
 		peak = max(peak, kb)
 		cpu += c1 - c0
+		if natsProc != nil {
+			nkb, _ := benchHWM(natsProc.pid())
+			n1, _ := benchCPU(natsProc.pid())
+			natsPeak, natsCPU = max(natsPeak, nkb), natsCPU+n1-n0
+		}
 		if r.open.IsZero() {
 			b.Fatalf("round %d: its OPENED event was missed", r.round)
 		}
@@ -528,6 +554,10 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 	b.ReportMetric(sel.Seconds()/k, "s-select/round")
 	b.ReportMetric(rep.Seconds()/k, "s-reports/round")
 	b.ReportMetric(peakMB-budget, "server-peak-MB-over-budget")
+	if natsProc != nil {
+		b.ReportMetric(float64(natsPeak)*1024/1e6, "nats-peak-MB")
+		b.ReportMetric(natsCPU.Seconds()/k, "nats-cpu-s")
+	}
 	if kb, err := benchHWM("self"); err == nil {
 		b.ReportMetric(float64(kb)*1024/1e6, "bench-peak-MB")
 	}
@@ -559,4 +589,43 @@ func encodingLabel(e pb.UpdateEncoding) string {
 		return "float32 updates"
 	}
 	return "int8 updates"
+}
+
+// startBenchNATS runs nats-server, built from the module version go.mod
+// names, as the aggregator's external NATS, configured as an operator
+// would: JetStream with room for the round (storeBytes), 8 MiB messages,
+// and the authorization fragment the aggregator writes
+// (--write-nats-config).
+func startBenchNATS(b *testing.B, binDir, dir, serverDir, addr string, storeBytes uint64) *benchProc {
+	b.Helper()
+	natsBin := filepath.Join(binDir, "nats-server")
+	if out, err := exec.Command(benchGoTool(), "build", "-o", natsBin, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
+		b.Fatalf("build nats-server: %v\n%s", err, out)
+	}
+	natsDir := filepath.Join(dir, "nats")
+	fragment := filepath.Join(natsDir, "fleetlearn-auth.conf")
+	if err := os.MkdirAll(natsDir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if out, err := exec.Command(filepath.Join(binDir, "fleetlearn-server"), "--data-dir", serverDir, "--write-nats-config", fragment,
+		"--nats-resolver-dir", filepath.Join(natsDir, "jwt")).CombinedOutput(); err != nil {
+		b.Fatalf("fleetlearn-server --write-nats-config: %v\n%s", err, out)
+	}
+	conf := fmt.Sprintf("listen: %q\nmax_payload: %d\njetstream {\n  store_dir: %q\n  max_file_store: %d\n}\ninclude ./fleetlearn-auth.conf\n",
+		addr, wire.MaxMessageBytes, filepath.Join(natsDir, "js"), storeBytes)
+	confPath := filepath.Join(natsDir, "nats.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	p := startBenchProc(b, "nats-server", filepath.Join(dir, "nats.log"), natsBin, "--config", confPath)
+	b.Cleanup(func() { stopBenchProcs(b, 60*time.Second, p) })
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return p
+		}
+		if p.exited() || time.Since(start) > time.Minute {
+			b.Fatalf("nats-server did not listen on %s:\n%s", addr, p.tail())
+		}
+	}
 }
