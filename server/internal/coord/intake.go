@@ -216,6 +216,11 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	if err != nil {
 		return device, err
 	}
+	// The device's stored messages stay until both passes are done: a
+	// purge between them (its quota, a newer attempt) would leave the sum
+	// with part of its update.
+	t.startReading(device)
+	defer t.stopReading()
 	next, err := t.reportPieces(r, device, m)
 	if err != nil {
 		return device, err

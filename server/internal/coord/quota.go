@@ -165,14 +165,15 @@ func (t *taskRun) chargeStored(subj string, round uint64, device string, n notic
 		act = d.charge(n, quota)
 	}
 	t.mu.Unlock()
+	later := func(f func()) { t.afterRead(device, f) }
 
 	c := t.c
 	switch act {
 	case keep:
 	case deleteMsg:
-		c.deleteStored(n.seq)
+		later(func() { c.deleteStored(n.seq) })
 	case purgeEarlier:
-		c.purgeStored(subj, n.seq)
+		later(func() { c.purgeStored(subj, n.seq) })
 	case purgeUnseated:
 		c.d.Log.Info("chunk of a device not in the round purged", "task", t.id, "round", round, "device", device)
 		c.d.Metrics.Refused(metrics.RefusedCohort)
@@ -186,11 +187,44 @@ func (t *taskRun) chargeStored(subj string, round uint64, device string, n notic
 		if r != nil {
 			t.noteFailure(r, device, why)
 		}
-		c.purgeDevice(t.id, round, device)
+		later(func() { c.purgeDevice(t.id, round, device) })
 	case repurge:
 		c.d.Metrics.QuotaPurges.Inc()
-		c.purgeStored(subj, 0)
+		later(func() { c.purgeStored(subj, 0) })
 	}
+}
+
+// startReading marks device's report as being read: purges of its messages
+// wait (chargeStored) until stopReading runs them.
+func (t *taskRun) startReading(device string) {
+	t.mu.Lock()
+	t.reading = device
+	t.mu.Unlock()
+}
+
+// stopReading ends the read and runs the purges it held off.
+func (t *taskRun) stopReading() {
+	t.mu.Lock()
+	fs := t.deferred
+	t.reading, t.deferred = "", nil
+	t.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// afterRead runs purge, of device's messages, now, or once the report of
+// device being read is read: its second pass must find the chunks the
+// first checked (intake.go).
+func (t *taskRun) afterRead(device string, purge func()) {
+	t.mu.Lock()
+	if t.reading == device {
+		t.deferred = append(t.deferred, purge)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	purge()
 }
 
 // seated reports whether device holds a seat in the round.

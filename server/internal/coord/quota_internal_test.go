@@ -91,3 +91,26 @@ func TestParseNotice(t *testing.T) {
 		t.Error("a notice with a negative size was read")
 	}
 }
+
+// TestPurgeWaitsForTheRead: while a device's report is read (twice), purges
+// of its messages wait, so that a device cannot flood its quota, or start
+// another attempt, between the passes and leave the sum with part of its
+// update; other devices' purges do not wait.
+func TestPurgeWaitsForTheRead(t *testing.T) {
+	tr := &taskRun{}
+	var ran []string
+	tr.startReading("mallory")
+	tr.afterRead("mallory", func() { ran = append(ran, "mallory") })
+	tr.afterRead("other", func() { ran = append(ran, "other") })
+	if len(ran) != 1 || ran[0] != "other" {
+		t.Fatalf("during the read: ran %v, want only other's purge", ran)
+	}
+	tr.stopReading()
+	if len(ran) != 2 || ran[1] != "mallory" {
+		t.Fatalf("after the read: ran %v, want mallory's purge too", ran)
+	}
+	tr.afterRead("mallory", func() { ran = append(ran, "mallory again") })
+	if len(ran) != 3 {
+		t.Fatalf("no read in progress: ran %v, want the purge at once", ran)
+	}
+}

@@ -477,6 +477,8 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if sec.srv.Stage() != secagg.StageMaskedInput {
 		return device, refuse("masked input arrived in the %v stage", sec.srv.Stage())
 	}
+	t.startReading(device) // as acceptUpdate
+	defer t.stopReading()
 	next, err := t.reportPieces(r, device, m)
 	if err != nil {
 		return device, err

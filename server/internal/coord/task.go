@@ -42,6 +42,11 @@ type taskRun struct {
 	// Loaded once per run.
 	spec   *pb.Task
 	global *model.Model // current model
+	// reading is the device whose report the round is reading, twice
+	// (intake.go); purges of its messages wait in deferred until it is read
+	// (quota.go). Guarded by mu.
+	reading  string
+	deferred []func()
 	// holds are the task's bytes held in the memory limit, by what they
 	// are: "model", "state" (the optimizer's), "round" (the round's sum).
 	holds map[string]func()
