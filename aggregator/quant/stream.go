@@ -80,19 +80,32 @@ func (d *Decoder) Write(p []byte) error {
 			}
 		}
 		room := decodeBatch - len(d.out)
-		var take int
 		if d.bits == 8 {
-			take = min(len(p), room)
-		} else {
-			take = min(len(p), room/2)
-		}
-		for _, c := range p[:take] {
-			if d.bits == 8 {
-				if err := d.value(int8(c)); err != nil {
-					return err
-				}
-				continue
+			// A run of codes of one block: one scale, no call per value.
+			end := min((d.i/d.block+1)*d.block, d.n)
+			k := min(len(p), room, int(end-d.i))
+			if k == 0 { // unreachable: the length was checked against n
+				return fmt.Errorf("quant: %s: more than %d codes: %w", d.h.op, d.n, ErrFormat)
 			}
+			sc := d.scales[d.i/d.block]
+			sf := float64(sc)
+			for j, c := range p[:k] {
+				code := int8(c)
+				if code < -maxCode {
+					return fmt.Errorf("quant: %s: code %d = %d, below -%d: %w", d.h.op, d.i+uint64(j), code, maxCode, ErrFormat)
+				}
+				if code != 0 && sc == 0 {
+					return fmt.Errorf("quant: %s: code %d = %d in a block of scale 0: %w", d.h.op, d.i+uint64(j), code, ErrFormat)
+				}
+				d.out = append(d.out, float32(float64(code)*sf))
+			}
+			d.i += uint64(k)
+			d.off += uint64(k)
+			p = p[k:]
+			continue
+		}
+		take := min(len(p), room/2)
+		for _, c := range p[:take] {
 			if err := d.value(int8(c<<4) >> 4); err != nil {
 				return err
 			}

@@ -32,7 +32,12 @@ import (
 
 // reportPieces returns a report's bytes, piece by piece: the message's own,
 // or its chunks, read and checked one at a time (chunkStream).
-func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg) (next func() ([]byte, error), err error) {
+//
+// A read after the first (again) skips the report's sha256: stored
+// messages do not change, and its device's cannot be purged while it is
+// read (afterRead), so the bytes are those the first read checked. Every
+// other check of the chunks still runs.
+func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, again bool) (next func() ([]byte, error), err error) {
 	defer classify(&err, metrics.RefusedChunks)
 	if _, chunked := m.Headers()[wire.HeaderChunked]; !chunked {
 		return onePiece(m.Data()), nil
@@ -43,6 +48,9 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg) (nex
 	cs, err := openChunks(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, t.readStored)
 	if err != nil {
 		return nil, err
+	}
+	if again {
+		cs.h = nil
 	}
 	return func() ([]byte, error) {
 		b, err := cs.next()
@@ -108,6 +116,9 @@ type scanPass struct {
 	h    hash.Hash
 	n    int
 	bad  error // the payload's decoding error, reported after the other checks
+	// again: a second read of a report the first read checked, whose
+	// payload is not hashed again (reportPieces).
+	again bool
 }
 
 func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, error) {
@@ -115,7 +126,9 @@ func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, e
 	if err != nil {
 		return nil, err
 	}
-	p.h = sha256.New()
+	if !p.again {
+		p.h = sha256.New()
+	}
 	if n := p.t.ulayout.Size(); bits == 0 && size != 4*uint64(n) {
 		// As wire.DecodeDenseInto says it; refused after the other checks.
 		p.bad = fmt.Errorf("%w: %d bytes for %d float32 values", wire.ErrPayload, size, n)
@@ -123,7 +136,9 @@ func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, e
 		p.bad = err
 	}
 	return func(b []byte) error {
-		p.h.Write(b)
+		if p.h != nil {
+			p.h.Write(b)
+		}
 		if p.bad != nil {
 			return nil
 		}
@@ -158,6 +173,9 @@ func (p *scanPass) run(next func() ([]byte, error)) (rep *pb.UpdateReport, sha s
 	if f == wire.NoPayload {
 		_, err := p.t.payloadSpec(p.r, f)
 		return nil, "", err
+	}
+	if p.h == nil {
+		return rep, rep.PayloadSha256, nil // again: checked by the first read
 	}
 	return rep, hex.EncodeToString(p.h.Sum(nil)), nil
 }
@@ -221,7 +239,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	// with part of its update.
 	t.startReading(device)
 	defer t.stopReading()
-	next, err := t.reportPieces(r, device, m)
+	next, err := t.reportPieces(r, device, m, false)
 	if err != nil {
 		return device, err
 	}
@@ -266,8 +284,8 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	// Last: a refused report must not have touched the aggregate. The
 	// second pass reads what the first accepted; it fails only if the
 	// stream does, and then the sum holds part of an update.
-	if next, err = t.reportPieces(r, device, m); err == nil {
-		second := &scanPass{t: t, r: r, emit: part.Write}
+	if next, err = t.reportPieces(r, device, m, true); err == nil {
+		second := &scanPass{t: t, r: r, emit: part.Write, again: true}
 		if _, err = second.checkPayload(next); err == nil {
 			err = part.Close()
 		}

@@ -479,7 +479,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	}
 	t.startReading(device) // as acceptUpdate
 	defer t.stopReading()
-	next, err := t.reportPieces(r, device, m)
+	next, err := t.reportPieces(r, device, m, false)
 	if err != nil {
 		return device, err
 	}
@@ -521,8 +521,8 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if err != nil {
 		return device, refuse("%v", err)
 	}
-	if next, err = t.reportPieces(r, device, m); err == nil {
-		second := &maskedPass{bits: bits, dim: dim, emit: part.Write}
+	if next, err = t.reportPieces(r, device, m, true); err == nil {
+		second := &maskedPass{bits: bits, dim: dim, emit: part.Write, again: true}
 		if _, err = second.run(next, reportOverhead); err == nil && second.bad != nil {
 			err = second.bad
 		}
@@ -548,6 +548,7 @@ type maskedPass struct {
 	scratch   []byte
 	n         int
 	bad       error // the values' decoding error, reported after the header checks
+	again     bool  // a second read: not hashed again (reportPieces)
 }
 
 func (p *maskedPass) open(f wire.PayloadField, size uint64) (func([]byte) error, error) {
@@ -556,11 +557,13 @@ func (p *maskedPass) open(f wire.PayloadField, size uint64) (func([]byte) error,
 	}
 	p.h = sha256.New()
 	dec, err := secagg.NewMaskedDecoder(p.bits, p.dim, f == wire.MaskedPacked, size, func(v []uint32) error {
-		p.scratch = p.scratch[:0]
-		for _, x := range v {
-			p.scratch = binary.LittleEndian.AppendUint32(p.scratch, x)
+		if !p.again {
+			p.scratch = p.scratch[:0]
+			for _, x := range v {
+				p.scratch = binary.LittleEndian.AppendUint32(p.scratch, x)
+			}
+			p.h.Write(p.scratch)
 		}
-		p.h.Write(p.scratch)
 		return p.emit(v)
 	})
 	if err != nil {
