@@ -426,12 +426,26 @@ func (d *DenseDecoder) Write(p []byte) error {
 			d.nc = 0
 			continue
 		}
-		for len(p) >= 4 && len(d.out) < denseBatch {
-			if err := d.value(binary.LittleEndian.Uint32(p)); err != nil {
+		// Whole values: a tight run, no call per value.
+		k := min(len(p)/4, denseBatch-len(d.out), d.want-d.got)
+		if k == 0 {
+			if d.got == d.want {
+				return fmt.Errorf("%w: more than %d float32 values", ErrPayload, d.want)
+			}
+			if err := d.flush(); err != nil {
 				return err
 			}
-			p = p[4:]
+			continue
 		}
+		for j := range k {
+			bits := binary.LittleEndian.Uint32(p[4*j:])
+			if bits&0x7f800000 == 0x7f800000 {
+				return fmt.Errorf("%w: value %d is %v", ErrPayload, d.got+j, math.Float32frombits(bits))
+			}
+			d.out = append(d.out, math.Float32frombits(bits))
+		}
+		d.got += k
+		p = p[4*k:]
 		if len(d.out) == denseBatch {
 			if err := d.flush(); err != nil {
 				return err
