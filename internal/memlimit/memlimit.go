@@ -123,6 +123,22 @@ func (l *Limit) apply() {
 	l.set(want)
 }
 
+// Refresh sets the limit again for what the last collection found live.
+// What else is live changes as the process works (connections, caches a
+// library keeps): a limit left below it would have the collector run
+// without end, so a caller refreshes as it goes (the server does after
+// each report).
+func (l *Limit) Refresh() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.held > 0 {
+		l.apply()
+	}
+	l.mu.Unlock()
+}
+
 // Held returns the bytes held.
 func (l *Limit) Held() int64 {
 	if l == nil {

@@ -71,7 +71,16 @@ func TestOtherLiveCounted(t *testing.T) {
 	if r.limit != 3100 {
 		t.Fatalf("limit %d, want 1000 held + 2000 other + 100", r.limit)
 	}
+	live = 5000 // caches grew
+	l.Refresh()
+	if r.limit != 5100 {
+		t.Fatalf("after the live heap grew: limit %d, want 5100", r.limit)
+	}
 	release()
+	l.Refresh() // nothing held: the runtime's own limit stays
+	if r.limit != math.MaxInt64 {
+		t.Fatalf("refresh with nothing held set %d", r.limit)
+	}
 }
 
 func TestNilHoldsNothing(t *testing.T) {

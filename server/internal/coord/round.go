@@ -244,6 +244,7 @@ func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metric
 // receipt: accepted, or refused with accept's reason, which the round keeps
 // as the device's failure (its first).
 func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
+	defer t.c.d.Memory.Refresh() // what else is live moves as reports stream through
 	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
 	span := t.validation(r, kind, m.Headers())
 	device, err := accept()
