@@ -378,7 +378,10 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 	natsArgs := []string{"--nats-listen", natsAddr}
 	var natsProc *benchProc
 	if os.Getenv("FLEETLEARN_BENCH_NATS") == "external" {
-		natsProc = startBenchNATS(b, filepath.Dir(bin), dir, serverDir, natsAddr, need+need/8+uint64(8*4*params)+1<<30)
+		// Room for the reports stream (at least its default size) and
+		// the model versions.
+		natsProc = startBenchNATS(b, filepath.Dir(bin), dir, serverDir, natsAddr,
+			max(need+need/8, server.DefaultReportStoreBytes)+uint64(8*4*params)+1<<30)
 		natsArgs = []string{"--nats-url", "nats://" + natsAddr}
 	}
 	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), bin,
