@@ -105,9 +105,12 @@ func (l *Limit) Hold(n int64) (release func()) {
 	}
 }
 
-// apply sets the runtime's limit for what is held; mu is held.
+// apply sets the runtime's limit for what is held; mu is held. Holds
+// smaller than the headroom leave the runtime's limit alone: garbage as
+// large as the live heap is then no more than the headroom would allow
+// anyway, and a tighter limit would only collect more often.
 func (l *Limit) apply() {
-	if l.held == 0 {
+	if l.held < l.headroom {
 		l.set(l.prev)
 		return
 	}

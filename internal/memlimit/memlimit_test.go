@@ -21,6 +21,11 @@ func (r *recorder) set(n int64) int64 {
 func TestHoldsSetTheLimit(t *testing.T) {
 	r := &recorder{limit: math.MaxInt64}
 	l := memlimit.New(100, memlimit.WithSetter(r.set), memlimit.WithLive(func() int64 { return 0 }))
+	small := l.Hold(99)
+	if r.limit != math.MaxInt64 {
+		t.Fatalf("holds under the headroom set the limit to %d", r.limit)
+	}
+	small()
 	a := l.Hold(1000)
 	if r.limit != 1100 {
 		t.Fatalf("one hold of 1000: limit %d, want 1100", r.limit)
