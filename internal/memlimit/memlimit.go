@@ -57,6 +57,7 @@ type Limit struct {
 	set      func(int64) int64
 	live     func() int64
 	prev     int64 // the runtime's limit before the first hold
+	last     int64 // the limit last set, so that an unchanged one is not set again
 }
 
 // Option configures a Limit.
@@ -81,6 +82,7 @@ func New(headroom int64, opts ...Option) *Limit {
 		o(l)
 	}
 	l.prev = l.set(-1) // a negative limit reads the current one
+	l.last = l.prev
 	return l
 }
 
@@ -111,7 +113,7 @@ func (l *Limit) Hold(n int64) (release func()) {
 // anyway, and a tighter limit would only collect more often.
 func (l *Limit) apply() {
 	if l.held < l.headroom {
-		l.set(l.prev)
+		l.setLimit(l.prev)
 		return
 	}
 	// What is live besides the holds (connections, caches, other tasks'
@@ -123,7 +125,18 @@ func (l *Limit) apply() {
 		// A limit set from outside (GOMEMLIMIT) is never raised.
 		want = l.prev
 	}
-	l.set(want)
+	l.setLimit(want)
+}
+
+// setLimit sets the runtime's limit unless it is already n: setting it
+// takes the heap's lock and may start returning memory to the system, too
+// much to do after every report for nothing.
+func (l *Limit) setLimit(n int64) {
+	if n == l.last {
+		return
+	}
+	l.last = n
+	l.set(n)
 }
 
 // Refresh sets the limit again for what the last collection found live.
@@ -136,7 +149,7 @@ func (l *Limit) Refresh() {
 		return
 	}
 	l.mu.Lock()
-	if l.held > 0 {
+	if l.held >= l.headroom {
 		l.apply()
 	}
 	l.mu.Unlock()
