@@ -155,19 +155,28 @@ func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, e
 	}, nil
 }
 
+// scanReport runs wire.ScanUpdate over next, adding the bytes read to *n;
+// malformed bytes are refused as "decode update report". The plaintext and
+// masked reads share it.
+func scanReport(next func() ([]byte, error), limit int, open func(wire.PayloadField, uint64) (func([]byte) error, error), n *int) (*pb.UpdateReport, wire.PayloadField, error) {
+	rep, f, _, err := wire.ScanUpdate(func() ([]byte, error) {
+		b, err := next()
+		*n += len(b)
+		return b, err
+	}, limit, open)
+	if errors.Is(err, wire.ErrScan) {
+		return nil, f, refuse("decode update report: %v", err)
+	}
+	return rep, f, err
+}
+
 // run scans the report's bytes from next; the report comes back without
 // its values.
 func (p *scanPass) run(next func() ([]byte, error)) (rep *pb.UpdateReport, sha string, err error) {
 	limit := reportOverhead + tensorOverhead*len(p.t.ulayout.Entries)
-	rep, f, _, err := wire.ScanUpdate(func() ([]byte, error) {
-		b, err := next()
-		p.n += len(b)
-		return b, err
-	}, limit, p.open)
+	rep, f, err := scanReport(next, limit, p.open, &p.n)
 	if err != nil {
-		if errors.Is(err, wire.ErrScan) {
-			return nil, "", refuseAs(refusedDecode, "decode update report: %v", err)
-		}
+		classify(&err, refusedDecode)
 		return nil, "", err
 	}
 	if f == wire.NoPayload {

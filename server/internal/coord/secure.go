@@ -584,15 +584,8 @@ func (p *maskedPass) open(f wire.PayloadField, size uint64) (func([]byte) error,
 
 // run scans the report from next; the report comes back without its values.
 func (p *maskedPass) run(next func() ([]byte, error), limit int) (*pb.UpdateReport, error) {
-	rep, f, _, err := wire.ScanUpdate(func() ([]byte, error) {
-		b, err := next()
-		p.n += len(b)
-		return b, err
-	}, limit, p.open)
+	rep, f, err := scanReport(next, limit, p.open, &p.n)
 	if err != nil {
-		if errors.Is(err, wire.ErrScan) {
-			return nil, refuse("decode update report: %v", err)
-		}
 		return nil, err
 	}
 	if f == wire.NoPayload {
