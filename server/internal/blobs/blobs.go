@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -206,12 +207,14 @@ func (s *Store) publishChunks(ctx context.Context, subj string, r io.Reader) (ui
 
 // Get returns the blob named sha after checking its content still hashes to it.
 func (s *Store) Get(ctx context.Context, sha string) ([]byte, error) {
-	b, err := s.obs.GetBytes(ctx, sha)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("blob %s: %w", sha, backend.ErrNotFound)
-	}
+	ctx, cancel, err := s.readContext(ctx, sha)
 	if err != nil {
-		return nil, fmt.Errorf("blobs: get %s: %w", sha, err)
+		return nil, err
+	}
+	defer cancel()
+	b, err := s.obs.GetBytes(ctx, sha)
+	if err != nil {
+		return nil, s.getError(sha, err)
 	}
 	if got := wire.SHA256(b); got != sha {
 		return nil, fmt.Errorf("blobs: %s holds content hashing to %s", sha, got)
@@ -224,12 +227,58 @@ func (s *Store) Get(ctx context.Context, sha string) ([]byte, error) {
 // content against the digest it recorded once the end is read; a reader
 // that stops early gets no such check.
 func (s *Store) Open(ctx context.Context, sha string) (io.ReadCloser, error) {
-	r, err := s.obs.Get(ctx, sha)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("blob %s: %w", sha, backend.ErrNotFound)
-	}
+	ctx, cancel, err := s.readContext(ctx, sha)
 	if err != nil {
-		return nil, fmt.Errorf("blobs: get %s: %w", sha, err)
+		return nil, err
 	}
-	return r, nil
+	r, err := s.obs.Get(ctx, sha)
+	if err != nil {
+		cancel()
+		return nil, s.getError(sha, err)
+	}
+	return &openBlob{ReadCloser: r, cancel: cancel}, nil
+}
+
+// minReadRate is the slowest a blob is read before a read whose context has
+// no deadline gives up: readSlack plus a second per minReadRate bytes.
+// nats.go bounds a whole object read, not one request, by its API timeout
+// when the context has none, so a 96 MiB blob read on a loaded machine
+// failed with "nats: timeout" after 5 s while every chunk was arriving.
+const (
+	minReadRate = 4 << 20
+	readSlack   = 30 * time.Second
+)
+
+// readContext gives a read without a deadline one that grows with the
+// blob's size; a caller's own deadline is kept as it is.
+func (s *Store) readContext(ctx context.Context, sha string) (context.Context, context.CancelFunc, error) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}, nil
+	}
+	info, err := s.obs.GetInfo(ctx, sha)
+	if err != nil {
+		return nil, nil, s.getError(sha, err)
+	}
+	d := readSlack + time.Duration(info.Size/minReadRate)*time.Second
+	ctx, cancel := context.WithTimeout(ctx, d)
+	return ctx, cancel, nil
+}
+
+func (s *Store) getError(sha string, err error) error {
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("blob %s: %w", sha, backend.ErrNotFound)
+	}
+	return fmt.Errorf("blobs: get %s: %w", sha, err)
+}
+
+// openBlob releases the read's deadline when its reader is closed.
+type openBlob struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *openBlob) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }

@@ -2,11 +2,13 @@ package blobs_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -155,5 +157,43 @@ func TestPutLeavesNothingOnFailure(t *testing.T) {
 	}
 	if info.State.Msgs != 0 {
 		t.Fatalf("failed puts left %d messages (%d bytes) in the bucket", info.State.Msgs, info.State.Bytes)
+	}
+}
+
+// TestReadOutlastsAPITimeout: nats.go bounds a whole object read by its API
+// timeout when the context has none; a blob read more slowly than that (a
+// large model on a loaded machine, here a reader that pauses) is still read
+// whole.
+func TestReadOutlastsAPITimeout(t *testing.T) {
+	const apiTimeout = 2 * time.Second
+	nc, _ := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(apiTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: wire.BlobBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := blobs.New(js, obs)
+	big := bytes.Repeat([]byte("slow reader "), 3*blobs.ChunkBytes/12)
+	name, err := s.Put(ctx, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Open(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	head := make([]byte, 10)
+	if _, err := io.ReadFull(r, head); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(apiTimeout + apiTimeout/2)
+	rest, err := io.ReadAll(r)
+	if err != nil || !bytes.Equal(append(head, rest...), big) {
+		t.Fatalf("read after a pause: %d bytes, %v", len(head)+len(rest), err)
 	}
 }
