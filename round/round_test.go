@@ -32,25 +32,25 @@ func refusedAs(t *testing.T, name string, err error, c round.Class, want string)
 // gets for it (server TestBadReportsAreRefused, TestHostileChunkFlood end
 // to end).
 func TestCheckSender(t *testing.T) {
-	seated := round.Cohort{Seat: round.Seat{Examples: 10}, Seated: true}
+	seated := round.Standing{Seat: round.Seat{Examples: 10}, Seated: true}
 	for _, c := range []struct {
 		name   string
 		task   string
 		round  uint64
 		kind   round.Kind
-		cohort round.Cohort
+		cohort round.Standing
 		class  round.Class
 		want   string
 	}{
 		{"seated, first report", "t", 7, round.Train, seated, "", ""},
 		{"another task", "u", 7, round.Train, seated, round.ClassSubject, "subject is for u/7, round is t/7"},
 		{"an earlier round", "t", 6, round.Train, seated, round.ClassSubject, "subject is for t/6"},
-		{"not in the cohort", "t", 7, round.Train, round.Cohort{}, round.ClassCohort, `device "d" is not in the cohort of round 7`},
-		{"second report", "t", 7, round.Train, round.Cohort{Seated: true, Reported: true}, round.ClassDuplicate, "already reported"},
-		{"over its storage quota", "t", 7, round.Train, round.Cohort{Seated: true, OverQuota: true}, round.ClassQuota, "stored more than round 7 admits"},
+		{"not in the cohort", "t", 7, round.Train, round.Standing{}, round.ClassCohort, `device "d" is not in the cohort of round 7`},
+		{"second report", "t", 7, round.Train, round.Standing{Seated: true, Reported: true}, round.ClassDuplicate, "already reported"},
+		{"over its storage quota", "t", 7, round.Train, round.Standing{Seated: true, OverQuota: true}, round.ClassQuota, "stored more than round 7 admits"},
 		{"evaluation in a training round", "t", 7, round.Evaluate, seated, round.ClassKind, "evaluation report in a round that wants update reports"},
 		// The order is the protocol's: a duplicate is a duplicate before it is over quota.
-		{"duplicate and over quota", "t", 7, round.Train, round.Cohort{Seated: true, Reported: true, OverQuota: true}, round.ClassDuplicate, "already reported"},
+		{"duplicate and over quota", "t", 7, round.Train, round.Standing{Seated: true, Reported: true, OverQuota: true}, round.ClassDuplicate, "already reported"},
 	} {
 		refusedAs(t, c.name, round.CheckSender(spec, c.task, c.round, "d", c.kind, c.cohort), c.class, c.want)
 	}

@@ -33,13 +33,16 @@ type Spec struct {
 
 // Seat is a cohort member's place in the round.
 type Seat struct {
+	// Participant is the device's number in the round, given by the store
+	// when the seat was recorded (secure aggregation's participant id).
+	Participant uint32
 	// Examples is what the device said it had when selected; its report
 	// may claim no more.
 	Examples uint64
 }
 
-// Cohort is what the round knows of a device that sends a report.
-type Cohort struct {
+// Standing is what the round knows of a device that sends a report.
+type Standing struct {
 	Seat     Seat
 	Seated   bool // the device holds a seat in the round
 	Reported bool // its report was already counted
@@ -51,7 +54,7 @@ type Cohort struct {
 // round, device): the subject names this round and a seated device that
 // has not reported and is within its storage quota. kind is the report's
 // kind, from its subject.
-func CheckSender(s Spec, task string, round uint64, device string, kind Kind, c Cohort) error {
+func CheckSender(s Spec, task string, round uint64, device string, kind Kind, c Standing) error {
 	switch {
 	case task != s.Task || round != s.Round:
 		return refuse(ClassSubject, "subject is for %s/%d, round is %s/%d", task, round, s.Task, s.Round)

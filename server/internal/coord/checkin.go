@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -14,12 +13,9 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
-	"github.com/fleetlearn/fleetlearn/server/internal/store"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
-
-// maxCheckInBytes bounds a check-in message; attributes are small.
-const maxCheckInBytes = 16 << 10
 
 // deviceWriteInterval limits how often a polling device's last-seen time is written.
 const deviceWriteInterval = time.Minute
@@ -126,19 +122,18 @@ func (c *Coordinator) checkIn(subject string, b []byte) (*pb.CheckInResponse, na
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, err.Error()), nil
 	}
-	if len(b) > maxCheckInBytes {
+	if why := round.CheckCheckInSize(len(b)); why != "" {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, fmt.Sprintf("check-in of %d bytes exceeds %d", len(b), maxCheckInBytes)), nil
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why), nil
 	}
 	var ci pb.CheckIn
 	if err := proto.Unmarshal(b, &ci); err != nil {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
 		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, "malformed check-in: "+err.Error()), nil
 	}
-	if ci.DeviceId != device {
+	if why := round.CheckCheckInDevice(device, ci.DeviceId); why != "" {
 		c.d.Metrics.CheckIns.WithLabelValues("invalid").Inc()
-		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
-			fmt.Sprintf("check-in names device %q on the subject of device %q; a device checks in only as itself", ci.DeviceId, device)), nil
+		return retry(10*pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why), nil
 	}
 	now := c.now()
 	c.noteDevice(ci.DeviceId, ci.Attributes, now)
@@ -189,12 +184,12 @@ func (c *Coordinator) noteDevice(id string, attrs *pb.DeviceAttributes, now time
 	}
 }
 
-// eligible checks a device against the task's eligibility and ABI.
-func (t *taskRun) eligible(a *pb.DeviceAttributes) (string, pb.RetryReason) {
-	if abi := t.moduleABI(); !slices.Contains(a.GetSupportedAbiVersions(), abi) {
-		return fmt.Sprintf("device does not support module ABI v%d", abi), pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI
-	}
-	return t.meets(a), pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE
+// eligibility is what the task asks of devices, as the round engine reads it.
+func (t *taskRun) eligibility() round.Eligibility {
+	e := t.spec.GetEligibility()
+	return round.Eligibility{ABI: t.moduleABI(), MinExamples: e.GetMinExamples(), RequireCharging: e.GetRequireCharging(),
+		RequireIdle: e.GetRequireIdle(), RequireUnmetered: e.GetRequireUnmetered(), Classes: e.GetDeviceClasses(),
+		MaxRounds: t.dp.maxRounds()}
 }
 
 // moduleABI is the ABI the task's module declared when it was registered;
@@ -206,74 +201,50 @@ func (t *taskRun) moduleABI() uint32 {
 	return wasm.MinABIVersion
 }
 
-func (t *taskRun) meets(a *pb.DeviceAttributes) string {
-	e := t.spec.GetEligibility()
-	switch {
-	case a.GetExamplesAvailable() < max(e.GetMinExamples(), 1):
-		return fmt.Sprintf("needs at least %d examples, device has %d", max(e.GetMinExamples(), 1), a.GetExamplesAvailable())
-	case e.GetRequireCharging() && !a.GetCharging():
-		return "task requires charging devices"
-	case e.GetRequireIdle() && !a.GetIdle():
-		return "task requires idle devices"
-	case e.GetRequireUnmetered() && !a.GetUnmetered():
-		return "task requires unmetered networks"
-	case len(e.GetDeviceClasses()) > 0 && !slices.Contains(e.GetDeviceClasses(), a.GetDeviceClass()):
-		return fmt.Sprintf("device class %q not in %v", a.GetDeviceClass(), e.GetDeviceClasses())
-	}
-	return ""
+func attributes(a *pb.DeviceAttributes) round.Attributes {
+	return round.Attributes{ABIs: a.GetSupportedAbiVersions(), Examples: a.GetExamplesAvailable(), Charging: a.GetCharging(),
+		Idle: a.GetIdle(), Unmetered: a.GetUnmetered(), Class: a.GetDeviceClass()}
 }
 
-// offer assigns the device to the open round if it may join, with the
-// headers of the plan's reply, or says how long to wait. A device already in
-// the cohort gets its plan again (it may have restarted), unless it has
-// reported.
+var retryReasons = map[round.Reason]pb.RetryReason{
+	round.ReasonRoundFull:      pb.RetryReason_RETRY_REASON_ROUND_FULL,
+	round.ReasonNotEligible:    pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
+	round.ReasonUnsupportedABI: pb.RetryReason_RETRY_REASON_UNSUPPORTED_ABI,
+}
+
+// offer puts a check-in to the open round's cohort (round.Cohort.Offer) and
+// does what it decides: hand the plan, with the headers of its reply, or
+// record a reserved seat in the store, or say how long to wait.
 func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
 	pace := t.c.d.PaceWindow
+	device := ci.DeviceId
 	// The task's settings (spec, dp) are written while the runner loads; an
 	// open round, seen under mu, means loading is over and they are fixed.
 	t.mu.Lock()
 	r := t.round
-	t.mu.Unlock()
 	if r == nil {
-		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
-	}
-	if why, code := t.eligible(ci.Attributes); why != "" {
-		return nil, nil, 10 * pace, code, why
-	}
-	t.mu.Lock()
-	if max := t.dp.maxRounds(); max > 0 && t.parts[ci.DeviceId] >= max {
-		if t.round == r {
-			r.capped[ci.DeviceId] = true
-		}
-		t.mu.Unlock()
-		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE,
-			fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", max)
-	}
-	if t.round != r {
 		t.mu.Unlock()
 		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
-	until := max(0, r.row.Deadline.Sub(now))
-	if seat, ok := r.assigned[ci.DeviceId]; ok && !r.reported[ci.DeviceId] {
-		t.mu.Unlock()
-		return withParticipant(r.plan, seat.Participant), r.tr.header, 0, 0, ""
+	var benched string
+	if ns, ok := t.noShows[device]; ok {
+		benched = ns.Benched(r.row.Round)
 	}
-	if why := t.benched(ci.DeviceId, r.row.Round); why != "" {
-		t.mu.Unlock()
-		return nil, nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
-	}
-	if !r.selecting || len(r.assigned) >= r.wanted || r.reported[ci.DeviceId] {
-		t.mu.Unlock()
-		// The next round opens about when this one closes.
-		return nil, nil, min(until, 10*pace), pb.RetryReason_RETRY_REASON_ROUND_FULL, fmt.Sprintf("round %d is full", r.row.Round)
-	}
-	// Reserve the slot before the write so concurrent check-ins cannot overfill.
-	r.assigned[ci.DeviceId] = store.Assignment{}
+	o := r.cohort.Offer(now, t.eligibility(), round.Candidate{Device: device, Attributes: attributes(ci.Attributes),
+		Rounds: t.parts[device], Benched: benched})
 	t.mu.Unlock()
-	key, err := t.c.deviceKey(t.c.ctx, ci.DeviceId)
+	switch o.Action {
+	case round.Defer:
+		return nil, nil, o.Wait, retryReasons[o.Reason], o.Detail
+	case round.Replan:
+		return withParticipant(r.plan, o.Seat.Participant), r.tr.header, 0, 0, ""
+	}
+	// A reserved seat: concurrent check-ins cannot overfill the cohort
+	// while the store records it.
+	key, err := t.c.deviceKey(t.c.ctx, device)
 	if errors.Is(err, ErrRevoked) || (key == nil && t.c.d.RequireEnrollment) {
 		t.mu.Lock()
-		delete(r.assigned, ci.DeviceId)
+		r.cohort.Release(device)
 		t.mu.Unlock()
 		why := "device is not enrolled"
 		if err != nil {
@@ -285,23 +256,23 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 	ctx, cancel := context.WithTimeout(t.c.ctx, 5*time.Second)
 	defer cancel()
 	examples := ci.GetAttributes().GetExamplesAvailable()
-	p, _, err := t.c.d.Store.Assign(ctx, t.id, r.row.Round, ci.DeviceId, examples, now)
+	p, _, err := t.c.d.Store.Assign(ctx, t.id, r.row.Round, device, examples, now)
 	t.mu.Lock()
 	if err != nil || t.round != r {
-		delete(r.assigned, ci.DeviceId)
+		r.cohort.Release(device)
 		t.mu.Unlock()
 		if err != nil {
-			t.log().Warn("assigning device", "device", ci.DeviceId, "err", err)
+			t.log().Warn("assigning device", "device", device, "err", err)
 		}
 		return nil, nil, pace, pb.RetryReason_RETRY_REASON_OVERLOADED, "try again"
 	}
-	r.assigned[ci.DeviceId] = store.Assignment{Participant: p, Examples: examples}
+	r.cohort.Seat(device, round.Seat{Participant: p, Examples: examples})
 	if key != nil {
-		r.keys[ci.DeviceId] = key
+		r.keys[device] = key
 	}
 	t.mu.Unlock()
 	r.poke()
-	r.planHanded(ci.DeviceId, p)
+	r.planHanded(device, p)
 	return withParticipant(r.plan, p), r.tr.header, 0, 0, ""
 }
 

@@ -39,8 +39,8 @@ func (t *taskRun) event(r *roundRun, typ pb.RoundEventType, metrics map[string]f
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ev := &pb.RoundEvent{TaskId: t.id, Round: r.row.Round, Type: typ, Kind: r.row.Kind, Time: timestamppb.New(t.c.now()),
-		Assigned: uint32(len(r.assigned)), Reported: uint32(len(r.reported)),
-		Dropped: uint32(len(r.assigned) - len(r.reported)), Metrics: &pb.Metrics{Values: metrics}, Reason: reason}
+		Assigned: uint32(r.cohort.Assigned()), Reported: uint32(r.cohort.Reported()),
+		Dropped: uint32(r.cohort.Assigned() - r.cohort.Reported()), Metrics: &pb.Metrics{Values: metrics}, Reason: reason}
 	return ev
 }
 
@@ -49,14 +49,9 @@ func (t *taskRun) closeRow(r *roundRun, state pb.RoundState, metrics map[string]
 	defer t.mu.Unlock()
 	row := *r.row
 	row.State, row.Close, row.Metrics, row.Reason = state, t.c.now(), metrics, reason
-	row.Assigned, row.Reported = uint32(len(r.assigned)), uint32(len(r.reported))
+	row.Assigned, row.Reported = uint32(r.cohort.Assigned()), uint32(r.cohort.Reported())
 	row.Dropped = row.Assigned - row.Reported
-	row.Failures = map[string]string{}
-	for d, why := range r.failures {
-		if _, in := r.assigned[d]; in && !r.reported[d] {
-			row.Failures[d] = why
-		}
-	}
+	row.Failures = r.cohort.Failures()
 	return &row
 }
 
@@ -305,9 +300,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		row.Model = newRow.Version
 	}
 	t.mu.Lock()
-	for d := range r.reported {
-		row.Participants = append(row.Participants, d)
-	}
+	row.Participants = r.cohort.ReportedDevices()
 	t.mu.Unlock()
 	var epsBefore float64
 	if t.dp != nil {

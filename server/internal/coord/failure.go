@@ -77,12 +77,5 @@ func (c *Coordinator) openRound(task string, round uint64) (*taskRun, *roundRun)
 func (t *taskRun) noteFailure(r *roundRun, device, why string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, in := r.assigned[device]; !in || r.reported[device] {
-		return false
-	}
-	if _, had := r.failures[device]; had {
-		return false
-	}
-	r.failures[device] = wire.FailureReason(why)
-	return true
+	return r.cohort.Fail(device, wire.FailureReason(why))
 }

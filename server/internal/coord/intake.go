@@ -305,7 +305,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	}
 	mm.add(rep.GetMetrics().GetValues(), weight)
 	t.mu.Lock()
-	r.reported[device] = true
+	r.cohort.Report(device)
 	t.mu.Unlock()
 	return device, nil
 }

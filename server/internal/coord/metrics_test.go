@@ -8,8 +8,8 @@ import (
 	"time"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
-	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
 // TestRefusalClasses: each check names its class, an inner check's class
@@ -20,7 +20,7 @@ func TestRefusalClasses(t *testing.T) {
 		want string
 	}{
 		{checkMetrics(map[string]float64{"loss": math.NaN()}), metrics.RefusedMetrics},
-		{checkExamples(5, store.Assignment{Examples: 2}), metrics.RefusedExamples},
+		{checkExamples(5, round.Seat{Examples: 2}), metrics.RefusedExamples},
 		{refuseAs(metrics.RefusedCohort, "device %q is not in the cohort", "x"), metrics.RefusedCohort},
 		{refuse("unclassified"), metrics.RefusedOther},
 		{errors.New("not a refusal"), metrics.RefusedOther},
@@ -31,7 +31,7 @@ func TestRefusalClasses(t *testing.T) {
 	}
 	inner := func() (err error) {
 		defer classify(&err, metrics.RefusedSecAgg)
-		return checkExamples(0, store.Assignment{Examples: 1})
+		return checkExamples(0, round.Seat{Examples: 1})
 	}()
 	if got := refusalReason(inner); got != metrics.RefusedExamples || !errors.Is(inner, ErrReport) {
 		t.Errorf("nested refusal: class %q (want %q), is ErrReport %v", got, metrics.RefusedExamples, errors.Is(inner, ErrReport))

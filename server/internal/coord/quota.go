@@ -229,7 +229,7 @@ func (t *taskRun) afterRead(device string, purge func()) {
 
 // seated reports whether device holds a seat in the round.
 func (r *roundRun) seated(device string) bool {
-	_, ok := r.assigned[device]
+	_, ok := r.cohort.SeatOf(device)
 	return ok
 }
 

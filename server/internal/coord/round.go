@@ -38,17 +38,19 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	}
 	now := t.c.now()
 	keys := map[string]ed25519.PublicKey{}
-	for d := range assigned {
+	seats := make(map[string]round.Seat, len(assigned))
+	for d, a := range assigned {
+		seats[d] = round.Seat{Participant: a.Participant, Examples: a.Examples}
 		// A cohort resumed after a restart: its devices were vouched for
 		// when selected; one revoked since is refused now.
 		if k, _ := t.c.deviceKey(ctx, d); k != nil {
 			keys[d] = k
 		}
 	}
-	r := &roundRun{row: row, plan: t.plan(row), wanted: t.wanted(), assigned: assigned, reported: map[string]bool{},
-		capped: map[string]bool{}, failures: map[string]string{}, keys: keys,
+	r := &roundRun{row: row, plan: t.plan(row), keys: keys,
 		selEnd: row.Open.Add(t.selectionTimeout()), kick: make(chan struct{}, 1)}
-	r.selecting = len(assigned) < r.wanted && now.Before(r.selEnd)
+	r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: t.wanted(), SelectionEnd: r.selEnd,
+		Deadline: row.Deadline, Pace: t.c.d.PaceWindow}, now, seats)
 
 	var col aggregator.Collector
 	if row.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
@@ -65,7 +67,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		dim := int64(t.ulayout.Size())
 		n := 8 * dim
 		if !t.rule.Kind().Streaming() {
-			n = 4 * dim * int64(r.wanted)
+			n = 4 * dim * int64(r.cohort.Wanted())
 		}
 		if t.secure(row.Kind) {
 			n += 4 * dim // the masked sum
@@ -77,7 +79,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		if len(assigned) > 0 {
 			return t.abandon(ctx, r, errSecureResume.Error())
 		}
-		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.wanted, t.ulayout.Size()); err != nil {
+		if r.secure, err = t.newSecureRun(row.Round, row.Seed, r.cohort.Wanted(), t.ulayout.Size()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 		}
 		r.plan.Secagg = r.secure.cfg
@@ -174,17 +176,12 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 			return t.abandon(ctx, r, r.lost)
 		}
 		t.mu.Lock()
-		if len(r.assigned) >= r.wanted {
-			r.selecting = false
-		}
-		if !r.selecting {
-			r.selectionDone(len(r.assigned))
-		}
 		// A device whose plan failed or whose report was refused is not
 		// waited for: only its silence could hold the round to its deadline.
-		p := round.Plain{CohortTarget: int(t.spec.GetCohortTarget()), ReportGoal: int(t.spec.GetReportGoal()),
-			Assigned: len(r.assigned), Reported: len(r.reported), Settled: r.settled(), Selecting: r.selecting,
-			DeadlinePassed: deadlinePassed}
+		p := r.cohort.Plain(int(t.spec.GetCohortTarget()), int(t.spec.GetReportGoal()), deadlinePassed)
+		if !p.Selecting {
+			r.selectionDone(p.Assigned)
+		}
 		t.mu.Unlock()
 		switch outcome, reason, short := p.Decide(); outcome {
 		case round.Commit:
@@ -201,19 +198,8 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 func (t *taskRun) endSelection(r *roundRun, minCohort int) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r.selecting = false
-	n, goal := len(r.assigned), int(t.spec.GetReportGoal())
-	r.selectionDone(n)
-	if n >= goal && n >= minCohort {
-		return ""
-	}
-	why := fmt.Sprintf("selection closed with %d devices, below the report goal %d", n, goal)
-	if minCohort > goal {
-		why = fmt.Sprintf("selection closed with %d devices, below the report goal %d or the secure aggregation minimum %d", n, goal, minCohort)
-	}
-	if k := len(r.capped); k > 0 {
-		why += fmt.Sprintf("; %d devices checked in but had reached the task's cap of %d rounds each", k, t.dp.maxRounds())
-	}
+	why := r.cohort.CloseSelection(int(t.spec.GetReportGoal()), minCohort, t.dp.maxRounds())
+	r.selectionDone(r.cohort.Assigned())
 	return why
 }
 
@@ -221,7 +207,7 @@ func (t *taskRun) endSelection(r *roundRun, minCohort int) string {
 func (t *taskRun) announce(r *roundRun) {
 	// Check-ins may fill the cohort from the moment the round is open.
 	t.mu.Lock()
-	selecting, left := r.selecting, r.wanted-len(r.assigned)
+	selecting, left := r.cohort.Selecting(), r.cohort.Wanted()-r.cohort.Assigned()
 	t.mu.Unlock()
 	if !selecting || left <= 0 {
 		return

@@ -249,17 +249,13 @@ func (t *taskRun) seatAdvertisers(r *roundRun) bool {
 	// it a participant: a reservation is neither expected to advertise nor
 	// a seat that ends selection, else the stage would wait for a
 	// participant 0 that never comes.
-	seated := 0
-	for _, seat := range r.assigned {
-		if seat.Participant != 0 {
-			seated++
-			sec.expected[seat.Participant] = true
-		}
+	for _, seat := range r.cohort.Seats() {
+		sec.expected[seat.Participant] = true
 	}
-	if seated >= r.wanted {
-		r.selecting = false
+	if r.cohort.Seated() >= r.cohort.Wanted() {
+		r.cohort.EndSelection()
 	}
-	return !r.selecting
+	return !r.cohort.Selecting()
 }
 
 // stageViable reports whether closing the current stage now keeps the
@@ -389,7 +385,7 @@ func (t *taskRun) secureDown(sec *secureRun, reply func(uint32) (*pb.SecAggDown,
 func (t *taskRun) secureUp(r *roundRun, up secUp) string {
 	sec := r.secure
 	t.mu.Lock()
-	seat, ok := r.assigned[up.device]
+	seat, ok := r.cohort.SeatOf(up.device)
 	t.mu.Unlock()
 	if !ok || seat.Participant == 0 {
 		return fmt.Sprintf("device %q is not in the cohort of round %d", up.device, r.row.Round)
@@ -624,7 +620,7 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 	}
 	t.mu.Lock()
 	for _, id := range survivors {
-		r.reported[sec.devices[id]] = true
+		r.cohort.Report(sec.devices[id])
 	}
 	t.mu.Unlock()
 	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)),

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -37,7 +38,7 @@ type taskRun struct {
 	quota   *storeQuota // what devices stored for the open round (quota.go)
 	// noShows are the devices sitting rounds out for holding a seat in
 	// silence (noshow.go).
-	noShows map[string]*noShow
+	noShows map[string]round.NoShow
 
 	// Loaded once per run.
 	spec   *pb.Task
@@ -75,25 +76,16 @@ func (t *taskRun) isOpen(round uint64) bool {
 
 // roundRun is the in-memory state of the open round.
 type roundRun struct {
-	row       *store.RoundRow
-	plan      *pb.RoundPlan // template; participant id filled per device
-	wanted    int           // devices to select (target × over-selection)
-	assigned  map[string]store.Assignment
-	reported  map[string]bool
-	selecting bool
-	selEnd    time.Time
-	kick      chan struct{} // wakes the round loop after a check-in changed the cohort
-	secure    *secureRun    // secure aggregation state; nil for plaintext rounds
+	row  *store.RoundRow
+	plan *pb.RoundPlan // template; participant id filled per device
+	// cohort is the round engine's selection and membership state.
+	cohort *round.Cohort
+	selEnd time.Time
+	kick   chan struct{} // wakes the round loop after a check-in changed the cohort
+	secure *secureRun    // secure aggregation state; nil for plaintext rounds
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey
-	// capped are the devices turned away by the task's participation cap
-	// while this round selected, named in the reason if it is abandoned.
-	capped map[string]bool
-	// failures are why cohort devices did not contribute: what they
-	// reported (PlanFailure) or why their report was refused. One per
-	// device, the first; kept with the round when it closes.
-	failures map[string]string
 	// chunked holds a chunked masked or evaluation report while it is
 	// checked (chunks.go); plaintext updates are never held (intake.go).
 	chunked []byte
@@ -106,19 +98,6 @@ type roundRun struct {
 	// held seats and stayed silent: its report deadline, or a secure stage's
 	// timeout. Those devices then sit rounds out (noshow.go).
 	waitedOut bool
-}
-
-// settled counts the cohort devices the round no longer waits for: those
-// that reported, and those whose plan failed or whose report was refused.
-// Called with t.mu held.
-func (r *roundRun) settled() int {
-	n := 0
-	for d := range r.assigned {
-		if _, failed := r.failures[d]; r.reported[d] || failed {
-			n++
-		}
-	}
-	return n
 }
 
 func (r *roundRun) poke() {

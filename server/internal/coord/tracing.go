@@ -71,7 +71,7 @@ func (t *taskRun) endRound(err error) {
 func (t *taskRun) traceRound(ctx context.Context, r *roundRun) {
 	r.tr.span = trace.SpanFromContext(ctx)
 	r.tr.header = tracing.Header(ctx)
-	_, r.tr.sel = t.c.tracer.Start(ctx, "selection", trace.WithAttributes(attribute.Int("fleetlearn.cohort.wanted", r.wanted)))
+	_, r.tr.sel = t.c.tracer.Start(ctx, "selection", trace.WithAttributes(attribute.Int("fleetlearn.cohort.wanted", r.cohort.Wanted())))
 }
 
 // roundCtx is a context holding r's round span, for its child spans.
@@ -124,7 +124,7 @@ func (r *roundRun) aggregationDone() {
 // endSpans ends whatever of r's spans is still open when its run ends.
 func (t *taskRun) endSpans(r *roundRun) {
 	t.mu.Lock()
-	n := len(r.assigned)
+	n := r.cohort.Assigned()
 	t.mu.Unlock()
 	r.selectionDone(n)
 	r.aggregationDone()

@@ -13,7 +13,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
-	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
 // ErrReport marks a refused report.
@@ -32,20 +31,19 @@ const (
 // sender checks that a report's subject names this round and a device of
 // its cohort that has not reported yet, and returns the device, its seat and
 // its enrolled key (nil when not enrolled).
-func (t *taskRun) sender(r *roundRun, subject string, kind round.Kind) (string, store.Assignment, ed25519.PublicKey, error) {
+func (t *taskRun) sender(r *roundRun, subject string, kind round.Kind) (string, round.Seat, ed25519.PublicKey, error) {
 	task, rnd, device, err := wire.ParseReportSubject(subject)
 	if err != nil {
-		return "", store.Assignment{}, nil, refuseAs(metrics.RefusedSubject, "%v", err)
+		return "", round.Seat{}, nil, refuseAs(metrics.RefusedSubject, "%v", err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	seat, inCohort := r.assigned[device]
-	c := round.Cohort{Seat: round.Seat{Examples: seat.Examples}, Seated: inCohort, Reported: r.reported[device],
-		OverQuota: inCohort && !r.reported[device] && t.quota.over(r.row.Round, device)}
+	c := r.cohort.Standing(device)
+	c.OverQuota = c.Seated && !c.Reported && t.quota.over(r.row.Round, device)
 	if err := fromRound(round.CheckSender(t.roundSpec(r), task, rnd, device, kind, c)); err != nil {
-		return device, seat, nil, err
+		return device, c.Seat, nil, err
 	}
-	return device, seat, r.keys[device], nil
+	return device, c.Seat, r.keys[device], nil
 }
 
 // acceptReport checks an evaluation report and counts its metrics.
@@ -72,16 +70,14 @@ func (t *taskRun) acceptReport(r *roundRun, mm *metricMean, m jetstream.Msg) (st
 	}
 	mm.add(rep.GetMetrics().GetValues(), t.weight(rep.NumExamples))
 	t.mu.Lock()
-	r.reported[device] = true
+	r.cohort.Report(device)
 	t.mu.Unlock()
 	return device, nil
 }
 
 // checkExamples, checkMetrics and checkHeader are the round engine's rules
 // (package round), as refusals of this package.
-func checkExamples(n uint64, seat store.Assignment) error {
-	return fromRound(round.CheckExamples(n, round.Seat{Examples: seat.Examples}))
-}
+func checkExamples(n uint64, seat round.Seat) error { return fromRound(round.CheckExamples(n, seat)) }
 
 func checkMetrics(m map[string]float64) error { return fromRound(round.CheckMetrics(m)) }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
@@ -205,7 +206,7 @@ func FuzzReportChecks(f *testing.F) {
 		var rep pb.UpdateReport
 		if proto.Unmarshal(data, &rep) == nil {
 			checkFuzzedMetrics(t, rep.GetMetrics().GetValues(), refused)
-			if !refused("examples", checkExamples(rep.NumExamples, store.Assignment{Examples: seatExamples})) &&
+			if !refused("examples", checkExamples(rep.NumExamples, round.Seat{Examples: seatExamples})) &&
 				(rep.NumExamples == 0 || rep.NumExamples > seatExamples) {
 				t.Fatalf("accepted num_examples %d of a device that had %d", rep.NumExamples, seatExamples)
 			}
