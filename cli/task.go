@@ -23,6 +23,8 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 func newTaskCommand(a *app) *cobra.Command {
@@ -43,11 +45,14 @@ func newTaskCommand(a *app) *cobra.Command {
 }
 
 // rules maps --rule values to aggregation rules.
-// updateEncodings are the values of --update-encoding.
-var updateEncodings = map[string]pb.UpdateEncoding{
-	"none": pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED,
-	"int8": pb.UpdateEncoding_UPDATE_ENCODING_INT8,
-	"int4": pb.UpdateEncoding_UPDATE_ENCODING_INT4,
+// parseEncoding reads an --update-encoding value: round's names, the
+// wire's enum.
+func parseEncoding(s string) (pb.UpdateEncoding, bool) {
+	bits, ok := round.ParseEncoding(s)
+	if !ok {
+		return 0, false
+	}
+	return wire.EncodingOfBits(bits)
 }
 
 // encodingFlag is --update-encoding as a pflag.Value.
@@ -55,20 +60,18 @@ type encodingFlag struct{ e *pb.UpdateEncoding }
 
 func (f encodingFlag) String() string {
 	if f.e == nil {
-		return "none"
+		return round.EncodingName(0)
 	}
-	for k, v := range updateEncodings {
-		if v == *f.e {
-			return k
-		}
+	if bits, ok := wire.EncodingBits(*f.e); ok {
+		return round.EncodingName(bits)
 	}
 	return f.e.String()
 }
 
 func (f encodingFlag) Set(s string) error {
-	e, ok := updateEncodings[s]
+	e, ok := parseEncoding(s)
 	if !ok {
-		return fmt.Errorf("%q: want none, int8 or int4", s)
+		return fmt.Errorf("%q: want one of %s", s, strings.Join(round.EncodingNames(), ", "))
 	}
 	*f.e = e
 	return nil
@@ -233,7 +236,7 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	if !ok {
 		return nil, usage("--rule %q (want %s)", f.rule, ruleNames())
 	}
-	encoding, ok := updateEncodings[f.encoding]
+	encoding, ok := parseEncoding(f.encoding)
 	if !ok {
 		return nil, usage("--update-encoding %q (want none, int8 or int4)", f.encoding)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // maxFeedbackTasks bounds the tasks whose quantization residual an agent
@@ -28,11 +29,8 @@ type feedbackState struct {
 
 // encodingBits is the code width of a quantized plaintext encoding.
 func encodingBits(e pb.UpdateEncoding) (int, error) {
-	switch e {
-	case pb.UpdateEncoding_UPDATE_ENCODING_INT8:
-		return 8, nil
-	case pb.UpdateEncoding_UPDATE_ENCODING_INT4:
-		return 4, nil
+	if bits, ok := wire.EncodingBits(e); ok && bits > 0 {
+		return bits, nil
 	}
 	return 0, fmt.Errorf("plan: update encoding %v is not a quantized one", e)
 }

@@ -22,6 +22,10 @@ const (
 	ClassHeader    Class = "header"    // the body names another task, round, device, model or module
 	ClassMetrics   Class = "metrics"   // too many, badly named or out-of-range metrics
 	ClassExamples  Class = "examples"  // num_examples outside what the device declared
+	ClassSignature Class = "signature" // unsigned, not enrolled, or the signature does not verify
+	ClassPayload   Class = "payload"   // encoding, digest, layout or shape of the update is wrong
+	ClassAggregate Class = "aggregate" // the update is outside the task's bounds (its norm)
+	ClassSecAgg    Class = "secagg"    // a masked report that breaks the secure round's rules
 )
 
 // Refusal is a refused report: its class and what the device is told.

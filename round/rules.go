@@ -35,10 +35,10 @@ type Spec struct {
 type Seat struct {
 	// Participant is the device's number in the round, given by the store
 	// when the seat was recorded (secure aggregation's participant id).
-	Participant uint32
+	Participant uint32 `json:"participant"`
 	// Examples is what the device said it had when selected; its report
 	// may claim no more.
-	Examples uint64
+	Examples uint64 `json:"examples"`
 }
 
 // Standing is what the round knows of a device that sends a report.

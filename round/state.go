@@ -70,10 +70,10 @@ func (c *Cohort) UnmarshalBinary(b []byte) error {
 		list []string
 		into map[string]bool
 		ok   func(seated bool) bool
-		want string
+		bad  string // what a device failing ok is
 	}{
-		{"reserved", doc.Reserved, n.reserved, func(s bool) bool { return !s }, "not seated"},
-		{"reported", doc.Reported, n.reported, func(s bool) bool { return s }, "seated"},
+		{"reserved", doc.Reserved, n.reserved, func(s bool) bool { return !s }, "both reserved and seated"},
+		{"reported", doc.Reported, n.reported, func(s bool) bool { return s }, "reported without a seat"},
 		{"capped", doc.Capped, n.capped, func(bool) bool { return true }, ""},
 	}
 	for _, set := range sets {
@@ -82,7 +82,7 @@ func (c *Cohort) UnmarshalBinary(b []byte) error {
 				return err
 			}
 			if _, seated := n.seats[d]; !set.ok(seated) {
-				return fmt.Errorf("%w: device %q is %s but not %s", ErrState, d, set.name, set.want)
+				return fmt.Errorf("%w: device %q is %s", ErrState, d, set.bad)
 			}
 			if set.into[d] {
 				return fmt.Errorf("%w: device %q is %s twice", ErrState, d, set.name)

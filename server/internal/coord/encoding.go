@@ -3,6 +3,8 @@ package coord
 import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // SecAggInt8Bits is the SecAgg ring of a task whose updates travel as
@@ -16,19 +18,11 @@ func CheckUpdateEncoding(t *pb.Task) error {
 	return privacyconf.CheckEncoding(t, privacyconf.APINames)
 }
 
-// encodingName is the task option's name for an encoding, as the CLI and
+// EncodingName is the task option's name for an encoding, as the CLI and
 // the audit log spell it.
-func encodingName(e pb.UpdateEncoding) string {
-	switch e {
-	case pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
-		return "none"
-	case pb.UpdateEncoding_UPDATE_ENCODING_INT8:
-		return "int8"
-	case pb.UpdateEncoding_UPDATE_ENCODING_INT4:
-		return "int4"
+func EncodingName(e pb.UpdateEncoding) string {
+	if bits, ok := wire.EncodingBits(e); ok {
+		return round.EncodingName(bits)
 	}
 	return e.String()
 }
-
-// EncodingName is encodingName for the server's audit settings.
-func EncodingName(e pb.UpdateEncoding) string { return encodingName(e) }

@@ -72,24 +72,24 @@ func (c *Coordinator) chargeChunkedBytes(m jetstream.Msg, n int) {
 // payloadSpec is what the task's updates must be: which field carries the
 // values, and for quantized ones the code width.
 func (t *taskRun) payloadSpec(r *roundRun, f wire.PayloadField) (bits int, refused error) {
-	want := t.spec.GetUpdateEncoding()
-	switch {
-	case f == wire.DenseValues && want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
-		return 0, nil
-	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_INT8:
-		return 8, nil
-	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_INT4:
-		return 4, nil
-	case f == wire.DenseValues:
-		return 0, refuseAs(metrics.RefusedPayload, "update is float32, task %s takes %s updates", t.id, encodingName(want))
-	case f == wire.QuantizedData && want == pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED:
-		return 0, refuseAs(metrics.RefusedPayload, "update is quantized, task %s takes float32 updates", t.id)
-	case f == wire.QuantizedData:
-		return 0, refuseAs(metrics.RefusedPayload, "update encoding %v is unknown", want)
-	case f == wire.MaskedValues || f == wire.MaskedPacked:
-		return 0, refuseAs(metrics.RefusedPayload, "update has no dense payload (a masked one, but round %d is not secure)", r.row.Round)
+	bits, ok := wire.EncodingBits(t.spec.GetUpdateEncoding())
+	if !ok {
+		return 0, refuseAs(metrics.RefusedPayload, "task %s's update encoding %v is unknown to this server", t.id, t.spec.GetUpdateEncoding())
 	}
-	return 0, refuseAs(metrics.RefusedPayload, "update has no dense payload")
+	return bits, fromRound(round.CheckForm(t.id, r.row.Round, bits, formOf(f)))
+}
+
+// formOf is how a payload field carries an update's values.
+func formOf(f wire.PayloadField) round.Form {
+	switch f {
+	case wire.DenseValues:
+		return round.FormDense
+	case wire.QuantizedData:
+		return round.FormQuantized
+	case wire.MaskedValues, wire.MaskedPacked:
+		return round.FormMasked
+	}
+	return round.FormNone
 }
 
 // valueDecoder is a streaming decoder of an update's values.
@@ -202,12 +202,18 @@ func (p *scanPass) checkPayload(next func() ([]byte, error)) (*pb.UpdateReport, 
 
 // finish checks the payload of the report run returned against it.
 func (p *scanPass) finish(rep *pb.UpdateReport, sha string) error {
-	if q := rep.GetQuantized(); q != nil && q.GetEncoding() != p.t.spec.GetUpdateEncoding() {
-		return refuseAs(metrics.RefusedPayload, "update is %s-quantized, task %s takes %s updates",
-			encodingName(q.GetEncoding()), p.t.id, encodingName(p.t.spec.GetUpdateEncoding()))
+	if q := rep.GetQuantized(); q != nil {
+		sent, ok := wire.EncodingBits(q.GetEncoding())
+		if !ok {
+			return refuseAs(metrics.RefusedPayload, "update declares encoding %v, unknown to this server", q.GetEncoding())
+		}
+		bits, _ := wire.EncodingBits(p.t.spec.GetUpdateEncoding())
+		if err := round.CheckQuantized(p.t.id, bits, sent); err != nil {
+			return fromRound(err)
+		}
 	}
-	if sha != rep.PayloadSha256 {
-		return refuseAs(metrics.RefusedPayload, "payload sha256 %s does not match the declared %q", sha, rep.PayloadSha256)
+	if err := round.CheckDigest(sha, rep.PayloadSha256); err != nil {
+		return fromRound(err)
 	}
 	if err := p.t.checkLayout(rep); err != nil {
 		return err
@@ -252,7 +258,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	if err != nil {
 		return device, err
 	}
-	check, err := aggregator.NewCheck(t.ulayout.Size(), t.normBound())
+	check, err := aggregator.NewCheck(t.ulayout.Size(), 0)
 	if err != nil {
 		return device, err
 	}
@@ -285,6 +291,9 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	if err := check.Close(); err != nil {
 		return device, refuseAs(refusedAggregate, "%v", err)
 	}
+	if err := round.CheckNorm(check.Norm(), t.normBound()); err != nil {
+		return device, fromRound(err)
+	}
 	weight := t.weight(rep.NumExamples)
 	part, err := col.Begin(weight)
 	if err != nil {
@@ -311,8 +320,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 }
 
 // checkLayout checks an update's tensor layout against the trained tensors.
-func (t *taskRun) checkLayout(rep *pb.UpdateReport) (err error) {
-	defer classify(&err, metrics.RefusedPayload)
+func (t *taskRun) checkLayout(rep *pb.UpdateReport) error {
 	var layout []*pb.TensorSpec
 	switch p := rep.Payload.(type) {
 	case *pb.UpdateReport_Dense:
@@ -320,20 +328,9 @@ func (t *taskRun) checkLayout(rep *pb.UpdateReport) (err error) {
 	case *pb.UpdateReport_Quantized:
 		layout = p.Quantized.GetLayout()
 	}
-	ml := t.ulayout
-	if len(layout) != len(ml.Entries) {
-		return refuse("update has %d tensors, the task trains %d", len(layout), len(ml.Entries))
+	got := make([]round.Tensor, len(layout))
+	for i, s := range layout {
+		got[i] = round.Tensor{Name: s.GetName(), Shape: s.GetShape()}
 	}
-	for i, e := range ml.Entries {
-		s := layout[i]
-		if s.Name != e.Name || len(s.Shape) != len(e.Shape) {
-			return refuse("tensor %d is %s%v, the task trains %s%v", i, s.Name, s.Shape, e.Name, e.Shape)
-		}
-		for j := range e.Shape {
-			if s.Shape[j] != uint64(e.Shape[j]) {
-				return refuse("tensor %s has shape %v, model has %v", e.Name, s.Shape, e.Shape)
-			}
-		}
-	}
-	return nil
+	return fromRound(round.CheckLayout(t.trained, got))
 }

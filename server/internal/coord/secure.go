@@ -470,8 +470,8 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if wire.IsEvalSubject(m.Subject()) {
 		return device, refuse("evaluation report in a round that wants masked updates")
 	}
-	if sec.srv.Stage() != secagg.StageMaskedInput {
-		return device, refuse("masked input arrived in the %v stage", sec.srv.Stage())
+	if err := round.CheckMaskedStage(sec.srv.Stage()); err != nil {
+		return device, fromRound(err)
 	}
 	t.startReading(device) // as acceptUpdate
 	defer t.stopReading()
@@ -490,18 +490,9 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 		return device, err
 	}
 	mu := rep.GetMasked()
-	switch {
-	case mu == nil:
-		return device, refuse("a secure round takes masked updates only")
-	case rep.NumExamples != 0:
-		// The weight travels inside the masked vector; a plaintext count would reveal it.
-		return device, refuse("num_examples must be 0 in a masked report (the weight is masked)")
-	case len(rep.GetMetrics().GetValues()) > 0:
-		return device, refuse("a masked report carries no plaintext metrics")
-	case mu.ParticipantId != seat.Participant:
-		return device, refuse("masked update for participant %d from participant %d", mu.ParticipantId, seat.Participant)
-	case int(mu.Bits) != bits:
-		return device, refuse("secagg: unpack: %v: %d bits, the round has %d", secagg.ErrMalformed, mu.Bits, bits)
+	if err := round.CheckMasked(round.Masked{Present: mu != nil, Examples: rep.NumExamples, Metrics: len(rep.GetMetrics().GetValues()),
+		Participant: mu.GetParticipantId(), Bits: int(mu.GetBits())}, seat, bits); err != nil {
+		return device, fromRound(err)
 	}
 	if first.bad != nil {
 		return device, refuse("%v", first.bad)

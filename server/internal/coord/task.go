@@ -55,6 +55,7 @@ type taskRun struct {
 	// layout: those tensors of the model, in order.
 	train   []int
 	ulayout model.Layout
+	trained []round.Tensor // ulayout as the round engine checks updates against it
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
@@ -186,7 +187,7 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.train, sub, err = Trainable(t.spec, t.global); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
-	t.ulayout = sub.Layout()
+	t.setLayout(sub.Layout())
 	if t.rule, err = NewRule(t.spec.GetAggregation(), t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: aggregation: %w", t.id, err)
 	}
@@ -352,3 +353,16 @@ func (t *taskRun) hold(key string, n int64) {
 
 // holdModel holds the current model's float32 parameters.
 func (t *taskRun) holdModel() { t.hold("model", 4*int64(t.global.Layout().Size())) }
+
+// setLayout sets the update's layout, and the round engine's view of it.
+func (t *taskRun) setLayout(l model.Layout) {
+	t.ulayout = l
+	t.trained = make([]round.Tensor, len(l.Entries))
+	for i, e := range l.Entries {
+		shape := make([]uint64, len(e.Shape))
+		for j, d := range e.Shape {
+			shape[j] = uint64(d)
+		}
+		t.trained[i] = round.Tensor{Name: e.Name, Shape: shape}
+	}
+}

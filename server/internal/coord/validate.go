@@ -103,21 +103,11 @@ func (t *taskRun) roundSpec(r *roundRun) round.Spec {
 // device enrolled. The statement covers task, round, device, model, module,
 // payload digest (the metrics, for evaluation reports) and example count, so
 // none can be altered in transit.
-func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) (err error) {
-	defer classify(&err, metrics.RefusedSignature)
-	if key == nil {
-		if t.c.d.RequireEnrollment {
-			return refuse("device %q is not enrolled", s.Device)
-		}
-		return nil // an open deployment: devices are not enrolled
-	}
-	if len(sig) == 0 {
-		return refuse("report is not signed")
-	}
-	if err := identity.VerifyReport(key, s, sig); err != nil {
-		return refuse("signature does not verify with the key device %q enrolled (report names key %q): %v", s.Device, keyID, err)
-	}
-	return nil
+func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
+	return fromRound(round.CheckSignature(round.Signed{Device: s.Device, KeyID: keyID, Sig: sig, Key: key,
+		RequireEnrollment: t.c.d.RequireEnrollment}, func(key ed25519.PublicKey, sig []byte) error {
+		return identity.VerifyReport(key, s, sig)
+	}))
 }
 
 func (t *taskRun) checkHeader(r *roundRun, device, task string, rnd uint64, bodyDevice, modelVersion, module string) error {

@@ -119,7 +119,8 @@ func TestReportCheckSeeds(t *testing.T) {
 		switch m := m.(type) {
 		case *pb.UpdateReport:
 			for encName, enc := range encodings {
-				tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}, ulayout: fuzzLayout}
+				tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}}
+				tr.setLayout(fuzzLayout)
 				b, err := proto.Marshal(m)
 				if err != nil {
 					t.Fatal(err)
@@ -171,7 +172,8 @@ func FuzzReportChecks(f *testing.F) {
 		}
 		for _, enc := range []pb.UpdateEncoding{pb.UpdateEncoding_UPDATE_ENCODING_UNSPECIFIED,
 			pb.UpdateEncoding_UPDATE_ENCODING_INT8, pb.UpdateEncoding_UPDATE_ENCODING_INT4} {
-			tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}, ulayout: fuzzLayout}
+			tr := &taskRun{id: "t", spec: &pb.Task{UpdateEncoding: enc}}
+			tr.setLayout(fuzzLayout)
 			v, err := checkFuzzPayload(tr, data)
 			if refused("payload", err) {
 				continue

@@ -60,13 +60,13 @@ const (
 	RefusedKind      = string(round.ClassKind)      // an update where an evaluation is wanted, or the reverse
 	RefusedDecode    = "decode"                     // the message does not decode
 	RefusedHeader    = string(round.ClassHeader)    // the body names another task, round, device, model or module
-	RefusedSignature = "signature"                  // unsigned, not enrolled, or the signature does not verify
-	RefusedPayload   = "payload"                    // encoding, digest, layout or shape of the update is wrong
+	RefusedSignature = string(round.ClassSignature) // unsigned, not enrolled, or the signature does not verify
+	RefusedPayload   = string(round.ClassPayload)   // encoding, digest, layout or shape of the update is wrong
 	RefusedMetrics   = string(round.ClassMetrics)   // too many, badly named or out-of-range metrics
 	RefusedExamples  = string(round.ClassExamples)  // num_examples outside what the device declared
-	RefusedAggregate = "aggregate"                  // the aggregator refused the update (bounds)
+	RefusedAggregate = string(round.ClassAggregate) // the aggregator refused the update (bounds)
 	RefusedChunks    = "chunks"                     // a chunked report cannot be reassembled
-	RefusedSecAgg    = "secagg"                     // a masked report that breaks the SecAgg+ protocol
+	RefusedSecAgg    = string(round.ClassSecAgg)    // a masked report that breaks the SecAgg+ protocol
 	RefusedQuota     = string(round.ClassQuota)     // the device stored more than the round admits per device
 	RefusedOther     = "other"                      // none of the above
 )
