@@ -12,35 +12,15 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
 )
 
-// Report storage quotas (docs/PROTOCOL.md, Storage quotas). Any enrolled
-// device may store messages on its own report, evaluation and chunk
-// subjects of any round, and the stream keeps those of the open round until
-// it closes. The server sees every stored message as a headers-only notice
-// and charges it to the device and round its subject names: a device may
-// keep at most the round's largest report (plus the framing of a chunked
-// one) in the stream. What goes beyond is purged, the device's reports for
-// the round are refused with a receipt saying why, and the honest devices of
-// the round are untouched. Chunks of a device that holds no seat in the open
-// round are purged as they arrive: no manifest of theirs will be read.
-//
-// A device's retry may re-send its report with other bytes (a new attempt
-// after a lost connection): its chunks then name another payload digest in
-// their message ids, and the earlier attempt's chunks, which no manifest
-// will name, are purged rather than charged. Chunks stored after the
-// device's manifest are orphans of a retry and are deleted one by one.
+// Report storage quotas: the accounting is the round engine's
+// (round.Storage); here the server reads the headers-only notices of stored
+// messages and does the purges the accounting asks for.
 
 const (
-	// quotaFraming is what a chunked report stores beyond its bytes: each
-	// chunk's fields (index, count, size, digest: under 128 bytes for
-	// wire.MaxReportChunks chunks) and the manifest naming their sequences.
-	quotaFraming = 1 << 20
-	// repurgeBytes and repurgeMsgs coalesce the purges of a device already
-	// over its quota: one purge per this many bytes or messages stored.
-	repurgeBytes = 1 << 20
-	repurgeMsgs  = 256
 	// purgeTimeout bounds one purge or delete request.
 	purgeTimeout = 5 * time.Second
 	// msgSizeHeader is nats-server's header with a headers-only notice's
@@ -51,73 +31,14 @@ const (
 // notice is what the server learns of one stored message from its
 // headers-only notice.
 type notice struct {
-	chunk bool   // on the device's chunk subject (else its report or evaluation subject)
-	seq   uint64 // stream sequence
-	size  uint64 // bytes stored: payload and headers
-	set   string // a chunk's payload digest, from its message id: which attempt it belongs to
-}
-
-// quotaAction is what a charge asks the coordinator to do with the stream.
-type quotaAction int
-
-const (
-	keep          quotaAction = iota
-	deleteMsg                 // delete the notice's message: an orphan chunk
-	purgeEarlier              // purge the device's chunks before the notice's: an abandoned attempt
-	purgeUnseated             // purge the chunk subject: the device holds no seat
-	overQuota                 // the device just went over: purge all it stored for the round, refuse it
-	repurge                   // already over: purge the subject it stored on since
-)
-
-// deviceStore is what one device has stored for the open round.
-type deviceStore struct {
-	reports  uint64 // bytes on its report and evaluation subjects
-	set      string // payload digest of the chunks being stored
-	setBytes uint64 // bytes of those chunks
-	manifest bool   // a report is stored: later chunks are orphans
-	over     bool
-	since    uint64 // bytes stored since the last purge, once over
-	sinceN   int
-}
-
-// charge adds n to what the device stored and says what to do: quota is
-// the most the device may keep for the round.
-func (d *deviceStore) charge(n notice, quota uint64) quotaAction {
-	if d.over {
-		d.since += n.size
-		d.sinceN++
-		if d.since >= repurgeBytes || d.sinceN >= repurgeMsgs {
-			d.since, d.sinceN = 0, 0
-			return repurge
-		}
-		return keep
-	}
-	act := keep
-	switch {
-	case n.chunk && d.manifest:
-		return deleteMsg
-	case n.chunk && n.set != d.set:
-		if d.setBytes > 0 {
-			act = purgeEarlier
-		}
-		d.set, d.setBytes = n.set, n.size
-	case n.chunk:
-		d.setBytes += n.size
-	default:
-		d.reports += n.size
-		d.manifest = true
-	}
-	if d.reports+d.setBytes > quota {
-		d.over = true
-		return overQuota
-	}
-	return act
+	round.Stored        // Set from the chunk's message id
+	seq          uint64 // stream sequence
 }
 
 // storeQuota is the task's accounting of the open round's stored messages.
 type storeQuota struct {
 	round   uint64
-	devices map[string]*deviceStore
+	devices map[string]*round.Storage
 }
 
 // over reports whether device went over its quota in round.
@@ -125,8 +46,7 @@ func (q *storeQuota) over(round uint64, device string) bool {
 	if q == nil || q.round != round {
 		return false
 	}
-	d := q.devices[device]
-	return d != nil && d.over
+	return q.devices[device].Over()
 }
 
 // storeQuotaBytes is the most one device may keep in the stream for the
@@ -138,57 +58,52 @@ func (t *taskRun) storeQuotaBytes(r *roundRun) uint64 {
 	if r != nil {
 		kind = r.row.Kind
 	}
-	return t.maxReportBytesFor(kind) + quotaFraming
+	return t.maxReportBytesFor(kind) + round.StorageFraming
 }
 
 // chargeStored charges a stored message of round to device and applies the
 // quota. It is called for rounds that are open (or being loaded).
-func (t *taskRun) chargeStored(subj string, round uint64, device string, n notice) {
+func (t *taskRun) chargeStored(subj string, rnd uint64, device string, n notice) {
 	t.mu.Lock()
 	r := t.round
-	if r != nil && r.row.Round != round {
+	if r != nil && r.row.Round != rnd {
 		r = nil
 	}
-	if t.quota == nil || t.quota.round != round {
-		t.quota = &storeQuota{round: round, devices: map[string]*deviceStore{}}
+	if t.quota == nil || t.quota.round != rnd {
+		t.quota = &storeQuota{round: rnd, devices: map[string]*round.Storage{}}
 	}
-	var act quotaAction
 	quota := t.storeQuotaBytes(r)
-	if r != nil && n.chunk && !r.seated(device) {
-		act = purgeUnseated
-	} else {
-		d := t.quota.devices[device]
-		if d == nil {
-			d = &deviceStore{}
-			t.quota.devices[device] = d
-		}
-		act = d.charge(n, quota)
+	d := t.quota.devices[device]
+	if d == nil {
+		d = &round.Storage{}
+		t.quota.devices[device] = d
 	}
+	act := d.Charge(n.Stored, quota, r == nil || r.seated(device))
 	t.mu.Unlock()
 	later := func(f func()) { t.afterRead(device, f) }
 
 	c := t.c
 	switch act {
-	case keep:
-	case deleteMsg:
+	case round.Keep:
+	case round.DeleteMsg:
 		later(func() { c.deleteStored(n.seq) })
-	case purgeEarlier:
+	case round.PurgeEarlier:
 		later(func() { c.purgeStored(subj, n.seq) })
-	case purgeUnseated:
-		c.d.Log.Info("chunk of a device not in the round purged", "task", t.id, "round", round, "device", device)
+	case round.PurgeUnseated:
+		c.d.Log.Info("chunk of a device not in the round purged", "task", t.id, "round", rnd, "device", device)
 		c.d.Metrics.Refused(metrics.RefusedCohort)
 		c.purgeStored(subj, 0)
-	case overQuota:
-		why := fmt.Sprintf("device %q stored more than the %d bytes round %d admits per device; what it stored for the round was purged and its reports are refused", device, quota, round)
-		c.d.Log.Warn("report storage quota exceeded", "task", t.id, "round", round, "device", device, "quota", quota)
+	case round.OverQuota:
+		why := fmt.Sprintf("device %q stored more than the %d bytes round %d admits per device; what it stored for the round was purged and its reports are refused", device, quota, rnd)
+		c.d.Log.Warn("report storage quota exceeded", "task", t.id, "round", rnd, "device", device, "quota", quota)
 		c.d.Metrics.Refused(metrics.RefusedQuota)
 		c.d.Metrics.QuotaPurges.Inc()
-		c.receipt(t.id, round, device, refuse("%s", why).Error())
+		c.receipt(t.id, rnd, device, refuse("%s", why).Error())
 		if r != nil {
 			t.noteFailure(r, device, why)
 		}
-		later(func() { c.purgeDevice(t.id, round, device) })
-	case repurge:
+		later(func() { c.purgeDevice(t.id, rnd, device) })
+	case round.Repurge:
 		c.d.Metrics.QuotaPurges.Inc()
 		later(func() { c.purgeStored(subj, 0) })
 	}
@@ -258,11 +173,11 @@ func parseNotice(subj string, h nats.Header) (notice, error) {
 			size += uint64(len(k) + len(v) + 4)
 		}
 	}
-	n := notice{chunk: wire.IsChunkSubject(subj), seq: seq, size: size}
-	if n.chunk {
+	n := notice{Stored: round.Stored{Chunk: wire.IsChunkSubject(subj), Size: size}, seq: seq}
+	if n.Chunk {
 		// wire.ChunkMsgID: "<report id>/<payload sha256>/<index>".
 		if parts := strings.Split(h.Get(jetstream.MsgIDHeader), "/"); len(parts) == 3 {
-			n.set = parts[1]
+			n.Set = parts[1]
 		}
 	}
 	return n, nil
