@@ -3,6 +3,7 @@ package round
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -120,6 +121,28 @@ func (e Eligibility) Check(a Attributes) (string, Reason) {
 		why = fmt.Sprintf("device class %q not in %v", a.Class, e.Classes)
 	}
 	return why, ReasonNotEligible
+}
+
+// Describe states a round of kind and who could join it, as the audit log
+// records it when the round opens.
+func (e Eligibility) Describe(kind Kind) string {
+	name := "train"
+	if kind == Evaluate {
+		name = "evaluate"
+	}
+	parts := []string{"kind=" + name, fmt.Sprintf("min_examples=%d", max(e.MinExamples, 1)), fmt.Sprintf("abi=%d", e.ABI)}
+	for _, c := range []struct {
+		on   bool
+		name string
+	}{{e.RequireCharging, "charging"}, {e.RequireIdle, "idle"}, {e.RequireUnmetered, "unmetered"}} {
+		if c.on {
+			parts = append(parts, c.name)
+		}
+	}
+	if len(e.Classes) > 0 {
+		parts = append(parts, "device_classes="+strings.Join(e.Classes, "|"))
+	}
+	return strings.Join(parts, " ")
 }
 
 // Candidate is a device checking in, with what the task knows of it.

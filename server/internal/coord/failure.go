@@ -8,10 +8,8 @@ import (
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
-
-// maxFailureBytes bounds a PlanFailure message: ids and a short reason.
-const maxFailureBytes = 2 << 10
 
 // handleFailure records a device's report that it could not carry out its
 // plan, so the round can say why the device dropped. The subject names the
@@ -22,13 +20,13 @@ func (c *Coordinator) handleFailure(m *nats.Msg) {
 		b, _ := proto.Marshal(&pb.PlanFailureAck{Accepted: reason == "", Reason: reason})
 		m.Respond(b)
 	}
-	task, round, device, err := wire.ParseFailureSubject(m.Subject)
+	task, rnd, device, err := wire.ParseFailureSubject(m.Subject)
 	if err != nil {
 		reply(err.Error())
 		return
 	}
-	if len(m.Data) > maxFailureBytes {
-		reply(fmt.Sprintf("failure report of %d bytes exceeds %d", len(m.Data), maxFailureBytes))
+	if why := round.CheckFailure(round.Failure{Size: len(m.Data)}); why != "" {
+		reply(why)
 		return
 	}
 	var f pb.PlanFailure
@@ -36,22 +34,23 @@ func (c *Coordinator) handleFailure(m *nats.Msg) {
 		reply("malformed failure report: " + err.Error())
 		return
 	}
-	if f.TaskId != task || f.Round != round || f.DeviceId != device {
-		reply(fmt.Sprintf("failure report names %s/%d/%s, subject %s/%d/%s", f.TaskId, f.Round, f.DeviceId, task, round, device))
+	if why := round.CheckFailure(round.Failure{Size: len(m.Data), SubjectTask: task, BodyTask: f.TaskId,
+		SubjectRound: rnd, BodyRound: f.Round, SubjectDevice: device, BodyDevice: f.DeviceId}); why != "" {
+		reply(why)
 		return
 	}
-	tr, r := c.openRound(task, round)
+	tr, r := c.openRound(task, rnd)
 	if r == nil {
-		reply(fmt.Sprintf("round %d of task %q is not open", round, task))
+		reply(fmt.Sprintf("round %d of task %q is not open", rnd, task))
 		return
 	}
 	why := fmt.Sprintf("device failed after %d attempts: %s", f.Attempts, f.Reason)
 	if !tr.noteFailure(r, device, why) {
-		reply(fmt.Sprintf("device %q is not in the cohort of round %d, or its failure is already recorded", device, round))
+		reply(fmt.Sprintf("device %q is not in the cohort of round %d, or its failure is already recorded", device, rnd))
 		return
 	}
 	c.d.Metrics.PlanFailures.Inc()
-	tr.log().Info("device could not carry out its plan", "round", round, "device", device, "reason", why)
+	tr.log().Info("device could not carry out its plan", "round", rnd, "device", device, "reason", why)
 	reply("")
 }
 

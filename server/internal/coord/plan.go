@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -123,7 +122,7 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		rr.Deadline = rr.Deadline.Add(4 * secureStageTimeout(t.spec.GetSecagg()))
 	}
 	ev := audit.RoundOpened{Task: t.id, Round: round, Model: rr.BaseModel, Module: t.spec.GetModule().GetSha256(),
-		CohortSize: uint64(t.wanted()), Eligibility: eligibilityText(kind, t.spec.GetEligibility(), t.moduleABI())}
+		CohortSize: uint64(t.wanted()), Eligibility: t.eligibility().Describe(roundKind(kind))}
 	if t.secure(kind) {
 		// The parameters every participant derives, as the plans carry them.
 		if _, cfg, err := t.secureConfig(round, t.wanted(), rr.Seed); err == nil {
@@ -146,48 +145,20 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 	return rr, nil
 }
 
-// eligibilityText states the round's kind and who could join it, for the audit log.
-func eligibilityText(kind pb.RoundKind, e *pb.Eligibility, abi uint32) string {
-	parts := []string{"kind=" + strings.ToLower(strings.TrimPrefix(kind.String(), "ROUND_KIND_")),
-		fmt.Sprintf("min_examples=%d", max(e.GetMinExamples(), 1)), fmt.Sprintf("abi=%d", abi)}
-	for _, c := range []struct {
-		on   bool
-		name string
-	}{{e.GetRequireCharging(), "charging"}, {e.GetRequireIdle(), "idle"}, {e.GetRequireUnmetered(), "unmetered"}} {
-		if c.on {
-			parts = append(parts, c.name)
-		}
-	}
-	if cls := e.GetDeviceClasses(); len(cls) > 0 {
-		parts = append(parts, "device_classes="+strings.Join(cls, "|"))
-	}
-	return strings.Join(parts, " ")
-}
-
-// normBound is the L2 norm bound the server holds plaintext updates, and
-// the aggregate of every round, to; 0 for none.
-func (t *taskRun) normBound() float64 {
-	if t.dp == nil {
-		return t.robust.MaxUpdateNorm
-	}
-	switch t.dp.cfg.GetMechanism() {
-	case pb.DPMechanism_DP_MECHANISM_LOCAL:
-		return 0 // the devices' own noise makes updates longer than the clip norm
-	default:
-		// Devices clip to C; the slack covers their float32 rounding.
-		return t.dp.cfg.GetClipNorm() * (1 + 1e-5)
-	}
-}
-
-// weight is how much a report counts in the average: its example count up
-// to the task's cap, or 1 under DP, where the clip norm bounds every
-// device's influence only if weights do not scale it.
-func (t *taskRun) weight(examples uint64) float64 {
+// influence is what bounds one device's influence, as the round engine
+// reads the task's robustness and DP settings.
+func (t *taskRun) influence() round.Influence {
+	i := round.Influence{MaxUpdateNorm: t.robust.MaxUpdateNorm, MaxExamples: t.robust.MaxExamples}
 	if t.dp != nil {
-		return 1
+		i.DP, i.ClipNorm = true, t.dp.cfg.GetClipNorm()
+		i.LocalDP = t.dp.cfg.GetMechanism() == pb.DPMechanism_DP_MECHANISM_LOCAL
 	}
-	return float64(min(examples, t.robust.MaxExamples))
+	return i
 }
+
+func (t *taskRun) normBound() float64 { return t.influence().NormBound() }
+
+func (t *taskRun) weight(examples uint64) float64 { return t.influence().Weight(examples) }
 
 // secure reports whether rounds of kind run through secure aggregation:
 // training rounds of a task with SecAgg settings. Evaluation rounds report

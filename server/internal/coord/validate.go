@@ -92,11 +92,16 @@ func fromRound(err error) error {
 
 // roundSpec is the open round as the engine sees it.
 func (t *taskRun) roundSpec(r *roundRun) round.Spec {
-	kind := round.Train
-	if r.row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
-		kind = round.Evaluate
+	return round.Spec{Task: t.id, Round: r.row.Round, Kind: roundKind(r.row.Kind), Model: r.row.BaseModel,
+		Module: t.spec.GetModule().GetSha256()}
+}
+
+// roundKind is the engine's name for a round kind of the wire.
+func roundKind(k pb.RoundKind) round.Kind {
+	if k == pb.RoundKind_ROUND_KIND_EVALUATE {
+		return round.Evaluate
 	}
-	return round.Spec{Task: t.id, Round: r.row.Round, Kind: kind, Model: r.row.BaseModel, Module: t.spec.GetModule().GetSha256()}
+	return round.Train
 }
 
 // checkSignature checks a report's device signature against the key the
