@@ -1,14 +1,25 @@
-// Package round is the round protocol's decisions as pure functions of what
-// the server knows: no NATS, storage, protobuf, network or files, and time
+// Package round is the round protocol's server side as a pure state
+// machine and rules: no NATS, storage, protobuf, network or files, and time
 // only as values it is given. The aggregator service (server/internal/coord)
-// does the I/O and asks the engine: is this report one the round takes
-// (CheckSender, CheckHeader, CheckExamples, CheckMetrics), does a
-// plaintext round close, and how (Plain.Decide), and does a secure round's
-// stage close or wait, and until when (StageTiming.Decide)? Every refusal is a *Refusal with a
-// Class, the label the service counts it under, and a message for the
-// device.
+// does the I/O (reads messages, writes the store, publishes answers) and
+// asks the engine:
 //
-// The rules live here so that they are tested fast and exhaustively as
-// tables and fuzz targets, while the end-to-end tests check that the
-// service asks them.
+//   - selection: who gets a seat, who waits and how long (Cohort.Offer,
+//     Eligibility, CheckCheckInSize, CheckCheckInDevice, NoShow), and when
+//     selection ends (Cohort.CloseSelection);
+//   - membership: seats, reports, failures (Cohort; CheckFailure);
+//   - reports: is this one the round takes (CheckSender, CheckHeader,
+//     CheckForm, CheckQuantized, CheckDigest, CheckLayout, CheckSignature,
+//     CheckExamples, CheckMetrics, CheckNorm, CheckMasked), how much it
+//     weighs (Influence), and what a device may store meanwhile (Storage);
+//   - closing: does a plaintext round close, and how (Plain.Decide), and
+//     does a secure round's stage close or wait, and until when
+//     (StageTiming.Decide, StageCap).
+//
+// A Cohort's state serializes and restores exactly (MarshalBinary), so
+// that another server can carry an open round on. Every refusal of a report
+// is a *Refusal with a Class, the label the service counts it under, and a
+// message for the device. The rules live here so that they are tested fast
+// and exhaustively as tables and fuzz targets, while the end-to-end tests
+// check that the service asks them (docs/ROUND.md maps one onto the other).
 package round
