@@ -3,9 +3,12 @@ package server_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -428,6 +431,9 @@ func benchFileExists(p string) bool {
 // (MB-rounds-rss-sum); and of their proportional set sizes at the end, which
 // count shared pages once (MB-pss-sum). Set FLEETLEARN_BENCH_PROCS=1 to run
 // it: it builds both commands and starts 101 processes.
+// FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
+// in DIR a CPU profile of the server over the measured rounds' first
+// FLEETLEARN_BENCH_CPU_SECONDS seconds (default 30).
 func BenchmarkRoundProcesses(b *testing.B) {
 	if os.Getenv("FLEETLEARN_BENCH_PROCS") != "1" {
 		b.Skip("set FLEETLEARN_BENCH_PROCS=1 to start 101 processes")
@@ -439,12 +445,22 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	ctx := context.Background()
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "bin")
-	cmd := exec.Command(benchGoTool(), "build", "-o", bin+string(filepath.Separator),
-		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server", "github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge")
+	args := []string{"build", "-o", bin + string(filepath.Separator)}
+	profiles := os.Getenv("FLEETLEARN_BENCH_PPROF")
+	var pprofAddr string
+	if profiles != "" {
+		args = append(args, "-overlay", benchPprofOverlay(b, dir))
+		pprofAddr = benchAddr(b)
+	}
+	cmd := exec.Command(benchGoTool(), append(args,
+		"github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server", "github.com/fleetlearn/fleetlearn/cmd/fleetlearn-edge")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("build: %v\n%s", err, out)
 	}
 	code := benchModuleCode(b)
+	if pprofAddr != "" {
+		b.Setenv("FLEETLEARN_BENCH_PPROF_ADDR", pprofAddr) // the server inherits it; edges ignore it
+	}
 
 	publisher, jwks := servertest.NewPublisher(b)
 	jwksPath := filepath.Join(dir, "publishers.jwks")
@@ -549,6 +565,19 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		os.WriteFile(filepath.Join("/proc", p.pid(), "clear_refs"), []byte("5"), 0)
 	}
 
+	var cpuProf chan []byte
+	if pprofAddr != "" {
+		secs := cmp.Or(os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), "30")
+		cpuProf = make(chan []byte, 1)
+		go func() {
+			var body []byte
+			if resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/profile?seconds=" + secs); err == nil {
+				body, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			cpuProf <- body
+		}()
+	}
 	var total time.Duration
 	measured := 0
 	for b.Loop() {
@@ -565,6 +594,13 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	b.StopTimer()
 	if measured == 0 {
 		b.Fatal("no round measured")
+	}
+	if cpuProf != nil {
+		path := filepath.Join(profiles, "round-processes-server-cpu.pprof")
+		if err := os.WriteFile(path, <-cpuProf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("server CPU profile of the measured rounds' first %ss: %s", cmp.Or(os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), "30"), path)
 	}
 	var life, hwm, pss, edgeMax, srvHWM int64
 	var cpu, srvCPU time.Duration
