@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"fmt"
+	"sync"
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
@@ -19,6 +20,13 @@ type dpRun struct {
 	dist *dp.Distributed
 	src  *dp.Source
 	acct *privacyconf.Accounting
+
+	// eps holds the accountant's recent answers by round count: a round's
+	// budget check at open asks for ε after n and n+1 rounds and its commit
+	// asks for both again, each answer an accountant run (the PLD
+	// accountant's take tens of milliseconds).
+	mu  sync.Mutex
+	eps map[int]float64
 }
 
 // ResolveDP fills in a task's DP defaults (privacyconf.ResolveDP); nil for
@@ -55,7 +63,28 @@ func newDPRun(task *pb.Task, dim int) (*dpRun, error) {
 }
 
 // epsilonAfter is the task's ε at its δ after rounds committed training rounds.
-func (d *dpRun) epsilonAfter(rounds int) (float64, error) { return d.acct.EpsilonAfter(rounds) }
+func (d *dpRun) epsilonAfter(rounds int) (float64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.eps[rounds]; ok {
+		return e, nil
+	}
+	e, err := d.acct.EpsilonAfter(rounds)
+	if err != nil {
+		return 0, err
+	}
+	if d.eps == nil {
+		d.eps = map[int]float64{}
+	}
+	// Rounds only move forward: answers for two rounds back are not asked again.
+	for n := range d.eps {
+		if n < rounds-1 {
+			delete(d.eps, n)
+		}
+	}
+	d.eps[rounds] = e
+	return e, nil
+}
 
 // maxRounds is the per-device participation cap; 0 without DP or cap.
 func (d *dpRun) maxRounds() int {
