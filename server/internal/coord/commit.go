@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -213,6 +212,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	}
 	metrics := mm.means(prefix)
 	var newRow *store.ModelRow
+	var srvMetrics map[string]float64 // the server's held-out measures of the new model
 	var optState []byte
 	next := t.global
 	// Apply advances the optimizer state; until the round is durably
@@ -289,11 +289,11 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 			TaskID: t.id, Round: r.row.Round, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
 			Tensors: len(next.Tensors), Params: next.Layout().Size(), Size: size, Created: t.c.now()}
 		if t.evalSet != nil {
-			for k, v := range t.serverEval(ctx, next) {
-				metrics[k] = v
-			}
+			srvMetrics = t.serverEval(ctx, next)
 		}
 	}
+	fedMetrics := metrics
+	metrics = withServerMetrics(fedMetrics, srvMetrics)
 	startCommit()
 	row := t.closeRow(r, pb.RoundState_ROUND_STATE_COMMITTED, metrics, reason)
 	if newRow != nil {
@@ -318,7 +318,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 			}
 		}
 	}
-	events := t.commitEvents(row, newRow, mm, metrics, epsBefore)
+	events := t.commitEvents(row, newRow, mm, fedMetrics, srvMetrics, epsBefore)
 	if err := t.closeDurably(ctx, events, row, newRow, optState); err != nil {
 		if errors.Is(err, errInvalidAudit) {
 			return t.abandon(ctx, r, err.Error())
@@ -368,7 +368,7 @@ func (t *taskRun) checkAggregate(delta []float32, slack float64) string {
 // batch: its close, the model version it produced, the metrics it measured
 // (federated ones from the devices' reports, server_ ones on the server's
 // held-out set) and its privacy cost.
-func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, metrics map[string]float64, epsBefore float64) []audit.Payload {
+func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, fed, srv map[string]float64, epsBefore float64) []audit.Payload {
 	evs := []audit.Payload{audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundCommitted, Reports: uint64(row.Reported),
 		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: row.Reason}}
 	evaluated := row.BaseModel
@@ -376,14 +376,6 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 		evs = append(evs, audit.ModelCommitted{Task: t.id, Round: row.Round, Model: newRow.Version, SHA256: newRow.Version,
 			Parent: newRow.Parent})
 		evaluated = newRow.Version
-	}
-	fed, srv := map[string]float64{}, map[string]float64{}
-	for k, v := range metrics {
-		if s, ok := strings.CutPrefix(k, "server_"); ok {
-			srv[s] = v
-		} else {
-			fed[k] = v
-		}
 	}
 	// Training metrics describe the base model as the devices trained it;
 	// evaluation rounds measure the base model itself. An evaluation round
@@ -424,23 +416,37 @@ func (t *taskRun) evaluateBase(ctx context.Context) error {
 		if m == nil {
 			m = map[string]float64{} // evaluated; nothing passed the checks
 		}
-		srv := make(map[string]float64, len(m))
-		for k, v := range m {
-			srv[strings.TrimPrefix(k, "server_")] = v
-		}
 		ev := audit.ModelEvaluated{Task: t.id, Round: 0, Model: t.global.Lineage.Version,
-			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv}
+			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: m}
 		if err := t.c.record(ev); err != nil {
 			return fmt.Errorf("evaluate the base model: audit: %w", err)
 		}
 		t.baseRecorded = m
 	}
-	if err := t.c.d.Store.SetBaseMetrics(ctx, t.id, m, t.c.now()); err != nil {
+	if err := t.c.d.Store.SetBaseMetrics(ctx, t.id, withServerMetrics(nil, m), t.c.now()); err != nil {
 		return fmt.Errorf("evaluate the base model: %w", err)
 	}
 	t.baseRecorded = nil
 	t.log().Info("base model evaluated", "model", t.global.Lineage.Version, "metrics", m)
 	return nil
+}
+
+// serverMetricPrefix marks the server's held-out measures among a round's
+// metrics as the store, the API and the dashboard keep them; the audit log
+// records them in an event of their own, under their module's names.
+const serverMetricPrefix = "server_"
+
+// withServerMetrics is a round's metrics: the devices' fed and the
+// server's srv, prefixed.
+func withServerMetrics(fed, srv map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(fed)+len(srv))
+	for k, v := range fed {
+		out[k] = v
+	}
+	for k, v := range srv {
+		out[serverMetricPrefix+k] = v
+	}
+	return out
 }
 
 // serverEval runs the task's module on the server's held-out set; metrics
@@ -463,7 +469,7 @@ func (t *taskRun) serverEval(ctx context.Context, m *model.Model) map[string]flo
 			t.log().Warn("server-side evaluation metric dropped", "err", err)
 			continue
 		}
-		out["server_"+k] = v
+		out[k] = v
 	}
 	return out
 }
