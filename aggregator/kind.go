@@ -83,3 +83,22 @@ func (k Kind) vectors() int {
 	}
 	return 0
 }
+
+// MaxSampleBytes bounds what a rule that keeps every update (Median,
+// TrimmedMean) may hold for one round: 4 bytes per parameter per report.
+// The FedAvg family holds one float64 sum whatever the cohort.
+const MaxSampleBytes = 2 << 30
+
+// CheckSamples refuses a rule of kind that would keep more than
+// MaxSampleBytes for reports updates of dim parameters.
+func CheckSamples(kind Kind, dim, reports int) error {
+	if kind.Streaming() || dim <= 0 || reports <= 0 {
+		return nil
+	}
+	if need := 4 * int64(dim) * int64(reports); need > MaxSampleBytes {
+		return fmt.Errorf("aggregator: %v keeps every update: %d reports of %d parameters need %d bytes, at most %d; "+
+			"use a FedAvg-family rule (its sum does not grow with the cohort), a smaller cohort or fewer trained parameters: %w",
+			kind, reports, dim, need, int64(MaxSampleBytes), ErrConfig)
+	}
+	return nil
+}

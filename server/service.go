@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -200,7 +201,12 @@ func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 			t.GetTrainable(), t.GetModule().GetSha256(), max(abi, 1))
 	}
 	params := sub.Layout().Size()
-	if _, err := coord.NewRule(t.Aggregation, max(params, 1)); err != nil {
+	rule, err := coord.NewRule(t.Aggregation, max(params, 1))
+	if err != nil {
+		return invalid("aggregation: %v", err)
+	}
+	// A rule that keeps every update holds one per seat of a round.
+	if err := aggregator.CheckSamples(rule.Kind(), params, coord.Wanted(t)); err != nil {
 		return invalid("aggregation: %v", err)
 	}
 	// The bounds on one device's influence are fixed now, with the model's
