@@ -175,8 +175,9 @@ var protocolHelpers = []string{"devproto", "simfleet", "sandboxlimits"}
 
 // protocolHelperImports are the packages of ours a protocol helper may
 // import, beyond the leaves and the other protocol helpers (the simulated
-// fleet runs the device protocol of devproto).
-var protocolHelperImports = []string{"proto", "identity", "wasm"}
+// fleet runs the device protocol of devproto, whose decisions are the round
+// engine's).
+var protocolHelperImports = []string{"proto", "identity", "wasm", "round"}
 
 // leafImports are the packages of ours that a leaf helper may import beyond
 // the other leaves, by leaf. None needs any today; one that must use the

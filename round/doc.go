@@ -16,6 +16,11 @@
 //     does a secure round's stage close or wait, and until when
 //     (StageTiming.Decide, StageCap).
 //
+// The device's side is here too (Devices): what an agent does with a plan
+// it is handed and after each attempt at it (work, retry after a back-off,
+// give up once and say why, wait for the next round), which the agent's
+// protocol code (internal/devproto) and the simulated fleet both follow.
+//
 // A Cohort's state serializes and restores exactly (MarshalBinary), so
 // that another server can carry an open round on. Every refusal of a report
 // is a *Refusal with a Class, the label the service counts it under, and a

@@ -34,6 +34,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/tracing"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // Timing. docs/PROTOCOL.md (Timeouts and defaults) lists these; keep both in step.
@@ -44,28 +45,19 @@ const (
 	PublishTimeout = 5 * time.Second
 	// FailureTimeout bounds the PlanFailure request, which is a courtesy.
 	FailureTimeout = 5 * time.Second
-	// MinRetryAfter and MaxRetryAfter clamp the server's RetryAfter.
-	MinRetryAfter = 50 * time.Millisecond
-	MaxRetryAfter = 10 * time.Minute
-	// MaxIdleWait bounds how long a device that is done with a round sleeps
-	// waiting for the next announcement, which can be missed across a
-	// reconnect.
-	MaxIdleWait = 30 * time.Second
-	// DefaultMaxAttempts is how often a device tries one round's plan.
-	DefaultMaxAttempts = 4
+	// The waits and attempts of the device's side of the round protocol
+	// (round.Devices decides them).
+	MinRetryAfter      = round.MinRetryAfter
+	MaxRetryAfter      = round.MaxRetryAfter
+	MaxIdleWait        = round.MaxIdleWait
+	DefaultMaxAttempts = round.DefaultMaxAttempts
 )
 
 // Back-off schedules: initial step, cap.
 const (
 	checkInBackoff, checkInBackoffMax = 250 * time.Millisecond, 30 * time.Second
-	attemptBackoff, attemptBackoffMax = time.Second, 30 * time.Second
-	repeatBackoff, repeatBackoffMax   = 250 * time.Millisecond, 30 * time.Second
 	publishBackoff, publishBackoffMax = 100 * time.Millisecond, 5 * time.Second
 )
-
-// maxTasks bounds the per-task state a device keeps: the task ids come from
-// the server's plans.
-const maxTasks = 64
 
 var (
 	// ErrSuperseded is the cause with which a Work's context ends when a later
@@ -152,23 +144,22 @@ type Config struct {
 // Device is one device's protocol state. Run drives it; Announce feeds it
 // round announcements (SubscribeAnnouncements does so for a connection).
 type Device struct {
-	id          string
-	checkIn     []byte
-	filter      []string
-	work        Work
-	clk         clock.Clock
-	jitter      func(time.Duration) time.Duration
-	maxAttempts int
-	log         *slog.Logger
-	obs         Observer
-	chunkBytes  int
-	tracer      trace.Tracer
+	id         string
+	checkIn    []byte
+	filter     []string
+	work       Work
+	clk        clock.Clock
+	jitter     func(time.Duration) time.Duration
+	log        *slog.Logger
+	obs        Observer
+	chunkBytes int
+	tracer     trace.Tracer
 
 	wake chan time.Duration // check-in spread of an announcement
 
-	mu    sync.Mutex
-	cur   *current              // the attempt in progress, if any
-	tasks map[string]*taskState // by task id; Run's goroutine and Round.Publish
+	mu     sync.Mutex
+	cur    *current       // the attempt in progress, if any
+	rounds *round.Devices // what to do with plans; Run's goroutine and Round.Publish
 }
 
 // current is the attempt in progress, which a later round's announcement cancels.
@@ -176,17 +167,6 @@ type current struct {
 	task   string
 	round  uint64
 	cancel context.CancelCauseFunc
-}
-
-// taskState is what a device remembers of the latest round of a task it was
-// handed a plan for.
-type taskState struct {
-	round    uint64
-	reported bool // a report was stored
-	done     bool // no further attempts this round
-	attempts int
-	retry    *backoff.Backoff // between failed attempts
-	again    *backoff.Backoff // between plans of a round already done
 }
 
 // New checks cfg and returns a device; Run starts it.
@@ -203,16 +183,14 @@ func New(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("devproto: check-in: %w", err)
 	}
 	d := &Device{id: id, checkIn: b, filter: slices.Clone(cfg.CheckIn.GetTaskIds()), work: cfg.Work,
-		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, maxAttempts: cfg.MaxAttempts, log: cfg.Log, obs: cfg.Observer, chunkBytes: cfg.ChunkBytes,
-		wake: make(chan time.Duration, 1), tasks: map[string]*taskState{}}
+		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, log: cfg.Log, obs: cfg.Observer, chunkBytes: cfg.ChunkBytes,
+		wake: make(chan time.Duration, 1)}
 	if d.jitter == nil {
 		var seed [32]byte
 		crand.Read(seed[:])
 		d.jitter = backoff.Jitter(rand.New(rand.NewChaCha8(seed)))
 	}
-	if d.maxAttempts <= 0 {
-		d.maxAttempts = DefaultMaxAttempts
-	}
+	d.rounds = round.NewDevices(cfg.MaxAttempts, d.jitter)
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -349,7 +327,7 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 		f(ans)
 	}
 	if r := ans.GetRetryAfter(); r != nil {
-		return min(max(r.GetDuration().AsDuration(), MinRetryAfter), MaxRetryAfter), nil
+		return round.RetryWait(r.GetDuration().AsDuration()), nil
 	}
 	plan := ans.GetPlan()
 	if plan == nil {
@@ -359,79 +337,48 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 	if err := wire.CheckToken("task", plan.TaskId); err != nil {
 		return 0, fmt.Errorf("check-in response: plan: %w", err)
 	}
-	st, stale := d.state(plan)
+	p := round.Plan{Task: plan.TaskId, Round: plan.Round, Deadline: plan.GetReportDeadline().AsTime()}
 	d.mu.Lock()
-	reported, done := st.reported, st.done
+	step := d.rounds.Planned(p, d.clk.Now())
 	d.mu.Unlock()
-	switch {
-	case stale || reported:
-		// Reporting and the server counting the report are not atomic: a
-		// device that checks in right after publishing may get the same
-		// plan again (and again, if its report was refused).
-		return st.again.Next(), nil
-	case done:
-		return d.untilNextRound(plan), nil
+	if !step.Work {
+		return step.Wait, nil
 	}
-	st.attempts++
-	err = d.attempt(d.traceCheckIn(ctx, plan, reply, sent), nc, js, plan, st)
+	err = d.attempt(d.traceCheckIn(ctx, plan, reply, sent), nc, js, plan, step.Attempt)
+	outcome := round.Failed
 	switch {
 	case err == nil:
-		st.done = true
-		return d.untilNextRound(plan), nil
+		outcome = round.Done
 	case ctx.Err() != nil:
-		return 0, nil
+		outcome = round.Stopped
 	case errors.Is(err, ErrSuperseded):
-		return 0, nil // check in again at once: the next round wants devices
+		outcome = round.Superseded
 	case errors.Is(err, ErrLeft):
-		st.done = true
-		return d.untilNextRound(plan), nil
+		outcome = round.Left
+	case isPermanent(err):
+		outcome = round.Fatal
 	}
-	deadline := plan.GetReportDeadline().AsTime()
-	retry := st.retry.Next()
-	if !isPermanent(err) && st.attempts < d.maxAttempts && d.clk.Now().Add(retry).Before(deadline) {
-		d.log.Warn("round attempt failed; retrying", "device", d.id, "task", plan.TaskId, "round", plan.Round,
-			"attempt", st.attempts, "retry_in", retry, "err", err)
-		return retry, nil
-	}
-	st.done = true
-	d.log.Warn("giving up on the round", "device", d.id, "task", plan.TaskId, "round", plan.Round, "attempts", st.attempts, "err", err)
-	d.reportFailure(ctx, nc, plan, st.attempts, err)
-	if f := d.obs.GaveUp; f != nil {
-		f(plan, st.attempts, err)
-	}
-	return d.untilNextRound(plan), nil
-}
-
-// state returns the task's state for plan's round, fresh for a new round;
-// stale says the plan is for a round older than one already seen.
-func (d *Device) state(plan *pb.RoundPlan) (st *taskState, stale bool) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	st = d.tasks[plan.TaskId]
-	if st != nil && plan.Round < st.round {
-		return st, true
-	}
-	if st == nil || plan.Round > st.round {
-		if st == nil && len(d.tasks) >= maxTasks {
-			clear(d.tasks)
+	next := d.rounds.Attempted(p, d.clk.Now(), outcome)
+	d.mu.Unlock()
+	switch {
+	case outcome != round.Failed && outcome != round.Fatal:
+	case !next.GiveUp:
+		d.log.Warn("round attempt failed; retrying", "device", d.id, "task", plan.TaskId, "round", plan.Round,
+			"attempt", next.Attempt, "retry_in", next.Wait, "err", err)
+	default:
+		d.log.Warn("giving up on the round", "device", d.id, "task", plan.TaskId, "round", plan.Round, "attempts", next.Attempt, "err", err)
+		d.reportFailure(ctx, nc, plan, next.Attempt, err)
+		if f := d.obs.GaveUp; f != nil {
+			f(plan, next.Attempt, err)
 		}
-		st = &taskState{round: plan.Round, retry: backoff.New(attemptBackoff, attemptBackoffMax, d.jitter),
-			again: backoff.New(repeatBackoff, repeatBackoffMax, d.jitter)}
-		d.tasks[plan.TaskId] = st
 	}
-	return st, false
-}
-
-// untilNextRound is how long a device done with a round waits for the next
-// round's announcement before checking in anyway.
-func (d *Device) untilNextRound(plan *pb.RoundPlan) time.Duration {
-	left := plan.GetReportDeadline().AsTime().Sub(d.clk.Now())
-	return min(max(left, time.Second), MaxIdleWait) + d.jitter(time.Second)
+	return next.Wait, nil
 }
 
 // attempt runs the Work once for plan, bounded by the report deadline and
 // cancelled by a later round's announcement.
-func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan, st *taskState) error {
+func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, plan *pb.RoundPlan, attempt int) error {
 	deadline := plan.GetReportDeadline().AsTime()
 	left := deadline.Sub(d.clk.Now())
 	if left <= 0 {
@@ -451,7 +398,7 @@ func (d *Device) attempt(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 		d.cur = nil
 		d.mu.Unlock()
 	}()
-	r := &Round{Plan: plan, Attempt: st.attempts, d: d, nc: nc, js: js, reportCtx: reportCtx, st: st}
+	r := &Round{Plan: plan, Attempt: attempt, d: d, nc: nc, js: js, reportCtx: reportCtx}
 	err := d.work(workCtx, r)
 	if err == nil {
 		return nil

@@ -29,7 +29,6 @@ type Round struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	reportCtx context.Context // ends at the deadline, not when superseded
-	st        *taskState
 }
 
 // Conn is the device's NATS connection.
@@ -55,7 +54,7 @@ func (r *Round) Publish(payload []byte) error {
 		return err
 	}
 	r.d.mu.Lock()
-	r.st.reported = true
+	r.d.rounds.Reported(r.Plan.TaskId, r.Plan.Round)
 	r.d.mu.Unlock()
 	return nil
 }
