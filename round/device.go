@@ -51,11 +51,11 @@ type Result int
 // The results.
 const (
 	Done       Result = iota // the work finished: its report is stored (or it had none to send)
-	Superseded                // a later round of the task was announced: this one closed
-	Left                      // the work left the round on purpose (it declined to report)
-	Stopped                   // the agent is stopping
-	Failed                    // a failure worth retrying before the deadline
-	Fatal                     // a failure retrying cannot mend (Permanent)
+	Superseded               // a later round of the task was announced: this one closed
+	Left                     // the work left the round on purpose (it declined to report)
+	Stopped                  // the agent is stopping
+	Failed                   // a failure worth retrying before the deadline
+	Fatal                    // a failure retrying cannot mend (Permanent)
 )
 
 // Step is what a device does next.
