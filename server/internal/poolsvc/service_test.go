@@ -26,7 +26,14 @@ const (
 // rank; it returns the workers and each one's lease, by rank.
 func startGang(t *testing.T, e *env, id string, ranks int) ([]*worker, []*pb.RankLease) {
 	t.Helper()
-	e.submit(spec(id, uint32(ranks)), nil)
+	return startGangSpec(t, e, spec(id, uint32(ranks)))
+}
+
+// startGangSpec is startGang for the job sp.
+func startGangSpec(t *testing.T, e *env, sp *pb.PoolJobSpec) ([]*worker, []*pb.RankLease) {
+	t.Helper()
+	id, ranks := sp.GetId(), int(sp.GetRanks())
+	e.submit(sp, nil)
 	var ws []*worker
 	for i := range ranks {
 		ws = append(ws, e.register("worker-"+string(rune('a'+i)), oneRank))
