@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -117,12 +118,18 @@ func newOuterPool(t *testing.T, quorum int, steps int64, int8 bool) (*outerPool,
 	return p, ln.Addr().String()
 }
 
-func (p *outerPool) answer(late bool) *pb.OuterSyncResponse {
+// poolAnswer is an OuterSync answer before it is streamed.
+type poolAnswer struct {
+	res    *pb.OuterSyncResult
+	params []byte
+}
+
+func (p *outerPool) answer(late bool) *poolAnswer {
 	b := make([]byte, 0, 4*len(p.theta))
 	for _, v := range p.theta {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
 	}
-	return &pb.OuterSyncResponse{OuterStep: p.step, Params: b, Done: p.step == p.steps, Late: late}
+	return &poolAnswer{res: &pb.OuterSyncResult{OuterStep: p.step, Done: p.step == p.steps, Late: late}, params: b}
 }
 
 // closeStep applies the mean of the open step's contributions; p.mu is
@@ -148,13 +155,57 @@ func (p *outerPool) closeStep() error {
 	return nil
 }
 
-func (p *outerPool) OuterSync(ctx context.Context, r *pb.OuterSyncRequest) (*pb.OuterSyncResponse, error) {
+// OuterSync gathers the island's stream whole (a test's models are small),
+// contributes it and streams the answer back in chunks of 1000 bytes.
+func (p *outerPool) OuterSync(st grpc.BidiStreamingServer[pb.OuterSyncRequest, pb.OuterSyncResponse]) error {
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	r := first.GetStart()
+	if r == nil {
+		return status.Error(codes.InvalidArgument, "stream without start")
+	}
+	var pg []byte
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if c := m.GetChunk(); c == nil || c.GetOffset() != int64(len(pg)) {
+			return status.Error(codes.InvalidArgument, "chunk out of order")
+		}
+		pg = append(pg, m.GetChunk().GetData()...)
+	}
+	if int64(len(pg)) != r.GetSize() {
+		return status.Errorf(codes.InvalidArgument, "%d bytes announced, %d sent", r.GetSize(), len(pg))
+	}
+	a, err := p.contribute(st.Context(), r, pg)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Result{Result: a.res}}); err != nil {
+		return err
+	}
+	for off := 0; off < len(a.params); off += 1000 {
+		c := &pb.SyncChunk{Offset: int64(off), Data: a.params[off:min(off+1000, len(a.params))]}
+		if err := st.Send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Chunk{Chunk: c}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *outerPool) contribute(ctx context.Context, r *pb.OuterSyncStart, b []byte) (*poolAnswer, error) {
 	p.mu.Lock()
 	if a, ok := p.held[r.GetRef().GetJobId()]; !ok || a != r.GetRef().GetAttempt() || r.GetRef().GetWorkerId() != "w-1" {
 		p.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "%s attempt %d is not leased", r.GetRef().GetJobId(), r.GetRef().GetAttempt())
 	}
-	if len(r.GetPseudoGradient()) == 0 {
+	if len(b) == 0 {
 		defer p.mu.Unlock()
 		return p.answer(false), nil
 	}
@@ -170,7 +221,7 @@ func (p *outerPool) OuterSync(ctx context.Context, r *pb.OuterSyncRequest) (*pb.
 		defer p.mu.Unlock()
 		return p.answer(true), nil
 	}
-	pg, err := p.decode(r.GetPseudoGradient())
+	pg, err := p.decode(b)
 	if err != nil {
 		p.mu.Unlock()
 		return nil, status.Error(codes.InvalidArgument, err.Error())

@@ -1122,8 +1122,8 @@ type PoolJob struct {
 	// For a DiLoCo job: its outer loop.
 	Diloco *PoolDiLoCoStatus `protobuf:"bytes,26,opt,name=diloco,proto3" json:"diloco,omitempty"`
 	// Bytes of parameter synchronisation the server received for this job:
-	// Average and OuterSync requests as encoded on the wire. A DiLoCo job
-	// counts its islands'.
+	// the messages of the Average and OuterSync streams as encoded on the
+	// wire. A DiLoCo job counts its islands'.
 	SyncBytesReceived int64 `protobuf:"varint,27,opt,name=sync_bytes_received,json=syncBytesReceived,proto3" json:"sync_bytes_received,omitempty"`
 	// Bytes of parameter synchronisation the server sent for this job, the
 	// responses counted as sync_bytes_received counts requests.
@@ -3703,24 +3703,157 @@ func (x *ListRankCheckpointsResponse) GetIds() []string {
 	return nil
 }
 
-// AverageRequest is the input of PoolWorkerService.Average.
-type AverageRequest struct {
+// SyncChunk is the next piece of a vector streamed through
+// PoolWorkerService.Average or OuterSync, in either direction.
+type SyncChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Byte offset of data in the whole vector: the bytes the stream carried
+	// before it. A gap, a repeat or a reordering is refused.
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The bytes, at most 4 MiB and never empty. Workers send 1 MiB.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncChunk) Reset() {
+	*x = SyncChunk{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncChunk) ProtoMessage() {}
+
+func (x *SyncChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncChunk.ProtoReflect.Descriptor instead.
+func (*SyncChunk) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SyncChunk) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SyncChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// AverageStart opens a rank's contribution to an average: the first
+// message of its PoolWorkerService.Average stream.
+type AverageStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rank.
 	Ref *RankRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
 	// Step after which the rank contributes.
 	Step int64 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	// Parameters as little-endian float32 (model.Flatten order).
-	Params []byte `protobuf:"bytes,3,opt,name=params,proto3" json:"params,omitempty"`
 	// The rank's weight, its shard's example count.
-	Weight        float64 `protobuf:"fixed64,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	Weight float64 `protobuf:"fixed64,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	// Bytes of parameters that follow: 4 per parameter (little-endian
+	// float32 in model.Flatten order).
+	Size          int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AverageStart) Reset() {
+	*x = AverageStart{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AverageStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AverageStart) ProtoMessage() {}
+
+func (x *AverageStart) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AverageStart.ProtoReflect.Descriptor instead.
+func (*AverageStart) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *AverageStart) GetRef() *RankRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *AverageStart) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *AverageStart) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *AverageStart) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// AverageRequest is one message of a rank's PoolWorkerService.Average
+// stream: start, then the parameters in chunks, in order, then the rank
+// closes its side.
+type AverageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which message of the stream this is.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*AverageRequest_Start
+	//	*AverageRequest_Chunk
+	Part          isAverageRequest_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3732,7 +3865,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3745,49 +3878,66 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{51}
 }
 
-func (x *AverageRequest) GetRef() *RankRef {
+func (x *AverageRequest) GetPart() isAverageRequest_Part {
 	if x != nil {
-		return x.Ref
+		return x.Part
 	}
 	return nil
 }
 
-func (x *AverageRequest) GetStep() int64 {
+func (x *AverageRequest) GetStart() *AverageStart {
 	if x != nil {
-		return x.Step
-	}
-	return 0
-}
-
-func (x *AverageRequest) GetParams() []byte {
-	if x != nil {
-		return x.Params
+		if x, ok := x.Part.(*AverageRequest_Start); ok {
+			return x.Start
+		}
 	}
 	return nil
 }
 
-func (x *AverageRequest) GetWeight() float64 {
+func (x *AverageRequest) GetChunk() *SyncChunk {
 	if x != nil {
-		return x.Weight
+		if x, ok := x.Part.(*AverageRequest_Chunk); ok {
+			return x.Chunk
+		}
 	}
-	return 0
+	return nil
 }
 
-// AverageResponse is the output of PoolWorkerService.Average.
+type isAverageRequest_Part interface {
+	isAverageRequest_Part()
+}
+
+type AverageRequest_Start struct {
+	// First message.
+	Start *AverageStart `protobuf:"bytes,5,opt,name=start,proto3,oneof"`
+}
+
+type AverageRequest_Chunk struct {
+	// Every later message.
+	Chunk *SyncChunk `protobuf:"bytes,6,opt,name=chunk,proto3,oneof"`
+}
+
+func (*AverageRequest_Start) isAverageRequest_Part() {}
+
+func (*AverageRequest_Chunk) isAverageRequest_Part() {}
+
+// AverageResponse is one message of the answer to a PoolWorkerService.Average
+// stream: the weighted mean of every rank's parameters, little-endian
+// float32, in chunks in order; the server then ends the stream.
 type AverageResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Weighted mean of every rank's parameters, little-endian float32.
-	Params        []byte `protobuf:"bytes,1,opt,name=params,proto3" json:"params,omitempty"`
+	// The next bytes of the mean.
+	Chunk         *SyncChunk `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3799,7 +3949,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3812,38 +3962,114 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{52}
 }
 
-func (x *AverageResponse) GetParams() []byte {
+func (x *AverageResponse) GetChunk() *SyncChunk {
 	if x != nil {
-		return x.Params
+		return x.Chunk
 	}
 	return nil
 }
 
-// OuterSyncRequest is the input of PoolWorkerService.OuterSync.
-type OuterSyncRequest struct {
+// OuterSyncStart opens a DiLoCo island's contribution: the first message of
+// its PoolWorkerService.OuterSync stream.
+type OuterSyncStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The island's rank.
 	Ref *RankRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
 	// Outer step the contribution is for: the step of the parameters the
 	// island started its inner steps from.
 	OuterStep int64 `protobuf:"varint,2,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
-	// The island's pseudo-gradient (start parameters minus its parameters
-	// after H inner steps), little-endian float32, or an FLQ8 encoding when
-	// the job asks for int8; empty to join: the answer is then the current
-	// parameters without waiting.
-	PseudoGradient []byte `protobuf:"bytes,3,opt,name=pseudo_gradient,json=pseudoGradient,proto3" json:"pseudo_gradient,omitempty"`
 	// The island's weight, its shard's example count.
-	Weight        float64 `protobuf:"fixed64,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	Weight float64 `protobuf:"fixed64,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	// Bytes of pseudo-gradient that follow (start parameters minus the
+	// parameters after H inner steps): 4 per parameter as little-endian
+	// float32, or the length of its FLQ8 encoding when the job asks for
+	// int8; 0 to join: the answer is then the current parameters without
+	// waiting.
+	Size          int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OuterSyncStart) Reset() {
+	*x = OuterSyncStart{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OuterSyncStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OuterSyncStart) ProtoMessage() {}
+
+func (x *OuterSyncStart) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OuterSyncStart.ProtoReflect.Descriptor instead.
+func (*OuterSyncStart) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *OuterSyncStart) GetRef() *RankRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *OuterSyncStart) GetOuterStep() int64 {
+	if x != nil {
+		return x.OuterStep
+	}
+	return 0
+}
+
+func (x *OuterSyncStart) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *OuterSyncStart) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// OuterSyncRequest is one message of an island's PoolWorkerService.OuterSync
+// stream: start, then the pseudo-gradient in chunks, in order, then the
+// island closes its side.
+type OuterSyncRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which message of the stream this is.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*OuterSyncRequest_Start
+	//	*OuterSyncRequest_Chunk
+	Part          isOuterSyncRequest_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OuterSyncRequest) Reset() {
 	*x = OuterSyncRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3855,7 +4081,7 @@ func (x *OuterSyncRequest) String() string {
 func (*OuterSyncRequest) ProtoMessage() {}
 
 func (x *OuterSyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3868,57 +4094,139 @@ func (x *OuterSyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncRequest.ProtoReflect.Descriptor instead.
 func (*OuterSyncRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{51}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{54}
 }
 
-func (x *OuterSyncRequest) GetRef() *RankRef {
+func (x *OuterSyncRequest) GetPart() isOuterSyncRequest_Part {
 	if x != nil {
-		return x.Ref
+		return x.Part
 	}
 	return nil
 }
 
-func (x *OuterSyncRequest) GetOuterStep() int64 {
+func (x *OuterSyncRequest) GetStart() *OuterSyncStart {
+	if x != nil {
+		if x, ok := x.Part.(*OuterSyncRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *OuterSyncRequest) GetChunk() *SyncChunk {
+	if x != nil {
+		if x, ok := x.Part.(*OuterSyncRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isOuterSyncRequest_Part interface {
+	isOuterSyncRequest_Part()
+}
+
+type OuterSyncRequest_Start struct {
+	// First message.
+	Start *OuterSyncStart `protobuf:"bytes,5,opt,name=start,proto3,oneof"`
+}
+
+type OuterSyncRequest_Chunk struct {
+	// Every later message.
+	Chunk *SyncChunk `protobuf:"bytes,6,opt,name=chunk,proto3,oneof"`
+}
+
+func (*OuterSyncRequest_Start) isOuterSyncRequest_Part() {}
+
+func (*OuterSyncRequest_Chunk) isOuterSyncRequest_Part() {}
+
+// OuterSyncResult is where the run stands for the island: the first message
+// of the answer to a PoolWorkerService.OuterSync stream.
+type OuterSyncResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Outer step the parameters are for: the island's next contribution
+	// names it.
+	OuterStep int64 `protobuf:"varint,1,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
+	// The run has taken its last outer step: the island is done.
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// The contribution was not used because its outer step closed without
+	// it; the island continues from the parameters.
+	Late          bool `protobuf:"varint,3,opt,name=late,proto3" json:"late,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OuterSyncResult) Reset() {
+	*x = OuterSyncResult{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OuterSyncResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OuterSyncResult) ProtoMessage() {}
+
+func (x *OuterSyncResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OuterSyncResult.ProtoReflect.Descriptor instead.
+func (*OuterSyncResult) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *OuterSyncResult) GetOuterStep() int64 {
 	if x != nil {
 		return x.OuterStep
 	}
 	return 0
 }
 
-func (x *OuterSyncRequest) GetPseudoGradient() []byte {
+func (x *OuterSyncResult) GetDone() bool {
 	if x != nil {
-		return x.PseudoGradient
+		return x.Done
 	}
-	return nil
+	return false
 }
 
-func (x *OuterSyncRequest) GetWeight() float64 {
+func (x *OuterSyncResult) GetLate() bool {
 	if x != nil {
-		return x.Weight
+		return x.Late
 	}
-	return 0
+	return false
 }
 
-// OuterSyncResponse is the output of PoolWorkerService.OuterSync.
+// OuterSyncResponse is one message of the answer to a
+// PoolWorkerService.OuterSync stream: the result, then the parameters to run
+// the next inner steps from, little-endian float32, in chunks in order; the
+// server then ends the stream.
 type OuterSyncResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Outer step the parameters are for: the island's next contribution
-	// names it.
-	OuterStep int64 `protobuf:"varint,1,opt,name=outer_step,json=outerStep,proto3" json:"outer_step,omitempty"`
-	// Parameters to run the next inner steps from, little-endian float32.
-	Params []byte `protobuf:"bytes,2,opt,name=params,proto3" json:"params,omitempty"`
-	// The run has taken its last outer step: the island is done.
-	Done bool `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
-	// The contribution was not used because its outer step closed without
-	// it; the island continues from params.
-	Late          bool `protobuf:"varint,4,opt,name=late,proto3" json:"late,omitempty"`
+	// Which message of the answer this is.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*OuterSyncResponse_Result
+	//	*OuterSyncResponse_Chunk
+	Part          isOuterSyncResponse_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OuterSyncResponse) Reset() {
 	*x = OuterSyncResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3930,7 +4238,7 @@ func (x *OuterSyncResponse) String() string {
 func (*OuterSyncResponse) ProtoMessage() {}
 
 func (x *OuterSyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3943,36 +4251,51 @@ func (x *OuterSyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncResponse.ProtoReflect.Descriptor instead.
 func (*OuterSyncResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{52}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{56}
 }
 
-func (x *OuterSyncResponse) GetOuterStep() int64 {
+func (x *OuterSyncResponse) GetPart() isOuterSyncResponse_Part {
 	if x != nil {
-		return x.OuterStep
-	}
-	return 0
-}
-
-func (x *OuterSyncResponse) GetParams() []byte {
-	if x != nil {
-		return x.Params
+		return x.Part
 	}
 	return nil
 }
 
-func (x *OuterSyncResponse) GetDone() bool {
+func (x *OuterSyncResponse) GetResult() *OuterSyncResult {
 	if x != nil {
-		return x.Done
+		if x, ok := x.Part.(*OuterSyncResponse_Result); ok {
+			return x.Result
+		}
 	}
-	return false
+	return nil
 }
 
-func (x *OuterSyncResponse) GetLate() bool {
+func (x *OuterSyncResponse) GetChunk() *SyncChunk {
 	if x != nil {
-		return x.Late
+		if x, ok := x.Part.(*OuterSyncResponse_Chunk); ok {
+			return x.Chunk
+		}
 	}
-	return false
+	return nil
 }
+
+type isOuterSyncResponse_Part interface {
+	isOuterSyncResponse_Part()
+}
+
+type OuterSyncResponse_Result struct {
+	// First message.
+	Result *OuterSyncResult `protobuf:"bytes,5,opt,name=result,proto3,oneof"`
+}
+
+type OuterSyncResponse_Chunk struct {
+	// Every later message.
+	Chunk *SyncChunk `protobuf:"bytes,6,opt,name=chunk,proto3,oneof"`
+}
+
+func (*OuterSyncResponse_Result) isOuterSyncResponse_Part() {}
+
+func (*OuterSyncResponse_Chunk) isOuterSyncResponse_Part() {}
 
 // AppendLogsRequest is the input of PoolWorkerService.AppendLogs.
 type AppendLogsRequest struct {
@@ -3987,7 +4310,7 @@ type AppendLogsRequest struct {
 
 func (x *AppendLogsRequest) Reset() {
 	*x = AppendLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3999,7 +4322,7 @@ func (x *AppendLogsRequest) String() string {
 func (*AppendLogsRequest) ProtoMessage() {}
 
 func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4012,7 +4335,7 @@ func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsRequest.ProtoReflect.Descriptor instead.
 func (*AppendLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{53}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AppendLogsRequest) GetRef() *RankRef {
@@ -4038,7 +4361,7 @@ type AppendLogsResponse struct {
 
 func (x *AppendLogsResponse) Reset() {
 	*x = AppendLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4050,7 +4373,7 @@ func (x *AppendLogsResponse) String() string {
 func (*AppendLogsResponse) ProtoMessage() {}
 
 func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4063,7 +4386,7 @@ func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsResponse.ProtoReflect.Descriptor instead.
 func (*AppendLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{54}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{58}
 }
 
 var File_fleetlearn_v1_pool_proto protoreflect.FileDescriptor
@@ -4344,26 +4667,42 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x1aListRankCheckpointsRequest\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\"/\n" +
 	"\x1bListRankCheckpointsResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"~\n" +
-	"\x0eAverageRequest\x12(\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"7\n" +
+	"\tSyncChunk\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"x\n" +
+	"\fAverageStart\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x16\n" +
-	"\x06params\x18\x03 \x01(\fR\x06params\x12\x16\n" +
-	"\x06weight\x18\x04 \x01(\x01R\x06weight\")\n" +
-	"\x0fAverageResponse\x12\x16\n" +
-	"\x06params\x18\x01 \x01(\fR\x06params\"\x9c\x01\n" +
-	"\x10OuterSyncRequest\x12(\n" +
+	"\x06weight\x18\x03 \x01(\x01R\x06weight\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\xa0\x01\n" +
+	"\x0eAverageRequest\x123\n" +
+	"\x05start\x18\x05 \x01(\v2\x1b.fleetlearn.v1.AverageStartH\x00R\x05start\x120\n" +
+	"\x05chunk\x18\x06 \x01(\v2\x18.fleetlearn.v1.SyncChunkH\x00R\x05chunkB\x06\n" +
+	"\x04partJ\x04\b\x01\x10\x05R\x03refR\x04stepR\x06paramsR\x06weight\"O\n" +
+	"\x0fAverageResponse\x12.\n" +
+	"\x05chunk\x18\x02 \x01(\v2\x18.fleetlearn.v1.SyncChunkR\x05chunkJ\x04\b\x01\x10\x02R\x06params\"\x85\x01\n" +
+	"\x0eOuterSyncStart\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x12\x1d\n" +
 	"\n" +
-	"outer_step\x18\x02 \x01(\x03R\touterStep\x12'\n" +
-	"\x0fpseudo_gradient\x18\x03 \x01(\fR\x0epseudoGradient\x12\x16\n" +
-	"\x06weight\x18\x04 \x01(\x01R\x06weight\"r\n" +
-	"\x11OuterSyncResponse\x12\x1d\n" +
+	"outer_step\x18\x02 \x01(\x03R\touterStep\x12\x16\n" +
+	"\x06weight\x18\x03 \x01(\x01R\x06weight\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\xb3\x01\n" +
+	"\x10OuterSyncRequest\x125\n" +
+	"\x05start\x18\x05 \x01(\v2\x1d.fleetlearn.v1.OuterSyncStartH\x00R\x05start\x120\n" +
+	"\x05chunk\x18\x06 \x01(\v2\x18.fleetlearn.v1.SyncChunkH\x00R\x05chunkB\x06\n" +
+	"\x04partJ\x04\b\x01\x10\x05R\x03refR\n" +
+	"outer_stepR\x0fpseudo_gradientR\x06weight\"X\n" +
+	"\x0fOuterSyncResult\x12\x1d\n" +
 	"\n" +
-	"outer_step\x18\x01 \x01(\x03R\touterStep\x12\x16\n" +
-	"\x06params\x18\x02 \x01(\fR\x06params\x12\x12\n" +
-	"\x04done\x18\x03 \x01(\bR\x04done\x12\x12\n" +
-	"\x04late\x18\x04 \x01(\bR\x04late\"o\n" +
+	"outer_step\x18\x01 \x01(\x03R\touterStep\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12\x12\n" +
+	"\x04late\x18\x03 \x01(\bR\x04late\"\xad\x01\n" +
+	"\x11OuterSyncResponse\x128\n" +
+	"\x06result\x18\x05 \x01(\v2\x1e.fleetlearn.v1.OuterSyncResultH\x00R\x06result\x120\n" +
+	"\x05chunk\x18\x06 \x01(\v2\x18.fleetlearn.v1.SyncChunkH\x00R\x05chunkB\x06\n" +
+	"\x04partJ\x04\b\x01\x10\x05R\n" +
+	"outer_stepR\x06paramsR\x04doneR\x04late\"o\n" +
 	"\x11AppendLogsRequest\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x120\n" +
 	"\x05lines\x18\x02 \x03(\v2\x1a.fleetlearn.v1.PoolLogLineR\x05lines\"\x14\n" +
@@ -4393,7 +4732,7 @@ func file_fleetlearn_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(PoolJobState)(0),                   // 0: fleetlearn.v1.PoolJobState
 	(PoolExecutor)(0),                   // 1: fleetlearn.v1.PoolExecutor
@@ -4446,54 +4785,58 @@ var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(*GetRankCheckpointResponse)(nil),   // 48: fleetlearn.v1.GetRankCheckpointResponse
 	(*ListRankCheckpointsRequest)(nil),  // 49: fleetlearn.v1.ListRankCheckpointsRequest
 	(*ListRankCheckpointsResponse)(nil), // 50: fleetlearn.v1.ListRankCheckpointsResponse
-	(*AverageRequest)(nil),              // 51: fleetlearn.v1.AverageRequest
-	(*AverageResponse)(nil),             // 52: fleetlearn.v1.AverageResponse
-	(*OuterSyncRequest)(nil),            // 53: fleetlearn.v1.OuterSyncRequest
-	(*OuterSyncResponse)(nil),           // 54: fleetlearn.v1.OuterSyncResponse
-	(*AppendLogsRequest)(nil),           // 55: fleetlearn.v1.AppendLogsRequest
-	(*AppendLogsResponse)(nil),          // 56: fleetlearn.v1.AppendLogsResponse
-	nil,                                 // 57: fleetlearn.v1.PoolCommand.EnvEntry
-	(*durationpb.Duration)(nil),         // 58: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 59: google.protobuf.Timestamp
-	(*Task)(nil),                        // 60: fleetlearn.v1.Task
+	(*SyncChunk)(nil),                   // 51: fleetlearn.v1.SyncChunk
+	(*AverageStart)(nil),                // 52: fleetlearn.v1.AverageStart
+	(*AverageRequest)(nil),              // 53: fleetlearn.v1.AverageRequest
+	(*AverageResponse)(nil),             // 54: fleetlearn.v1.AverageResponse
+	(*OuterSyncStart)(nil),              // 55: fleetlearn.v1.OuterSyncStart
+	(*OuterSyncRequest)(nil),            // 56: fleetlearn.v1.OuterSyncRequest
+	(*OuterSyncResult)(nil),             // 57: fleetlearn.v1.OuterSyncResult
+	(*OuterSyncResponse)(nil),           // 58: fleetlearn.v1.OuterSyncResponse
+	(*AppendLogsRequest)(nil),           // 59: fleetlearn.v1.AppendLogsRequest
+	(*AppendLogsResponse)(nil),          // 60: fleetlearn.v1.AppendLogsResponse
+	nil,                                 // 61: fleetlearn.v1.PoolCommand.EnvEntry
+	(*durationpb.Duration)(nil),         // 62: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 63: google.protobuf.Timestamp
+	(*Task)(nil),                        // 64: fleetlearn.v1.Task
 }
 var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
 	3,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
-	57, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
-	58, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
+	61, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
+	62, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
 	2,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
-	59, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
+	63, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
 	4,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
 	5,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
 	6,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
 	8,  // 8: fleetlearn.v1.PoolJobSpec.diloco:type_name -> fleetlearn.v1.PoolDiLoCo
 	1,  // 9: fleetlearn.v1.PoolJobSpec.executor:type_name -> fleetlearn.v1.PoolExecutor
-	58, // 10: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
+	62, // 10: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
 	7,  // 11: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
 	0,  // 12: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
-	59, // 13: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
-	59, // 14: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
-	59, // 15: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
+	63, // 13: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
+	63, // 14: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
+	63, // 15: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
 	10, // 16: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
 	11, // 17: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
-	59, // 18: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
+	63, // 18: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
 	9,  // 19: fleetlearn.v1.PoolJob.diloco:type_name -> fleetlearn.v1.PoolDiLoCoStatus
 	2,  // 20: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
 	2,  // 21: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
-	59, // 22: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
+	63, // 22: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
 	7,  // 23: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	60, // 24: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
+	64, // 24: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
 	12, // 25: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
 	12, // 26: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
 	0,  // 27: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
 	12, // 28: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
 	12, // 29: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
 	12, // 30: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	59, // 31: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
+	63, // 31: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
 	25, // 32: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
 	13, // 33: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
 	2,  // 34: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
-	58, // 35: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	62, // 35: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 36: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
 	11, // 37: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
 	33, // 38: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
@@ -4506,15 +4849,22 @@ var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
 	38, // 45: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
 	38, // 46: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
 	38, // 47: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 48: fleetlearn.v1.AverageRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 49: fleetlearn.v1.OuterSyncRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 50: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	25, // 51: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
-	52, // [52:52] is the sub-list for method output_type
-	52, // [52:52] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	38, // 48: fleetlearn.v1.AverageStart.ref:type_name -> fleetlearn.v1.RankRef
+	52, // 49: fleetlearn.v1.AverageRequest.start:type_name -> fleetlearn.v1.AverageStart
+	51, // 50: fleetlearn.v1.AverageRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
+	51, // 51: fleetlearn.v1.AverageResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
+	38, // 52: fleetlearn.v1.OuterSyncStart.ref:type_name -> fleetlearn.v1.RankRef
+	55, // 53: fleetlearn.v1.OuterSyncRequest.start:type_name -> fleetlearn.v1.OuterSyncStart
+	51, // 54: fleetlearn.v1.OuterSyncRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
+	57, // 55: fleetlearn.v1.OuterSyncResponse.result:type_name -> fleetlearn.v1.OuterSyncResult
+	51, // 56: fleetlearn.v1.OuterSyncResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
+	38, // 57: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	25, // 58: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
+	59, // [59:59] is the sub-list for method output_type
+	59, // [59:59] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_pool_proto_init() }
@@ -4528,13 +4878,25 @@ func file_fleetlearn_v1_pool_proto_init() {
 		(*PoolJobSpec_Command)(nil),
 	}
 	file_fleetlearn_v1_pool_proto_msgTypes[6].OneofWrappers = []any{}
+	file_fleetlearn_v1_pool_proto_msgTypes[51].OneofWrappers = []any{
+		(*AverageRequest_Start)(nil),
+		(*AverageRequest_Chunk)(nil),
+	}
+	file_fleetlearn_v1_pool_proto_msgTypes[54].OneofWrappers = []any{
+		(*OuterSyncRequest_Start)(nil),
+		(*OuterSyncRequest_Chunk)(nil),
+	}
+	file_fleetlearn_v1_pool_proto_msgTypes[56].OneofWrappers = []any{
+		(*OuterSyncResponse_Result)(nil),
+		(*OuterSyncResponse_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_pool_proto_rawDesc), len(file_fleetlearn_v1_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   56,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

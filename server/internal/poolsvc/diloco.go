@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,10 +22,12 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/pool"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -58,6 +61,10 @@ type dilocoRT struct {
 	maxNorm float64
 	step    int64 // outer steps taken; theta is θ_step
 	open    *outerRound
+	// closing is the round whose contributions are being read back off
+	// the loop; it ends in finishOuter. Contributions for its step wait
+	// for it.
+	closing *outerRound
 	// last is the round that produced θ_step, kept so that an island
 	// whose answer was lost gets the same answer again.
 	last *outerRound
@@ -65,24 +72,42 @@ type dilocoRT struct {
 
 // outerRound collects the islands' pseudo-gradients for one outer step.
 type outerRound struct {
-	step     int64
-	pg       map[uint32][]float32
+	step int64
+	// spools are the checked contributions on disk, by island; nil once
+	// the round has closed.
+	spools   map[uint32]spooled
 	sum      map[uint32][32]byte // digest of what the island sent, for retries
 	weight   map[uint32]float64
 	quorumAt time.Time // when it reached its quorum; zero before
 	done     chan struct{}
-	resp     *pb.OuterSyncResponse
+	resp     outerAnswer
 	err      error
 }
 
+// outerAnswer is what an OuterSync stream sends back: the result, then
+// params in chunks. params is never written once handed out (θ is
+// replaced, not updated, by an outer step), so streams read it unlocked.
+type outerAnswer struct {
+	step       int64
+	params     []float32
+	done, late bool
+}
+
 func newOuterRound(step int64) *outerRound {
-	return &outerRound{step: step, pg: map[uint32][]float32{}, sum: map[uint32][32]byte{},
+	return &outerRound{step: step, spools: map[uint32]spooled{}, sum: map[uint32][32]byte{},
 		weight: map[uint32]float64{}, done: make(chan struct{})}
 }
 
-func (r *outerRound) finish(resp *pb.OuterSyncResponse, err error) {
+func (r *outerRound) finish(resp outerAnswer, err error) {
 	r.resp, r.err = resp, err
 	close(r.done)
+}
+
+// end finishes a round that will not close, deleting its spools.
+func (r *outerRound) end(err error) {
+	removeSpools(slices.Collect(maps.Values(r.spools)))
+	r.spools = nil
+	r.finish(outerAnswer{}, err)
 }
 
 // dilocoParams resolves a valid spec's defaults.
@@ -131,16 +156,10 @@ func checkDiLoCo(in *pb.PoolJobSpec) error {
 	case in.GetCarbon() != nil:
 		return invalidf("spec.carbon: carbon-aware placement plans one gang; it is not combined with DiLoCo islands")
 	}
-	var params int64
-	for i, w := range b.GetArch() {
-		if i > 0 {
-			params += int64(b.GetArch()[i-1])*int64(w) + int64(w)
-		}
-	}
-	// A pseudo-gradient travels in one message, as an average does.
-	if params*4 > MaxAverageBytes {
-		return invalidf("spec.builtin.arch: %d parameters; a DiLoCo island's float32 pseudo-gradient must fit in %d bytes (at most %d parameters)",
-			params, MaxAverageBytes, MaxAverageBytes/4)
+	// Pseudo-gradients stream in chunks; only the ceiling on a streamed
+	// vector bounds the model (checkBuiltin's own bound is lower today).
+	if params := archParams(b.GetArch()); params > MaxSyncParams {
+		return invalidf("spec.builtin.arch: %d parameters; a DiLoCo island's pseudo-gradient has at most %d", params, MaxSyncParams)
 	}
 	lr := d.GetOuterLearningRate()
 	if math.IsNaN(lr) || lr < 0 || lr > maxOuterLR {
@@ -270,35 +289,6 @@ func (s *Service) parentOf(rt *jobRT) *jobRT {
 	return nil
 }
 
-// decodePseudoGradient parses an island's pseudo-gradient, float32 or FLQ8
-// as its job says, of exactly dim finite values.
-func decodePseudoGradient(b []byte, dim int, int8 bool) ([]float32, error) {
-	if !int8 {
-		v, err := decodeParams(b)
-		if err != nil {
-			return nil, err
-		}
-		if len(v) != dim {
-			return nil, invalidf("pseudo_gradient: %d values, the model has %d", len(v), dim)
-		}
-		return v, nil
-	}
-	if len(b) > MaxAverageBytes {
-		return nil, invalidf("pseudo_gradient: %d bytes, at most %d", len(b), MaxAverageBytes)
-	}
-	q, err := quant.Decode(b, dim)
-	if err != nil {
-		return nil, invalidf("pseudo_gradient: the job sends int8 (FLQ8) pseudo-gradients of %d values: %v", dim, err)
-	}
-	v := q.Dequantize()
-	for i, x := range v {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return nil, invalidf("pseudo_gradient: value %d is %v; only finite values can be averaged", i, x)
-		}
-	}
-	return v, nil
-}
-
 func l2(v []float32) float64 {
 	var ss float64
 	for _, x := range v {
@@ -307,11 +297,11 @@ func l2(v []float32) float64 {
 	return math.Sqrt(ss)
 }
 
-// checkPseudoGradientNorm refuses a pseudo-gradient longer than the job's
-// bound. Finite float32 values alone still allow 1e30 per value, which
-// the outer step would apply in full.
-func checkPseudoGradientNorm(pg []float32, bound float64) error {
-	if n := l2(pg); !(n <= bound*(1+aggregator.NormTolerance)) {
+// checkPseudoGradientNorm refuses a pseudo-gradient of L2 norm n longer
+// than the job's bound. Finite float32 values alone still allow 1e30 per
+// value, which the outer step would apply in full.
+func checkPseudoGradientNorm(n, bound float64) error {
+	if !(n <= bound*(1+aggregator.NormTolerance)) {
 		return invalidf("pseudo_gradient: L2 norm %.6g exceeds the job's bound %.6g (the initial parameters' norm): "+
 			"H inner steps do not move an honest island that far; lower the learning rate or inner_steps if training diverged", n, bound)
 	}
@@ -339,75 +329,133 @@ func countedWeights(ws []float64) (counted []float64, clamped []int) {
 	return counted, clamped
 }
 
-func contributionSum(b []byte, weight float64) [32]byte {
-	h := sha256.New()
-	h.Write(binary.LittleEndian.AppendUint64(nil, math.Float64bits(weight)))
-	h.Write(b)
-	return [32]byte(h.Sum(nil))
-}
-
-// outerContribute is OuterSync's work on the loop: it answers at once
-// (join, late, done, retry of a closed step) or returns the round to wait
-// for.
-func (s *Service) outerContribute(island *jobRT, req *pb.OuterSyncRequest) (*pb.OuterSyncResponse, *outerRound, error) {
+// outerOpen checks an island's OuterSync start on the loop. A join, or a
+// stream to a run that has taken its last step, is answered at once.
+// Otherwise it says how to take the bytes: spooled and checked when they
+// may join the open step, only hashed when they can only be a retry of a
+// contribution already taken, or late.
+func (s *Service) outerOpen(island *jobRT, st *pb.OuterSyncStart) (*outerAnswer, intakeSpec, error) {
 	p := s.parentOf(island)
 	if p == nil {
-		return nil, nil, errorf(codes.FailedPrecondition, "outer sync: job %s is not an island of a running DiLoCo job", island.id())
+		return nil, intakeSpec{}, errorf(codes.FailedPrecondition, "outer sync: job %s is not an island of a running DiLoCo job", island.id())
 	}
 	d := p.diloco
 	if d.step >= d.steps {
-		return d.current(true, false), nil, nil
+		a := d.current(true, false)
+		return &a, intakeSpec{}, nil
 	}
 	if p.terminal() {
-		return nil, nil, errorf(codes.FailedPrecondition, "outer sync: DiLoCo job %s has ended (%s): stop this island", p.id(), p.rec.GetState())
+		return nil, intakeSpec{}, errorf(codes.FailedPrecondition, "outer sync: DiLoCo job %s has ended (%s): stop this island", p.id(), p.rec.GetState())
 	}
-	if len(req.GetPseudoGradient()) == 0 {
-		return d.current(false, false), nil, nil
+	if st.GetSize() == 0 {
+		a := d.current(false, false)
+		return &a, intakeSpec{}, nil
 	}
-	st, idx := req.GetOuterStep(), island.rec.GetIsland()
-	if st > d.step || st < 0 {
-		return nil, nil, invalidf("outer sync: outer step %d, but the run is at %d; contribute for the step of the parameters you started from", st, d.step)
+	step, idx, size, dim := st.GetOuterStep(), island.rec.GetIsland(), st.GetSize(), int64(len(d.theta))
+	if step > d.step || step < 0 {
+		return nil, intakeSpec{}, invalidf("outer sync: outer step %d, but the run is at %d; contribute for the step of the parameters you started from", step, d.step)
 	}
-	sum := contributionSum(req.GetPseudoGradient(), req.GetWeight())
-	if st < d.step {
+	// The shortest FLQ8 encoding has the largest blocks; the decoder
+	// checks the exact length once it has read the header.
+	if minQ := 13 + 4*((dim+quant.MaxBlock-1)/quant.MaxBlock) + dim; d.int8 && (size < minQ || size > maxFLQ8Bytes(dim)) {
+		return nil, intakeSpec{}, invalidf("outer sync: pseudo_gradient: %d bytes, but the job sends int8 (FLQ8) pseudo-gradients of %d values, %d to %d bytes",
+			size, dim, minQ, maxFLQ8Bytes(dim))
+	} else if !d.int8 && size != 4*dim {
+		return nil, intakeSpec{}, invalidf("outer sync: pseudo_gradient: %d bytes, but the model has %d parameters: the job sends float32 pseudo-gradients of %d bytes",
+			size, dim, 4*dim)
+	}
+	sp := intakeSpec{op: "outer sync: pseudo_gradient", size: size, dim: len(d.theta), int8: d.int8, weight: st.GetWeight()}
+	if r := d.open; step == d.step && d.closing == nil && (r == nil || !hasKey(r.sum, idx)) {
+		sp.spool = filepath.Join(s.spoolDir(), p.id())
+	}
+	return nil, sp, nil
+}
+
+func hasKey[K comparable, V any](m map[K]V, k K) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// outerReply is what an island's finished contribution gets: an answer at
+// once, or a round to wait for (and with late, to answer as late).
+type outerReply struct {
+	now  *outerAnswer
+	wait *outerRound
+	late bool
+	took bool // the round holds the contribution's spool now
+}
+
+// outerContribute is OuterSync's work on the loop once the island's bytes
+// are in: it answers at once (done, late, retry of a closed step) or
+// returns the round to wait for.
+func (s *Service) outerContribute(island *jobRT, st *pb.OuterSyncStart, c contribution) (outerReply, error) {
+	p := s.parentOf(island)
+	if p == nil {
+		return outerReply{}, errorf(codes.FailedPrecondition, "outer sync: job %s is not an island of a running DiLoCo job", island.id())
+	}
+	d := p.diloco
+	if d.step >= d.steps {
+		a := d.current(true, false)
+		return outerReply{now: &a}, nil
+	}
+	if p.terminal() {
+		return outerReply{}, errorf(codes.FailedPrecondition, "outer sync: DiLoCo job %s has ended (%s): stop this island", p.id(), p.rec.GetState())
+	}
+	step, idx := st.GetOuterStep(), island.rec.GetIsland()
+	late := func() {
+		p.rec.Diloco.LateContributions++
+		s.log.Info("DiLoCo island contributed after its outer step closed", "job", p.id(), "island", idx, "step", step, "now", d.step)
+	}
+	if step < d.step {
 		// A retry of a contribution the last step used gets that step's
 		// answer; anything else arrived after its step closed.
-		if l := d.last; l != nil && l.step == st && l.sum[idx] == sum {
-			return l.resp, nil, nil
+		if l := d.last; l != nil && l.step == step && l.sum[idx] == c.sum {
+			return outerReply{now: &l.resp}, nil
 		}
-		p.rec.Diloco.LateContributions++
-		s.log.Info("DiLoCo island contributed after its outer step closed", "job", p.id(), "island", idx, "step", st, "now", d.step)
-		return d.current(false, true), nil, nil
+		late()
+		a := d.current(false, true)
+		return outerReply{now: &a}, nil
 	}
-	pg, err := decodePseudoGradient(req.GetPseudoGradient(), len(d.theta), d.int8)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := checkPseudoGradientNorm(pg, d.maxNorm); err != nil {
-		return nil, nil, err
+	if r := d.closing; r != nil {
+		// The step is being taken: a retry of a contribution it uses waits
+		// for it; anything else missed it and gets its result as late.
+		if prev, ok := r.sum[idx]; ok && prev == c.sum {
+			return outerReply{wait: r}, nil
+		}
+		late()
+		return outerReply{wait: r, late: true}, nil
 	}
 	r := d.open
+	if r != nil {
+		if prev, ok := r.sum[idx]; ok {
+			if prev == c.sum {
+				return outerReply{wait: r}, nil
+			}
+			return outerReply{}, invalidf("outer sync: island %d already contributed to outer step %d; each step once", idx, step)
+		}
+	}
+	if c.path == "" {
+		// Only hashed, as a retry, but what it would retry is gone.
+		return outerReply{}, errorf(codes.Unavailable, "outer sync: outer step %d changed while island %d's contribution streamed; send it again", step, idx)
+	}
+	if err := checkPseudoGradientNorm(c.norm, d.maxNorm); err != nil {
+		return outerReply{}, err
+	}
 	if r == nil {
 		r = newOuterRound(d.step)
 		d.open = r
 	}
-	if prev, ok := r.sum[idx]; ok {
-		if prev == sum {
-			return nil, r, nil
-		}
-		return nil, nil, invalidf("outer sync: island %d already contributed to outer step %d; each step once", idx, st)
-	}
-	r.pg[idx], r.sum[idx], r.weight[idx] = pg, sum, req.GetWeight()
-	if len(r.pg) == d.quorum {
+	r.spools[idx], r.sum[idx], r.weight[idx] = c.spooled, c.sum, c.weight
+	if len(r.spools) == d.quorum {
 		r.quorumAt = s.clk.Now()
 	}
 	s.advanceDiLoCo(p)
-	return nil, r, nil
+	return outerReply{wait: r, took: true}, nil
 }
 
 // current is the answer that hands out θ_step as it stands.
-func (d *dilocoRT) current(done, late bool) *pb.OuterSyncResponse {
-	return &pb.OuterSyncResponse{OuterStep: d.step, Params: encodeParams(d.theta), Done: done, Late: late}
+func (d *dilocoRT) current(done, late bool) outerAnswer {
+	return outerAnswer{step: d.step, params: d.theta, done: done, late: late}
 }
 
 // advanceDiLoCo moves a DiLoCo job along: it starts running with its first
@@ -447,7 +495,7 @@ func (s *Service) advanceDiLoCo(p *jobRT) {
 		s.transition(p, pb.PoolJobState_POOL_JOB_STATE_RUNNING, fmt.Sprintf("outer step %d of %d", d.step, d.steps))
 	}
 	r := d.open
-	if r == nil || len(r.pg) < d.quorum {
+	if r == nil || len(r.spools) < d.quorum {
 		return
 	}
 	// The round waits for every running island, for at most the grace
@@ -455,7 +503,7 @@ func (s *Service) advanceDiLoCo(p *jobRT) {
 	// requeued, preempted) are not waited for.
 	waiting := 0
 	for i, id := range d.islands {
-		if _, ok := r.pg[uint32(i)]; ok {
+		if _, ok := r.spools[uint32(i)]; ok {
 			continue
 		}
 		if k := s.jobs[id]; k != nil && k.live {
@@ -468,54 +516,86 @@ func (s *Service) advanceDiLoCo(p *jobRT) {
 	s.closeOuter(p)
 }
 
-// closeOuter takes the outer step from the open round's contributions.
+// closeOuter starts the outer step from the open round's contributions:
+// their spools are read back off the loop, in island order, and the step
+// is taken on the loop by finishOuter.
 func (s *Service) closeOuter(p *jobRT) {
 	d := p.diloco
 	r := d.open
-	d.open = nil
-	ids := make([]uint32, 0, len(r.pg))
-	for i := range r.pg {
-		ids = append(ids, i)
-	}
-	slices.Sort(ids)
-	pgs := make([][]float32, len(ids))
+	d.open, d.closing = nil, r
+	ids := slices.Sorted(maps.Keys(r.spools))
+	ps := make([]spooled, len(ids))
 	ws := make([]float64, len(ids))
 	for j, i := range ids {
-		pgs[j], ws[j] = r.pg[i], r.weight[i]
+		ps[j], ws[j] = r.spools[i], r.weight[i]
 	}
+	// The spools are the fold's now; the digests stay for retries.
+	r.spools = nil
 	counted, clamped := countedWeights(ws)
-	mean, err := aggregator.WeightedMean(pgs, counted)
-	if err == nil {
-		err = d.outer.Apply(d.theta, mean)
+	dim, int8 := len(d.theta), d.int8
+	go func() {
+		mean, err := foldSpools(dim, int8, ps, counted, s.stop)
+		removeSpools(ps)
+		f := outerFold{ids: ids, claimed: ws, counted: counted, clamped: clamped, mean: mean, err: err}
+		_ = s.do(context.Background(), func() error {
+			s.finishOuter(p, r, f)
+			return nil
+		})
+	}()
+}
+
+// outerFold is a closing round's contributions as read back.
+type outerFold struct {
+	ids              []uint32
+	claimed, counted []float64
+	clamped          []int
+	mean             []float32
+	err              error
+}
+
+// finishOuter takes the outer step from a closing round's mean.
+func (s *Service) finishOuter(p *jobRT, r *outerRound, f outerFold) {
+	d := p.diloco
+	if d.closing != r {
+		return // the job ended meanwhile, and the round with it
 	}
-	if err != nil {
+	d.closing = nil
+	if f.err != nil {
+		s.log.Error("DiLoCo outer step could not be formed", "job", p.id(), "step", r.step, "err", f.err)
+		r.finish(outerAnswer{}, errorf(codes.Internal, "outer step %d of job %s could not be formed: %v; rejoin", r.step, p.id(), f.err))
+		return
+	}
+	// θ is replaced, not updated: answers still streaming read the old one.
+	theta := slices.Clone(d.theta)
+	if err := d.outer.Apply(theta, f.mean); err != nil {
 		// θ is unchanged: the islands' ranks fail, restart and rejoin at
 		// this step.
 		s.log.Error("DiLoCo outer step failed", "job", p.id(), "step", r.step, "err", err)
-		r.finish(nil, errorf(codes.FailedPrecondition, "outer step %d of job %s failed: %v; rejoin", r.step, p.id(), err))
+		r.finish(outerAnswer{}, errorf(codes.FailedPrecondition, "outer step %d of job %s failed: %v; rejoin", r.step, p.id(), err))
 		return
 	}
+	d.theta = theta
 	d.step++
-	r.pg = nil // the contributions are spent; keep only their digests
 	d.last = r
 	// Nothing of the step is handed out before it is stored: islands
 	// checkpoint at it, and a restart must resume from it.
 	if err := s.saveOuter(p.id(), d); err != nil {
 		s.log.Error("storing a DiLoCo job's outer state", "job", p.id(), "step", d.step, "err", err)
-		r.finish(nil, errorf(codes.Internal, "outer step %d of job %s could not be stored", r.step, p.id()))
+		r.finish(outerAnswer{}, errorf(codes.Internal, "outer step %d of job %s could not be stored", r.step, p.id()))
 		s.failDiLoCo(p, fmt.Sprintf("storing outer step %d failed: %v", d.step, err))
 		return
 	}
+	ids := f.ids
 	p.rec.Diloco.OuterStep = d.step
 	p.rec.Diloco.LastIslands = ids
 	p.rec.Step, p.rec.CommittedStep = d.step*d.inner, d.step*d.inner
 	done := d.step >= d.steps
-	r.finish(&pb.OuterSyncResponse{OuterStep: d.step, Params: encodeParams(d.theta), Done: done}, nil)
+	r.finish(outerAnswer{step: d.step, params: d.theta, done: done}, nil)
 	s.log.Info("DiLoCo outer step", "job", p.id(), "step", d.step, "of", d.steps, "islands", ids)
 	var cut []string
-	for _, j := range clamped {
-		cut = append(cut, fmt.Sprintf("island %d claimed %v examples, counted as %v", ids[j], ws[j], counted[j]))
-		s.log.Warn("DiLoCo island claimed more examples than its peers", "job", p.id(), "island", ids[j], "claimed", ws[j], "counted", counted[j])
+	for _, j := range f.clamped {
+		cut = append(cut, fmt.Sprintf("island %d claimed %v examples, counted as %v", ids[j], f.claimed[j], f.counted[j]))
+		s.log.Warn("DiLoCo island claimed more examples than its peers", "job", p.id(), "island", ids[j], "claimed", f.claimed[j], "counted", f.counted[j])
 	}
 	s.outerLog(p, ids, cut)
 	// An outer step is every island's checkpoint: what it trained is in θ.
@@ -582,10 +662,12 @@ func (s *Service) failDiLoCo(p *jobRT, why string) {
 // open round's waiters.
 func (s *Service) endDiLoCo(p *jobRT, st pb.PoolJobState, why string) {
 	d := p.diloco
-	if r := d.open; r != nil {
-		d.open = nil
-		r.finish(nil, errorf(codes.Aborted, "outer step %d of job %s abandoned: %s", r.step, p.id(), why))
+	for _, r := range []*outerRound{d.open, d.closing} {
+		if r != nil {
+			r.end(errorf(codes.Aborted, "outer step %d of job %s abandoned: %s", r.step, p.id(), why))
+		}
 	}
+	d.open, d.closing = nil, nil
 	p.final, p.handoffDue = false, timeZero
 	s.sumIslandUsage(p)
 	s.transition(p, st, clip(why, 1024))
@@ -817,55 +899,136 @@ func (s *Service) dilocoDeadline() time.Time {
 }
 
 // OuterSync implements PoolWorkerService.OuterSync.
-func (v *workerServer) OuterSync(ctx context.Context, req *pb.OuterSyncRequest) (*pb.OuterSyncResponse, error) {
+func (v *workerServer) OuterSync(stream apiv1.PoolWorkerService_OuterSyncServer) error {
 	s := v.s
+	ctx := stream.Context()
 	p, err := principal(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if w := req.GetWeight(); len(req.GetPseudoGradient()) > 0 && (math.IsNaN(w) || w < 1 || w > 1<<31 || w != math.Trunc(w)) {
-		return nil, invalidf("outer sync: weight %v: want the island's example count, an integer in [1, 2^31]", w)
+	first, err := stream.Recv()
+	if err != nil {
+		return streamErr("outer sync", err)
 	}
+	st := first.GetStart()
+	if st == nil {
+		return invalidf("outer sync: the stream must open with start (ref, outer_step, weight, size), then the pseudo-gradient in chunks; a worker that sends it in one message predates streamed outer syncs: upgrade it")
+	}
+	size := st.GetSize()
+	if size < 0 || size > 4*MaxSyncParams {
+		return invalidf("outer sync: size %d: want the pseudo-gradient's bytes, at most %d, or 0 to join", size, 4*MaxSyncParams)
+	}
+	if w := st.GetWeight(); size > 0 && (math.IsNaN(w) || w < 1 || w > 1<<31 || w != math.Trunc(w)) {
+		return invalidf("outer sync: weight %v: want the island's example count, an integer in [1, 2^31]", w)
+	}
+	ref := st.GetRef()
+	key := rankAttempt{ref.GetJobId(), ref.GetAttempt(), ref.GetRank()}
+	n := int64(proto.Size(first))
 	var (
-		resp  *pb.OuterSyncResponse
-		r     *outerRound
-		jobID = req.GetRef().GetJobId()
+		now *outerAnswer
+		sp  intakeSpec
 	)
 	err = s.do(ctx, func() error {
-		rt, _, err := s.leaseFor(req.GetRef(), p, true)
+		rt, _, err := s.leaseFor(ref, p, true)
 		if err != nil {
 			return err
 		}
-		if resp, r, err = s.outerContribute(rt, req); err != nil {
+		if now, sp, err = s.outerOpen(rt, st); err != nil {
 			return err
 		}
-		s.countSync(rt, int64(proto.Size(req)), 0)
+		if now != nil {
+			s.countSync(rt, n, 0)
+			return nil
+		}
+		return s.openStream("outer sync", key)
+	})
+	if err != nil {
+		return err
+	}
+	if now == nil {
+		defer s.closeStream(key)
+		if now, err = s.outerIntake(stream, p, key, st, sp, n); err != nil {
+			return err
+		}
+	}
+	var out int64
+	send := func(m *pb.OuterSyncResponse) error {
+		out += int64(proto.Size(m))
+		return stream.Send(m)
+	}
+	err = send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Result{Result: &pb.OuterSyncResult{
+		OuterStep: now.step, Done: now.done, Late: now.late}}})
+	if err == nil {
+		err = sendFloats(now.params, func(c *pb.SyncChunk) error {
+			return send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Chunk{Chunk: c}})
+		})
+	}
+	_ = s.do(ctx, func() error {
+		if rt := s.jobs[ref.GetJobId()]; rt != nil {
+			s.countSync(rt, 0, out)
+		}
+		return nil
+	})
+	return err
+}
+
+// outerIntake takes an island's pseudo-gradient from its stream, hands it
+// to the loop and waits for its answer.
+func (s *Service) outerIntake(stream apiv1.PoolWorkerService_OuterSyncServer, p identity.Principal, key rankAttempt, st *pb.OuterSyncStart, sp intakeSpec, n int64) (*outerAnswer, error) {
+	ctx := stream.Context()
+	in, err := newIntake(sp)
+	if err != nil {
+		return nil, err
+	}
+	defer in.discard()
+	err = receive(in, func() (*pb.SyncChunk, int, error) {
+		m, err := stream.Recv()
+		return m.GetChunk(), proto.Size(m), err
+	}, &n)
+	if err != nil {
+		return nil, err
+	}
+	sum, norm, err := in.finish()
+	if err != nil {
+		return nil, err
+	}
+	c := contribution{spooled: spooled{path: in.path, size: sp.size, sum: sum, weight: sp.weight}, norm: norm}
+	var rep outerReply
+	err = s.do(ctx, func() error {
+		s.intakeDone(key)
+		rt, _, err := s.leaseFor(st.GetRef(), p, true)
+		if err != nil {
+			return err
+		}
+		if rep, err = s.outerContribute(rt, st, c); err != nil {
+			return err
+		}
+		if rep.took {
+			in.keep()
+		}
+		s.countSync(rt, n, 0)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if r != nil {
-		select {
-		case <-r.done:
-		case <-ctx.Done():
-			return nil, errorf(codes.Canceled, "outer sync: %v", ctx.Err())
-		case <-s.stop:
-			return nil, errorf(codes.Unavailable, "pool service shutting down")
-		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		resp = r.resp
+	if rep.now != nil {
+		return rep.now, nil
 	}
-	n := int64(proto.Size(resp))
-	_ = s.do(ctx, func() error {
-		if rt := s.jobs[jobID]; rt != nil {
-			s.countSync(rt, 0, n)
-		}
-		return nil
-	})
-	return resp, nil
+	r := rep.wait
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return nil, errorf(codes.Canceled, "outer sync: %v", ctx.Err())
+	case <-s.stop:
+		return nil, errorf(codes.Unavailable, "pool service shutting down")
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	a := r.resp
+	a.late = a.late || rep.late
+	return &a, nil
 }
 
 // countSync adds synchronisation bytes to a job and, for an island, to its

@@ -214,7 +214,7 @@ func TestDiLoCoIslandActsOnlyForItsOwnLease(t *testing.T) {
 	pg := f32(pseudoGrad(0, 0, dim)...)
 
 	other := &pb.RankRef{WorkerId: is[0].w.id, JobId: "dl-i1", Attempt: is[1].l.GetAttempt()}
-	_, err := is[0].w.c.OuterSync(is[0].w.ctx, &pb.OuterSyncRequest{Ref: other, PseudoGradient: pg, Weight: 20})
+	_, _, err := is[0].w.outerSync(other, 0, pg, 20)
 	wantCode(t, "contribution in another island's name", err, codes.FailedPrecondition)
 	if st, n := e.outerAt("dl"); st != 0 || n != 0 {
 		t.Fatalf("a contribution in another's name reached the round: step %d, %d", st, n)
@@ -261,7 +261,7 @@ func TestDiLoCoIslandActsOnlyForItsOwnLease(t *testing.T) {
 		t.Fatalf("%v %v", res, err)
 	}
 	old := &pb.RankRef{WorkerId: w.id, JobId: "dl-i2", Attempt: is[2].l.GetAttempt()}
-	_, err = w.c.OuterSync(w.ctx, &pb.OuterSyncRequest{Ref: old, OuterStep: 1, PseudoGradient: f32(pseudoGrad(2, 1, dim)...), Weight: 20})
+	_, _, err = w.outerSync(old, 1, f32(pseudoGrad(2, 1, dim)...), 20)
 	wantCode(t, "contribution with the dropped attempt's lease", err, codes.FailedPrecondition)
 	if st, n := e.outerAt("dl"); st != 1 || n != 0 {
 		t.Fatalf("a dropped island's contribution reached the round: step %d, %d", st, n)

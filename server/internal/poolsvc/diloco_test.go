@@ -58,20 +58,19 @@ type island struct {
 
 func (is *island) ref() *pb.RankRef { return ref(is.w, is.l) }
 
-func (is *island) sync(step int64, pg []byte, weight float64) (*pb.OuterSyncResponse, error) {
-	req := &pb.OuterSyncRequest{Ref: is.ref(), OuterStep: step, PseudoGradient: pg, Weight: weight}
-	res, err := is.w.c.OuterSync(is.w.ctx, req)
+func (is *island) sync(step int64, pg []byte, weight float64) (*outerResp, error) {
+	res, sent, err := is.w.outerSync(is.ref(), step, pg, weight)
 	if err == nil {
 		is.mu.Lock()
-		is.sent += int64(proto.Size(req))
-		is.received += int64(proto.Size(res))
+		is.sent += sent
+		is.received += res.received
 		is.mu.Unlock()
 	}
 	return res, err
 }
 
 type syncResult struct {
-	res *pb.OuterSyncResponse
+	res *outerResp
 	err error
 }
 
@@ -86,7 +85,7 @@ func (is *island) syncAsync(step int64, pg []byte, weight float64) <-chan syncRe
 	return ch
 }
 
-func (is *island) join() *pb.OuterSyncResponse {
+func (is *island) join() *outerResp {
 	is.t.Helper()
 	res, err := is.sync(0, nil, 0)
 	if err != nil {
@@ -101,7 +100,7 @@ func (is *island) bytes() (sent, received int64) {
 	return is.sent, is.received
 }
 
-func wait(t *testing.T, what string, ch <-chan syncResult) (*pb.OuterSyncResponse, error) {
+func wait(t *testing.T, what string, ch <-chan syncResult) (*outerResp, error) {
 	t.Helper()
 	select {
 	case r := <-ch:
@@ -112,7 +111,7 @@ func wait(t *testing.T, what string, ch <-chan syncResult) (*pb.OuterSyncRespons
 	return nil, nil
 }
 
-func mustWait(t *testing.T, what string, ch <-chan syncResult) *pb.OuterSyncResponse {
+func mustWait(t *testing.T, what string, ch <-chan syncResult) *outerResp {
 	t.Helper()
 	res, err := wait(t, what, ch)
 	if err != nil {
@@ -201,7 +200,7 @@ func (e *env) outerAt(job string) (step int64, arrived int) {
 		if rt := e.svc.jobs[job]; rt != nil && rt.diloco != nil {
 			step = rt.diloco.step
 			if r := rt.diloco.open; r != nil {
-				arrived = len(r.pg)
+				arrived = len(r.spools)
 			}
 		}
 		return nil
@@ -248,7 +247,7 @@ func TestDiLoCoSubmitValidation(t *testing.T) {
 		{"inner steps over total", "spec.diloco.inner_steps", func(s *pb.PoolJobSpec) { s.Diloco.InnerSteps = s.TotalSteps + 10 }},
 		{"total not a multiple of H", "spec.total_steps", func(s *pb.PoolJobSpec) { s.TotalSteps = 25 }},
 		{"checkpoint interval not H", "spec.checkpoint_interval", func(s *pb.PoolJobSpec) { s.CheckpointInterval = 5 }},
-		{"pseudo-gradient over a message", "spec.builtin.arch", func(s *pb.PoolJobSpec) { s.GetBuiltin().Arch = []uint32{4096, 512, 10} }},
+		{"model over the parameter bound", "spec.builtin.arch", func(s *pb.PoolJobSpec) { s.GetBuiltin().Arch = []uint32{65536, 65536, 10} }},
 		{"sync_every", "spec.builtin.sync_every", func(s *pb.PoolJobSpec) { s.GetBuiltin().SyncEvery = 5 }},
 		{"init_model", "spec.builtin.init_model", func(s *pb.PoolJobSpec) { s.GetBuiltin().InitModel = strings.Repeat("ab", 32) }},
 		{"carbon", "spec.carbon", func(s *pb.PoolJobSpec) {
@@ -555,11 +554,11 @@ func TestDiLoCoRetryOfClosedStepGetsItsAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	r0 := mustWait(t, "contribution", c0)
-	if !proto.Equal(r0, r1) || r0.GetOuterStep() != 1 {
+	if !r0.same(r1) || r0.GetOuterStep() != 1 {
 		t.Fatalf("answers differ: %v / %v", r0, r1)
 	}
 	again, err := is[0].sync(0, pg[0], 1)
-	if err != nil || !proto.Equal(again, r0) {
+	if err != nil || !again.same(r0) {
 		t.Fatalf("retry: %v %v", again, err)
 	}
 	// Other bytes, or another weight, for the closed step are late.
@@ -623,15 +622,15 @@ func TestDiLoCoHostileOuterSync(t *testing.T) {
 	if _, err := plain.sync(0, nil, 0); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("join of a job that is not an island: %v", err)
 	}
-	_, err = x.w.c.OuterSync(x.w.ctx, &pb.OuterSyncRequest{Ref: &pb.RankRef{WorkerId: x.w.id, JobId: "dl", Attempt: 1}})
+	_, _, err = x.w.outerSync(&pb.RankRef{WorkerId: x.w.id, JobId: "dl", Attempt: 1}, 0, nil, 0)
 	wantCode(t, "join as the parent job", err, codes.FailedPrecondition)
-	_, err = x.w.c.OuterSync(x.w.ctx, &pb.OuterSyncRequest{Ref: &pb.RankRef{WorkerId: x.w.id, JobId: "dl-i1", Attempt: 1}})
+	_, _, err = x.w.outerSync(&pb.RankRef{WorkerId: x.w.id, JobId: "dl-i1", Attempt: 1}, 0, nil, 0)
 	wantCode(t, "join as another worker's island", err, codes.FailedPrecondition)
 	thief := &worker{e: e, ctx: e.as("mallory", identity.RolePoolWorker), c: x.w.c, id: x.w.id}
-	_, err = thief.c.OuterSync(thief.ctx, &pb.OuterSyncRequest{Ref: x.ref()})
+	_, _, err = thief.outerSync(x.ref(), 0, nil, 0)
 	wantCode(t, "join as another principal", err, codes.PermissionDenied)
 	_, ctx := e.ops()
-	_, err = x.w.c.OuterSync(ctx, &pb.OuterSyncRequest{Ref: x.ref()})
+	_, _, err = (&worker{e: e, ctx: ctx, c: x.w.c, id: x.w.id}).outerSync(x.ref(), 0, nil, 0)
 	wantCode(t, "join with an operator token", err, codes.PermissionDenied)
 	if st, n := e.outerAt("dl"); st != 0 || n != 0 {
 		t.Fatalf("refused contributions reached the round: step %d, %d", st, n)
@@ -653,7 +652,7 @@ func TestDiLoCoHostileOuterSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r0, r0b := mustWait(t, "contribution", c0), mustWait(t, "retried contribution", c0again); !proto.Equal(r0, r1) || !proto.Equal(r0b, r1) {
+	if r0, r0b := mustWait(t, "contribution", c0), mustWait(t, "retried contribution", c0again); !r0.same(r1) || !r0b.same(r1) {
 		t.Fatalf("answers %v / %v / %v", r0, r0b, r1)
 	}
 }
@@ -697,7 +696,7 @@ func TestDiLoCoInt8(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := ref.step(t, deq, []float64{2, 1})
-	if r0 := mustWait(t, "contribution", c0); !proto.Equal(r0, r1) || !bytes.Equal(r1.GetParams(), want) || r1.GetOuterStep() != 1 {
+	if r0 := mustWait(t, "contribution", c0); !r0.same(r1) || !bytes.Equal(r1.GetParams(), want) || r1.GetOuterStep() != 1 {
 		t.Fatalf("int8 step: %d, params equal %v", r1.GetOuterStep(), bytes.Equal(r1.GetParams(), want))
 	}
 }

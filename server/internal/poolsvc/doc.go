@@ -10,7 +10,9 @@
 // and an abort become rank stops. Blocking waits (a heartbeat's long poll,
 // an average waiting for the other ranks, a watch) happen in the handler's
 // goroutine on channels the owner closes, so a caller that disconnects
-// leaves nothing behind.
+// leaves nothing behind. So do the Average and OuterSync streams' intakes,
+// which read, check and spool a contribution before handing it to the
+// owner (syncstream.go), and the fold of a closing step's spools.
 //
 // Attempt numbers fence every rank call: a rank of an aborted attempt, or
 // one on a worker that does not hold its lease, is refused, so a zombie

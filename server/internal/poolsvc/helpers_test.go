@@ -1,9 +1,13 @@
 package poolsvc
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"sync"
@@ -439,4 +443,164 @@ func (e *env) lastEvent(job, state string) string {
 		}
 	}
 	return d
+}
+
+// cut splits data into chunks of at most size bytes, in order.
+func cut(data []byte, size int) []*pb.SyncChunk {
+	var out []*pb.SyncChunk
+	for off := 0; off < len(data); off += size {
+		out = append(out, &pb.SyncChunk{Offset: int64(off), Data: data[off:min(off+size, len(data))]})
+	}
+	return out
+}
+
+// avgStream is a rank's Average stream as a worker drives it.
+type avgStream struct {
+	st   grpc.BidiStreamingClient[pb.AverageRequest, pb.AverageResponse]
+	sent int64 // request bytes: what the server counts as received
+}
+
+// openAverage starts an Average stream with start.
+func (w *worker) openAverage(start *pb.AverageStart) (*avgStream, error) {
+	st, err := w.c.Average(w.ctx)
+	if err != nil {
+		return nil, err
+	}
+	a := &avgStream{st: st}
+	return a, a.send(&pb.AverageRequest{Part: &pb.AverageRequest_Start{Start: start}})
+}
+
+func (a *avgStream) send(m *pb.AverageRequest) error {
+	a.sent += int64(proto.Size(m))
+	return a.st.Send(m)
+}
+
+// chunks sends cs in the order given. The server may end the call early
+// (a refusal): then the rest is not sent, and finish returns its status.
+func (a *avgStream) chunks(cs ...*pb.SyncChunk) {
+	for _, c := range cs {
+		if a.send(&pb.AverageRequest{Part: &pb.AverageRequest_Chunk{Chunk: c}}) != nil {
+			return
+		}
+	}
+}
+
+// finish closes the sending side and reads the mean.
+func (a *avgStream) finish() ([]byte, error) {
+	_ = a.st.CloseSend() // after a refusal too: Recv returns the status
+	var out []byte
+	for {
+		m, err := a.st.Recv()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c := m.GetChunk(); c.GetOffset() != int64(len(out)) {
+			return nil, fmt.Errorf("mean chunk at byte %d after %d bytes", c.GetOffset(), len(out))
+		}
+		out = append(out, m.GetChunk().GetData()...)
+	}
+}
+
+// average contributes params for step as a worker does, in 1 MiB chunks,
+// and returns the mean's bytes.
+func (w *worker) average(r *pb.RankRef, step int64, weight float64, params []byte) ([]byte, error) {
+	a, err := w.openAverage(&pb.AverageStart{Ref: r, Step: step, Weight: weight, Size: int64(len(params))})
+	if err == nil {
+		a.chunks(cut(params, 1<<20)...)
+	}
+	if a == nil {
+		return nil, err
+	}
+	return a.finish()
+}
+
+// outerResp is an OuterSync stream's answer, gathered.
+type outerResp struct {
+	step       int64
+	params     []byte
+	done, late bool
+	received   int64 // response bytes: what the server counts as sent
+}
+
+func (r *outerResp) GetOuterStep() int64 { return r.step }
+func (r *outerResp) GetParams() []byte   { return r.params }
+func (r *outerResp) GetDone() bool       { return r.done }
+func (r *outerResp) GetLate() bool       { return r.late }
+
+// same says whether two answers are equal in everything they say.
+func (r *outerResp) same(o *outerResp) bool {
+	return r.step == o.step && r.done == o.done && r.late == o.late && bytes.Equal(r.params, o.params)
+}
+
+// outerStream is an island's OuterSync stream as a worker drives it.
+type outerStream struct {
+	st   grpc.BidiStreamingClient[pb.OuterSyncRequest, pb.OuterSyncResponse]
+	sent int64
+}
+
+func (w *worker) openOuter(start *pb.OuterSyncStart) (*outerStream, error) {
+	st, err := w.c.OuterSync(w.ctx)
+	if err != nil {
+		return nil, err
+	}
+	o := &outerStream{st: st}
+	return o, o.send(&pb.OuterSyncRequest{Part: &pb.OuterSyncRequest_Start{Start: start}})
+}
+
+func (o *outerStream) send(m *pb.OuterSyncRequest) error {
+	o.sent += int64(proto.Size(m))
+	return o.st.Send(m)
+}
+
+func (o *outerStream) chunks(cs ...*pb.SyncChunk) {
+	for _, c := range cs {
+		if o.send(&pb.OuterSyncRequest{Part: &pb.OuterSyncRequest_Chunk{Chunk: c}}) != nil {
+			return
+		}
+	}
+}
+
+// finish closes the sending side and reads the answer: the result first,
+// then the parameters' chunks.
+func (o *outerStream) finish() (*outerResp, error) {
+	_ = o.st.CloseSend() // after a refusal too: Recv returns the status
+	var res *outerResp
+	for {
+		m, err := o.st.Recv()
+		if err == io.EOF {
+			if res == nil {
+				return nil, errors.New("outer sync answer without a result")
+			}
+			return res, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case res == nil && m.GetResult() != nil:
+			r := m.GetResult()
+			res = &outerResp{step: r.GetOuterStep(), done: r.GetDone(), late: r.GetLate()}
+		case res != nil && m.GetChunk().GetOffset() == int64(len(res.params)):
+			res.params = append(res.params, m.GetChunk().GetData()...)
+		default:
+			return nil, fmt.Errorf("outer sync answer out of order: %v", m)
+		}
+		res.received += int64(proto.Size(m))
+	}
+}
+
+// outerSync contributes pg (nil: joins) for step, in 1 MiB chunks.
+func (w *worker) outerSync(r *pb.RankRef, step int64, pg []byte, weight float64) (*outerResp, int64, error) {
+	o, err := w.openOuter(&pb.OuterSyncStart{Ref: r, OuterStep: step, Weight: weight, Size: int64(len(pg))})
+	if o == nil {
+		return nil, 0, err
+	}
+	if err == nil {
+		o.chunks(cut(pg, 1<<20)...)
+	}
+	res, err := o.finish()
+	return res, o.sent, err
 }

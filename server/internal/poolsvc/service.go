@@ -131,6 +131,8 @@ type Service struct {
 	// does not clear them. Only principals that left a lease unstarted
 	// have one.
 	strikes map[principalKey]strikeRec
+	// streams are the ranks' open Average and OuterSync calls.
+	streams map[rankAttempt]*rankStreams
 	passes  uint64
 	timer   clock.Timer
 
@@ -190,7 +192,8 @@ func New(d Deps) (*Service, error) {
 	s := &Service{d: d, clk: d.Clock, log: d.Log, sched: sched,
 		ckpt: newCkptStores(d.CheckpointDir, d.MaxJobStorageBytes), logs: newNotifier(),
 		reqs: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
-		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}, strikes: map[principalKey]strikeRec{}}
+		jobs: map[string]*jobRT{}, workers: map[string]*workerRT{}, strikes: map[principalKey]strikeRec{},
+		streams: map[rankAttempt]*rankStreams{}}
 	d.Metrics.SetPool(s.poolCounts)
 	return s, nil
 }
@@ -201,6 +204,9 @@ func New(d Deps) (*Service, error) {
 func (s *Service) Start(ctx context.Context) error {
 	if s.started {
 		return fmt.Errorf("poolsvc: start: already started: %w", ErrConfig)
+	}
+	if err := s.clearSpools(); err != nil {
+		return err
 	}
 	if err := s.restore(ctx); err != nil {
 		return err
@@ -348,9 +354,13 @@ func (s *Service) closeAll() {
 	}
 	for _, rt := range s.jobs {
 		rt.abortSync("the server is shutting down")
-		if d := rt.diloco; d != nil && d.open != nil {
-			d.open.finish(nil, errorf(codes.Unavailable, "pool service shutting down"))
-			d.open = nil
+		if d := rt.diloco; d != nil {
+			for _, r := range []*outerRound{d.open, d.closing} {
+				if r != nil {
+					r.end(errorf(codes.Unavailable, "pool service shutting down"))
+				}
+			}
+			d.open, d.closing = nil, nil
 		}
 		rt.notify()
 	}

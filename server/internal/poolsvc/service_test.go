@@ -26,7 +26,14 @@ const (
 // rank; it returns the workers and each one's lease, by rank.
 func startGang(t *testing.T, e *env, id string, ranks int) ([]*worker, []*pb.RankLease) {
 	t.Helper()
-	e.submit(spec(id, uint32(ranks)), nil)
+	return startGangSpec(t, e, spec(id, uint32(ranks)))
+}
+
+// startGangSpec is startGang for the job sp.
+func startGangSpec(t *testing.T, e *env, sp *pb.PoolJobSpec) ([]*worker, []*pb.RankLease) {
+	t.Helper()
+	id, ranks := sp.GetId(), int(sp.GetRanks())
+	e.submit(sp, nil)
 	var ws []*worker
 	for i := range ranks {
 		ws = append(ws, e.register("worker-"+string(rune('a'+i)), oneRank))
@@ -102,7 +109,7 @@ func TestWorkerLossRequeuesFromCommittedStep(t *testing.T) {
 	// Rank 0 waits in an average that rank 1 will never join.
 	avg := make(chan error, 1)
 	go func() {
-		_, err := ws[0].c.Average(ws[0].ctx, &pb.AverageRequest{Ref: ref(ws[0], ls[0]), Step: 15, Params: f32(1, 2), Weight: 10})
+		_, err := ws[0].average(ref(ws[0], ls[0]), 15, 10, f32(1, 2))
 		avg <- err
 	}()
 	// ws[1] falls silent now; ws[0] keeps heartbeating.
@@ -179,7 +186,7 @@ func TestWorkerLossRequeuesFromCommittedStep(t *testing.T) {
 	// The old attempt is fenced off everywhere.
 	_, err = ws[0].commit(ref(ws[0], ls[0]), "j", 20, 1, 2)
 	wantCode(t, "commit of attempt 1", err, codes.FailedPrecondition)
-	_, err = ws[0].c.Average(ws[0].ctx, &pb.AverageRequest{Ref: ref(ws[0], ls[0]), Step: 20, Params: f32(1), Weight: 10})
+	_, err = ws[0].average(ref(ws[0], ls[0]), 20, 10, f32(1))
 	wantCode(t, "average of attempt 1", err, codes.FailedPrecondition)
 	// The old attempt's rank may still say it ended, with its last usage,
 	// once; that changes nothing about the job.
@@ -378,12 +385,11 @@ func TestAttacksAreRefused(t *testing.T) {
 	wantCode(t, "oversized blob", err, codes.InvalidArgument)
 
 	avg := func(w *worker, r *pb.RankRef, step int64, weight float64, vs ...float32) ([]byte, error) {
-		res, err := w.c.Average(w.ctx, &pb.AverageRequest{Ref: r, Step: step, Params: f32(vs...), Weight: weight})
-		return res.GetParams(), err
+		return w.average(r, step, weight, f32(vs...))
 	}
 	nan := make([]byte, 4)
 	binary.LittleEndian.PutUint32(nan, math.Float32bits(float32(math.NaN())))
-	_, err = w0.c.Average(w0.ctx, &pb.AverageRequest{Ref: r0, Step: 5, Params: nan, Weight: 1})
+	_, err = w0.average(r0, 5, 1, nan)
 	wantCode(t, "average with NaN", err, codes.InvalidArgument)
 	_, err = avg(w0, r0, 5, 0.5, 1)
 	wantCode(t, "average with a fractional weight", err, codes.InvalidArgument)

@@ -48,9 +48,12 @@ type jobRT struct {
 	weights   map[uint32]float64          // Average weight, fixed per rank
 	lastSync  map[uint32]int64            // this attempt's last contributed step
 	sync      *syncRound
-	// synced is the attempt's last finished average, kept so that a rank
+	// synced is the attempt's last full average, kept so that a rank
 	// whose answer was lost can ask again.
 	synced *syncRound
+	// syncSize is the bytes a rank's Average carries, once known from
+	// the job's model (averageSize); 0 before, or for a command job.
+	syncSize int64
 
 	handoffDue time.Time // when to hand off even without every rank's exit
 	// firstStart is when the job was first placed: the start of the run a

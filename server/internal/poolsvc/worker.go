@@ -792,59 +792,6 @@ func (v *workerServer) ListRankCheckpoints(ctx context.Context, req *pb.ListRank
 	return out, nil
 }
 
-func (v *workerServer) Average(ctx context.Context, req *pb.AverageRequest) (*pb.AverageResponse, error) {
-	s := v.s
-	p, err := principal(ctx)
-	if err != nil {
-		return nil, err
-	}
-	w := req.GetWeight()
-	if math.IsNaN(w) || w < 1 || w > 1<<31 || w != math.Trunc(w) {
-		return nil, invalidf("average: weight %v: want the shard's example count, an integer in [1, 2^31]", w)
-	}
-	params, err := decodeParams(req.GetParams())
-	if err != nil {
-		return nil, err
-	}
-	var r *syncRound
-	err = s.do(ctx, func() error {
-		rt, _, err := s.leaseFor(req.GetRef(), p, false)
-		if err != nil {
-			return err
-		}
-		if st := req.GetStep(); st <= rt.rec.CommittedStep || st > rt.spec.TotalSteps {
-			return invalidf("average: step %d outside (%d, %d]", st, rt.rec.CommittedStep, rt.spec.TotalSteps)
-		}
-		if r, err = rt.contribute(req.GetRef().GetRank(), req.GetStep(), params, w); err != nil {
-			return err
-		}
-		s.countSync(rt, int64(proto.Size(req)), 0)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-		return nil, errorf(codes.Canceled, "average: %v", ctx.Err())
-	case <-s.stop:
-		return nil, errorf(codes.Unavailable, "pool service shutting down")
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	resp := &pb.AverageResponse{Params: r.result}
-	n := int64(proto.Size(resp))
-	_ = s.do(ctx, func() error {
-		if rt := s.jobs[req.GetRef().GetJobId()]; rt != nil {
-			s.countSync(rt, 0, n)
-		}
-		return nil
-	})
-	return resp, nil
-}
-
 var logStreams = map[string]bool{"stdout": true, "stderr": true, "agent": true}
 
 // MaxLogLinesPerCall bounds one AppendLogs.

@@ -10,7 +10,8 @@ var (
 	// match, an average of the wrong length.
 	ErrBadResponse = errors.New("remote: bad response from server")
 	// ErrTooLarge reports a request this side refuses to send because it
-	// would exceed the server's message limit.
+	// would exceed the server's limits: a blob over MaxBlobBytes, a vector
+	// over MaxSyncParams values.
 	ErrTooLarge = errors.New("remote: request too large")
 	// ErrInvalid reports a bad argument: a missing client or rank.
 	ErrInvalid = errors.New("remote: invalid argument")

@@ -2,8 +2,9 @@ package remote
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 
@@ -57,8 +58,8 @@ func NewOuterSyncer(c apiv1.PoolWorkerServiceClient, ref *pb.RankRef, cfg OuterC
 	switch {
 	case cfg.Dim < 1:
 		return nil, fmt.Errorf("remote: new outer syncer: %w: %d parameters", ErrInvalid, cfg.Dim)
-	case cfg.Dim > maxParams:
-		return nil, fmt.Errorf("remote: new outer syncer: %d parameters, limit %d: %w", cfg.Dim, maxParams, ErrTooLarge)
+	case cfg.Dim > MaxSyncParams:
+		return nil, fmt.Errorf("remote: new outer syncer: %d parameters, limit %d: %w", cfg.Dim, MaxSyncParams, ErrTooLarge)
 	case cfg.Island > maxIsland:
 		return nil, fmt.Errorf("remote: new outer syncer: %w: island %d over %d", ErrInvalid, cfg.Island, maxIsland)
 	}
@@ -68,7 +69,7 @@ func NewOuterSyncer(c apiv1.PoolWorkerServiceClient, ref *pb.RankRef, cfg OuterC
 // Join implements trainer.OuterSyncer: an OuterSync with no
 // pseudo-gradient, which the server answers at once.
 func (o *OuterSyncer) Join(ctx context.Context) (trainer.OuterState, error) {
-	s, err := o.call(ctx, &pb.OuterSyncRequest{Ref: o.ref})
+	s, err := o.call(ctx, &pb.OuterSyncStart{Ref: o.ref}, nil)
 	if err != nil {
 		return trainer.OuterState{}, fmt.Errorf("remote: outer join: %w", err)
 	}
@@ -86,26 +87,29 @@ func (o *OuterSyncer) Contribute(ctx context.Context, step int64, pseudoGradient
 	case !(weight > 0) || math.IsInf(weight, 0):
 		return trainer.OuterState{}, fmt.Errorf("remote: outer sync step %d: %w: weight %v, want positive and finite", step, ErrInvalid, weight)
 	}
-	enc, err := o.encode(step, pseudoGradient)
-	if err != nil {
-		return trainer.OuterState{}, fmt.Errorf("remote: outer sync step %d: %w", step, err)
+	// Every retry sends the same bytes, so the server can recognise a
+	// contribution it already took: float32 values as they are, int8
+	// ones encoded once.
+	start := &pb.OuterSyncStart{Ref: o.ref, OuterStep: step, Weight: weight, Size: 4 * int64(len(pseudoGradient))}
+	body := func(send func(*pb.SyncChunk) error) error { return sendFloats(pseudoGradient, send) }
+	if o.cfg.Int8 {
+		enc, err := o.encode(step, pseudoGradient)
+		if err != nil {
+			return trainer.OuterState{}, fmt.Errorf("remote: outer sync step %d: %w", step, err)
+		}
+		start.Size = int64(len(enc))
+		body = func(send func(*pb.SyncChunk) error) error { return sendBytes(enc, send) }
 	}
-	// Built once: every retry sends the same bytes, so the server can
-	// recognise a contribution it already took.
-	req := &pb.OuterSyncRequest{Ref: o.ref, OuterStep: step, PseudoGradient: enc, Weight: weight}
-	s, err := o.call(ctx, req)
+	s, err := o.call(ctx, start, body)
 	if err != nil {
 		return trainer.OuterState{}, fmt.Errorf("remote: outer sync step %d: %w", step, err)
 	}
 	return s, nil
 }
 
-// encode is pg as little-endian float32, or with Int8 its FLQ8 encoding
-// rounded with the source of (Seed, Island, step).
+// encode is pg's FLQ8 encoding rounded with the source of (Seed, Island,
+// step).
 func (o *OuterSyncer) encode(step int64, pg []float32) ([]byte, error) {
-	if !o.cfg.Int8 {
-		return f32Bytes(pg), nil
-	}
 	src := rand.NewPCG(o.cfg.Seed, uint64(o.cfg.Island)<<48|uint64(step))
 	q, err := quant.Quantize(pg, quant.DefaultBlock, src)
 	if err != nil {
@@ -114,38 +118,57 @@ func (o *OuterSyncer) encode(step int64, pg []float32) ([]byte, error) {
 	return q.MarshalBinary()
 }
 
-func f32Bytes(v []float32) []byte {
-	buf := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
-	}
-	return buf
-}
-
-func (o *OuterSyncer) call(ctx context.Context, req *pb.OuterSyncRequest) (trainer.OuterState, error) {
-	var r *pb.OuterSyncResponse
+// call runs one OuterSync stream, retried whole while the server is
+// unavailable: start, then body's chunks (nil: a join), then the answer.
+func (o *OuterSyncer) call(ctx context.Context, start *pb.OuterSyncStart, body func(func(*pb.SyncChunk) error) error) (trainer.OuterState, error) {
+	params := make([]float32, o.cfg.Dim)
+	var res *pb.OuterSyncResult
 	err := o.cfg.Retry.Do(ctx, func(ctx context.Context) error {
-		var err error
-		r, err = o.c.OuterSync(ctx, req, CallOptions()...)
-		return err
+		// Cancelled on return: a stream left behind by an error ends.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := o.c.OuterSync(ctx, CallOptions()...)
+		if err != nil {
+			return err
+		}
+		err = st.Send(&pb.OuterSyncRequest{Part: &pb.OuterSyncRequest_Start{Start: start}})
+		if err == nil && body != nil {
+			err = body(func(c *pb.SyncChunk) error {
+				return st.Send(&pb.OuterSyncRequest{Part: &pb.OuterSyncRequest_Chunk{Chunk: c}})
+			})
+		}
+		if err := sent(err, st.CloseSend); err != nil {
+			return err
+		}
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("server ended the call without a result: %w", ErrBadResponse)
+		}
+		if err != nil {
+			return err
+		}
+		if res = m.GetResult(); res == nil {
+			return fmt.Errorf("server answered with parameters before the result: %w", ErrBadResponse)
+		}
+		rx := newFloatReceiver(params)
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return rx.close()
+			}
+			if err != nil {
+				return err
+			}
+			if err := rx.write(m.GetChunk()); err != nil {
+				return err
+			}
+		}
 	})
 	if err != nil {
 		return trainer.OuterState{}, err
 	}
-	step, raw := r.GetOuterStep(), r.GetParams()
-	if step < 0 || step >= maxOuterStep {
+	if step := res.GetOuterStep(); step < 0 || step >= maxOuterStep {
 		return trainer.OuterState{}, fmt.Errorf("server sent outer step %d: %w", step, ErrBadResponse)
 	}
-	if len(raw) != 4*o.cfg.Dim {
-		return trainer.OuterState{}, fmt.Errorf("server sent %d bytes of parameters for %d parameters: %w", len(raw), o.cfg.Dim, ErrBadResponse)
-	}
-	params := make([]float32, o.cfg.Dim)
-	for i := range params {
-		v := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return trainer.OuterState{}, fmt.Errorf("server sent parameter %d = %v: %w", i, v, ErrBadResponse)
-		}
-		params[i] = v
-	}
-	return trainer.OuterState{Step: step, Params: params, Done: r.GetDone(), Late: r.GetLate()}, nil
+	return trainer.OuterState{Step: res.GetOuterStep(), Params: params, Done: res.GetDone(), Late: res.GetLate()}, nil
 }

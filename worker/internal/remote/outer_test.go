@@ -2,7 +2,6 @@ package remote_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -15,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/data"
@@ -39,19 +37,52 @@ type outerService struct {
 	step, steps int64
 	unavailable int        // fail this many calls with UNAVAILABLE first
 	refuse      codes.Code // refuse every call with this code when set
-	reqs        [][]byte   // every request as received, deterministically encoded
+	reqs        [][]byte   // every call's messages as received, deterministically encoded
+	starts      []*pb.OuterSyncStart
+	bodies      [][]byte // every call's pseudo-gradient bytes
 	pgs         [][]float32
-	tamper      func(*pb.OuterSyncResponse)
+	tamper      func(*outerAnswer)
 }
 
-func (s *outerService) OuterSync(_ context.Context, r *pb.OuterSyncRequest) (*pb.OuterSyncResponse, error) {
+// outerAnswer is what the fake sends back: the result (none when nil),
+// then chunks, by default params cut in chunks of 1000 bytes.
+type outerAnswer struct {
+	result *pb.OuterSyncResult
+	params []byte
+	chunks []*pb.SyncChunk
+}
+
+func (s *outerService) OuterSync(st grpc.BidiStreamingServer[pb.OuterSyncRequest, pb.OuterSyncResponse]) error {
+	r, err := gather(st, func(m *pb.OuterSyncRequest) (*pb.OuterSyncStart, bool) { return m.GetStart(), m.GetStart() != nil },
+		(*pb.OuterSyncRequest).GetChunk)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	a, err := s.contribute(r)
+	if err != nil {
+		return err
+	}
+	if a.result != nil {
+		if err := st.Send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Result{Result: a.result}}); err != nil {
+			return err
+		}
+	}
+	if a.chunks == nil {
+		a.chunks = cut(a.params, 1000)
+	}
+	for _, c := range a.chunks {
+		if err := st.Send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Chunk{Chunk: c}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *outerService) contribute(r *received[*pb.OuterSyncStart]) (*outerAnswer, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	s.reqs = append(s.reqs, b)
+	s.reqs = append(s.reqs, r.raw)
+	s.starts, s.bodies = append(s.starts, r.start), append(s.bodies, r.body)
 	if s.unavailable > 0 {
 		s.unavailable--
 		return nil, status.Error(codes.Unavailable, "restarting")
@@ -59,14 +90,17 @@ func (s *outerService) OuterSync(_ context.Context, r *pb.OuterSyncRequest) (*pb
 	if s.refuse != codes.OK {
 		return nil, status.Error(s.refuse, "refused")
 	}
-	if r.GetRef().GetJobId() != "job-i1" || r.GetRef().GetAttempt() != 2 {
-		return nil, status.Errorf(codes.FailedPrecondition, "not the island's attempt: %v", r.GetRef())
+	if ref := r.start.GetRef(); ref.GetJobId() != "job-i1" || ref.GetAttempt() != 2 {
+		return nil, status.Errorf(codes.FailedPrecondition, "not the island's attempt: %v", ref)
 	}
-	if len(r.GetPseudoGradient()) > 0 {
-		if r.GetOuterStep() != s.step {
-			return nil, status.Errorf(codes.InvalidArgument, "contribution for step %d at step %d", r.GetOuterStep(), s.step)
+	if r.start.GetSize() != int64(len(r.body)) {
+		return nil, status.Errorf(codes.InvalidArgument, "%d bytes announced, %d sent", r.start.GetSize(), len(r.body))
+	}
+	if len(r.body) > 0 {
+		if r.start.GetOuterStep() != s.step {
+			return nil, status.Errorf(codes.InvalidArgument, "contribution for step %d at step %d", r.start.GetOuterStep(), s.step)
 		}
-		pg, err := s.decode(r.GetPseudoGradient())
+		pg, err := s.decode(r.body)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -76,11 +110,11 @@ func (s *outerService) OuterSync(_ context.Context, r *pb.OuterSyncRequest) (*pb
 		}
 		s.step++
 	}
-	out := &pb.OuterSyncResponse{OuterStep: s.step, Params: f32(s.theta), Done: s.step == s.steps}
+	a := &outerAnswer{result: &pb.OuterSyncResult{OuterStep: s.step, Done: s.step == s.steps}, params: f32(s.theta)}
 	if s.tamper != nil {
-		s.tamper(out)
+		s.tamper(a)
 	}
-	return out, nil
+	return a, nil
 }
 
 func (s *outerService) decode(b []byte) ([]float32, error) {
@@ -168,9 +202,8 @@ func TestOuterSyncFloat32(t *testing.T) {
 	if len(svc.reqs) != 1 {
 		t.Fatalf("%d requests for a join", len(svc.reqs))
 	}
-	var r pb.OuterSyncRequest
-	if err := proto.Unmarshal(svc.reqs[0], &r); err != nil || len(r.GetPseudoGradient()) != 0 {
-		t.Fatalf("join request carried %d pseudo-gradient bytes (%v)", len(r.GetPseudoGradient()), err)
+	if len(svc.bodies[0]) != 0 || svc.starts[0].GetSize() != 0 {
+		t.Fatalf("join carried %d pseudo-gradient bytes, announced %d", len(svc.bodies[0]), svc.starts[0].GetSize())
 	}
 	for k := int64(0); k < 3; k++ {
 		pg := pgOf(k)
@@ -187,10 +220,10 @@ func TestOuterSyncFloat32(t *testing.T) {
 			t.Fatalf("contribution %d answered %+v", k, s.Step)
 		}
 	}
-	if err := proto.Unmarshal(svc.reqs[1], &r); err != nil || r.GetWeight() != 250 || r.GetOuterStep() != 0 || len(r.GetPseudoGradient()) != 4*outerDim {
-		t.Fatalf("contribution request: weight %v step %d, %d bytes (%v)", r.GetWeight(), r.GetOuterStep(), len(r.GetPseudoGradient()), err)
+	if r := svc.starts[1]; r.GetWeight() != 250 || r.GetOuterStep() != 0 || len(svc.bodies[1]) != 4*outerDim {
+		t.Fatalf("contribution request: weight %v step %d, %d bytes", r.GetWeight(), r.GetOuterStep(), len(svc.bodies[1]))
 	}
-	svc.tamper = func(r *pb.OuterSyncResponse) { r.Late = true }
+	svc.tamper = func(a *outerAnswer) { a.result.Late = true }
 	if s, err := o.Join(t.Context()); err != nil || !s.Late || !s.Done {
 		t.Fatalf("flags not passed on: %+v, %v", s, err)
 	}
@@ -206,15 +239,11 @@ func TestOuterSyncInt8(t *testing.T) {
 	if _, err := o.Contribute(t.Context(), 0, pg, 1); err != nil {
 		t.Fatal(err)
 	}
-	var r pb.OuterSyncRequest
-	if err := proto.Unmarshal(svc.reqs[0], &r); err != nil {
-		t.Fatal(err)
-	}
-	q, err := quant.Decode(r.GetPseudoGradient(), outerDim)
+	q, err := quant.Decode(svc.bodies[0], outerDim)
 	if err != nil {
 		t.Fatalf("not an FLQ8 encoding: %v", err)
 	}
-	if n := len(r.GetPseudoGradient()); n*3 > 4*outerDim {
+	if n := len(svc.bodies[0]); n*3 > 4*outerDim {
 		t.Fatalf("int8 pseudo-gradient of %d bytes, float32 would be %d", n, 4*outerDim)
 	}
 	got := svc.pgs[0]
@@ -262,17 +291,10 @@ func TestOuterSyncRetriesAreIdentical(t *testing.T) {
 	if !bytes.Equal(svc.reqs[4], svc.reqs[0]) {
 		t.Fatal("a restarted island's contribution differs")
 	}
-	var a, b pb.OuterSyncRequest
 	if _, err := o.Contribute(t.Context(), 1, pg, 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := proto.Unmarshal(svc.reqs[0], &a); err != nil {
-		t.Fatal(err)
-	}
-	if err := proto.Unmarshal(svc.reqs[5], &b); err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Equal(a.GetPseudoGradient(), b.GetPseudoGradient()) {
+	if bytes.Equal(svc.bodies[0], svc.bodies[5]) {
 		t.Fatal("steps 0 and 1 rounded the same pseudo-gradient identically: the seed ignores the step")
 	}
 }
@@ -280,18 +302,31 @@ func TestOuterSyncRetriesAreIdentical(t *testing.T) {
 func TestOuterSyncBadAnswersRefused(t *testing.T) {
 	svc, c := startOuter(t, false)
 	o := newOuter(t, c, false)
-	cases := map[string]func(*pb.OuterSyncResponse){
-		"short params":  func(r *pb.OuterSyncResponse) { r.Params = r.Params[:len(r.Params)-4] },
-		"long params":   func(r *pb.OuterSyncResponse) { r.Params = append(r.Params, 0, 0, 0, 0) },
-		"ragged params": func(r *pb.OuterSyncResponse) { r.Params = r.Params[:len(r.Params)-1] },
-		"no params":     func(r *pb.OuterSyncResponse) { r.Params = nil },
-		"NaN": func(r *pb.OuterSyncResponse) {
-			binary.LittleEndian.PutUint32(r.Params[8:], math.Float32bits(float32(math.NaN())))
+	cases := map[string]func(*outerAnswer){
+		"short params":  func(a *outerAnswer) { a.params = a.params[:len(a.params)-4] },
+		"long params":   func(a *outerAnswer) { a.params = append(a.params, 0, 0, 0, 0) },
+		"ragged params": func(a *outerAnswer) { a.params = a.params[:len(a.params)-1] },
+		"no params":     func(a *outerAnswer) { a.params = nil },
+		"NaN": func(a *outerAnswer) {
+			binary.LittleEndian.PutUint32(a.params[8:], math.Float32bits(float32(math.NaN())))
 		},
-		"Inf": func(r *pb.OuterSyncResponse) {
-			binary.LittleEndian.PutUint32(r.Params[4*(outerDim-1):], math.Float32bits(float32(math.Inf(1))))
+		"Inf": func(a *outerAnswer) {
+			binary.LittleEndian.PutUint32(a.params[4*(outerDim-1):], math.Float32bits(float32(math.Inf(1))))
 		},
-		"negative step": func(r *pb.OuterSyncResponse) { r.OuterStep = -1 },
+		"negative step": func(a *outerAnswer) { a.result.OuterStep = -1 },
+		"no result":     func(a *outerAnswer) { a.result = nil },
+		"repeated chunk": func(a *outerAnswer) {
+			cs := cut(a.params, 1000)
+			a.chunks = append(cs[:2:2], cs[1:]...)
+		},
+		"chunks swapped": func(a *outerAnswer) {
+			cs := cut(a.params, 1000)
+			cs[0], cs[1] = cs[1], cs[0]
+			a.chunks = cs
+		},
+		"empty chunk": func(a *outerAnswer) {
+			a.chunks = append([]*pb.SyncChunk{{Offset: 0}}, cut(a.params, 1000)...)
+		},
 	}
 	for name, tamper := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -348,7 +383,7 @@ func TestOuterSyncBadAnswersRefused(t *testing.T) {
 	if len(svc.reqs) != n {
 		t.Fatalf("invalid calls reached the server")
 	}
-	big := int(remote.MaxMessageBytes/4 + 1)
+	big := remote.MaxSyncParams + 1
 	if _, err := remote.NewOuterSyncer(c, islandRef, remote.OuterConfig{Dim: big}); !errors.Is(err, remote.ErrTooLarge) {
 		t.Fatalf("%d parameters: %v, want ErrTooLarge", big, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -162,19 +163,30 @@ func (s *service) ListRankCheckpoints(_ context.Context, r *pb.ListRankCheckpoin
 	return out, err
 }
 
-// Average of one rank is its own parameters, doubled to show the answer is
-// used.
-func (s *service) Average(_ context.Context, r *pb.AverageRequest) (*pb.AverageResponse, error) {
-	if err := s.check(r.GetRef()); err != nil {
-		return nil, err
+// Average of one rank is its own parameters, sent back in chunks of 1000
+// bytes, so that the answer is reassembled from several.
+func (s *service) Average(st grpc.BidiStreamingServer[pb.AverageRequest, pb.AverageResponse]) error {
+	r, err := gather(st, func(m *pb.AverageRequest) (*pb.AverageStart, bool) { return m.GetStart(), m.GetStart() != nil },
+		(*pb.AverageRequest).GetChunk)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	p := bytes.Clone(r.GetParams())
+	if err := s.check(r.start.GetRef()); err != nil {
+		return err
+	}
+	p := r.body
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.shortAvg {
+	short := s.shortAvg
+	s.mu.Unlock()
+	if short {
 		p = p[:len(p)-4]
 	}
-	return &pb.AverageResponse{Params: p}, nil
+	for _, c := range cut(p, 1000) {
+		if err := st.Send(&pb.AverageResponse{Chunk: c}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func start(t *testing.T) (*service, apiv1.PoolWorkerServiceClient) {
@@ -360,10 +372,13 @@ func TestBadResponsesRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := []float32{1, 2, 3}
+	p := make([]float32, 1000)
+	for i := range p {
+		p[i] = float32(i) / 7
+	}
 	got, err := sy.Average(t.Context(), 5, p, 1)
-	if err != nil || len(got) != 3 || got[2] != 3 {
-		t.Fatalf("average = %v, %v", got, err)
+	if err != nil || !slices.Equal(got, p) {
+		t.Fatalf("average of %d values: %d back, %v", len(p), len(got), err)
 	}
 	svc.mu.Lock()
 	svc.shortAvg = true

@@ -2,9 +2,9 @@ package remote
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
-	"math"
+	"io"
 
 	"google.golang.org/protobuf/proto"
 
@@ -28,40 +28,52 @@ func NewSyncer(c apiv1.PoolWorkerServiceClient, ref *pb.RankRef, r Retry) (*Sync
 	return &Syncer{c: c, ref: proto.Clone(ref).(*pb.RankRef), retry: r}, nil
 }
 
-// maxParams keeps a request, and the answer of the same length, within the
-// message limit with room for the envelope.
-const maxParams = (MaxMessageBytes - 64<<10) / 4
-
-// Average implements trainer.Syncer. It blocks until every rank has
-// contributed for step, as the server's Average does.
+// Average implements trainer.Syncer. It streams params to the server in
+// chunks and blocks until every rank has contributed for step, as the
+// server's Average does; the mean streams back into a new slice.
 func (s *Syncer) Average(ctx context.Context, step int64, params []float32, weight float64) ([]float32, error) {
-	if len(params) > maxParams {
-		return nil, fmt.Errorf("remote: average step %d: %d parameters, limit %d: %w", step, len(params), maxParams, ErrTooLarge)
+	switch {
+	case len(params) == 0:
+		return nil, fmt.Errorf("remote: average step %d: %w: no parameters", step, ErrInvalid)
+	case len(params) > MaxSyncParams:
+		return nil, fmt.Errorf("remote: average step %d: %d parameters, limit %d: %w", step, len(params), MaxSyncParams, ErrTooLarge)
 	}
-	buf := make([]byte, 4*len(params))
-	for i, v := range params {
-		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
-	}
-	req := &pb.AverageRequest{Ref: s.ref, Step: step, Params: buf, Weight: weight}
-	var out []byte
+	start := &pb.AverageRequest{Part: &pb.AverageRequest_Start{Start: &pb.AverageStart{Ref: s.ref, Step: step, Weight: weight,
+		Size: 4 * int64(len(params))}}}
+	avg := make([]float32, len(params))
 	err := s.retry.Do(ctx, func(ctx context.Context) error {
-		r, err := s.c.Average(ctx, req, CallOptions()...)
-		out = r.GetParams()
-		return err
+		// Cancelled on return: a stream left behind by an error ends.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := s.c.Average(ctx, CallOptions()...)
+		if err != nil {
+			return err
+		}
+		err = st.Send(start)
+		if err == nil {
+			err = sendFloats(params, func(c *pb.SyncChunk) error {
+				return st.Send(&pb.AverageRequest{Part: &pb.AverageRequest_Chunk{Chunk: c}})
+			})
+		}
+		if err := sent(err, st.CloseSend); err != nil {
+			return err
+		}
+		rx := newFloatReceiver(avg)
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return rx.close()
+			}
+			if err != nil {
+				return err
+			}
+			if err := rx.write(m.GetChunk()); err != nil {
+				return err
+			}
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("remote: average step %d: %w", step, err)
-	}
-	if len(out) != len(buf) {
-		return nil, fmt.Errorf("remote: average step %d: server sent %d bytes for %d parameters: %w", step, len(out), len(params), ErrBadResponse)
-	}
-	avg := make([]float32, len(params))
-	for i := range avg {
-		v := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("remote: average step %d: parameter %d is %v: %w", step, i, v, ErrBadResponse)
-		}
-		avg[i] = v
 	}
 	return avg, nil
 }

@@ -88,8 +88,8 @@ func TestServices(t *testing.T) {
 			{name: "CommitCheckpoint"},
 			{name: "GetRankCheckpoint"},
 			{name: "ListRankCheckpoints"},
-			{name: "Average"},
-			{name: "OuterSync"},
+			{name: "Average", clientStream: true, serverStream: true},
+			{name: "OuterSync", clientStream: true, serverStream: true},
 			{name: "AppendLogs"},
 		}},
 	}

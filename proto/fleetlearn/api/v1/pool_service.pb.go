@@ -33,7 +33,7 @@ const file_fleetlearn_api_v1_pool_service_proto_rawDesc = "" +
 	"\tCancelJob\x12\x1f.fleetlearn.v1.CancelJobRequest\x1a .fleetlearn.v1.CancelJobResponse\x12M\n" +
 	"\bWatchJob\x12\x1e.fleetlearn.v1.WatchJobRequest\x1a\x1f.fleetlearn.v1.WatchJobResponse0\x01\x12J\n" +
 	"\aJobLogs\x12\x1d.fleetlearn.v1.JobLogsRequest\x1a\x1e.fleetlearn.v1.JobLogsResponse0\x01\x12T\n" +
-	"\vListWorkers\x12!.fleetlearn.v1.ListWorkersRequest\x1a\".fleetlearn.v1.ListWorkersResponse2\xf5\b\n" +
+	"\vListWorkers\x12!.fleetlearn.v1.ListWorkersRequest\x1a\".fleetlearn.v1.ListWorkersResponse2\xfd\b\n" +
 	"\x11PoolWorkerService\x12]\n" +
 	"\x0eRegisterWorker\x12$.fleetlearn.v1.RegisterWorkerRequest\x1a%.fleetlearn.v1.RegisterWorkerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.fleetlearn.v1.HeartbeatRequest\x1a .fleetlearn.v1.HeartbeatResponse\x12Q\n" +
@@ -44,9 +44,9 @@ const file_fleetlearn_api_v1_pool_service_proto_rawDesc = "" +
 	"\x11GetCheckpointBlob\x12'.fleetlearn.v1.GetCheckpointBlobRequest\x1a(.fleetlearn.v1.GetCheckpointBlobResponse\x12c\n" +
 	"\x10CommitCheckpoint\x12&.fleetlearn.v1.CommitCheckpointRequest\x1a'.fleetlearn.v1.CommitCheckpointResponse\x12f\n" +
 	"\x11GetRankCheckpoint\x12'.fleetlearn.v1.GetRankCheckpointRequest\x1a(.fleetlearn.v1.GetRankCheckpointResponse\x12l\n" +
-	"\x13ListRankCheckpoints\x12).fleetlearn.v1.ListRankCheckpointsRequest\x1a*.fleetlearn.v1.ListRankCheckpointsResponse\x12H\n" +
-	"\aAverage\x12\x1d.fleetlearn.v1.AverageRequest\x1a\x1e.fleetlearn.v1.AverageResponse\x12N\n" +
-	"\tOuterSync\x12\x1f.fleetlearn.v1.OuterSyncRequest\x1a .fleetlearn.v1.OuterSyncResponse\x12Q\n" +
+	"\x13ListRankCheckpoints\x12).fleetlearn.v1.ListRankCheckpointsRequest\x1a*.fleetlearn.v1.ListRankCheckpointsResponse\x12L\n" +
+	"\aAverage\x12\x1d.fleetlearn.v1.AverageRequest\x1a\x1e.fleetlearn.v1.AverageResponse(\x010\x01\x12R\n" +
+	"\tOuterSync\x12\x1f.fleetlearn.v1.OuterSyncRequest\x1a .fleetlearn.v1.OuterSyncResponse(\x010\x01\x12Q\n" +
 	"\n" +
 	"AppendLogs\x12 .fleetlearn.v1.AppendLogsRequest\x1a!.fleetlearn.v1.AppendLogsResponseB@Z>github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1;apiv1b\x06proto3"
 

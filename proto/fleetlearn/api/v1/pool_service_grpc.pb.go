@@ -424,13 +424,15 @@ type PoolWorkerServiceClient interface {
 	GetRankCheckpoint(ctx context.Context, in *v1.GetRankCheckpointRequest, opts ...grpc.CallOption) (*v1.GetRankCheckpointResponse, error)
 	// ListCheckpoints lists the rank's checkpoints.
 	ListRankCheckpoints(ctx context.Context, in *v1.ListRankCheckpointsRequest, opts ...grpc.CallOption) (*v1.ListRankCheckpointsResponse, error)
-	// Average contributes the rank's parameters after a step and returns the
-	// weighted mean over the job's ranks once all have contributed.
-	Average(ctx context.Context, in *v1.AverageRequest, opts ...grpc.CallOption) (*v1.AverageResponse, error)
-	// OuterSync contributes a DiLoCo island's pseudo-gradient for an outer
-	// step and returns the parameters after it, once the step has its
-	// islands or its quorum and grace window.
-	OuterSync(ctx context.Context, in *v1.OuterSyncRequest, opts ...grpc.CallOption) (*v1.OuterSyncResponse, error)
+	// Average streams the rank's parameters after a step, in chunks, and
+	// streams back the weighted mean over the job's ranks once all have
+	// contributed. A rank has at most one Average stream open.
+	Average(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[v1.AverageRequest, v1.AverageResponse], error)
+	// OuterSync streams a DiLoCo island's pseudo-gradient for an outer step,
+	// in chunks, and streams back the parameters after it, once the step has
+	// its islands or its quorum and grace window. An island has at most one
+	// OuterSync stream open.
+	OuterSync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[v1.OuterSyncRequest, v1.OuterSyncResponse], error)
 	// AppendLogs adds output lines of a rank to the job's log.
 	AppendLogs(ctx context.Context, in *v1.AppendLogsRequest, opts ...grpc.CallOption) (*v1.AppendLogsResponse, error)
 }
@@ -533,25 +535,31 @@ func (c *poolWorkerServiceClient) ListRankCheckpoints(ctx context.Context, in *v
 	return out, nil
 }
 
-func (c *poolWorkerServiceClient) Average(ctx context.Context, in *v1.AverageRequest, opts ...grpc.CallOption) (*v1.AverageResponse, error) {
+func (c *poolWorkerServiceClient) Average(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[v1.AverageRequest, v1.AverageResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(v1.AverageResponse)
-	err := c.cc.Invoke(ctx, PoolWorkerService_Average_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &PoolWorkerService_ServiceDesc.Streams[0], PoolWorkerService_Average_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[v1.AverageRequest, v1.AverageResponse]{ClientStream: stream}
+	return x, nil
 }
 
-func (c *poolWorkerServiceClient) OuterSync(ctx context.Context, in *v1.OuterSyncRequest, opts ...grpc.CallOption) (*v1.OuterSyncResponse, error) {
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolWorkerService_AverageClient = grpc.BidiStreamingClient[v1.AverageRequest, v1.AverageResponse]
+
+func (c *poolWorkerServiceClient) OuterSync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[v1.OuterSyncRequest, v1.OuterSyncResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(v1.OuterSyncResponse)
-	err := c.cc.Invoke(ctx, PoolWorkerService_OuterSync_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &PoolWorkerService_ServiceDesc.Streams[1], PoolWorkerService_OuterSync_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[v1.OuterSyncRequest, v1.OuterSyncResponse]{ClientStream: stream}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolWorkerService_OuterSyncClient = grpc.BidiStreamingClient[v1.OuterSyncRequest, v1.OuterSyncResponse]
 
 func (c *poolWorkerServiceClient) AppendLogs(ctx context.Context, in *v1.AppendLogsRequest, opts ...grpc.CallOption) (*v1.AppendLogsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -592,13 +600,15 @@ type PoolWorkerServiceServer interface {
 	GetRankCheckpoint(context.Context, *v1.GetRankCheckpointRequest) (*v1.GetRankCheckpointResponse, error)
 	// ListCheckpoints lists the rank's checkpoints.
 	ListRankCheckpoints(context.Context, *v1.ListRankCheckpointsRequest) (*v1.ListRankCheckpointsResponse, error)
-	// Average contributes the rank's parameters after a step and returns the
-	// weighted mean over the job's ranks once all have contributed.
-	Average(context.Context, *v1.AverageRequest) (*v1.AverageResponse, error)
-	// OuterSync contributes a DiLoCo island's pseudo-gradient for an outer
-	// step and returns the parameters after it, once the step has its
-	// islands or its quorum and grace window.
-	OuterSync(context.Context, *v1.OuterSyncRequest) (*v1.OuterSyncResponse, error)
+	// Average streams the rank's parameters after a step, in chunks, and
+	// streams back the weighted mean over the job's ranks once all have
+	// contributed. A rank has at most one Average stream open.
+	Average(grpc.BidiStreamingServer[v1.AverageRequest, v1.AverageResponse]) error
+	// OuterSync streams a DiLoCo island's pseudo-gradient for an outer step,
+	// in chunks, and streams back the parameters after it, once the step has
+	// its islands or its quorum and grace window. An island has at most one
+	// OuterSync stream open.
+	OuterSync(grpc.BidiStreamingServer[v1.OuterSyncRequest, v1.OuterSyncResponse]) error
 	// AppendLogs adds output lines of a rank to the job's log.
 	AppendLogs(context.Context, *v1.AppendLogsRequest) (*v1.AppendLogsResponse, error)
 	mustEmbedUnimplementedPoolWorkerServiceServer()
@@ -638,11 +648,11 @@ func (UnimplementedPoolWorkerServiceServer) GetRankCheckpoint(context.Context, *
 func (UnimplementedPoolWorkerServiceServer) ListRankCheckpoints(context.Context, *v1.ListRankCheckpointsRequest) (*v1.ListRankCheckpointsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRankCheckpoints not implemented")
 }
-func (UnimplementedPoolWorkerServiceServer) Average(context.Context, *v1.AverageRequest) (*v1.AverageResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Average not implemented")
+func (UnimplementedPoolWorkerServiceServer) Average(grpc.BidiStreamingServer[v1.AverageRequest, v1.AverageResponse]) error {
+	return status.Error(codes.Unimplemented, "method Average not implemented")
 }
-func (UnimplementedPoolWorkerServiceServer) OuterSync(context.Context, *v1.OuterSyncRequest) (*v1.OuterSyncResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method OuterSync not implemented")
+func (UnimplementedPoolWorkerServiceServer) OuterSync(grpc.BidiStreamingServer[v1.OuterSyncRequest, v1.OuterSyncResponse]) error {
+	return status.Error(codes.Unimplemented, "method OuterSync not implemented")
 }
 func (UnimplementedPoolWorkerServiceServer) AppendLogs(context.Context, *v1.AppendLogsRequest) (*v1.AppendLogsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AppendLogs not implemented")
@@ -830,41 +840,19 @@ func _PoolWorkerService_ListRankCheckpoints_Handler(srv interface{}, ctx context
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PoolWorkerService_Average_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(v1.AverageRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PoolWorkerServiceServer).Average(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: PoolWorkerService_Average_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PoolWorkerServiceServer).Average(ctx, req.(*v1.AverageRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+func _PoolWorkerService_Average_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PoolWorkerServiceServer).Average(&grpc.GenericServerStream[v1.AverageRequest, v1.AverageResponse]{ServerStream: stream})
 }
 
-func _PoolWorkerService_OuterSync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(v1.OuterSyncRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PoolWorkerServiceServer).OuterSync(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: PoolWorkerService_OuterSync_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PoolWorkerServiceServer).OuterSync(ctx, req.(*v1.OuterSyncRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolWorkerService_AverageServer = grpc.BidiStreamingServer[v1.AverageRequest, v1.AverageResponse]
+
+func _PoolWorkerService_OuterSync_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PoolWorkerServiceServer).OuterSync(&grpc.GenericServerStream[v1.OuterSyncRequest, v1.OuterSyncResponse]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolWorkerService_OuterSyncServer = grpc.BidiStreamingServer[v1.OuterSyncRequest, v1.OuterSyncResponse]
 
 func _PoolWorkerService_AppendLogs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(v1.AppendLogsRequest)
@@ -928,18 +916,23 @@ var PoolWorkerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _PoolWorkerService_ListRankCheckpoints_Handler,
 		},
 		{
-			MethodName: "Average",
-			Handler:    _PoolWorkerService_Average_Handler,
-		},
-		{
-			MethodName: "OuterSync",
-			Handler:    _PoolWorkerService_OuterSync_Handler,
-		},
-		{
 			MethodName: "AppendLogs",
 			Handler:    _PoolWorkerService_AppendLogs_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Average",
+			Handler:       _PoolWorkerService_Average_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "OuterSync",
+			Handler:       _PoolWorkerService_OuterSync_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "fleetlearn/api/v1/pool_service.proto",
 }
