@@ -216,14 +216,8 @@ func DecodeDenseInto(dst []float32, b []byte, want int) ([]float32, error) {
 		return nil, fmt.Errorf("%w: %d bytes for %d float32 values", ErrPayload, len(b), want)
 	}
 	v := slices.Grow(dst[:0], want)[:want]
-	for i := range v {
-		bits := binary.LittleEndian.Uint32(b[4*i:])
-		// An all-ones exponent is Inf or NaN; testing the bits spares two
-		// float64 conversions per value on the server's hot path.
-		if bits&0x7f800000 == 0x7f800000 {
-			return nil, fmt.Errorf("%w: value %d is %v", ErrPayload, i, math.Float32frombits(bits))
-		}
-		v[i] = math.Float32frombits(bits)
+	if i := decodeFinite(v, b); i >= 0 {
+		return nil, fmt.Errorf("%w: value %d is %v", ErrPayload, i, v[i])
 	}
 	return v, nil
 }
@@ -437,13 +431,11 @@ func (d *DenseDecoder) Write(p []byte) error {
 			}
 			continue
 		}
-		for j := range k {
-			bits := binary.LittleEndian.Uint32(p[4*j:])
-			if bits&0x7f800000 == 0x7f800000 {
-				return fmt.Errorf("%w: value %d is %v", ErrPayload, d.got+j, math.Float32frombits(bits))
-			}
-			d.out = append(d.out, math.Float32frombits(bits))
+		n := len(d.out)
+		if bad := decodeFinite(d.out[n:n+k], p[:4*k]); bad >= 0 {
+			return fmt.Errorf("%w: value %d is %v", ErrPayload, d.got+bad, math.Float32frombits(binary.LittleEndian.Uint32(p[4*bad:])))
 		}
+		d.out = d.out[:n+k]
 		d.got += k
 		p = p[4*k:]
 		if len(d.out) == denseBatch {
@@ -453,6 +445,38 @@ func (d *DenseDecoder) Write(p []byte) error {
 		}
 	}
 	return nil
+}
+
+// decodeFinite decodes the little-endian float32s of src into dst (as many
+// as dst holds) and returns the index of the first that is Inf or NaN, or
+// -1. It tests all the values without a branch each: an all-ones exponent
+// e is the one for which e + 2^23 carries into the sign bit.
+func decodeFinite(dst []float32, src []byte) int {
+	src = src[:4*len(dst)]
+	var bad uint32
+	j := 0
+	for ; j+4 <= len(dst); j += 4 {
+		s, d := src[4*j:4*j+16], dst[j:j+4]
+		b0, b1 := binary.LittleEndian.Uint32(s[0:]), binary.LittleEndian.Uint32(s[4:])
+		b2, b3 := binary.LittleEndian.Uint32(s[8:]), binary.LittleEndian.Uint32(s[12:])
+		d[0], d[1], d[2], d[3] = math.Float32frombits(b0), math.Float32frombits(b1), math.Float32frombits(b2), math.Float32frombits(b3)
+		bad |= (b0&0x7f800000 + 0x00800000) | (b1&0x7f800000 + 0x00800000) | (b2&0x7f800000 + 0x00800000) | (b3&0x7f800000 + 0x00800000)
+	}
+	for ; j < len(dst); j++ {
+		bits := binary.LittleEndian.Uint32(src[4*j:])
+		dst[j] = math.Float32frombits(bits)
+		bad |= bits&0x7f800000 + 0x00800000
+	}
+	bad &= 0x80000000
+	if bad == 0 {
+		return -1
+	}
+	for j, v := range dst {
+		if bits := math.Float32bits(v); bits&0x7f800000 == 0x7f800000 {
+			return j
+		}
+	}
+	return -1
 }
 
 func (d *DenseDecoder) value(bits uint32) error {

@@ -2,7 +2,9 @@ package wire_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -104,14 +106,47 @@ func FuzzParseReportSubject(f *testing.F) {
 func FuzzDecodeDense(f *testing.F) {
 	f.Add(wire.EncodeDense([]float32{1, 2, 3}), 3)
 	f.Add([]byte{0, 0, 0xc0, 0x7f}, 1)
+	// A NaN and an Inf past the first group of four, then one in the tail.
+	f.Add(wire.EncodeDense([]float32{1, 2, 3, 4, 5, 6, float32(math.NaN()), 8, float32(math.Inf(-1))}), 9)
+	f.Add(wire.EncodeDense([]float32{1, 2, 3, 4, 5, 6, 7, 8, float32(math.Inf(1))}), 9)
 	f.Fuzz(func(t *testing.T, b []byte, n int) {
 		if n < 0 || n > 1<<16 {
 			return
 		}
+		// The reference: each value on its own.
+		firstBad := -1
+		for i := 0; i+4 <= len(b) && firstBad < 0; i += 4 {
+			x := math.Float32frombits(binary.LittleEndian.Uint32(b[i:]))
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				firstBad = i / 4
+			}
+		}
 		v, err := wire.DecodeDense(b, n)
+		// The streaming decoder, fed in two pieces, agrees.
+		cut := 0
+		if len(b) > 0 {
+			cut = n % (len(b) + 1)
+		}
+		d := wire.NewDenseDecoder(n, func([]float32) error { return nil })
+		serr := d.Write(b[:cut])
+		if serr == nil {
+			serr = d.Write(b[cut:])
+		}
+		if serr == nil {
+			serr = d.Close()
+		}
+		if (err == nil) != (serr == nil) {
+			t.Fatalf("whole: %v; in pieces at %d: %v", err, cut, serr)
+		}
 		if err != nil {
-			if !errors.Is(err, wire.ErrPayload) {
-				t.Fatalf("error %v does not wrap ErrPayload", err)
+			if !errors.Is(err, wire.ErrPayload) || !errors.Is(serr, wire.ErrPayload) {
+				t.Fatalf("errors %v, %v do not wrap ErrPayload", err, serr)
+			}
+			if len(b) == 4*n && firstBad >= 0 && !strings.Contains(err.Error(), fmt.Sprintf("value %d is", firstBad)) {
+				t.Fatalf("error %v does not name value %d, the first non-finite one", err, firstBad)
+			}
+			if len(b) == 4*n && firstBad < 0 {
+				t.Fatalf("refused finite values: %v", err)
 			}
 			return
 		}
@@ -189,4 +224,34 @@ func TestFailureReason(t *testing.T) {
 	if got := wire.FailureReason("bad\x00\nline\xff"); got != "bad\uFFFD\uFFFDline\uFFFD" {
 		t.Fatalf("sanitized to %q", got)
 	}
+}
+
+// BenchmarkDenseDecoder streams a 100k-parameter update through the
+// decoder in the pieces a stored message arrives in, as the server's
+// intake does twice for every plaintext report.
+func BenchmarkDenseDecoder(b *testing.B) {
+	v := make([]float32, 100_000)
+	for i := range v {
+		v[i] = float32(i) * 1e-3
+	}
+	enc := wire.EncodeDense(v)
+	b.SetBytes(int64(len(enc)))
+	var sum float32
+	for b.Loop() {
+		d := wire.NewDenseDecoder(len(v), func(batch []float32) error {
+			sum += batch[0]
+			return nil
+		})
+		for p := enc; len(p) > 0; {
+			n := min(len(p), 65537) // pieces that split values
+			if err := d.Write(p[:n]); err != nil {
+				b.Fatal(err)
+			}
+			p = p[n:]
+		}
+		if err := d.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_ = sum
 }
