@@ -43,7 +43,12 @@ func withDeviceSchema(ctx context.Context, db *sql.DB) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: device schema: %w", err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db}
+	if err := s.hot.prepare(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // DeviceRow is an enrolled device.
@@ -133,7 +138,14 @@ func (s *Store) InsertDevice(ctx context.Context, r *DeviceRow) error {
 
 // Device loads an enrolled device by id.
 func (s *Store) Device(ctx context.Context, id string) (*DeviceRow, error) {
-	return s.device(ctx, "id", id)
+	r, err := scanDevice(s.hot.device.QueryRowContext(ctx, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("device %q: %w", id, backend.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: device: %w", err)
+	}
+	return r, nil
 }
 
 // DeviceByKey loads an enrolled device by its key id.
