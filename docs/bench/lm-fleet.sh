@@ -7,8 +7,13 @@
 #   example lm module, a seeded transformer (default lm:d=512,layers=4,
 #   context=32: 12,719,104 parameters, 50.9 MB float32 updates, sent in
 #   chunks) fine-tuned whole (no --trainable, no LoRA) with the module's
-#   default hyper-parameters (1 epoch, batch 16, AdamW lr 1e-3), cohort 3,
-#   report goal 3, no over-selection, plain FedAvg, ROUNDS rounds. No server
+#   default hyper-parameters (1 epoch, batch 16, AdamW lr 1e-3) but at most
+#   40 steps per round: at this size a step is about 3.9e10 floating-point
+#   operations, so the sandbox's kernel budget of 2e12 per call ends a
+#   call at about 51 steps, and a whole epoch over the largest package
+#   (archive/tar, 2,770 windows, 173 steps) would have the agents give the
+#   round up ("kernel budget exceeded"). Cohort 3, report goal 3, no
+#   over-selection, plain FedAvg, ROUNDS rounds. No server
 #   evaluation set and no pool job: the server's work is the rounds' own
 #   (plans, report intake, aggregation, commit).
 #   It prints, per round: the wall time between round closes (round 1's from
@@ -30,11 +35,11 @@
 #   (default: a new temporary directory, kept) receives the datasets, state
 #   directories, logs, span files and lm.json with the figures. To compare
 #   two builds, run it once per BIN_DIR, alternating. Environment knobs:
-#   ROUNDS=3 ARCH=lm:d=512,layers=4,context=32 HYPER='{"max_steps": 20}'
-#   (module hyper-parameters as JSON; default: none, the module's defaults)
-#   REPORT_TIMEOUT=30m CALL_TIMEOUT=30m (a device's local epoch over the
-#   largest package takes minutes on a shared machine: the task defaults,
-#   2 min and 5 min, would drop it) EDGE_FLAGS="--wasm-engine compiler"
+#   ROUNDS=3 ARCH=lm:d=512,layers=4,context=32 HYPER='{"max_steps": 40}'
+#   (module hyper-parameters as JSON; empty: the module's defaults)
+#   REPORT_TIMEOUT=10m CALL_TIMEOUT=10m (on a shared machine a device's
+#   training and its upload can outlast the task defaults, 2 min and 5 min,
+#   and the round would be abandoned) EDGE_FLAGS="--wasm-engine compiler"
 #   (extra flags for every agent, split on spaces) PYTHON=/usr/bin/python3
 #   CLEAN=1 (at the end, delete the state directories, datasets and models,
 #   which hold GBs, keeping the logs, span files and lm.json).
@@ -55,8 +60,9 @@ for f in fleet_monitor.py round_monitor.py; do
 done
 ROUNDS=${ROUNDS:-3}
 ARCH=${ARCH:-lm:d=512,layers=4,context=32}
-REPORT_TIMEOUT=${REPORT_TIMEOUT:-30m}
-CALL_TIMEOUT=${CALL_TIMEOUT:-30m}
+HYPER=${HYPER-'{"max_steps": 40}'}
+REPORT_TIMEOUT=${REPORT_TIMEOUT:-10m}
+CALL_TIMEOUT=${CALL_TIMEOUT:-10m}
 PYTHON=${PYTHON:-/usr/bin/python3}
 [[ -x $PYTHON ]] || { echo "$PYTHON not found: install python3 or set PYTHON to it" >&2; exit 2; }
 WORK=${2:-$(mktemp -d "${TMPDIR:-/tmp}/lm-fleet.XXXXXX")}
@@ -143,7 +149,7 @@ done
 echo "fleet up; creating the task ($ROUNDS rounds)"
 
 HYPER_FLAGS=()
-[[ -z ${HYPER:-} ]] || HYPER_FLAGS=(--hyper "$HYPER")
+[[ -z $HYPER ]] || HYPER_FLAGS=(--hyper "$HYPER")
 "$PYTHON" "$HERE/round_monitor.py" run --cli "$FL" --pids "$WORK/pids" --out "$WORK/lm.json" -- \
   "$FL" task create --name lm-fleet --model gocode-init --module "$MODULE" --cohort 3 --over-selection 1 \
   --report-goal 3 --rounds "$ROUNDS" --rule fedavg --report-timeout "$REPORT_TIMEOUT" \
@@ -151,7 +157,7 @@ HYPER_FLAGS=()
 
 # The spans are complete once the processes have flushed them at exit.
 stop_all
-"$PYTHON" - "$WORK/lm.json" "$BIN" "$ARCH" "$PARAMS" "$("$FL" version 2>&1 | head -1)" "${HYPER:-}" <<'EOF'
+"$PYTHON" - "$WORK/lm.json" "$BIN" "$ARCH" "$PARAMS" "$("$FL" version 2>&1 | head -1)" "$HYPER" <<'EOF'
 import json, sys
 path, bin_dir, arch, params, version, hyper = sys.argv[1:]
 with open(path) as f:

@@ -43,6 +43,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+# Importing fleet_monitor would otherwise leave a __pycache__ in the checkout.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet_monitor import TICK, cpu_seconds, sample, ts  # noqa: E402
 
