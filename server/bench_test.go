@@ -6,9 +6,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -565,18 +563,9 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		os.WriteFile(filepath.Join("/proc", p.pid(), "clear_refs"), []byte("5"), 0)
 	}
 
-	var cpuProf chan []byte
+	var cpuProf <-chan []byte
 	if pprofAddr != "" {
-		secs := cmp.Or(os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), "30")
-		cpuProf = make(chan []byte, 1)
-		go func() {
-			var body []byte
-			if resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/profile?seconds=" + secs); err == nil {
-				body, _ = io.ReadAll(resp.Body)
-				resp.Body.Close()
-			}
-			cpuProf <- body
-		}()
+		cpuProf = benchCPUProfile(pprofAddr, cmp.Or(os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), "30"))
 	}
 	var total time.Duration
 	measured := 0

@@ -265,6 +265,21 @@ func init() {
 	return overlay
 }
 
+// benchCPUProfile takes a CPU profile of secs seconds from the pprof
+// server at addr; the channel gets it (empty if it could not be had).
+func benchCPUProfile(addr, secs string) <-chan []byte {
+	out := make(chan []byte, 1)
+	go func() {
+		var body []byte
+		if resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=" + secs); err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		out <- body
+	}()
+	return out
+}
+
 // heapWatch polls a server's heap profile while a round runs and keeps the
 // one taken when its heap in use was largest.
 type heapWatch struct {
@@ -484,19 +499,11 @@ func benchLargeModelRound(b *testing.B, bin, profiles string, params int, enc pb
 			n0, _ = benchCPU(natsProc.pid())
 		}
 		var w *heapWatch
-		var cpuProf chan []byte
+		var cpuProf <-chan []byte
 		if pprofAddr != "" {
 			w = watchHeap(pprofAddr)
 			if secs := os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"); secs != "" && measured == 0 {
-				cpuProf = make(chan []byte, 1)
-				go func() {
-					var body []byte
-					if resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/profile?seconds=" + secs); err == nil {
-						body, _ = io.ReadAll(resp.Body)
-						resp.Body.Close()
-					}
-					cpuProf <- body
-				}()
+				cpuProf = benchCPUProfile(pprofAddr, secs)
 			}
 		}
 		r := nextBenchRound(b, rounds, 30*time.Minute, fleetDiag)
