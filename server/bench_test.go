@@ -432,6 +432,9 @@ func benchFileExists(p string) bool {
 // FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
 // in DIR a CPU profile of the server over the measured rounds' first
 // FLEETLEARN_BENCH_CPU_SECONDS seconds (default 30).
+// FLEETLEARN_BENCH_NATS=external runs nats-server (built from the module) as
+// its own process, as BenchmarkLargeModelRound does: the server's CPU is
+// then the aggregator's alone, and the log names nats-server's apart.
 func BenchmarkRoundProcesses(b *testing.B) {
 	if os.Getenv("FLEETLEARN_BENCH_PROCS") != "1" {
 		b.Skip("set FLEETLEARN_BENCH_PROCS=1 to start 101 processes")
@@ -466,9 +469,15 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		b.Fatal(err)
 	}
 	natsAddr, grpcAddr, serverDir := benchAddr(b), benchAddr(b), filepath.Join(dir, "server")
+	natsArgs := []string{"--nats-listen", natsAddr}
+	var natsProc *benchProc
+	if os.Getenv("FLEETLEARN_BENCH_NATS") == "external" {
+		natsProc = startBenchNATS(b, bin, dir, serverDir, natsAddr, server.DefaultReportStoreBytes+1<<30)
+		natsArgs = []string{"--nats-url", "nats://" + natsAddr}
+	}
 	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),
-		"--data-dir", serverDir, "--nats-listen", natsAddr, "--grpc-addr", grpcAddr,
-		"--metrics-addr", "off", "--pace-window", benchPace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath)
+		append([]string{"--data-dir", serverDir, "--grpc-addr", grpcAddr, "--metrics-addr", "off",
+			"--pace-window", benchPace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath}, natsArgs...)...)
 	b.Cleanup(func() { stopBenchProcs(b, 30*time.Second, srv) })
 	var conn *grpc.ClientConn
 	for start := time.Now(); conn == nil; time.Sleep(100 * time.Millisecond) {
@@ -538,6 +547,9 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	}
 	rounds := watchBenchRounds(b, tasks, task.GetTask().GetId())
 	all := append([]*benchProc{srv}, edges...)
+	if natsProc != nil {
+		all = append(all, natsProc)
+	}
 	diag := func() string {
 		for _, p := range all {
 			if p.exited() {
@@ -591,13 +603,16 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		}
 		b.Logf("server CPU profile of the measured rounds' first %ss: %s", cmp.Or(os.Getenv("FLEETLEARN_BENCH_CPU_SECONDS"), "30"), path)
 	}
-	var life, hwm, pss, edgeMax, srvHWM int64
-	var cpu, srvCPU time.Duration
+	var life, hwm, pss, edgeMax, srvHWM, natsHWM int64
+	var cpu, srvCPU, natsCPU time.Duration
 	for i, p := range all {
 		if c, err := benchCPU(p.pid()); err == nil {
 			cpu += c - warmCPU[i]
-			if p == srv {
+			switch p {
+			case srv:
 				srvCPU = c - warmCPU[i]
+			case natsProc:
+				natsCPU = c - warmCPU[i]
 			}
 		}
 		kb, err := benchHWM(p.pid())
@@ -606,9 +621,12 @@ func BenchmarkRoundProcesses(b *testing.B) {
 		}
 		life += max(kb, warmHWM[i])
 		hwm += kb
-		if p == srv {
+		switch p {
+		case srv:
 			srvHWM = kb
-		} else {
+		case natsProc:
+			natsHWM = kb
+		default:
 			edgeMax = max(edgeMax, kb)
 		}
 		if kb, err := benchPss(p.pid()); err == nil {
@@ -621,8 +639,13 @@ func BenchmarkRoundProcesses(b *testing.B) {
 	b.ReportMetric(float64(hwm)/1024, "MB-rounds-rss-sum")
 	b.ReportMetric(float64(pss)/1024, "MB-pss-sum")
 	b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/round")
+	b.ReportMetric(srvCPU.Seconds()/float64(b.N), "server-cpu-s/round")
+	if natsProc != nil {
+		b.ReportMetric(natsCPU.Seconds()/float64(b.N), "nats-cpu-s/round")
+		b.Logf("nats-server apart: %.2f CPU-s/round, peak RSS %.0f MB", natsCPU.Seconds()/float64(b.N), float64(natsHWM)/1024)
+	}
 	b.Logf("%d edge processes + server, %d params, %d rounds: %.3f s/round, CPU %.2f s/round in all (server %.2f s); peak RSS summed over all processes %.0f MB "+
 		"(over the measured rounds %.0f MB: server %.0f MB, edge mean %.1f MB, max %.1f MB); PSS at the end %.0f MB",
 		devices, benchParams, measured, perRound, cpu.Seconds()/float64(b.N), srvCPU.Seconds()/float64(b.N), float64(life)/1024, float64(hwm)/1024, float64(srvHWM)/1024,
-		float64(hwm-srvHWM)/1024/devices, float64(edgeMax)/1024, float64(pss)/1024)
+		float64(hwm-srvHWM-natsHWM)/1024/devices, float64(edgeMax)/1024, float64(pss)/1024)
 }
