@@ -238,7 +238,7 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	}
 	encoding, ok := parseEncoding(f.encoding)
 	if !ok {
-		return nil, usage("--update-encoding %q (want none, int8 or int4)", f.encoding)
+		return nil, usage("--update-encoding %q (want one of %s)", f.encoding, strings.Join(round.EncodingNames(), ", "))
 	}
 	for name, v := range map[string]float64{"over-selection": f.overSelection, "server-lr": f.serverLR,
 		"momentum": f.momentum, "trim": f.trim, "max-update-norm": f.maxUpdateNorm} {
