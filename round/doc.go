@@ -14,7 +14,7 @@
 //     weighs (Influence), and what a device may store meanwhile (Storage);
 //   - closing: does a plaintext round close, and how (Plain.Decide), and
 //     does a secure round's stage close or wait, and until when
-//     (StageTiming.Decide, StageCap).
+//     (Stages, by StageTiming and StageCap).
 //
 // The device's side is here too (Devices): what an agent does with a plan
 // it is handed and after each attempt at it (work, retry after a back-off,

@@ -103,3 +103,51 @@ func minTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// Stages is a secure round's stage clock: when the current stage began
+// waiting, how many answers it has and when the latest came. It decides
+// each stage's close by the rule above; the caller runs the stages
+// (secagg.Server) and arms one timer at the wake time it is given.
+type Stages struct {
+	// MinQuiet is the task's stage timeout; Deadline the round's report
+	// deadline.
+	MinQuiet time.Duration
+	Deadline time.Time
+
+	began, last time.Time
+	seen        int
+}
+
+// Begun reports whether the current stage has begun waiting: the
+// advertisement stage begins when selection ends.
+func (s *Stages) Begun() bool { return !s.began.IsZero() }
+
+// Begin starts the current stage's wait at now: at the end of selection
+// for the advertisement stage, at the previous stage's close for the others.
+func (s *Stages) Begin(now time.Time) { s.began, s.last, s.seen = now, time.Time{}, 0 }
+
+// StageDecision is what Stages.Decide says of the current stage.
+type StageDecision struct {
+	Close bool // close the stage now
+	// WaitedOut: it closes with devices it expected silent, which then
+	// count as no-shows (NoShow).
+	WaitedOut bool
+	// Wake is when to decide again if no answer comes, for a stage that
+	// stays open.
+	Wake time.Time
+}
+
+// Decide says whether stage, which has answered of expected answers at now,
+// closes; viable reports whether closing keeps the round alive.
+func (s *Stages) Decide(now time.Time, stage secagg.Stage, answered, expected int, viable func() bool) StageDecision {
+	if answered > s.seen {
+		s.seen, s.last = answered, now
+	}
+	st := StageTiming{Start: s.began, Last: s.last, Answered: answered, Expected: expected,
+		MinQuiet: s.MinQuiet, Cap: StageCap(stage, s.began, s.Deadline, s.MinQuiet)}
+	closeNow, wake := st.Decide(now, viable)
+	if !closeNow {
+		return StageDecision{Wake: wake}
+	}
+	return StageDecision{Close: true, WaitedOut: answered < expected}
+}

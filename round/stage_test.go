@@ -107,3 +107,43 @@ func TestStageCap(t *testing.T) {
 		}
 	}
 }
+
+// TestStages walks a secure round's stage clock through a stage whose
+// answers trickle in, go quiet and close, and a successor that closes once
+// everyone answered.
+func TestStages(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := Stages{MinQuiet: 10 * time.Second, Deadline: start.Add(time.Hour)}
+	if s.Begun() {
+		t.Fatal("begun before selection ended")
+	}
+	s.Begin(start)
+	viable := func() bool { return true }
+	// Answers over 40 s: the quiet period grows to half of that.
+	for i, at := range []time.Duration{5, 20, 40} {
+		d := s.Decide(start.Add(at*time.Second), secagg.StageShareKeys, i+1, 5, viable)
+		if d.Close {
+			t.Fatalf("closed at %v with %d of 5", at, i+1)
+		}
+	}
+	d := s.Decide(start.Add(55*time.Second), secagg.StageShareKeys, 3, 5, viable)
+	if d.Close || !d.Wake.Equal(start.Add(60*time.Second)) {
+		t.Fatalf("at 55 s: %+v, want a wake at 60 s (40 s + 20 s quiet)", d)
+	}
+	d = s.Decide(start.Add(60*time.Second), secagg.StageShareKeys, 3, 5, viable)
+	if !d.Close || !d.WaitedOut {
+		t.Fatalf("at 60 s: %+v, want a close that waited out two devices", d)
+	}
+	s.Begin(start.Add(61 * time.Second))
+	if d := s.Decide(start.Add(62*time.Second), secagg.StageMaskedInput, 3, 3, viable); !d.Close || d.WaitedOut {
+		t.Fatalf("everyone answered: %+v", d)
+	}
+	// A quiet stage whose close would lose the round waits for its cap.
+	s.Begin(start.Add(70 * time.Second))
+	unviable := func() bool { return false }
+	s.Decide(start.Add(71*time.Second), secagg.StageConsistency, 1, 3, unviable)
+	d = s.Decide(start.Add(100*time.Second), secagg.StageConsistency, 1, 3, unviable)
+	if d.Close || !d.Wake.Equal(StageCap(secagg.StageConsistency, start.Add(70*time.Second), s.Deadline, s.MinQuiet)) {
+		t.Fatalf("unviable close: %+v, want a wake at the stage's cap", d)
+	}
+}

@@ -164,12 +164,9 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 	// The stages are the aggregation: its span holds an event per stage.
 	t.aggregation(r)
 
-	// The current stage's progress: when it began waiting (zero while
+	// The current stage's progress: when it began waiting (not while
 	// selection is open), the answers counted and when the latest came.
-	var (
-		began, last time.Time
-		seen        int
-	)
+	stages := round.Stages{MinQuiet: stageTimeout, Deadline: r.row.Deadline}
 	for {
 		select {
 		case <-ctx.Done():
@@ -194,9 +191,6 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			return abort(r.lost)
 		}
 		now := t.c.now()
-		if n := len(sec.got); n > seen {
-			seen, last = n, now
-		}
 		// Decide the stage's close; a closed stage's successor is decided
 		// at once, so that its timer runs even if no device ever answers.
 		for {
@@ -205,22 +199,20 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 				if !t.seatAdvertisers(r) {
 					break // selection is open
 				}
-				if began.IsZero() {
+				if !stages.Begun() {
 					if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
 						return abortAs(why, true)
 					}
-					began = now
+					stages.Begin(now)
 				}
 			}
-			st := round.StageTiming{Start: began, Last: last, Answered: len(sec.got), Expected: len(sec.expected),
-				MinQuiet: stageTimeout, Cap: round.StageCap(stage, began, r.row.Deadline, stageTimeout)}
-			closeNow, wake := st.Decide(now, func() bool { return t.stageViable(sec) })
-			if !closeNow {
-				arm(wake)
+			d := stages.Decide(now, stage, len(sec.got), len(sec.expected), func() bool { return t.stageViable(sec) })
+			if !d.Close {
+				arm(d.Wake)
 				break
 			}
 			disarm()
-			if st.Answered < st.Expected {
+			if d.WaitedOut {
 				// The round waited out its timer for devices that stayed silent.
 				t.mu.Lock()
 				r.waitedOut = true
@@ -234,7 +226,7 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			}
 			// The next stage begins once its devices have their replies.
 			now = t.c.now()
-			began, last, seen = now, time.Time{}, 0
+			stages.Begin(now)
 		}
 	}
 }
