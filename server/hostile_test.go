@@ -699,6 +699,10 @@ func TestHostileEvaluationRounds(t *testing.T) {
 		h := servertest.New(t)
 		spec, _ := softmaxTask(t, h, "evaluated", 2, 3, 3)
 		spec.EvalEvery = 1
+		// Every round waits for the hostile device's reports, sent between
+		// its refused ones; on a loaded machine that outlasted 20 s. A
+		// round with all three reports closes at once whatever the timeout.
+		spec.ReportTimeout = durationpb.New(2 * time.Minute)
 		task := h.CreateTask(t, spec).Id
 		watched := watchCommits(t, h, task)
 		hostile := newScripted(t, h, "hostile-1")
