@@ -39,7 +39,7 @@ import (
 // other check of the chunks still runs.
 func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, again bool) (next func() ([]byte, error), err error) {
 	defer classify(&err, metrics.RefusedChunks)
-	if _, chunked := m.Headers()[wire.HeaderChunked]; !chunked {
+	if !isChunked(m) {
 		return onePiece(m.Data()), nil
 	}
 	if err := checkChunkedHeader(m); err != nil {
@@ -61,10 +61,20 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, agai
 	}, nil
 }
 
+// keepValues bounds the decoded values the first read of a one-message
+// report keeps for the add: 8 MiB of float32, the size of the largest
+// message, whatever the update's encoding.
+const keepValues = wire.MaxMessageBytes / 4
+
+func isChunked(m jetstream.Msg) bool {
+	_, chunked := m.Headers()[wire.HeaderChunked]
+	return chunked
+}
+
 // chargeChunkedBytes counts the n bytes a chunked report's chunks held
 // (settle counted its manifest).
 func (c *Coordinator) chargeChunkedBytes(m jetstream.Msg, n int) {
-	if _, chunked := m.Headers()[wire.HeaderChunked]; chunked {
+	if isChunked(m) {
 		c.d.Metrics.ReportBytes.Add(float64(n))
 	}
 }
@@ -262,9 +272,20 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	if err != nil {
 		return device, err
 	}
+	// A report in one message is in memory already: for updates of up to
+	// keepValues values, the first read keeps what it decoded and the add
+	// uses that instead of decoding the message again.
+	var kept []float32
+	keep := !isChunked(m) && t.ulayout.Size() <= keepValues
+	if keep {
+		kept = t.kept[:0]
+	}
 	first := &scanPass{t: t, r: r, emit: func(v []float32) error {
 		if err := check.Write(v); err != nil {
 			return refuseAs(metrics.RefusedPayload, "%v", err)
+		}
+		if keep {
+			kept = append(kept, v...)
 		}
 		return nil
 	}}
@@ -302,7 +323,12 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	// Last: a refused report must not have touched the aggregate. The
 	// second pass reads what the first accepted; it fails only if the
 	// stream does, and then the sum holds part of an update.
-	if next, err = t.reportPieces(r, device, m, true); err == nil {
+	if keep {
+		t.kept = kept[:0]
+		if err = part.Write(kept); err == nil {
+			err = part.Close()
+		}
+	} else if next, err = t.reportPieces(r, device, m, true); err == nil {
 		second := &scanPass{t: t, r: r, emit: part.Write, again: true}
 		if _, err = second.checkPayload(next); err == nil {
 			err = part.Close()
