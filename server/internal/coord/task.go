@@ -58,7 +58,7 @@ type taskRun struct {
 	trained []round.Tensor // ulayout as the round engine checks updates against it
 	// kept holds the values of a one-message report between its check and
 	// its add (intake.go), reused from report to report; the runner's alone.
-	kept []float32
+	kept    []float32
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
