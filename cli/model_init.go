@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
+	"github.com/fleetlearn/fleetlearn/internal/countio"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -161,7 +162,7 @@ func writeModelFile(path string, m *model.Model, force bool) (string, int64, err
 	}
 	defer f.Abort()
 	h := sha256.New()
-	cw := &countingWriter{w: io.MultiWriter(f, h)}
+	cw := &countio.Writer{W: io.MultiWriter(f, h)}
 	bw := bufio.NewWriterSize(cw, 64<<10)
 	if err := model.WriteSafetensors(bw, m); err != nil {
 		return "", 0, fmt.Errorf("model init: %w", err)
@@ -179,19 +180,7 @@ func writeModelFile(path string, m *model.Model, force bool) (string, int64, err
 		}
 		return "", 0, fmt.Errorf("model init: %w", err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
-}
-
-// countingWriter counts the bytes written through it.
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
+	return hex.EncodeToString(h.Sum(nil)), cw.N, nil
 }
 
 const lmArchPrefix = "lm:"

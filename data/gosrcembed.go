@@ -18,6 +18,8 @@ import (
 	"io"
 	"path"
 	"strings"
+
+	"github.com/fleetlearn/fleetlearn/internal/countio"
 )
 
 // embeddedGoPackage is one package of the embedded source, as GoSource read
@@ -78,7 +80,7 @@ func readGoArchive(r io.Reader, table []embeddedGoPackage, wantSHA256 string, wa
 		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	h := sha256.New()
-	counted := &countReader{r: io.LimitReader(zr, wantSize+1)}
+	counted := &countio.Reader{R: io.LimitReader(zr, wantSize+1)}
 	tr := tar.NewReader(io.TeeReader(counted, h))
 	pkgs := make([]archivedPackage, 0, len(table))
 	entries := 0
@@ -134,9 +136,9 @@ func readGoArchive(r io.Reader, table []embeddedGoPackage, wantSHA256 string, wa
 	if _, err := io.Copy(h, counted); err != nil {
 		return nil, fmt.Errorf("archive: %w: %w", ErrTruncated, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); counted.n != wantSize || got != wantSHA256 {
+	if got := hex.EncodeToString(h.Sum(nil)); counted.N != wantSize || got != wantSHA256 {
 		return nil, fmt.Errorf("archive: %d bytes with sha256 %s, recorded %d bytes with sha256 %s: %w",
-			counted.n, got, wantSize, wantSHA256, ErrChecksum)
+			counted.N, got, wantSize, wantSHA256, ErrChecksum)
 	}
 	return pkgs, nil
 }
@@ -204,16 +206,4 @@ func boundGoPackages(pkgs []archivedPackage, opts GoSourceOptions) []GoPackage {
 		out = append(out, g)
 	}
 	return out
-}
-
-// countReader counts the bytes read through it.
-type countReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }

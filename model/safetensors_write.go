@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/fleetlearn/fleetlearn/internal/countio"
 )
 
 // WriteSafetensors writes m, after validating it, as a safetensors file with
@@ -148,9 +150,9 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 	if err := l.validate(); err != nil {
 		return 0, fmt.Errorf("safetensors: write: %w", err)
 	}
-	cw := &countWriter{w: w}
+	cw := &countio.Writer{W: w}
 	if err := writeHeader(cw, d.Tensors(), l); err != nil {
-		return cw.n, err
+		return cw.N, err
 	}
 	buf := make([]byte, 0, chunkBytes)
 	for {
@@ -159,7 +161,7 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 			break
 		}
 		if err != nil {
-			return cw.n, err
+			return cw.N, err
 		}
 		for {
 			v, err := d.Values()
@@ -167,7 +169,7 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 				break
 			}
 			if err != nil {
-				return cw.n, err
+				return cw.N, err
 			}
 			for len(v) > 0 {
 				n := min(len(v), (cap(buf)-len(buf))/4)
@@ -175,7 +177,7 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 				v = v[n:]
 				if cap(buf)-len(buf) < 4 {
 					if _, err := cw.Write(buf); err != nil {
-						return cw.n, fmt.Errorf("safetensors: write: %w", err)
+						return cw.N, fmt.Errorf("safetensors: write: %w", err)
 					}
 					buf = buf[:0]
 				}
@@ -184,19 +186,8 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 	}
 	if len(buf) > 0 {
 		if _, err := cw.Write(buf); err != nil {
-			return cw.n, fmt.Errorf("safetensors: write: %w", err)
+			return cw.N, fmt.Errorf("safetensors: write: %w", err)
 		}
 	}
-	return cw.n, nil
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
+	return cw.N, nil
 }

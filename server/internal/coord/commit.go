@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/backoff"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/countio"
 	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/internal/sandboxlimits"
 	"github.com/fleetlearn/fleetlearn/model"
@@ -509,7 +510,7 @@ func (m *metricMean) means(prefix string) map[string]float64 {
 // store.
 func (t *taskRun) putModel(ctx context.Context, m *model.Model) (string, int64, error) {
 	h := sha256.New()
-	cw := &countWriter{w: h}
+	cw := &countio.Writer{W: h}
 	if err := model.WriteSafetensors(cw, m); err != nil {
 		return "", 0, err
 	}
@@ -521,16 +522,5 @@ func (t *taskRun) putModel(ctx context.Context, m *model.Model) (string, int64, 
 	if err != nil {
 		return "", 0, err
 	}
-	return name, cw.n, nil
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(b []byte) (int, error) {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	return n, err
+	return name, cw.N, nil
 }
