@@ -12,6 +12,7 @@ import (
 
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // syncRound is one open parameter average of an attempt.
@@ -292,7 +293,7 @@ func (v *workerServer) Average(stream apiv1.PoolWorkerService_AverageServer) err
 		return r.err
 	}
 	var out int64
-	err = sendFloats(r.result, func(c *pb.SyncChunk) error {
+	err = wire.SendSyncFloats(r.result, func(c *pb.SyncChunk) error {
 		m := &pb.AverageResponse{Chunk: c}
 		out += int64(proto.Size(m))
 		return stream.Send(m)

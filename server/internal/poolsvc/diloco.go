@@ -29,6 +29,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/pool"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // Bounds and defaults of a DiLoCo job.
@@ -959,7 +960,7 @@ func (v *workerServer) OuterSync(stream apiv1.PoolWorkerService_OuterSyncServer)
 	err = send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Result{Result: &pb.OuterSyncResult{
 		OuterStep: now.step, Done: now.done, Late: now.late}}})
 	if err == nil {
-		err = sendFloats(now.params, func(c *pb.SyncChunk) error {
+		err = wire.SendSyncFloats(now.params, func(c *pb.SyncChunk) error {
 			return send(&pb.OuterSyncResponse{Part: &pb.OuterSyncResponse_Chunk{Chunk: c}})
 		})
 	}

@@ -42,14 +42,12 @@ import (
 // Bounds of a streamed vector.
 const (
 	// MaxSyncChunkBytes bounds one chunk's data.
-	MaxSyncChunkBytes = 4 << 20
+	MaxSyncChunkBytes = wire.MaxSyncChunkBytes
 	// MaxSyncParams is the absolute ceiling on the values of one streamed
 	// vector, 2^30: 4 GiB of float32. A job's own bound is lower: its
 	// model's parameter count, or for a command job its ranks' share of
 	// the checkpoint cap.
-	MaxSyncParams = 1 << 30
-	// syncChunkBytes is the chunk size the server sends.
-	syncChunkBytes = 1 << 20
+	MaxSyncParams = wire.MaxSyncParams
 	// spoolDirName, under the checkpoint directory, holds contributions
 	// between their intake and their step's close. Job ids are
 	// [a-z0-9-], so no job's directory can take the name.
@@ -342,7 +340,7 @@ func foldSpools(dim int, int8 bool, ps []spooled, weights []float64, stop <-chan
 	if err != nil {
 		return nil, err
 	}
-	buf := make([]byte, syncChunkBytes)
+	buf := make([]byte, wire.SyncChunkBytes)
 	for i, sp := range ps {
 		if err := foldOne(acc, dim, int8, sp, weights[i], buf, stop); err != nil {
 			return nil, fmt.Errorf("contribution %d: %w", i, err)
@@ -393,20 +391,4 @@ func foldOne(acc *aggregator.Accumulator, dim int, int8 bool, sp spooled, weight
 		return err
 	}
 	return part.Close()
-}
-
-// sendFloats streams v as little-endian float32 in chunks.
-func sendFloats(v []float32, send func(*pb.SyncChunk) error) error {
-	per := syncChunkBytes / 4
-	for i := 0; i < len(v); i += per {
-		part := v[i:min(i+per, len(v))]
-		b := make([]byte, 4*len(part))
-		for j, x := range part {
-			binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
-		}
-		if err := send(&pb.SyncChunk{Offset: 4 * int64(i), Data: b}); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/worker/internal/trainer"
 )
 
@@ -91,14 +92,14 @@ func (o *OuterSyncer) Contribute(ctx context.Context, step int64, pseudoGradient
 	// contribution it already took: float32 values as they are, int8
 	// ones encoded once.
 	start := &pb.OuterSyncStart{Ref: o.ref, OuterStep: step, Weight: weight, Size: 4 * int64(len(pseudoGradient))}
-	body := func(send func(*pb.SyncChunk) error) error { return sendFloats(pseudoGradient, send) }
+	body := func(send func(*pb.SyncChunk) error) error { return wire.SendSyncFloats(pseudoGradient, send) }
 	if o.cfg.Int8 {
 		enc, err := o.encode(step, pseudoGradient)
 		if err != nil {
 			return trainer.OuterState{}, fmt.Errorf("remote: outer sync step %d: %w", step, err)
 		}
 		start.Size = int64(len(enc))
-		body = func(send func(*pb.SyncChunk) error) error { return sendBytes(enc, send) }
+		body = func(send func(*pb.SyncChunk) error) error { return wire.SendSyncBytes(enc, send) }
 	}
 	s, err := o.call(ctx, start, body)
 	if err != nil {

@@ -1,56 +1,20 @@
 package remote
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
-// Average and OuterSync are streams both ways: the contribution goes up as
-// a start message and chunks, the answer comes back in chunks, so neither
-// side holds a message of the whole model.
-const (
-	// MaxSyncParams is the server's ceiling on the values of a streamed
-	// vector: 2^30, 4 GiB of float32.
-	MaxSyncParams = 1 << 30
-	// syncChunkBytes is the size of the chunks sent; the server takes up
-	// to 4 MiB.
-	syncChunkBytes = 1 << 20
-	// maxAnswerChunkBytes bounds a chunk of the server's answer.
-	maxAnswerChunkBytes = 4 << 20
-)
+// Average and OuterSync are streams both ways (wire.SendSyncFloats): the
+// contribution goes up as a start message and chunks, the answer comes back
+// in chunks, so neither side holds a message of the whole model.
 
-// sendFloats sends v as little-endian float32 in chunks, encoding one
-// chunk at a time.
-func sendFloats(v []float32, send func(*pb.SyncChunk) error) error {
-	per := syncChunkBytes / 4
-	for i := 0; i < len(v); i += per {
-		part := v[i:min(i+per, len(v))]
-		b := make([]byte, 4*len(part))
-		for j, x := range part {
-			binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
-		}
-		if err := send(&pb.SyncChunk{Offset: 4 * int64(i), Data: b}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sendBytes sends b in chunks.
-func sendBytes(b []byte, send func(*pb.SyncChunk) error) error {
-	for off := 0; off < len(b); off += syncChunkBytes {
-		if err := send(&pb.SyncChunk{Offset: int64(off), Data: b[off:min(off+syncChunkBytes, len(b))]}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// MaxSyncParams is the server's ceiling on the values of a streamed vector.
+const MaxSyncParams = wire.MaxSyncParams
 
 // sent settles the sending side of a stream: an error from Send other
 // than io.EOF is the call's; io.EOF means the server ended the call early
@@ -89,7 +53,7 @@ func (r *floatReceiver) write(c *pb.SyncChunk) error {
 		return fmt.Errorf("server sent a message without parameters: %w", ErrBadResponse)
 	case c.GetOffset() != r.got:
 		return fmt.Errorf("server sent parameters at byte %d after %d bytes: %w", c.GetOffset(), r.got, ErrBadResponse)
-	case len(d) == 0 || len(d) > maxAnswerChunkBytes:
+	case len(d) == 0 || len(d) > wire.MaxSyncChunkBytes:
 		return fmt.Errorf("server sent a chunk of %d bytes: %w", len(d), ErrBadResponse)
 	case int64(len(d)) > 4*int64(len(r.out))-r.got:
 		return fmt.Errorf("server sent more than %d bytes for %d parameters: %w", 4*len(r.out), len(r.out), ErrBadResponse)

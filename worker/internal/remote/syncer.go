@@ -10,6 +10,7 @@ import (
 
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // Syncer averages one rank's parameters with the job's other ranks through
@@ -51,7 +52,7 @@ func (s *Syncer) Average(ctx context.Context, step int64, params []float32, weig
 		}
 		err = st.Send(start)
 		if err == nil {
-			err = sendFloats(params, func(c *pb.SyncChunk) error {
+			err = wire.SendSyncFloats(params, func(c *pb.SyncChunk) error {
 				return st.Send(&pb.AverageRequest{Part: &pb.AverageRequest_Chunk{Chunk: c}})
 			})
 		}
