@@ -151,19 +151,10 @@ func (o *OuterSyncer) call(ctx context.Context, start *pb.OuterSyncStart, body f
 		if res = m.GetResult(); res == nil {
 			return fmt.Errorf("server answered with parameters before the result: %w", ErrBadResponse)
 		}
-		rx := newFloatReceiver(params)
-		for {
+		return receiveFloats(params, func() (*pb.SyncChunk, error) {
 			m, err := st.Recv()
-			if errors.Is(err, io.EOF) {
-				return rx.close()
-			}
-			if err != nil {
-				return err
-			}
-			if err := rx.write(m.GetChunk()); err != nil {
-				return err
-			}
-		}
+			return m.GetChunk(), err
+		})
 	})
 	if err != nil {
 		return trainer.OuterState{}, err

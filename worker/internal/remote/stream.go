@@ -65,6 +65,24 @@ func (r *floatReceiver) write(c *pb.SyncChunk) error {
 	return nil
 }
 
+// receiveFloats reads an answer's chunks from next into out until the
+// server ends the stream, then checks that every value came.
+func receiveFloats(out []float32, next func() (*pb.SyncChunk, error)) error {
+	rx := newFloatReceiver(out)
+	for {
+		c, err := next()
+		if errors.Is(err, io.EOF) {
+			return rx.close()
+		}
+		if err != nil {
+			return err
+		}
+		if err := rx.write(c); err != nil {
+			return err
+		}
+	}
+}
+
 // close checks that every value came.
 func (r *floatReceiver) close() error {
 	if err := r.dec.Close(); err != nil {

@@ -2,9 +2,7 @@ package remote
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"google.golang.org/protobuf/proto"
 
@@ -59,19 +57,10 @@ func (s *Syncer) Average(ctx context.Context, step int64, params []float32, weig
 		if err := sent(err, st.CloseSend); err != nil {
 			return err
 		}
-		rx := newFloatReceiver(avg)
-		for {
+		return receiveFloats(avg, func() (*pb.SyncChunk, error) {
 			m, err := st.Recv()
-			if errors.Is(err, io.EOF) {
-				return rx.close()
-			}
-			if err != nil {
-				return err
-			}
-			if err := rx.write(m.GetChunk()); err != nil {
-				return err
-			}
-		}
+			return m.GetChunk(), err
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("remote: average step %d: %w", step, err)
