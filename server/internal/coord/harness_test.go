@@ -284,6 +284,18 @@ type device struct {
 }
 
 // enroll makes an enrolled device with examples examples.
+// joinCohort enrolls devices dev-0 … dev-(n-1), 10 examples each, and has
+// each join the open round, one after another.
+func (h *harness) joinCohort(n int) ([]*device, []*pb.RoundPlan) {
+	devs := make([]*device, n)
+	plans := make([]*pb.RoundPlan, n)
+	for i := range devs {
+		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
+		plans[i] = devs[i].join()
+	}
+	return devs, plans
+}
+
 func (h *harness) enroll(id string, examples uint64) *device {
 	h.t.Helper()
 	_, key, err := ed25519.GenerateKey(rand.Reader)

@@ -2,7 +2,6 @@ package coord
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -75,12 +74,7 @@ func TestSecureStageDurations(t *testing.T) {
 	h := newHarness(t)
 	task := h.start(secureTask(h))
 	ev := h.watch(task.Id)
-	devs := make([]*device, 6)
-	plans := make([]*pb.RoundPlan, 6)
-	for i := range devs {
-		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plans[i] = devs[i].join()
-	}
+	devs, plans := h.joinCohort(6)
 	acked := make(chan string, 64)
 	results := make([]<-chan error, 6)
 	for i, d := range devs {

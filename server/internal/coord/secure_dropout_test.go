@@ -1,7 +1,6 @@
 package coord
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -21,12 +20,7 @@ func TestSecureRoundBelowGoalNotUnmasked(t *testing.T) {
 	spec.ReportGoal = 5
 	task := h.start(spec)
 	ev := h.watch(task.Id)
-	devs := make([]*device, 6)
-	plans := make([]*pb.RoundPlan, 6)
-	for i := range devs {
-		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plans[i] = devs[i].join()
-	}
+	devs, plans := h.joinCohort(6)
 	silent := []string{"shares", "shares", "", "", "", ""}
 	acked := make(chan string, 64)
 	results := make([]<-chan error, 6)

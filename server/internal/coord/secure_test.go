@@ -175,13 +175,10 @@ func TestSecureRoundStages(t *testing.T) {
 	h := newHarness(t)
 	task := h.start(secureTask(h))
 	ev := h.watch(task.Id)
-	devs := make([]*device, 6)
-	plans := make([]*pb.RoundPlan, 6)
-	for i := range devs {
-		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plans[i] = devs[i].join()
-		if plans[i].GetSecagg().GetNumParticipants() != 6 {
-			t.Fatalf("plan: %v", plans[i].GetSecagg())
+	devs, plans := h.joinCohort(6)
+	for _, p := range plans {
+		if p.GetSecagg().GetNumParticipants() != 6 {
+			t.Fatalf("plan: %v", p.GetSecagg())
 		}
 	}
 	silent := []string{"nothing", "shares", "", "", "", ""}
@@ -279,12 +276,7 @@ func TestSecureSlowAdvertisersKeepTheRound(t *testing.T) {
 	h := newHarness(t)
 	task := h.start(secureTask(h))
 	ev := h.watch(task.Id)
-	devs := make([]*device, 6)
-	plans := make([]*pb.RoundPlan, 6)
-	for i := range devs {
-		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plans[i] = devs[i].join()
-	}
+	devs, plans := h.joinCohort(6)
 	stage := 5 * time.Second
 	start := h.clk.Now()
 	acked := make(chan string, 64)
@@ -319,12 +311,7 @@ func TestSecureStageQuietExtends(t *testing.T) {
 	h := newHarness(t)
 	task := h.start(secureTask(h))
 	ev := h.watch(task.Id)
-	devs := make([]*device, 6)
-	plans := make([]*pb.RoundPlan, 6)
-	for i := range devs {
-		devs[i] = h.enroll(fmt.Sprintf("dev-%d", i), 10)
-		plans[i] = devs[i].join()
-	}
+	devs, plans := h.joinCohort(6)
 	stage := 5 * time.Second
 	start := h.clk.Now()
 	acked := make(chan string, 64)
