@@ -2,6 +2,8 @@ package round
 
 import (
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -228,14 +230,9 @@ func (c *Cohort) SeatOf(device string) (Seat, bool) {
 	return s, ok
 }
 
-// Seats returns every seat, by device.
-func (c *Cohort) Seats() map[string]Seat {
-	out := make(map[string]Seat, len(c.seats))
-	for d, s := range c.seats {
-		out[d] = s
-	}
-	return out
-}
+// Seats ranges over every seat, by device, without copying them: the
+// secure round reads them at every event while selection is open.
+func (c *Cohort) Seats() iter.Seq2[string, Seat] { return maps.All(c.seats) }
 
 // Standing is what CheckSender needs of device; the caller adds OverQuota.
 func (c *Cohort) Standing(device string) Standing {

@@ -2,7 +2,6 @@ package round
 
 import (
 	"fmt"
-	"slices"
 )
 
 // The update encodings, by code width: 0 is float32, 8 and 4 are the
@@ -39,5 +38,5 @@ func EncodingNames() []string {
 	for _, e := range encodings {
 		out = append(out, e.name)
 	}
-	return slices.Clip(out)
+	return out
 }
