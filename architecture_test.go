@@ -330,7 +330,7 @@ func TestDashboardReadsThroughTheAPI(t *testing.T) {
 // service.
 func TestRoundEngineIsPure(t *testing.T) {
 	banned := []string{"os", "net", "database/sql", "google.golang.org/protobuf", "google.golang.org/grpc",
-		"github.com/nats-io/", "modernc.org/sqlite", mod + "/proto", mod + "/server"}
+		"github.com/nats-io/", "modernc.org/sqlite", "github.com/jackc/pgx", mod + "/proto", mod + "/server"}
 	found := false
 	for _, p := range listPackages(t) {
 		if !under(p.path, "round") {
@@ -347,5 +347,28 @@ func TestRoundEngineIsPure(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no round engine package found")
+	}
+}
+
+// TestDatabaseAccess: SQL is spoken in a few places only, so that every
+// statement runs on both backends (SQLite and PostgreSQL) through
+// internal/sqldb, and the test-only server of internal/pgtest never ships.
+func TestDatabaseAccess(t *testing.T) {
+	drivers := []string{"database/sql", "modernc.org/sqlite", "github.com/jackc/pgx"}
+	mayUseSQL := []string{"internal/sqldb", "internal/pgtest", "server/internal/store", "audit"}
+	for _, p := range listPackages(t) {
+		for _, imp := range p.imports {
+			if imp == mod+"/internal/pgtest" {
+				t.Errorf("%s imports internal/pgtest: it starts throwaway servers for tests only", p.path)
+			}
+			if underAny(p.path, mayUseSQL) {
+				continue
+			}
+			for _, d := range drivers {
+				if matches(imp, d) {
+					t.Errorf("%s imports %s: the store (server/internal/store) and the audit log own the databases", p.path, imp)
+				}
+			}
+		}
 	}
 }

@@ -17,42 +17,44 @@ import (
 // with no metric left reads back as measured, and the API's Task shows the
 // column, never a value sent with the task.
 func TestBaseMetrics(t *testing.T) {
-	ctx := context.Background()
-	s, _ := open(t)
-	for _, id := range []string{"t-a", "t-b"} {
-		if err := s.InsertTask(ctx, &pb.Task{Id: id, Name: "n", State: pb.TaskState_TASK_STATE_RUNNING,
-			Model: &pb.ModelRef{Version: "m0"}, BaseMetrics: &pb.Metrics{Values: map[string]float64{"server_accuracy": 1}}}, now); err != nil {
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, _ := open(t)
+		for _, id := range []string{"t-a", "t-b"} {
+			if err := s.InsertTask(ctx, &pb.Task{Id: id, Name: "n", State: pb.TaskState_TASK_STATE_RUNNING,
+				Model: &pb.ModelRef{Version: "m0"}, BaseMetrics: &pb.Metrics{Values: map[string]float64{"server_accuracy": 1}}}, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		row, err := s.Task(ctx, "t-a")
+		if err != nil || row.BaseMetrics != nil || row.Proto().BaseMetrics != nil {
+			t.Fatalf("a new task has base metrics %v (%v), on the API %v", row.BaseMetrics, err, row.Proto().GetBaseMetrics())
+		}
+		first := map[string]float64{"server_accuracy": 0.125, "server_loss": 2.5}
+		if err := s.SetBaseMetrics(ctx, "t-a", first, now); err != nil {
 			t.Fatal(err)
 		}
-	}
-	row, err := s.Task(ctx, "t-a")
-	if err != nil || row.BaseMetrics != nil || row.Proto().BaseMetrics != nil {
-		t.Fatalf("a new task has base metrics %v (%v), on the API %v", row.BaseMetrics, err, row.Proto().GetBaseMetrics())
-	}
-	first := map[string]float64{"server_accuracy": 0.125, "server_loss": 2.5}
-	if err := s.SetBaseMetrics(ctx, "t-a", first, now); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetBaseMetrics(ctx, "t-a", map[string]float64{"server_accuracy": 0.9}, now); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetBaseMetrics(ctx, "t-b", nil, now); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := s.Tasks(ctx, 0, "", 10)
-	if err != nil || len(rows) != 2 {
-		t.Fatalf("tasks: %v %v", rows, err)
-	}
-	if a := rows[0]; !maps.Equal(a.BaseMetrics, first) || !maps.Equal(a.Proto().GetBaseMetrics().GetValues(), first) {
-		t.Errorf("t-a base metrics %v, on the API %v; want the first %v", a.BaseMetrics, a.Proto().GetBaseMetrics(), first)
-	}
-	if b := rows[1]; b.BaseMetrics == nil || len(b.BaseMetrics) != 0 || b.Proto().BaseMetrics == nil ||
-		len(b.Proto().BaseMetrics.Values) != 0 {
-		t.Errorf("t-b base metrics %v, on the API %v; want measured with none", b.BaseMetrics, b.Proto().GetBaseMetrics())
-	}
-	if err := s.SetBaseMetrics(ctx, "t-none", first, now); !errors.Is(err, backend.ErrNotFound) {
-		t.Errorf("base metrics of a missing task: %v", err)
-	}
+		if err := s.SetBaseMetrics(ctx, "t-a", map[string]float64{"server_accuracy": 0.9}, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetBaseMetrics(ctx, "t-b", nil, now); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.Tasks(ctx, 0, "", 10)
+		if err != nil || len(rows) != 2 {
+			t.Fatalf("tasks: %v %v", rows, err)
+		}
+		if a := rows[0]; !maps.Equal(a.BaseMetrics, first) || !maps.Equal(a.Proto().GetBaseMetrics().GetValues(), first) {
+			t.Errorf("t-a base metrics %v, on the API %v; want the first %v", a.BaseMetrics, a.Proto().GetBaseMetrics(), first)
+		}
+		if b := rows[1]; b.BaseMetrics == nil || len(b.BaseMetrics) != 0 || b.Proto().BaseMetrics == nil ||
+			len(b.Proto().BaseMetrics.Values) != 0 {
+			t.Errorf("t-b base metrics %v, on the API %v; want measured with none", b.BaseMetrics, b.Proto().GetBaseMetrics())
+		}
+		if err := s.SetBaseMetrics(ctx, "t-none", first, now); !errors.Is(err, backend.ErrNotFound) {
+			t.Errorf("base metrics of a missing task: %v", err)
+		}
+	})
 }
 
 // TestMigrateBaseMetrics opens a database written before tasks had base

@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
@@ -35,21 +35,6 @@ CREATE TABLE IF NOT EXISTS enroll_tokens (
 	expires INTEGER NOT NULL
 );
 `
-
-// withDeviceSchema creates the registry tables and returns the store; db is
-// closed when that fails.
-func withDeviceSchema(ctx context.Context, db *sql.DB) (*Store, error) {
-	if _, err := db.ExecContext(ctx, deviceSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: device schema: %w", err)
-	}
-	s := &Store{db: db}
-	if err := s.hot.prepare(ctx, db); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
-}
 
 // DeviceRow is an enrolled device.
 type DeviceRow struct {
@@ -124,13 +109,16 @@ func (s *Store) InsertDevice(ctx context.Context, r *DeviceRow) error {
 	}
 	_, err := s.db.ExecContext(ctx, `INSERT INTO enrolled_devices (`+deviceCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, r.KeyID, r.Fleet, r.Group, attrs, r.TokenID, ts(r.Enrolled), ts(r.Revoked), r.Reason)
-	if err != nil {
-		switch msg := err.Error(); {
-		case strings.Contains(msg, "enrolled_devices.key_id"):
+	if sqldb.IsUniqueViolation(err) {
+		// Which of the two: the key, if a row holds it (the same device
+		// enrolling twice is refused for its key first).
+		var n int
+		if qerr := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM enrolled_devices WHERE key_id = ?`, r.KeyID).Scan(&n); qerr == nil && n > 0 {
 			return fmt.Errorf("key %s is already enrolled: %w", r.KeyID, backend.ErrExists)
-		case strings.Contains(msg, "enrolled_devices.id"):
-			return fmt.Errorf("device %s is already enrolled: %w", r.ID, backend.ErrExists)
 		}
+		return fmt.Errorf("device %s is already enrolled: %w", r.ID, backend.ErrExists)
+	}
+	if err != nil {
 		return fmt.Errorf("store: insert device: %w", err)
 	}
 	return nil
@@ -241,7 +229,7 @@ func (s *Store) UsedTokens(now func() time.Time, leeway time.Duration) *UsedToke
 // Claim implements identity.UsedTokens.
 func (u *UsedTokens) Claim(ctx context.Context, jti string, exp time.Time) error {
 	var claimed bool
-	err := u.s.Tx(ctx, func(tx *sql.Tx) error {
+	err := u.s.Tx(ctx, func(tx *sqldb.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM enroll_tokens WHERE expires < ?`, ts(u.now().Add(-u.leeway))); err != nil {
 			return fmt.Errorf("store: prune enrollment tokens: %w", err)
 		}

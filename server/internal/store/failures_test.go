@@ -34,84 +34,88 @@ func openRound(t *testing.T, s *store.Store, task string, devices ...string) *st
 }
 
 func TestRoundFailures(t *testing.T) {
-	ctx := context.Background()
-	s, path := open(t)
-	r := openRound(t, s, "t-f", "d-3", "d-1", "d-2")
-	long := strings.Repeat("x", wire.MaxFailureReason-1) + "é" // the limit falls inside the last character
-	r.State, r.Close, r.Assigned, r.Reported, r.Dropped = pb.RoundState_ROUND_STATE_ABANDONED, now.Add(time.Minute), 3, 0, 3
-	r.Failures = map[string]string{
-		"d-3":      "train: wasm: memory limit exceeded",
-		"d-1":      long,
-		"d-2":      "bad \xff bytes",
-		"stranger": "not in the cohort: must not be kept",
-	}
-	if err := s.CloseRound(ctx, r, nil, nil, now); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{
-		"d-3": "train: wasm: memory limit exceeded",
-		"d-1": strings.Repeat("x", wire.MaxFailureReason-1),
-		"d-2": "bad \uFFFD bytes",
-	}
-	check := func(s *store.Store) {
-		t.Helper()
-		got, err := s.Round(ctx, "t-f", 1)
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, path := open(t)
+		r := openRound(t, s, "t-f", "d-3", "d-1", "d-2")
+		long := strings.Repeat("x", wire.MaxFailureReason-1) + "é" // the limit falls inside the last character
+		r.State, r.Close, r.Assigned, r.Reported, r.Dropped = pb.RoundState_ROUND_STATE_ABANDONED, now.Add(time.Minute), 3, 0, 3
+		r.Failures = map[string]string{
+			"d-3":      "train: wasm: memory limit exceeded",
+			"d-1":      long,
+			"d-2":      "bad \xff bytes",
+			"stranger": "not in the cohort: must not be kept",
+		}
+		if err := s.CloseRound(ctx, r, nil, nil, now); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{
+			"d-3": "train: wasm: memory limit exceeded",
+			"d-1": strings.Repeat("x", wire.MaxFailureReason-1),
+			"d-2": "bad \uFFFD bytes",
+		}
+		check := func(s *store.Store) {
+			t.Helper()
+			got, err := s.Round(ctx, "t-f", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Failures) != len(want) {
+				t.Fatalf("failures %q, want %q", got.Failures, want)
+			}
+			for d, reason := range want {
+				if got.Failures[d] != reason {
+					t.Errorf("failure of %s = %q, want %q", d, got.Failures[d], reason)
+				}
+			}
+			list, err := s.Rounds(ctx, "t-f", 0, 10)
+			if err != nil || len(list) != 1 || len(list[0].Failures) != len(want) {
+				t.Fatalf("Rounds = %v, %v", list, err)
+			}
+			// The API sees them sorted by device, each reason within the wire bound.
+			fs := got.Proto().GetFailures()
+			var devices []string
+			for _, f := range fs {
+				devices = append(devices, f.GetDeviceId())
+				if len(f.GetReason()) > wire.MaxFailureReason || !utf8.ValidString(f.GetReason()) || f.GetReason() != want[f.GetDeviceId()] {
+					t.Errorf("summary failure %s: reason %q", f.GetDeviceId(), f.GetReason())
+				}
+			}
+			if strings.Join(devices, ",") != "d-1,d-2,d-3" {
+				t.Errorf("summary failures by device %v, want d-1,d-2,d-3", devices)
+			}
+		}
+		check(s)
+		s.Close()
+		s2, err := store.Open(ctx, path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(got.Failures) != len(want) {
-			t.Fatalf("failures %q, want %q", got.Failures, want)
+		defer s2.Close()
+		check(s2)
+		// Merging server-side metrics later leaves the failures alone.
+		if err := s2.UpdateRoundMetrics(ctx, "t-f", 1, map[string]float64{"server_accuracy": 0.5}); err != nil {
+			t.Fatal(err)
 		}
-		for d, reason := range want {
-			if got.Failures[d] != reason {
-				t.Errorf("failure of %s = %q, want %q", d, got.Failures[d], reason)
-			}
-		}
-		list, err := s.Rounds(ctx, "t-f", 0, 10)
-		if err != nil || len(list) != 1 || len(list[0].Failures) != len(want) {
-			t.Fatalf("Rounds = %v, %v", list, err)
-		}
-		// The API sees them sorted by device, each reason within the wire bound.
-		fs := got.Proto().GetFailures()
-		var devices []string
-		for _, f := range fs {
-			devices = append(devices, f.GetDeviceId())
-			if len(f.GetReason()) > wire.MaxFailureReason || !utf8.ValidString(f.GetReason()) || f.GetReason() != want[f.GetDeviceId()] {
-				t.Errorf("summary failure %s: reason %q", f.GetDeviceId(), f.GetReason())
-			}
-		}
-		if strings.Join(devices, ",") != "d-1,d-2,d-3" {
-			t.Errorf("summary failures by device %v, want d-1,d-2,d-3", devices)
-		}
-	}
-	check(s)
-	s.Close()
-	s2, err := store.Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	check(s2)
-	// Merging server-side metrics later leaves the failures alone.
-	if err := s2.UpdateRoundMetrics(ctx, "t-f", 1, map[string]float64{"server_accuracy": 0.5}); err != nil {
-		t.Fatal(err)
-	}
-	check(s2)
+		check(s2)
+	})
 }
 
 func TestRoundWithoutFailures(t *testing.T) {
-	ctx := context.Background()
-	s, _ := open(t)
-	r := openRound(t, s, "t-ok", "d-1")
-	r.State, r.Close, r.Assigned, r.Reported = pb.RoundState_ROUND_STATE_COMMITTED, now.Add(time.Second), 1, 1
-	r.Failures = map[string]string{"d-9": "not in the cohort"}
-	if err := s.CloseRound(ctx, r, nil, nil, now); err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.Round(ctx, "t-ok", 1)
-	if err != nil || got.Failures != nil || len(got.Proto().GetFailures()) != 0 {
-		t.Fatalf("round %+v, %v; want no failures", got, err)
-	}
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, _ := open(t)
+		r := openRound(t, s, "t-ok", "d-1")
+		r.State, r.Close, r.Assigned, r.Reported = pb.RoundState_ROUND_STATE_COMMITTED, now.Add(time.Second), 1, 1
+		r.Failures = map[string]string{"d-9": "not in the cohort"}
+		if err := s.CloseRound(ctx, r, nil, nil, now); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Round(ctx, "t-ok", 1)
+		if err != nil || got.Failures != nil || len(got.Proto().GetFailures()) != 0 {
+			t.Fatalf("round %+v, %v; want no failures", got, err)
+		}
+	})
 }
 
 // TestMigrateFailures opens a database written before rounds had failures

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 )
@@ -259,7 +260,7 @@ func (s *Store) PoolWorkers(ctx context.Context) ([]PoolWorkerRow, error) {
 // one, and drops all but the newest keep lines. It returns the last seq.
 func (s *Store) AppendPoolLogs(ctx context.Context, job string, lines []*pb.PoolLogLine, keep int) (uint64, error) {
 	var last uint64
-	err := s.Tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sqldb.Tx) error {
 		var max sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT MAX(seq) FROM pool_logs WHERE job_id = ?`, job).Scan(&max); err != nil {
 			return fmt.Errorf("store: pool logs: %w", err)

@@ -1,5 +1,5 @@
-// Package store is the aggregator's durable state in SQLite (modernc, pure Go,
-// WAL): tasks, rounds, cohort assignments, model versions, modules, devices and
+// Package store is the aggregator's durable state, in SQLite (modernc, pure
+// Go, WAL; the embedded default) or PostgreSQL (replicated deployments): tasks, rounds, cohort assignments, model versions, modules, devices and
 // server optimizer state. Blobs (model and module bytes) are not here; they live
 // in the JetStream object store.
 package store
@@ -18,16 +18,15 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
-
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
 // Store wraps the database. Methods are safe for concurrent use.
 type Store struct {
-	db *sql.DB
+	db *sqldb.DB
 	// hot are the statements every check-in runs, prepared once: the
 	// driver otherwise compiles a query each time it runs (a third of what
 	// a seat cost the store, profiled with 100 agents).
@@ -38,7 +37,7 @@ type hotStatements struct {
 	assign, assigned, device *sql.Stmt
 }
 
-func (h *hotStatements) prepare(ctx context.Context, db *sql.DB) error {
+func (h *hotStatements) prepare(ctx context.Context, db *sqldb.DB) error {
 	for _, p := range []struct {
 		to **sql.Stmt
 		q  string
@@ -154,7 +153,9 @@ CREATE TABLE IF NOT EXISTS devices (
 );
 `
 
-// Open opens (creating if needed) the database file at path.
+// migrations add columns after a table first shipped; a database that has
+// them already answers "duplicate column" (SQLite) or skips them (PostgreSQL,
+// where sqldb.DDL makes each ADD COLUMN IF NOT EXISTS).
 var migrations = []string{
 	`ALTER TABLE rounds ADD COLUMN epsilon REAL NOT NULL DEFAULT 0`,
 	`ALTER TABLE rounds ADD COLUMN failures BLOB`,
@@ -163,32 +164,105 @@ var migrations = []string{
 	`ALTER TABLE models ADD COLUMN lineage BLOB`, // pb.PoolLineage of a pool-trained version
 }
 
-func Open(ctx context.Context, path string) (*Store, error) {
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)"
-	db, err := sql.Open("sqlite", dsn)
+// indexes came after their tables. A participant number is unique in its
+// round: with several writers (PostgreSQL), two seats taken at once may
+// count the same cohort, and the index makes the later one try again.
+const indexes = `
+CREATE UNIQUE INDEX IF NOT EXISTS assignments_participant ON assignments (task_id, round, participant);
+`
+
+// pgRowids give PostgreSQL, which has no implicit rowid, the insertion
+// order that SQLite's rowid gives the tables listed by page.
+const pgRowids = `
+ALTER TABLE enrolled_devices ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED ALWAYS AS IDENTITY;
+ALTER TABLE models ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED ALWAYS AS IDENTITY;
+ALTER TABLE modules ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED ALWAYS AS IDENTITY;
+`
+
+// pgSchemaLock is the advisory lock (an arbitrary constant) under which an
+// aggregator creates or migrates the schema on PostgreSQL, so that
+// replicas starting together do not race on the catalog.
+const pgSchemaLock = 0x466c656574 // "Fleet"
+
+// MaxPostgresConns bounds one aggregator's connections to PostgreSQL.
+const MaxPostgresConns = 16
+
+// Open opens the store at target: the path of an SQLite file, created if
+// needed, or a PostgreSQL URL (postgres://user@host:port/db, see
+// sqldb.IsPostgresURL) of an existing database, whose tables are created on
+// first use.
+func Open(ctx context.Context, target string) (*Store, error) {
+	db, err := sqldb.Open(target, "_pragma=journal_mode(WAL)", "_pragma=busy_timeout(10000)", "_pragma=synchronous(NORMAL)", "_pragma=foreign_keys(ON)")
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", err)
 	}
-	// One writer at a time is SQLite's model; a single connection also keeps
-	// transactions from tripping over each other with SQLITE_BUSY.
-	db.SetMaxOpenConns(1)
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: schema: %w", err)
+	if db.Dialect() == sqldb.SQLite {
+		// One writer at a time is SQLite's model; a single connection also
+		// keeps transactions from tripping over each other with SQLITE_BUSY.
+		db.SetMaxOpenConns(1)
+	} else {
+		db.SetMaxOpenConns(MaxPostgresConns)
+		db.SetMaxIdleConns(MaxPostgresConns)
 	}
-	// Columns added after a table first shipped; a database that has them
-	// already answers "duplicate column".
+	if err := createSchema(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db}
+	if err := s.hot.prepare(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func createSchema(ctx context.Context, db *sqldb.DB) error {
+	d := db.Dialect()
+	if d == sqldb.SQLite {
+		return migrate(ctx, d, db)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("store: connect: %w", err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: schema: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(pgSchemaLock)); err != nil {
+		return fmt.Errorf("store: schema lock: %w", err)
+	}
+	if err := migrate(ctx, d, tx); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, pgRowids); err != nil {
+		return fmt.Errorf("store: schema: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: schema: %w", err)
+	}
+	return nil
+}
+
+func migrate(ctx context.Context, d sqldb.Dialect, db interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}) error {
+	if _, err := db.ExecContext(ctx, d.DDL(schema)); err != nil {
+		return fmt.Errorf("store: schema: %w", err)
+	}
 	for _, m := range migrations {
-		if _, err := db.ExecContext(ctx, m); err != nil && !strings.Contains(err.Error(), "duplicate column") {
-			db.Close()
-			return nil, fmt.Errorf("store: migrate: %w", err)
+		if _, err := db.ExecContext(ctx, d.DDL(m)); err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			return fmt.Errorf("store: migrate: %w", err)
 		}
 	}
-	if _, err := db.ExecContext(ctx, poolSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: pool schema: %w", err)
+	for _, ddl := range []string{poolSchema, deviceSchema, indexes} {
+		if _, err := db.ExecContext(ctx, d.DDL(ddl)); err != nil {
+			return fmt.Errorf("store: schema: %w", err)
+		}
 	}
-	return withDeviceSchema(ctx, db)
+	return nil
 }
 
 // Close closes the database.
@@ -211,20 +285,10 @@ func fromTS(n int64) time.Time {
 	return time.Unix(0, n).UTC()
 }
 
-// Tx runs fn in a transaction.
-func (s *Store) Tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: commit: %w", err)
-	}
-	return nil
+// Tx runs fn in a transaction. On PostgreSQL fn may run more than once
+// (see sqldb.DB.Tx): it must do nothing but database work.
+func (s *Store) Tx(ctx context.Context, fn func(*sqldb.Tx) error) error {
+	return s.db.Tx(ctx, fn)
 }
 
 // ---- tasks
@@ -470,7 +534,7 @@ func (r *RoundRow) Proto() *pb.RoundSummary {
 
 // OpenRound inserts a round in state OPEN and records it as the task's current round.
 func (s *Store) OpenRound(ctx context.Context, r *RoundRow, now time.Time) error {
-	return s.Tx(ctx, func(tx *sql.Tx) error {
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO rounds (task_id, round, kind, state, seed, base_model, open_time, deadline)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, r.TaskID, int64(r.Round), int32(r.Kind), int32(pb.RoundState_ROUND_STATE_OPEN),
 			int64(r.Seed), r.BaseModel, ts(r.Open), ts(r.Deadline)); err != nil {
@@ -555,7 +619,7 @@ func marshalMetrics(m map[string]float64) []byte {
 // transaction, together with the model row and the optimizer state, so a crash
 // leaves either the old or the new state, never half of each.
 func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow, optState []byte, now time.Time) error {
-	return s.Tx(ctx, func(tx *sql.Tx) error {
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
 		if newModel != nil {
 			if err := insertModel(ctx, tx, newModel); err != nil {
 				return err
@@ -659,7 +723,7 @@ func (s *Store) DropPending(ctx context.Context, task string, round uint64) erro
 // assigned device at most, whatever the caller passed, each reason made
 // valid UTF-8 and cut to wire.MaxFailureReason bytes, since reasons come from
 // devices and end up in API responses, tables and logs. nil when none remain.
-func cohortFailures(ctx context.Context, tx *sql.Tx, r *RoundRow) ([]byte, error) {
+func cohortFailures(ctx context.Context, tx *sqldb.Tx, r *RoundRow) ([]byte, error) {
 	if len(r.Failures) == 0 {
 		return nil, nil
 	}
@@ -741,6 +805,12 @@ type Assignment struct {
 func (s *Store) Assign(ctx context.Context, task string, round uint64, device string, examples uint64, now time.Time) (uint32, bool, error) {
 	var participant int64
 	err := s.hot.assign.QueryRowContext(ctx, task, int64(round), device, int64(min(examples, 1<<62)), ts(now)).Scan(&participant)
+	// Another writer took the same number at the same time; counting again
+	// sees its seat. Each retry follows a seat that committed, so a cohort
+	// of n needs fewer than n.
+	for tries := 0; sqldb.IsUniqueViolation(err) && tries < maxAssignRetries; tries++ {
+		err = s.hot.assign.QueryRowContext(ctx, task, int64(round), device, int64(min(examples, 1<<62)), ts(now)).Scan(&participant)
+	}
 	if err == nil {
 		return uint32(participant), true, nil
 	}
@@ -753,6 +823,9 @@ func (s *Store) Assign(ctx context.Context, task string, round uint64, device st
 	}
 	return uint32(participant), false, nil
 }
+
+// maxAssignRetries bounds Assign's recounts when writers collide.
+const maxAssignRetries = 64
 
 // Assignments returns a round's cohort by device id.
 func (s *Store) Assignments(ctx context.Context, task string, round uint64) (map[string]Assignment, error) {
@@ -802,7 +875,7 @@ func (m *ModelRow) Proto() *pb.Model {
 	}
 }
 
-func insertModel(ctx context.Context, tx *sql.Tx, m *ModelRow) error {
+func insertModel(ctx context.Context, tx *sqldb.Tx, m *ModelRow) error {
 	var lin []byte
 	if m.Lineage != nil {
 		var err error
@@ -824,7 +897,7 @@ func (s *Store) InsertModel(ctx context.Context, m *ModelRow) error {
 	if _, err := s.Model(ctx, m.Version); err == nil {
 		return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
 	}
-	return s.Tx(ctx, func(tx *sql.Tx) error { return insertModel(ctx, tx, m) })
+	return s.Tx(ctx, func(tx *sqldb.Tx) error { return insertModel(ctx, tx, m) })
 }
 
 const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created, lineage`
@@ -969,8 +1042,12 @@ func (s *Store) DeviceCount(ctx context.Context) (int, error) {
 // Ping reads the schema, so that a database whose file went away or whose
 // disk fails answers with an error rather than from the pool's memory.
 func (s *Store) Ping(ctx context.Context) error {
+	q := "SELECT count(*) FROM sqlite_master"
+	if s.db.Dialect() == sqldb.Postgres {
+		q = "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+	}
 	var n int
-	if err := s.db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, q).Scan(&n); err != nil {
 		return fmt.Errorf("store: ping: %w", err)
 	}
 	return nil
