@@ -107,7 +107,7 @@ func (s *Store) InsertDevice(ctx context.Context, r *DeviceRow) error {
 		}
 		attrs = b
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO enrolled_devices (`+deviceCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.exec(ctx, `INSERT INTO enrolled_devices (`+deviceCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, r.KeyID, r.Fleet, r.Group, attrs, r.TokenID, ts(r.Enrolled), ts(r.Revoked), r.Reason)
 	if sqldb.IsUniqueViolation(err) {
 		// Which of the two: the key, if a row holds it (the same device
@@ -176,7 +176,7 @@ func (s *Store) Devices(ctx context.Context, includeRevoked bool, afterRowID int
 // RevokeDevice marks a device revoked at at. Revoking a revoked device is
 // ErrPrecondition.
 func (s *Store) RevokeDevice(ctx context.Context, id, reason string, at time.Time) (*DeviceRow, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE enrolled_devices SET revoked_at = ?, reason = ? WHERE id = ? AND revoked_at = 0`,
+	res, err := s.exec(ctx, `UPDATE enrolled_devices SET revoked_at = ?, reason = ? WHERE id = ? AND revoked_at = 0`,
 		ts(at), reason, id)
 	if err != nil {
 		return nil, fmt.Errorf("store: revoke device: %w", err)

@@ -73,7 +73,7 @@ func (s *Store) InsertPoolJob(ctx context.Context, j *pb.PoolJob, then *pb.Task)
 		return fmt.Errorf("store: insert pool job: then task: %w", err)
 	}
 	id := j.GetSpec().GetId()
-	res, err := s.db.ExecContext(ctx, `INSERT INTO pool_jobs (id, state, job, then_task, submitted) VALUES (?, ?, ?, ?, ?)
+	res, err := s.exec(ctx, `INSERT INTO pool_jobs (id, state, job, then_task, submitted) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT(id) DO NOTHING`, id, int32(j.GetState()), b, tb, j.GetSubmitTime().AsTime().UnixNano())
 	if err != nil {
 		return fmt.Errorf("store: insert pool job %s: %w", id, err)
@@ -91,7 +91,7 @@ func (s *Store) UpdatePoolJob(ctx context.Context, j *pb.PoolJob) error {
 		return fmt.Errorf("store: update pool job: %w", err)
 	}
 	id := j.GetSpec().GetId()
-	res, err := s.db.ExecContext(ctx, `UPDATE pool_jobs SET state = ?, job = ? WHERE id = ?`, int32(j.GetState()), b, id)
+	res, err := s.exec(ctx, `UPDATE pool_jobs SET state = ?, job = ? WHERE id = ?`, int32(j.GetState()), b, id)
 	if err != nil {
 		return fmt.Errorf("store: update pool job %s: %w", id, err)
 	}
@@ -174,7 +174,7 @@ type PoolCheckpointRow struct {
 
 // PutPoolCheckpoint records that rank of job committed a checkpoint.
 func (s *Store) PutPoolCheckpoint(ctx context.Context, job string, rank uint32, step int64, manifest string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO pool_checkpoints (job_id, rank, step, manifest) VALUES (?, ?, ?, ?)
+	_, err := s.exec(ctx, `INSERT INTO pool_checkpoints (job_id, rank, step, manifest) VALUES (?, ?, ?, ?)
 		ON CONFLICT(job_id, rank, step) DO UPDATE SET manifest = excluded.manifest`, job, int64(rank), step, manifest)
 	if err != nil {
 		return fmt.Errorf("store: pool checkpoint %s/%d@%d: %w", job, rank, step, err)
@@ -205,7 +205,7 @@ func (s *Store) PoolCheckpoints(ctx context.Context, job string) ([]PoolCheckpoi
 // DeletePoolCheckpoint forgets one committed checkpoint (after GC removed
 // its manifest).
 func (s *Store) DeletePoolCheckpoint(ctx context.Context, job string, rank uint32, step int64) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM pool_checkpoints WHERE job_id = ? AND rank = ? AND step = ?`,
+	if _, err := s.exec(ctx, `DELETE FROM pool_checkpoints WHERE job_id = ? AND rank = ? AND step = ?`,
 		job, int64(rank), step); err != nil {
 		return fmt.Errorf("store: delete pool checkpoint: %w", err)
 	}
@@ -225,7 +225,7 @@ func (s *Store) PutPoolWorker(ctx context.Context, w PoolWorkerRow) error {
 	if err != nil {
 		return fmt.Errorf("store: pool worker: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO pool_workers (id, subject, token_id, worker) VALUES (?, ?, ?, ?)
+	_, err = s.exec(ctx, `INSERT INTO pool_workers (id, subject, token_id, worker) VALUES (?, ?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET worker = excluded.worker`, w.Worker.GetId(), w.Subject, w.TokenID, b)
 	if err != nil {
 		return fmt.Errorf("store: pool worker %s: %w", w.Worker.GetId(), err)

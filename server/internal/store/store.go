@@ -31,6 +31,9 @@ type Store struct {
 	// driver otherwise compiles a query each time it runs (a third of what
 	// a seat cost the store, profiled with 100 agents).
 	hot hotStatements
+	// fence, when set, is the leadership this store writes for (see
+	// Leadership.Store): every write checks it in its transaction.
+	fence *Fence
 }
 
 type hotStatements struct {
@@ -257,7 +260,7 @@ func migrate(ctx context.Context, d sqldb.Dialect, db interface {
 			return fmt.Errorf("store: migrate: %w", err)
 		}
 	}
-	for _, ddl := range []string{poolSchema, deviceSchema, indexes} {
+	for _, ddl := range []string{poolSchema, deviceSchema, leaseSchema, indexes} {
 		if _, err := db.ExecContext(ctx, d.DDL(ddl)); err != nil {
 			return fmt.Errorf("store: schema: %w", err)
 		}
@@ -288,7 +291,15 @@ func fromTS(n int64) time.Time {
 // Tx runs fn in a transaction. On PostgreSQL fn may run more than once
 // (see sqldb.DB.Tx): it must do nothing but database work.
 func (s *Store) Tx(ctx context.Context, fn func(*sqldb.Tx) error) error {
-	return s.db.Tx(ctx, fn)
+	if s.fence == nil {
+		return s.db.Tx(ctx, fn)
+	}
+	return s.db.Tx(ctx, func(tx *sqldb.Tx) error {
+		if err := s.checkFence(ctx, tx, s.fence); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
 
 // ---- tasks
@@ -338,7 +349,7 @@ func (s *Store) InsertTask(ctx context.Context, t *pb.Task, now time.Time) error
 	if err != nil {
 		return fmt.Errorf("store: task: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO tasks (id, name, state, spec, current_model, created, updated)
+	_, err = s.exec(ctx, `INSERT INTO tasks (id, name, state, spec, current_model, created, updated)
 		VALUES (?, ?, ?, ?, ?, ?, ?)`, t.Id, t.Name, int32(t.State), spec, t.GetModel().GetVersion(), ts(now), ts(now))
 	if err != nil {
 		return fmt.Errorf("store: insert task %s: %w", t.Id, err)
@@ -413,7 +424,7 @@ func (s *Store) Tasks(ctx context.Context, state pb.TaskState, after string, lim
 
 // SetTaskState changes a task's state.
 func (s *Store) SetTaskState(ctx context.Context, id string, st pb.TaskState, reason string, now time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET state = ?, state_reason = ?, updated = ? WHERE id = ?`,
+	res, err := s.exec(ctx, `UPDATE tasks SET state = ?, state_reason = ?, updated = ? WHERE id = ?`,
 		int32(st), reason, ts(now), id)
 	if err != nil {
 		return fmt.Errorf("store: task state: %w", err)
@@ -435,7 +446,7 @@ func (s *Store) SetBaseMetrics(ctx context.Context, id string, m map[string]floa
 	if err != nil {
 		return fmt.Errorf("store: task %s base metrics: %w", id, err)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET base_metrics = ?, updated = ? WHERE id = ? AND base_metrics IS NULL`,
+	res, err := s.exec(ctx, `UPDATE tasks SET base_metrics = ?, updated = ? WHERE id = ? AND base_metrics IS NULL`,
 		b, ts(now), id)
 	if err != nil {
 		return fmt.Errorf("store: task %s base metrics: %w", id, err)
@@ -463,7 +474,7 @@ func (s *Store) ResumeTask(ctx context.Context, id string, now time.Time) error 
 // swapTaskState changes a task's state from from to to in one statement, so
 // that a concurrent change (an operator's stop) is never overwritten.
 func (s *Store) swapTaskState(ctx context.Context, id string, from, to pb.TaskState, reason string, now time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE tasks SET state = ?, state_reason = ?, short_rounds = 0, updated = ?
+	res, err := s.exec(ctx, `UPDATE tasks SET state = ?, state_reason = ?, short_rounds = 0, updated = ?
 		WHERE id = ? AND state = ?`, int32(to), reason, ts(now), id, int32(from))
 	if err != nil {
 		return fmt.Errorf("store: task state: %w", err)
@@ -666,9 +677,6 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 	})
 }
 
-// ErrRoundClosed reports a close of a round that is not open.
-var ErrRoundClosed = errors.New("round is not open")
-
 // PendingClose is a round's close as prepared before its audit record: if
 // the server stops between recording the close and committing it, the
 // restarted coordinator finishes the commit from here (the log says it
@@ -685,7 +693,7 @@ func (s *Store) PrepareClose(ctx context.Context, p *PendingClose) error {
 	if err != nil {
 		return fmt.Errorf("store: prepare close: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO pending_closes (task_id, round, body) VALUES (?, ?, ?)
+	_, err = s.exec(ctx, `INSERT INTO pending_closes (task_id, round, body) VALUES (?, ?, ?)
 		ON CONFLICT (task_id, round) DO UPDATE SET body = excluded.body`, p.Row.TaskID, int64(p.Row.Round), body)
 	if err != nil {
 		return fmt.Errorf("store: prepare close %s/%d: %w", p.Row.TaskID, p.Row.Round, err)
@@ -712,7 +720,7 @@ func (s *Store) Pending(ctx context.Context, task string, round uint64) (*Pendin
 
 // DropPending forgets a round's prepared close.
 func (s *Store) DropPending(ctx context.Context, task string, round uint64) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM pending_closes WHERE task_id = ? AND round = ?`, task, int64(round)); err != nil {
+	if _, err := s.exec(ctx, `DELETE FROM pending_closes WHERE task_id = ? AND round = ?`, task, int64(round)); err != nil {
 		return fmt.Errorf("store: drop pending close %s/%d: %w", task, round, err)
 	}
 	return nil
@@ -788,7 +796,7 @@ func (s *Store) UpdateRoundMetrics(ctx context.Context, task string, round uint6
 	for k, v := range m {
 		r.Metrics[k] = v
 	}
-	_, err = s.db.ExecContext(ctx, `UPDATE rounds SET metrics = ? WHERE task_id = ? AND round = ?`, marshalMetrics(r.Metrics), task, int64(round))
+	_, err = s.exec(ctx, `UPDATE rounds SET metrics = ? WHERE task_id = ? AND round = ?`, marshalMetrics(r.Metrics), task, int64(round))
 	return err
 }
 
@@ -804,12 +812,13 @@ type Assignment struct {
 // participant number (1-based) and whether it was newly assigned.
 func (s *Store) Assign(ctx context.Context, task string, round uint64, device string, examples uint64, now time.Time) (uint32, bool, error) {
 	var participant int64
-	err := s.hot.assign.QueryRowContext(ctx, task, int64(round), device, int64(min(examples, 1<<62)), ts(now)).Scan(&participant)
+	args := []any{task, int64(round), device, int64(min(examples, 1<<62)), ts(now)}
+	err := s.assign(ctx, args, &participant)
 	// Another writer took the same number at the same time; counting again
 	// sees its seat. Each retry follows a seat that committed, so a cohort
 	// of n needs fewer than n.
 	for tries := 0; sqldb.IsUniqueViolation(err) && tries < maxAssignRetries; tries++ {
-		err = s.hot.assign.QueryRowContext(ctx, task, int64(round), device, int64(min(examples, 1<<62)), ts(now)).Scan(&participant)
+		err = s.assign(ctx, args, &participant)
 	}
 	if err == nil {
 		return uint32(participant), true, nil
@@ -822,6 +831,17 @@ func (s *Store) Assign(ctx context.Context, task string, round uint64, device st
 		return 0, false, fmt.Errorf("store: assignment: %w", err)
 	}
 	return uint32(participant), false, nil
+}
+
+// assign runs the prepared seat insert once: sql.ErrNoRows when the device
+// has its seat already.
+func (s *Store) assign(ctx context.Context, args []any, participant *int64) error {
+	if s.fence == nil {
+		return s.hot.assign.QueryRowContext(ctx, args...).Scan(participant)
+	}
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
+		return tx.StmtContext(ctx, s.hot.assign).QueryRowContext(ctx, args...).Scan(participant)
+	})
 }
 
 // maxAssignRetries bounds Assign's recounts when writers collide.
@@ -960,7 +980,7 @@ func (s *Store) Models(ctx context.Context, name string, beforeRowID int64, limi
 
 // InsertModule stores a module's metadata; registering the same bytes twice is ErrExists.
 func (s *Store) InsertModule(ctx context.Context, m *pb.Module, now time.Time) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO modules (sha256, name, abi, size, signature, key_id, created) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.exec(ctx, `INSERT INTO modules (sha256, name, abi, size, signature, key_id, created) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		m.Ref.Sha256, m.Ref.Name, m.Ref.AbiVersion, int64(m.Ref.SizeBytes), m.Signature, m.KeyId, ts(now))
 	if err != nil {
 		if _, gerr := s.Module(ctx, m.Ref.Sha256); gerr == nil {
@@ -1024,7 +1044,7 @@ func (s *Store) Modules(ctx context.Context, name string, beforeRowID int64, lim
 // SeeDevice records a device's check-in.
 func (s *Store) SeeDevice(ctx context.Context, id string, attrs *pb.DeviceAttributes, now time.Time) error {
 	b, _ := proto.Marshal(attrs)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO devices (id, attrs, first_seen, last_seen) VALUES (?, ?, ?, ?)
+	_, err := s.exec(ctx, `INSERT INTO devices (id, attrs, first_seen, last_seen) VALUES (?, ?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET attrs = excluded.attrs, last_seen = excluded.last_seen`, id, b, ts(now), ts(now))
 	if err != nil {
 		return fmt.Errorf("store: device: %w", err)
