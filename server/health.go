@@ -23,7 +23,19 @@ const (
 // Ready reports why the server cannot run rounds now, or nil: it is
 // starting or shutting down, NATS is disconnected or the store fails.
 func (s *Server) Ready(ctx context.Context) error {
-	if s.coord == nil || s.grpcLn == nil {
+	if st := s.standby.Load(); st != nil {
+		if st.err != "" {
+			return fmt.Errorf("standby: cannot reach the store's lease: %s", st.err)
+		}
+		if st.holder != "" {
+			return fmt.Errorf("standby: replica %s leads", st.holder)
+		}
+		return errors.New("standby: waiting for the lease")
+	}
+	if s.deposed.Load() {
+		return errors.New("lost the lease: this replica no longer runs rounds; restart it to rejoin as a standby")
+	}
+	if !s.started.Load() {
 		return errors.New("starting")
 	}
 	if s.closing.Load() {

@@ -54,7 +54,7 @@ func PoolCheckpointDir(dataDir string) string { return filepath.Join(dataDir, "p
 
 // startPool starts the compute pool's job service; its state is in the
 // store, its checkpoints under PoolCheckpointDir.
-func (s *Server) startPool(ctx context.Context, bl *blobs.Store, mx *metrics.M) error {
+func (s *Server) startPool(ctx context.Context, st *store.Store, bl *blobs.Store, mx *metrics.M) error {
 	src, err := carbonSource(s.cfg.CarbonForecast)
 	if err != nil {
 		return err
@@ -64,7 +64,7 @@ func (s *Server) startPool(ctx context.Context, bl *blobs.Store, mx *metrics.M) 
 	if err != nil {
 		return err
 	}
-	svc, err := poolsvc.New(poolsvc.Deps{Store: s.store, Clock: s.o.clock, Log: s.o.log.With("component", "pool"),
+	svc, err := poolsvc.New(poolsvc.Deps{Store: st, Clock: s.o.clock, Log: s.o.log.With("component", "pool"),
 		CheckpointDir: PoolCheckpointDir(s.cfg.DataDir),
 		Audit: func(ctx context.Context, ps ...audit.Payload) error {
 			return s.recordBatch(ctx, poolActor, ps...)

@@ -50,7 +50,22 @@ import (
 // Config says where the service keeps state and listens. Zero values take the
 // defaults noted.
 type Config struct {
-	DataDir     string // required: SQLite, JetStream store and the WASM compilation cache live here
+	DataDir string // required: SQLite, JetStream store and the WASM compilation cache live here
+	// Store is a PostgreSQL URL (postgres://user@host:5432/db) for
+	// aggregators that share their state and take over from each other
+	// (docs/HA.md): one at a time, the holder of the lease LeaseName, runs
+	// the rounds and serves the API; the others wait as standbys. Empty
+	// keeps state in an SQLite file in DataDir (StoreFile), for one
+	// aggregator. A PostgreSQL store needs an external NATS cluster
+	// (NATSURL).
+	Store string
+	// ReplicaName is how this aggregator names itself in the lease
+	// (default: host name and process id).
+	ReplicaName string
+	// LeaseTTL is how long the database keeps the lease of a leader it no
+	// longer hears from (default DefaultLeaseTTL); a leader renews every
+	// quarter of it.
+	LeaseTTL    time.Duration
 	NATSURL     string // external NATS cluster; empty starts an embedded server
 	NATSListen  string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
 	GRPCAddr    string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
@@ -259,6 +274,17 @@ type Server struct {
 
 	security // TLS, token keys, module publishers, the NATS device authority
 
+	// Replicated (PostgreSQL) only: the lease this replica leads by, its
+	// renewals, and what a standby reports while it waits.
+	leadership *store.Leadership
+	leaseStop  chan struct{}
+	leaseDone  chan struct{}
+	standby    atomic.Pointer[standby]
+	lost       chan error
+	deposed    atomic.Bool // the lease was lost
+	runMu      sync.Mutex  // guards coord and pool as they are set, against a lost lease
+	started    atomic.Bool // Start finished: /readyz may answer 200
+
 	idMu     sync.Mutex // guards ids
 	ids      *rand.Rand // task ids; split from o.rand so the coordinator owns that one
 	shutdown sync.Once
@@ -304,6 +330,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if err := checkUIConfig(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkStoreConfig(&cfg); err != nil {
+		return nil, err
+	}
 	o := options{log: slog.New(slog.DiscardHandler)}
 	for _, opt := range opts {
 		opt(&o)
@@ -314,7 +343,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		o.rand = rand.New(rand.NewChaCha8(seedFromOS()))
 	}
 	ids := rand.New(rand.NewPCG(o.rand.Uint64(), o.rand.Uint64()))
-	return &Server{cfg: cfg, o: o, ids: ids}, nil
+	return &Server{cfg: cfg, o: o, ids: ids, lost: make(chan error, 1)}, nil
 }
 
 // Start opens state, connects NATS and begins serving. On error everything
@@ -336,11 +365,28 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := s.clearImports(); err != nil {
 		return err
 	}
-	if err := s.openAudit(ctx); err != nil {
+	if !s.cfg.replicated() {
+		if err := s.openAudit(ctx); err != nil {
+			return err
+		}
+	}
+	if s.store, err = store.Open(ctx, s.cfg.storeTarget()); err != nil {
 		return err
 	}
-	if s.store, err = store.Open(ctx, filepath.Join(s.cfg.DataDir, "fleetlearn.db")); err != nil {
-		return err
+	m := metrics.New()
+	s.serveHTTP(m)
+	// The coordinator and the pool write through the leader's fenced
+	// store; the API, whose writes any replica may make, through s.store.
+	leaderStore := s.store
+	if s.cfg.replicated() {
+		if s.leadership, err = s.lead(ctx); err != nil {
+			return err
+		}
+		leaderStore = s.leadership.Store()
+		s.keepLease(s.leadership)
+		if err := s.openAudit(ctx); err != nil {
+			return err
+		}
 	}
 	if err := s.loadSecurity(); err != nil {
 		return err
@@ -449,16 +495,20 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		wasm.WithLogger(s.o.log.With("component", "wasm"))); err != nil {
 		return err
 	}
-	m := metrics.New()
 	bl := blobs.New(js, obs)
-	s.coord = coord.New(coord.Deps{Store: s.store, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
+	s.runMu.Lock()
+	defer s.runMu.Unlock() // until Start returns: a lost lease stops what started
+	if s.deposed.Load() {
+		return errors.New("server: lost the lease while starting")
+	}
+	s.coord = coord.New(coord.Deps{Store: leaderStore, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
 		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom())})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
-	if err := s.startPool(ctx, bl, m); err != nil {
+	if err := s.startPool(ctx, leaderStore, bl, m); err != nil {
 		return err
 	}
 
@@ -467,20 +517,32 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	go s.grpc.Serve(s.grpcLn)
 
-	if s.httpLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-		healthcheck.Register(mux, s.Ready)
-		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go s.http.Serve(s.httpLn)
-	}
 	if err := s.startUI(m); err != nil {
 		return err
 	}
 	s.warnUnreachable()
+	s.started.Store(true)
 	s.o.log.Info("aggregator started", "grpc", s.GRPCAddr(), "nats", s.natsURL, "metrics", s.MetricsAddr(), "ui", s.UIURL(), "data", s.cfg.DataDir)
 	return nil
 }
+
+// serveHTTP serves /metrics, /healthz and /readyz from the start: a
+// standby is alive (healthz) and says why it is not ready (readyz) while
+// it waits for the lease.
+func (s *Server) serveHTTP(m *metrics.M) {
+	if s.httpLn == nil {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	healthcheck.Register(mux, s.Ready)
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go s.http.Serve(s.httpLn)
+}
+
+// StoreFile is the SQLite file that holds an aggregator's state in its
+// data directory, unless Config.Store names a PostgreSQL database.
+func StoreFile(dataDir string) string { return filepath.Join(dataDir, "fleetlearn.db") }
 
 // GRPCAddr is the address the gRPC API listens on.
 func (s *Server) GRPCAddr() string {
@@ -533,6 +595,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.coord.Shutdown()
 		}
 		errs = append(errs, s.closeAudit(ctx))
+		// After the last write: the next leader starts from all of it.
+		s.stopLease()
 		if s.nc != nil {
 			s.nc.Drain()
 			s.nc.Close()

@@ -5,6 +5,7 @@ package servercmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,12 +49,19 @@ func serve(ctx context.Context, cfg server.Config, log *slog.Logger, opts ...ser
 		}
 		return fmt.Errorf("start: %w", err)
 	}
-	<-ctx.Done()
+	var lost error
+	select {
+	case <-ctx.Done():
+	case lost = <-s.Lost():
+		// A replica that lost its lease exits, for its supervisor to
+		// restart it as a standby: starting clean is simpler to trust
+		// than stepping down in place.
+	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := s.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		return errors.Join(lost, fmt.Errorf("shutdown: %w", err))
 	}
-	return nil
+	return lost
 }

@@ -154,6 +154,10 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl := root.Flags()
 	fl.SortFlags = false
 	fl.StringVar(&f.cfg.DataDir, "data-dir", "fleetlearn-data", "keep SQLite, JetStream, keys, the TLS CA and caches in `DIR`")
+	fl.StringVar(&f.cfg.Store, "store", "", "keep state in the PostgreSQL database at `URL` (postgres://user@host:5432/db), shared by replicas "+
+		"of which one leads and the others stand by (docs/HA.md); needs --nats-url. Default: an SQLite file in --data-dir")
+	fl.StringVar(&f.cfg.ReplicaName, "replica-name", "", "name this replica in the lease (default: host name and process id)")
+	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, fmt.Sprintf("with --store: how long PostgreSQL keeps the lease of a leader it no longer hears from (default %v)", server.DefaultLeaseTTL))
 	fl.StringVar(&f.cfg.PublicHost, "public-host", "",
 		"the DNS name or IP address (`HOST`) by which devices and operators elsewhere reach this server: serves the API and NATS "+
 			"on every interface, puts HOST in the TLS certificate and in the NATS URL enrollment gives devices")

@@ -80,13 +80,15 @@ func TestFlagSpellings(t *testing.T) {
 		"--log-level", "warn", "--fleet", "north", "--tls-hosts", "fl.example.com,10.0.0.1",
 		"--module-publishers", jwks, "--public-host", "fl.example.com",
 		"--nats-advertise", "nats://lb.example.com:4222", "--nats-auth-from", "/etc/fleetlearn/nats-auth",
+		"--store", "postgres://fl@db.example.com:5432/fleetlearn", "--replica-name", "agg-1", "--lease-ttl", "6s",
 	}
 	want := server.Config{DataDir: filepath.Join(dir, "data"), NATSURL: "nats://a:4222,nats://b:4222",
 		NATSListen: "10.0.0.1:4333", GRPCAddr: "10.0.0.1:7171", MetricsAddr: "off", PaceWindow: 750 * time.Millisecond,
 		Replicas: 3, NATSTLS: true, InsecureNATS: true, GRPCInsecure: true, AuditOrigin: "fl.example.com/audit",
 		AuditWitnesses: []string{"w1+01+AAAA", "w2+02+BBBB"}, Fleet: "north", TLSHosts: []string{"fl.example.com", "10.0.0.1"},
 		ModulePublishersJWKS: []byte(`{"keys":[]}`), PublicHost: "fl.example.com",
-		NATSAdvertise: "nats://lb.example.com:4222", NATSAuthFrom: "/etc/fleetlearn/nats-auth"}
+		NATSAdvertise: "nats://lb.example.com:4222", NATSAuthFrom: "/etc/fleetlearn/nats-auth",
+		Store: "postgres://fl@db.example.com:5432/fleetlearn", ReplicaName: "agg-1", LeaseTTL: 6 * time.Second}
 	for name, a := range map[string][]string{
 		"--name value": args,
 		"-name value":  singleDash(args, false),
