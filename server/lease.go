@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
@@ -19,6 +22,17 @@ const LeaseName = "coordinator"
 
 // DefaultLeaseTTL is the default Config.LeaseTTL.
 const DefaultLeaseTTL = 10 * time.Second
+
+// ReplicaSecrets are the files and folders of a data directory that every
+// replica of a replicated aggregator must hold the same copies of, as a
+// deployment mounts them from one secret: the TLS CA (each replica issues
+// its own server certificate from it), the API and enrollment token keys,
+// the admin token, the NATS authority's keys and the audit log's keys.
+// Everything else in a data directory is the replica's own.
+var ReplicaSecrets = []string{
+	filepath.Join(TLSDir, identity.CACertFile), filepath.Join(TLSDir, identity.CAKeyFile),
+	KeysDir, AdminTokenFile, NATSAuthDir, audit.KeysFile,
+}
 
 // replicated reports whether the store is shared by replicas (PostgreSQL)
 // rather than an SQLite file of this aggregator's own.

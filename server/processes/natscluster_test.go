@@ -575,31 +575,10 @@ func waitCurrent(t *testing.T, js jetstream.JetStream, name string) {
 // land just after the task shows completed.
 func auditRounds(t *testing.T, c *cluster, task string, rounds int) (reports, examples map[uint64]uint64) {
 	t.Helper()
-	ac := apiv1.NewAuditServiceClient(c.conn)
-	keys, err := ac.GetPublicKeys(context.Background(), &pb.GetPublicKeysRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
-	if err != nil {
-		t.Fatal(err)
-	}
 	end := time.Now().Add(time.Minute)
 	for {
 		reports, examples = map[uint64]uint64{}, map[uint64]uint64{}
-		res, err := ac.QueryEntries(context.Background(), &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task}, PageSize: 1000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range res.GetEntries() {
-			ev, err := audit.VerifyEntry(audit.Entry{Index: e.GetIndex(), Data: e.GetJws()}, entryKey)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := ev.DecodePayload()
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, p := range auditPayloads(t, c, task) {
 			switch p := p.(type) {
 			case audit.RoundClosed:
 				if p.Outcome == audit.RoundCommitted {
@@ -616,6 +595,39 @@ func auditRounds(t *testing.T, c *cluster, task string, rounds int) (reports, ex
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// auditPayloads reads the task's entries from the audit log through the
+// API, checks each one's signature with the log's entry key, and returns
+// their payloads in order.
+func auditPayloads(t *testing.T, c *cluster, task string) []audit.Payload {
+	t.Helper()
+	ac := apiv1.NewAuditServiceClient(c.conn)
+	keys, err := ac.GetPublicKeys(context.Background(), &pb.GetPublicKeysRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := ac.QueryEntries(context.Background(), &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task}, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []audit.Payload
+	for _, e := range res.GetEntries() {
+		ev, err := audit.VerifyEntry(audit.Entry{Index: e.GetIndex(), Data: e.GetJws()}, entryKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ev.DecodePayload()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // roundConsumerLeader is the node leading the report consumer of task's

@@ -26,6 +26,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -45,10 +46,11 @@ func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
 	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
 }
 
-// TestMain lets the test binary run as the programs binaries links.
+// TestMain lets the test binary run as the programs binaries links, and
+// stops the PostgreSQL server that the replicated aggregators' tests start.
 func TestMain(m *testing.M) {
 	cmdtest.Main()
-	m.Run()
+	os.Exit(pgtest.Main(m))
 }
 
 // workerBin is the fleetlearn-worker that binaries built next to serverBin.

@@ -1,0 +1,239 @@
+package processes_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
+	"github.com/fleetlearn/fleetlearn/model/sgd"
+	"github.com/fleetlearn/fleetlearn/model/train"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
+)
+
+// TestLeaderFailover: two aggregator replicas share a PostgreSQL store and
+// a 3-node NATS cluster; three agents train. In the middle of round 2,
+// once a report is stored, the leading replica is killed with SIGKILL. The
+// standby takes the lease and finishes the task: every round commits
+// exactly once, the audit log — kept in PostgreSQL, continued by the new
+// leader under the same keys — records each round closed once and
+// verifies offline against the keys pinned before the kill. The time from
+// the kill to the next committed round is logged.
+func TestLeaderFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server and the Fleetlearn binaries, runs PostgreSQL, a 3-node NATS cluster and two aggregators as processes")
+	}
+	pg := pgtest.Database(t)
+	serverBin, edgeBin, cli := binaries(t)
+	natsBin := buildNATSServer(t)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	c := &cluster{t: t, serverBin: serverBin, edgeBin: edgeBin, cli: cli, dataDir: dirA, grpcAddr: servertest.FreeAddr(t)}
+	t.Setenv("FLEETLEARN_CA", server.CAFile(dirA))
+	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(dirA))
+	keys := t.TempDir()
+	c.publisherKey, c.jwks = filepath.Join(keys, "publisher.pem"), filepath.Join(keys, "publishers.jwks")
+	if err := os.WriteFile(c.jwks, []byte(runCLI(t, cli, "", "module", "keygen", c.publisherKey)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fragment := filepath.Join(t.TempDir(), "fleetlearn-auth.conf")
+	if out, err := exec.Command(serverBin, "--data-dir", dirA, "--write-nats-config", fragment,
+		"--nats-resolver-dir", "/var/lib/nats/jwt").CombinedOutput(); err != nil {
+		t.Fatalf("fleetlearn-server --write-nats-config: %v\n%s", err, out)
+	}
+	nodes := startNATSCluster(t, natsBin, fragment)
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = "nats://" + n.client
+	}
+	natsURL := strings.Join(urls, ",")
+	replica := func(name, dir, grpcAddr, metricsAddr string) *proc {
+		return startLogged(t, name, serverBin, "-data-dir", dir, "-nats-url", natsURL, "-store", pg,
+			"-replica-name", name, "-lease-ttl", "4s", "-grpc-addr", grpcAddr, "-metrics-addr", metricsAddr,
+			"-pace-window", "200ms", "-log-level", "debug", "-module-publishers", c.jwks)
+	}
+	leader := replica("agg-a", dirA, c.grpcAddr, "off")
+	c.dial()
+	c.waitGRPC()
+	// The operator's step for a second replica: the secrets the first
+	// created (a deployment mounts them from one Secret), a data directory
+	// otherwise its own.
+	copySecrets(t, dirA, dirB)
+	grpcB, metricsB := servertest.FreeAddr(t), servertest.FreeAddr(t)
+	replica("agg-b", dirB, grpcB, metricsB)
+	// The standby says why it is not ready: the other replica leads.
+	waitReadyz(t, metricsB, func(code int, body string) bool {
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "standby: replica agg-a leads")
+	})
+
+	pin := filepath.Join(t.TempDir(), "audit.pin")
+	runCLI(t, cli, c.grpcAddr, "audit", "keys", "-o", pin)
+
+	init, _ := train.InitMLP([]int{32, 64, 4}, 1)
+	version, module := c.setup(init, wasmtest.MLP)
+	sizes := []int{300, 2000, 8000}
+	for i, n := range sizes {
+		dir := t.TempDir()
+		if err := data.WriteDir(filepath.Join(dir, "dataset"), datatest.Synthetic(n, 32, 4, uint64(i+1)), fmt.Sprintf("dev%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		id, state := fmt.Sprintf("edge-%d", i), filepath.Join(dir, "state")
+		c.enroll(id, state)
+		startLogged(t, fmt.Sprintf("edge%d", i), edgeBin, "-data-dir", state, "-dataset", filepath.Join(dir, "dataset"),
+			"-device-id", id, "-log-level", "debug")
+	}
+
+	nc := servertest.ServiceConn(t, dirA, natsURL)
+	const killRound, rounds = 2, 4
+	stored := make(chan uint64, 64)
+	sub, err := nc.Subscribe(wire.SubjectStoredPrefix+"fl.report.>", func(m *nats.Msg) {
+		tok := strings.Split(strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix), ".")
+		if len(tok) != 5 {
+			return
+		}
+		if r, err := strconv.ParseUint(tok[3], 10, 64); err == nil {
+			stored <- r
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	id := createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
+		rounds, len(sizes))
+	guard := time.After(3 * time.Minute)
+	for r := uint64(0); r != killRound; {
+		select {
+		case r = <-stored:
+		case <-guard:
+			t.Fatalf("no report of round %d was stored", killRound)
+		}
+	}
+	for _, r := range c.committed(id) {
+		if r.Round == killRound {
+			t.Fatalf("round %d committed before the kill: the leader was not lost mid-round", killRound)
+		}
+	}
+	leader.kill9()
+	killed := time.Now()
+	t.Logf("round %d: a report stored; kill -9 the leader agg-a", killRound)
+
+	// The API is the new leader's now.
+	c.grpcAddr, c.conn = grpcB, nil
+	c.dial()
+	c.waitGRPC()
+	task := c.waitDone(id, 4*time.Minute)
+	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v after the failover: %s", task.State, task.StateReason)
+	}
+	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next time.Duration
+	for _, r := range resp.Rounds {
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED {
+			t.Errorf("round %d: %v (%s)", r.Round, r.State, r.Reason)
+		}
+		if closed := r.GetCloseTime().AsTime(); next == 0 && closed.After(killed) {
+			next = closed.Sub(killed)
+		}
+		c.loadable(r.Model.GetVersion())
+	}
+	if len(resp.Rounds) != rounds {
+		t.Errorf("%d rounds, want %d", len(resp.Rounds), rounds)
+	}
+	t.Logf("from the kill to the next committed round: %.1f s", next.Seconds())
+
+	// The log tells each round's close once, the new leader's as well as
+	// the old one's, and verifies against the keys pinned before the kill.
+	closes := map[uint64]int{}
+	for _, p := range auditPayloads(t, c, id) {
+		if rc, ok := p.(audit.RoundClosed); ok {
+			closes[rc.Round]++
+			if rc.Outcome != audit.RoundCommitted {
+				t.Errorf("audit log: round %d closed %v", rc.Round, rc.Outcome)
+			}
+		}
+	}
+	for r := uint64(1); r <= rounds; r++ {
+		if closes[r] != 1 {
+			t.Errorf("audit log: round %d closed %d times, want once", r, closes[r])
+		}
+	}
+	export := filepath.Join(t.TempDir(), "audit.jsonl")
+	runCLI(t, cli, c.grpcAddr, "audit", "export", "--proofs", "-o", export)
+	if out := runCLI(t, cli, "", "audit", "verify", export, "--pin", pin); !strings.Contains(out, "(pinned)") {
+		t.Errorf("audit verify:\n%s", out)
+	}
+}
+
+// copySecrets copies server.ReplicaSecrets from one data directory to
+// another.
+func copySecrets(t *testing.T, from, to string) {
+	t.Helper()
+	for _, rel := range server.ReplicaSecrets {
+		src := filepath.Join(from, rel)
+		err := filepath.Walk(src, func(path string, info os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			dst := filepath.Join(to, rel, strings.TrimPrefix(path, src))
+			if info.IsDir() {
+				return os.MkdirAll(dst, 0o700)
+			}
+			if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(dst, b, info.Mode().Perm())
+		})
+		if err != nil {
+			t.Fatalf("copy %s: %v", rel, err)
+		}
+	}
+}
+
+// waitReadyz polls a replica's /readyz until ok accepts its answer.
+func waitReadyz(t *testing.T, addr string, ok func(code int, body string) bool) {
+	t.Helper()
+	var last string
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + server.ReadyzPath)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if ok(resp.StatusCode, string(b)) {
+			return
+		}
+		last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	t.Fatalf("%s%s: %s", addr, server.ReadyzPath, last)
+}
