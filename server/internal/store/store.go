@@ -646,7 +646,7 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 		}
 		for _, d := range r.Participants {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO participations (task_id, device_id, rounds) VALUES (?, ?, 1)
-				ON CONFLICT (task_id, device_id) DO UPDATE SET rounds = rounds + 1`, r.TaskID, d); err != nil {
+				ON CONFLICT (task_id, device_id) DO UPDATE SET rounds = participations.rounds + 1`, r.TaskID, d); err != nil {
 				return fmt.Errorf("store: participation: %w", err)
 			}
 		}
