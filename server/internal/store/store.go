@@ -905,12 +905,21 @@ func insertModel(ctx context.Context, tx *sqldb.Tx, m *ModelRow) error {
 	return nil
 }
 
-// InsertModel stores an imported model version; an existing version is ErrExists.
+// InsertModel stores an imported model version; an existing version is
+// ErrExists. The check is in the insert's transaction, so that of imports
+// of one version at once, one stores it and the others hear it exists.
 func (s *Store) InsertModel(ctx context.Context, m *ModelRow) error {
-	if _, err := s.Model(ctx, m.Version); err == nil {
-		return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
-	}
-	return s.Tx(ctx, func(tx *sqldb.Tx) error { return insertModel(ctx, tx, m) })
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM models WHERE version = ?`, m.Version).Scan(&one)
+		if err == nil {
+			return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("store: insert model %s: %w", m.Version, err)
+		}
+		return insertModel(ctx, tx, m)
+	})
 }
 
 const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created, lineage`
