@@ -784,20 +784,33 @@ func (s *Store) Participations(ctx context.Context, task string) (map[string]int
 }
 
 // UpdateRoundMetrics merges metrics into a closed round (server-side evaluation
-// arrives after the commit).
+// arrives after the commit). The read and the write are one transaction:
+// merges into the same round at once each keep the others' metrics.
 func (s *Store) UpdateRoundMetrics(ctx context.Context, task string, round uint64, m map[string]float64) error {
-	r, err := s.Round(ctx, task, round)
-	if err != nil {
-		return err
-	}
-	if r.Metrics == nil {
-		r.Metrics = map[string]float64{}
-	}
-	for k, v := range m {
-		r.Metrics[k] = v
-	}
-	_, err = s.exec(ctx, `UPDATE rounds SET metrics = ? WHERE task_id = ? AND round = ?`, marshalMetrics(r.Metrics), task, int64(round))
-	return err
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
+		var b []byte
+		err := tx.QueryRowContext(ctx, `SELECT metrics FROM rounds WHERE task_id = ? AND round = ?`, task, int64(round)).Scan(&b)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("round %s/%d: %w", task, round, backend.ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("store: round %s/%d metrics: %w", task, round, err)
+		}
+		var old pb.Metrics
+		if err := proto.Unmarshal(b, &old); err != nil {
+			return fmt.Errorf("store: round %s/%d metrics: %w", task, round, err)
+		}
+		merged := old.Values
+		if merged == nil {
+			merged = map[string]float64{}
+		}
+		maps.Copy(merged, m)
+		if _, err := tx.ExecContext(ctx, `UPDATE rounds SET metrics = ? WHERE task_id = ? AND round = ?`,
+			marshalMetrics(merged), task, int64(round)); err != nil {
+			return fmt.Errorf("store: round %s/%d metrics: %w", task, round, err)
+		}
+		return nil
+	})
 }
 
 // ---- assignments
@@ -912,12 +925,21 @@ func insertModel(ctx context.Context, tx *sqldb.Tx, m *ModelRow) error {
 	return nil
 }
 
-// InsertModel stores an imported model version; an existing version is ErrExists.
+// InsertModel stores an imported model version; an existing version is
+// ErrExists. The check is in the insert's transaction, so that of imports
+// of one version at once, one stores it and the others hear it exists.
 func (s *Store) InsertModel(ctx context.Context, m *ModelRow) error {
-	if _, err := s.Model(ctx, m.Version); err == nil {
-		return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
-	}
-	return s.Tx(ctx, func(tx *sqldb.Tx) error { return insertModel(ctx, tx, m) })
+	return s.Tx(ctx, func(tx *sqldb.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM models WHERE version = ?`, m.Version).Scan(&one)
+		if err == nil {
+			return fmt.Errorf("model %s: %w", m.Version, backend.ErrExists)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("store: insert model %s: %w", m.Version, err)
+		}
+		return insertModel(ctx, tx, m)
+	})
 }
 
 const modelCols = `version, name, description, parent, task_id, round, source, tensors, params, size, created, lineage`
