@@ -1,0 +1,121 @@
+package server_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetlearn/fleetlearn/internal/natstest"
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
+	"github.com/fleetlearn/fleetlearn/server"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func TestReplicaConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg  server.Config
+		want string
+	}{
+		{server.Config{DataDir: t.TempDir(), Store: "/var/lib/fleetlearn/state.db"}, "give a PostgreSQL URL"},
+		{server.Config{DataDir: t.TempDir(), Store: "postgres://fl@db:5432/fl"}, "give NATSURL (--nats-url) too"},
+		{server.Config{DataDir: t.TempDir(), Store: "postgres://fl@db:5432/fl", NATSURL: "nats://n:4222", LeaseTTL: time.Millisecond}, "below"},
+	} {
+		if _, err := server.New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New(%+v) = %v, want an error saying %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+// replica starts a replicated aggregator on the shared store and NATS
+// server; its Start, which waits for the lease, runs in the background and
+// reports on the returned channel.
+func replica(t *testing.T, name, pg, natsURL string) (*server.Server, <-chan error) {
+	t.Helper()
+	s, err := server.New(server.Config{DataDir: t.TempDir(), Store: pg, ReplicaName: name, LeaseTTL: 2 * time.Second,
+		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { started <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		s.Shutdown(context.Background())
+	})
+	return s, started
+}
+
+// waitStarted waits for a replica's Start to return: it leads and serves.
+func waitStarted(t *testing.T, name string, started <-chan error) {
+	t.Helper()
+	if err := <-started; err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+// TestStandbyTakesOver: a second replica waits, not ready, while the first
+// leads; when the first shuts down it gives the lease up and the second
+// takes over at once.
+func TestStandbyTakesOver(t *testing.T) {
+	pg, ns := pgtest.Database(t), natstest.Start(t)
+	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL())
+	waitStarted(t, "agg-a", aStarted)
+	if err := a.Ready(context.Background()); err != nil {
+		t.Fatalf("the leader is not ready: %v", err)
+	}
+	b, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+	for {
+		err := b.Ready(context.Background())
+		if err != nil && strings.Contains(err.Error(), "standby: replica agg-a leads") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-bStarted:
+		t.Fatalf("the standby started while the leader runs: %v", err)
+	default:
+	}
+	if err := a.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitStarted(t, "agg-b", bStarted)
+	if err := b.Ready(context.Background()); err != nil {
+		t.Fatalf("the new leader is not ready: %v", err)
+	}
+}
+
+// TestDeposedLeaderStops: when the database ends the leader's session (as
+// it does for one cut off from it), a standby takes the lease, and the old
+// leader finds out at its next renewal: it stops running rounds, says so
+// on Lost and in its readiness, and every write it still tries is fenced
+// (server/internal/store's TestFencedLeader).
+func TestDeposedLeaderStops(t *testing.T) {
+	pg, ns := pgtest.Database(t), natstest.Start(t)
+	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL())
+	waitStarted(t, "agg-a", aStarted)
+	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+
+	db, err := sql.Open("pgx", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("ending the leader's lock session: %d, %v", n, err)
+	}
+	waitStarted(t, "agg-b", bStarted)
+	err = <-a.Lost()
+	if err == nil || !strings.Contains(err.Error(), "lost the lease") {
+		t.Fatalf("Lost: %v", err)
+	}
+	if err := a.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "lost the lease") {
+		t.Fatalf("the deposed leader's readiness: %v", err)
+	}
+}
