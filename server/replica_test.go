@@ -3,8 +3,11 @@ package server_test
 import (
 	"context"
 	"database/sql"
+	"net"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,3 +122,94 @@ func TestDeposedLeaderStops(t *testing.T) {
 		t.Fatalf("the deposed leader's readiness: %v", err)
 	}
 }
+
+// TestPartitionedLeader: the leader's connections to PostgreSQL go through
+// a proxy that stops passing bytes, as a network partition does; neither
+// side sees them close. The database ends the leader's silent session
+// after the lease's ttl, the standby takes over, and the leader, whose
+// renewal gets no answer, stops on its own.
+func TestPartitionedLeader(t *testing.T) {
+	pg, ns := pgtest.Database(t), natstest.Start(t)
+	u, err := url.Parse(pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPartitionProxy(t, u.Host)
+	viaProxy := *u
+	viaProxy.Host = p.addr
+	a, aStarted := replica(t, "agg-a", viaProxy.String(), ns.ClientURL())
+	waitStarted(t, "agg-a", aStarted)
+	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+	p.partition()
+	waitStarted(t, "agg-b", bStarted)
+	if err := <-a.Lost(); err == nil || !strings.Contains(err.Error(), "lost the lease") {
+		t.Fatalf("Lost: %v", err)
+	}
+}
+
+// partitionProxy forwards TCP connections to a target until partition,
+// after which it keeps every connection open and passes nothing.
+type partitionProxy struct {
+	addr string
+	cut  chan struct{}
+}
+
+func newPartitionProxy(t *testing.T, target string) *partitionProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &partitionProxy{addr: l.Addr().String(), cut: make(chan struct{})}
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			go p.pipe(in, out)
+			go p.pipe(out, in)
+		}
+	}()
+	return p
+}
+
+// pipe copies until the partition, then reads and drops what arrives, so
+// the sender sees no error.
+func (p *partitionProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		select {
+		case <-p.cut:
+			continue
+		default:
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *partitionProxy) partition() { close(p.cut) }
