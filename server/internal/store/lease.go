@@ -70,16 +70,16 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 		// Set before the lock: a session that goes silent while holding it
 		// is ended by the database, which frees the lock.
 		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET idle_session_timeout = %d", ttl.Milliseconds())); err != nil {
-			conn.Close()
+			returnConn(conn)
 			return nil, fmt.Errorf("store: lease %s: %w", name, err)
 		}
 		var got bool
 		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lockKey(name)).Scan(&got); err != nil {
-			conn.Close()
+			returnConn(conn)
 			return nil, fmt.Errorf("store: lease %s: %w", name, err)
 		}
 		if !got {
-			conn.Close()
+			returnConn(conn)
 			return nil, nil
 		}
 		l.conn = conn
@@ -144,12 +144,20 @@ func (l *Leadership) Release() error {
 	if l.conn == nil {
 		return nil
 	}
-	// Closing the session frees its lock; an explicit unlock first hands
-	// the lease on at once even if the pool keeps the connection.
-	l.conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock_all()")
-	err := l.conn.Close()
+	err := returnConn(l.conn)
 	l.conn = nil
 	return err
+}
+
+// returnConn hands a lease's connection back to the pool as any other:
+// without its locks (the lease passes on at once, though the pool keeps
+// the session) and without the lease's idle timeout. A connection the
+// database already ended fails these and the pool drops it.
+func returnConn(conn *sql.Conn) error {
+	ctx := context.Background()
+	conn.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+	conn.ExecContext(ctx, "RESET idle_session_timeout")
+	return conn.Close()
 }
 
 // Lease returns the lease's current holder and epoch; ErrNotFound

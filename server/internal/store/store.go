@@ -187,6 +187,11 @@ ALTER TABLE modules ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED ALWAYS AS ID
 // replicas starting together do not race on the catalog.
 const pgSchemaLock = 0x466c656574 // "Fleet"
 
+// MinPostgresVersion is the oldest PostgreSQL the store runs on
+// (server_version_num): 14, whose idle_session_timeout ends a silent
+// leader's session and so its lease.
+const MinPostgresVersion = 140000
+
 // MaxPostgresConns bounds one aggregator's connections to PostgreSQL.
 const MaxPostgresConns = 16
 
@@ -229,6 +234,14 @@ func createSchema(ctx context.Context, db *sqldb.DB) error {
 		return fmt.Errorf("store: connect: %w", err)
 	}
 	defer conn.Close()
+	var version int
+	if err := conn.QueryRowContext(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return fmt.Errorf("store: connect: %w", err)
+	}
+	if version < MinPostgresVersion {
+		return fmt.Errorf("store: PostgreSQL %d.%d is too old: leases need idle_session_timeout, from PostgreSQL 14 on; upgrade the database",
+			version/10000, version%10000)
+	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: schema: %w", err)
