@@ -669,3 +669,44 @@ func TestOpenRefusesDamage(t *testing.T) {
 		}
 	})
 }
+
+// TestLargeBatch writes a batch whose entry rows alone would bind more
+// parameters than one PostgreSQL statement takes (65,535; 8 per row): the
+// inserts are statements of at most 512 rows in the batch's transaction.
+func TestLargeBatch(t *testing.T) {
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		const n = 65535/8 + 9 // 65,600 parameters in one statement
+		lg, dir, clk := openTest(t, WithMaxBatch(n))
+		evs := make([]Event, n)
+		for i := range evs {
+			evs[i] = sampleEvent(t, i)
+		}
+		es, err := lg.AppendBatch(ctx, evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(es) != n || es[n-1].Index != n-1 || lg.Size() != n || rawSize(t, dir) != n {
+			t.Fatalf("%d entries acknowledged, size %d, %d rows", len(es), lg.Size(), rawSize(t, dir))
+		}
+		cp, err := lg.Checkpoint(ctx)
+		if err != nil || cp.Root != refRoots(es)[n] {
+			t.Fatalf("checkpoint of the batch: %v", err)
+		}
+		rep, err := VerifyExport(bytes.NewReader(exportBytes(t, lg, WithProofs())))
+		if err != nil || rep.Entries != n || rep.Proofs != n {
+			t.Fatalf("export: %+v, %v", rep, err)
+		}
+		if err := lg.Close(); err != nil {
+			t.Fatal(err)
+		}
+		lg, err = Open(ctx, dir, append(storeOpts(dir), WithClock(clk.Now))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lg.Close()
+		if r, err := lg.RootAt(ctx, n); err != nil || r != cp.Root {
+			t.Fatalf("reopened: root %x, %v", r, err)
+		}
+	})
+}
