@@ -137,7 +137,8 @@ func WithConsistencyProofs(sizes ...uint64) ExportOption {
 // snapshot. A writable log first signs a checkpoint and exports the entries
 // it covers, so that the export verifies even while appends go on. A
 // read-only log exports every stored row as it is, damaged or not covered
-// by a checkpoint, for VerifyExport to judge.
+// by a checkpoint, for VerifyExport to judge. A writer another has deposed
+// cannot sign (ErrFenced): export from the new writer or read-only.
 func (l *Log) Export(ctx context.Context, w io.Writer, opts ...ExportOption) error {
 	if err := l.live(); err != nil {
 		return fmt.Errorf("audit: export: %w", err)

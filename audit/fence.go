@@ -29,7 +29,8 @@ import (
 // A fenced Log stays fenced: its sequencer signs nothing more, and every
 // later append, checkpoint and cosignature fails with ErrFenced at once,
 // since its idea of the tree (size, frontier, latest checkpoint) is
-// behind the database's. Its reads still answer for the tree it knew.
+// behind the database's. Its reads still answer for the tree it knew,
+// except Export, which signs a checkpoint first and so fails too.
 // Close is safe and returns no error for the fence: what the fenced writer
 // acknowledged is committed, and the new writer's checkpoints cover it.
 
@@ -73,9 +74,11 @@ func (l *Log) checkFence(ctx context.Context, tx *sqldb.Tx) error {
 		l.cfg.logger.Warn("audit log writer fenced: another writer opened the log; this one writes nothing more",
 			"epoch", l.epoch, "current_epoch", epoch, "size", l.Size())
 	}
-	return fmt.Errorf("writer epoch is %d, this writer's %d: %w", epoch, l.epoch, ErrFenced)
+	return fmt.Errorf("the log's writer epoch is %d, this writer's %d; close this Log, and open the log again only if this process is to write it: %w",
+		epoch, l.epoch, ErrFenced)
 }
 
 func (l *Log) errFenced() error {
-	return fmt.Errorf("writer epoch %d is no longer the log's: %w", l.epoch, ErrFenced)
+	return fmt.Errorf("writer epoch %d is no longer the log's; close this Log, and open the log again only if this process is to write it: %w",
+		l.epoch, ErrFenced)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
@@ -258,6 +259,10 @@ func TestFencedWriter(t *testing.T) {
 	}
 	if e, err := a.Entry(ctx, 14); err != nil || !bytes.Equal(e.Data, acked[14].Data) {
 		t.Fatalf("A's read of its last entry: %v", err)
+	}
+	// Export signs a checkpoint first, which A may no longer do.
+	if err := a.Export(ctx, io.Discard); !errors.Is(err, audit.ErrFenced) {
+		t.Errorf("A's export: %v, want ErrFenced", err)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatalf("closing a fenced writer: %v", err)
