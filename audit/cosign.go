@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/audit/internal/note"
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 )
 
 // Witnesses (c2sp.org/tlog-witness, in spirit) follow the log's
@@ -204,7 +205,8 @@ type Cosignature struct {
 // (ErrBadCosignature), and a checkpoint the log has not issued
 // (ErrNotFound): a note signed with the log's key that the log does not
 // hold means a lost or forked log, which it also logs as a warning.
-// Cosignatures are not events; nothing is appended to the log.
+// Cosignatures are not events; nothing is appended to the log. A writer
+// another has deposed stores nothing (ErrFenced).
 func (l *Log) AddCosignature(ctx context.Context, cosigned []byte) (Cosignature, error) {
 	const op = "audit: add cosignature"
 	if l.readOnly {
@@ -256,22 +258,33 @@ func (l *Log) AddCosignature(ctx context.Context, cosigned []byte) (Cosignature,
 	if l.closed {
 		return Cosignature{}, fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	var n int
-	if err := l.rdb.QueryRowContext(ctx, "SELECT count(*) FROM checkpoints WHERE size = ? AND root = ?",
-		int64(cp.Size), cp.Root[:]).Scan(&n); err != nil {
+	issued := true
+	err = l.wdb.Tx(ctx, func(tx *sqldb.Tx) error {
+		if err := l.checkFence(ctx, tx); err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM checkpoints WHERE size = ? AND root = ?",
+			int64(cp.Size), cp.Root[:]).Scan(&n); err != nil {
+			return err
+		}
+		if issued = n > 0; !issued {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO cosignatures(witness, size, root, name, time, sig) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT(witness, size) DO UPDATE SET root = excluded.root, name = excluded.name, time = excluded.time, sig = excluded.sig
+		WHERE excluded.time > cosignatures.time`,
+			out.Witness, int64(cp.Size), cp.Root[:], w.Name(), int64(cs.Time), cs.Raw)
+		return err
+	})
+	if err != nil {
 		return Cosignature{}, fmt.Errorf("%s: %w", op, err)
 	}
-	if n == 0 {
+	if !issued {
 		l.cfg.logger.Warn("audit cosignature of a checkpoint this log did not issue", "witness", w.Name(),
 			"size", cp.Size, "root", base64.StdEncoding.EncodeToString(cp.Root[:]), "log_size", l.Size())
 		return Cosignature{}, fmt.Errorf("%s: the log issued no checkpoint of size %d with root %s: %w",
 			op, cp.Size, base64.StdEncoding.EncodeToString(cp.Root[:]), ErrNotFound)
-	}
-	if _, err := l.wdb.ExecContext(ctx, `INSERT INTO cosignatures(witness, size, root, name, time, sig) VALUES (?, ?, ?, ?, ?, ?)
-		ON CONFLICT(witness, size) DO UPDATE SET root = excluded.root, name = excluded.name, time = excluded.time, sig = excluded.sig
-		WHERE excluded.time > cosignatures.time`,
-		out.Witness, int64(cp.Size), cp.Root[:], w.Name(), int64(cs.Time), cs.Raw); err != nil {
-		return Cosignature{}, fmt.Errorf("%s: %w", op, err)
 	}
 	return out, nil
 }
@@ -287,11 +300,11 @@ func (l *Log) CosignedNote(ctx context.Context, cp Checkpoint) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	if l.readOnly {
-		var n int
-		if err := l.rdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'cosignatures'").Scan(&n); err != nil {
+		ok, err := hasCosignatures(ctx, l.rdb, l.rdb.Dialect())
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
-		if n == 0 {
+		if !ok {
 			return bytes.Clone(cp.Note), nil
 		}
 	}

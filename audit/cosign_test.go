@@ -212,137 +212,139 @@ func TestCosignatureInterop(t *testing.T) {
 }
 
 func TestAddCosignature(t *testing.T) {
-	ctx := context.Background()
-	w1, w2, stranger := testWitness(t, "witness.example/w1", 3), testWitness(t, "witness.example/w2", 4), testWitness(t, "stranger.example/w", 5)
-	lg, dir, clk := openTest(t, WithWitnesses(w1.VerifierKey(), w2.VerifierKey(), w1.VerifierKey()))
-	cp1 := grownCheckpoint(t, lg, 5)
-	cp2 := grownCheckpoint(t, lg, 4)
-	now := clk.Now()
-	cosign := func(w WitnessKey, cp Checkpoint, at time.Time) []byte {
-		t.Helper()
-		b, err := w.Cosign(cp, at)
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		w1, w2, stranger := testWitness(t, "witness.example/w1", 3), testWitness(t, "witness.example/w2", 4), testWitness(t, "stranger.example/w", 5)
+		lg, dir, clk := openTest(t, WithWitnesses(w1.VerifierKey(), w2.VerifierKey(), w1.VerifierKey()))
+		cp1 := grownCheckpoint(t, lg, 5)
+		cp2 := grownCheckpoint(t, lg, 4)
+		now := clk.Now()
+		cosign := func(w WitnessKey, cp Checkpoint, at time.Time) []byte {
+			t.Helper()
+			b, err := w.Cosign(cp, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+
+		// Nothing stored yet: the cosigned note is the signed one.
+		if got, err := lg.CosignedNote(ctx, cp2); err != nil || !bytes.Equal(got, cp2.Note) {
+			t.Fatalf("no cosignatures: %q, %v", got, err)
+		}
+		cs, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(-time.Minute)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return b
-	}
-
-	// Nothing stored yet: the cosigned note is the signed one.
-	if got, err := lg.CosignedNote(ctx, cp2); err != nil || !bytes.Equal(got, cp2.Note) {
-		t.Fatalf("no cosignatures: %q, %v", got, err)
-	}
-	cs, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(-time.Minute)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cs.Witness != w1.VerifierKey() || cs.Name != w1.Name() || cs.Size != 9 || !cs.Time.Equal(now.Add(-time.Minute).Truncate(time.Second)) {
-		t.Fatalf("cosignature %+v", cs)
-	}
-	if _, err := lg.AddCosignature(ctx, cosign(w2, cp2, now)); err != nil {
-		t.Fatal(err)
-	}
-	// An older checkpoint this log issued is accepted too.
-	if _, err := lg.AddCosignature(ctx, cosign(w1, cp1, now)); err != nil {
-		t.Fatal(err)
-	}
-	got, err := lg.CosignedNote(ctx, cp2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []WitnessKey{w1, w2} {
-		if _, when, err := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w.VerifierKey()); err != nil || when.After(now) {
-			t.Fatalf("served note, witness %s: %v %v", w.Name(), when, err)
+		if cs.Witness != w1.VerifierKey() || cs.Name != w1.Name() || cs.Size != 9 || !cs.Time.Equal(now.Add(-time.Minute).Truncate(time.Second)) {
+			t.Fatalf("cosignature %+v", cs)
 		}
-	}
-	if !bytes.HasPrefix(got, cp2.Note) {
-		t.Fatalf("cosigned note does not extend the signed one:\n%s", got)
-	}
-
-	// Only the newest cosignature per witness and checkpoint is kept.
-	if _, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(-time.Hour))); err != nil {
-		t.Fatalf("older cosignature: %v", err)
-	}
-	got, _ = lg.CosignedNote(ctx, cp2)
-	if _, when, _ := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w1.VerifierKey()); !when.Equal(now.Add(-time.Minute).Truncate(time.Second)) {
-		t.Fatalf("an older cosignature replaced a newer one: %v", when)
-	}
-	if _, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(time.Minute))); err != nil {
-		t.Fatal(err)
-	}
-	got, _ = lg.CosignedNote(ctx, cp2)
-	if _, when, _ := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w1.VerifierKey()); !when.Equal(now.Add(time.Minute).Truncate(time.Second)) {
-		t.Fatalf("a newer cosignature was dropped: %v", when)
-	}
-	if n := strings.Count(string(got), "\n— "); n != 3 {
-		t.Fatalf("%d signature lines:\n%s", n, got)
-	}
-	var rows int
-	if err := lg.rdb.QueryRow("SELECT count(*) FROM cosignatures").Scan(&rows); err != nil || rows != 3 {
-		t.Fatalf("%d rows, want 3 (two witnesses on one checkpoint, one on another): %v", rows, err)
-	}
-	// A cosigned note handed back (with the log's lines and others) keeps
-	// one line per witness.
-	if again, err := lg.CosignedNote(ctx, Checkpoint{Size: cp2.Size, Root: cp2.Root, Note: got}); err != nil || !bytes.Equal(again, got) {
-		t.Fatalf("cosigned note of a cosigned note:\n%s\n%v", again, err)
-	}
-
-	// Refusals.
-	keys, err := os.ReadFile(filepath.Join(dir, KeysFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := ParseKeys(keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logSigner, err := note.NewSigner(lg.Origin(), k.Checkpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forged, err := logSigner.Sign(checkpointText(lg.Origin(), 99, cp2.Root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	forkedRoot := cp1.Root
-	forked, err := logSigner.Sign(checkpointText(lg.Origin(), cp2.Size, forkedRoot))
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherLog, _, _ := openTest(t, WithKeys(testKeys(t, 9)))
-	foreign := grownCheckpoint(t, otherLog, 9)
-	cosigned := cosign(w1, cp2, now)
-	tampered := bytes.Replace(cosigned, []byte(cp2.Note[len(cp2.Note)-10:]), []byte("AAAAAAAAA\n"), 1)
-	if bytes.Equal(tampered, cosigned) {
-		t.Fatal("tampering changed nothing")
-	}
-	both := cosign(w2, Checkpoint{Origin: cp2.Origin, Size: cp2.Size, Root: cp2.Root, Note: cosigned}, now)
-	for _, tc := range []struct {
-		name string
-		note []byte
-		want error
-	}{
-		{"unknown witness", cosign(stranger, cp2, now), ErrUnknownWitness},
-		{"no cosignature", cp2.Note, ErrUnknownWitness},
-		{"not issued: beyond the log", cosign(w1, Checkpoint{Origin: lg.Origin(), Size: 99, Root: cp2.Root, Note: forged}, now), ErrNotFound},
-		{"not issued: another root", cosign(w1, Checkpoint{Origin: lg.Origin(), Size: cp2.Size, Root: forkedRoot, Note: forked}, now), ErrNotFound},
-		{"another log's checkpoint", cosign(w1, foreign, now), ErrBadCheckpoint},
-		{"log signature broken", tampered, ErrBadCheckpoint},
-		{"bad cosignature", bytes.Replace(cosigned, []byte(cp2.Note), cp1.Note, 1), ErrBadCosignature},
-		{"far in the future", cosign(w1, cp2, now.Add(time.Hour)), ErrBadCosignature},
-		{"two witnesses at once", both, ErrBadCosignature},
-		{"too large", append(bytes.Repeat([]byte("x"), MaxNoteBytes), cosigned...), ErrTooLarge},
-	} {
-		if _, err := lg.AddCosignature(ctx, tc.note); !errors.Is(err, tc.want) {
-			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		if _, err := lg.AddCosignature(ctx, cosign(w2, cp2, now)); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := lg.rdb.QueryRow("SELECT count(*) FROM cosignatures").Scan(&rows); err != nil || rows != 3 {
-		t.Fatalf("refusals stored rows: %d, %v", rows, err)
-	}
-	// The log's own append-only state is untouched by cosignatures.
-	if lg.Size() != 9 {
-		t.Fatalf("size %d", lg.Size())
-	}
+		// An older checkpoint this log issued is accepted too.
+		if _, err := lg.AddCosignature(ctx, cosign(w1, cp1, now)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := lg.CosignedNote(ctx, cp2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []WitnessKey{w1, w2} {
+			if _, when, err := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w.VerifierKey()); err != nil || when.After(now) {
+				t.Fatalf("served note, witness %s: %v %v", w.Name(), when, err)
+			}
+		}
+		if !bytes.HasPrefix(got, cp2.Note) {
+			t.Fatalf("cosigned note does not extend the signed one:\n%s", got)
+		}
+
+		// Only the newest cosignature per witness and checkpoint is kept.
+		if _, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(-time.Hour))); err != nil {
+			t.Fatalf("older cosignature: %v", err)
+		}
+		got, _ = lg.CosignedNote(ctx, cp2)
+		if _, when, _ := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w1.VerifierKey()); !when.Equal(now.Add(-time.Minute).Truncate(time.Second)) {
+			t.Fatalf("an older cosignature replaced a newer one: %v", when)
+		}
+		if _, err := lg.AddCosignature(ctx, cosign(w1, cp2, now.Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		got, _ = lg.CosignedNote(ctx, cp2)
+		if _, when, _ := VerifyCosignature(got, lg.PublicKeys().VerifierKey, w1.VerifierKey()); !when.Equal(now.Add(time.Minute).Truncate(time.Second)) {
+			t.Fatalf("a newer cosignature was dropped: %v", when)
+		}
+		if n := strings.Count(string(got), "\n— "); n != 3 {
+			t.Fatalf("%d signature lines:\n%s", n, got)
+		}
+		var rows int
+		if err := lg.rdb.QueryRow("SELECT count(*) FROM cosignatures").Scan(&rows); err != nil || rows != 3 {
+			t.Fatalf("%d rows, want 3 (two witnesses on one checkpoint, one on another): %v", rows, err)
+		}
+		// A cosigned note handed back (with the log's lines and others) keeps
+		// one line per witness.
+		if again, err := lg.CosignedNote(ctx, Checkpoint{Size: cp2.Size, Root: cp2.Root, Note: got}); err != nil || !bytes.Equal(again, got) {
+			t.Fatalf("cosigned note of a cosigned note:\n%s\n%v", again, err)
+		}
+
+		// Refusals.
+		keys, err := os.ReadFile(filepath.Join(dir, KeysFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := ParseKeys(keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logSigner, err := note.NewSigner(lg.Origin(), k.Checkpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged, err := logSigner.Sign(checkpointText(lg.Origin(), 99, cp2.Root))
+		if err != nil {
+			t.Fatal(err)
+		}
+		forkedRoot := cp1.Root
+		forked, err := logSigner.Sign(checkpointText(lg.Origin(), cp2.Size, forkedRoot))
+		if err != nil {
+			t.Fatal(err)
+		}
+		otherLog, _, _ := openTest(t, WithKeys(testKeys(t, 9)))
+		foreign := grownCheckpoint(t, otherLog, 9)
+		cosigned := cosign(w1, cp2, now)
+		tampered := bytes.Replace(cosigned, []byte(cp2.Note[len(cp2.Note)-10:]), []byte("AAAAAAAAA\n"), 1)
+		if bytes.Equal(tampered, cosigned) {
+			t.Fatal("tampering changed nothing")
+		}
+		both := cosign(w2, Checkpoint{Origin: cp2.Origin, Size: cp2.Size, Root: cp2.Root, Note: cosigned}, now)
+		for _, tc := range []struct {
+			name string
+			note []byte
+			want error
+		}{
+			{"unknown witness", cosign(stranger, cp2, now), ErrUnknownWitness},
+			{"no cosignature", cp2.Note, ErrUnknownWitness},
+			{"not issued: beyond the log", cosign(w1, Checkpoint{Origin: lg.Origin(), Size: 99, Root: cp2.Root, Note: forged}, now), ErrNotFound},
+			{"not issued: another root", cosign(w1, Checkpoint{Origin: lg.Origin(), Size: cp2.Size, Root: forkedRoot, Note: forked}, now), ErrNotFound},
+			{"another log's checkpoint", cosign(w1, foreign, now), ErrBadCheckpoint},
+			{"log signature broken", tampered, ErrBadCheckpoint},
+			{"bad cosignature", bytes.Replace(cosigned, []byte(cp2.Note), cp1.Note, 1), ErrBadCosignature},
+			{"far in the future", cosign(w1, cp2, now.Add(time.Hour)), ErrBadCosignature},
+			{"two witnesses at once", both, ErrBadCosignature},
+			{"too large", append(bytes.Repeat([]byte("x"), MaxNoteBytes), cosigned...), ErrTooLarge},
+		} {
+			if _, err := lg.AddCosignature(ctx, tc.note); !errors.Is(err, tc.want) {
+				t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+			}
+		}
+		if err := lg.rdb.QueryRow("SELECT count(*) FROM cosignatures").Scan(&rows); err != nil || rows != 3 {
+			t.Fatalf("refusals stored rows: %d, %v", rows, err)
+		}
+		// The log's own append-only state is untouched by cosignatures.
+		if lg.Size() != 9 {
+			t.Fatalf("size %d", lg.Size())
+		}
+	})
 }
 
 func TestCosignaturesAcrossOpens(t *testing.T) {

@@ -16,8 +16,12 @@ import (
 	"time"
 )
 
-// crashEnv names the folder the child process appends to.
-const crashEnv = "FLEETLEARN_AUDIT_CRASH_DIR"
+// crashEnv names the folder the child process appends to, crashDBEnv the
+// PostgreSQL database it keeps the log in, if any.
+const (
+	crashEnv   = "FLEETLEARN_AUDIT_CRASH_DIR"
+	crashDBEnv = "FLEETLEARN_AUDIT_CRASH_DB"
+)
 
 // TestCrashChild is the process TestCrashKill9 kills: it appends from
 // several goroutines and checkpoints every few milliseconds, printing each
@@ -29,7 +33,11 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("child of TestCrashKill9")
 	}
 	ctx := context.Background()
-	lg, err := Open(ctx, dir)
+	var opts []Option
+	if url := os.Getenv(crashDBEnv); url != "" {
+		opts = append(opts, WithDatabase(url))
+	}
+	lg, err := Open(ctx, dir, opts...)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(2)
@@ -85,115 +93,120 @@ func TestCrashChild(t *testing.T) {
 // checks, after reopening, that every acknowledged entry is there with its
 // bytes and that the log is consistent with every checkpoint it published.
 func TestCrashKill9(t *testing.T) {
-	ctx := context.Background()
-	for run := range 2 {
-		dir := t.TempDir()
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$")
-		cmd.Env = append(os.Environ(), crashEnv+"="+dir)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		acked := map[uint64][]byte{}
-		var published [][]byte
-		killed := false
-		killAt := 1500 + 1000*run
-		sc := bufio.NewScanner(out)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			switch {
-			case len(f) == 3 && f[0] == "ack":
-				i, err1 := strconv.ParseUint(f[1], 10, 64)
-				h, err2 := hex.DecodeString(f[2])
-				if err1 != nil || err2 != nil {
-					t.Fatalf("bad line %q", sc.Text())
-				}
-				acked[i] = h
-			case len(f) == 2 && f[0] == "cp":
-				n, err := base64.StdEncoding.DecodeString(f[1])
-				if err != nil {
-					t.Fatalf("bad line %q", sc.Text())
-				}
-				published = append(published, n)
-			case len(f) > 0 && f[0] == "error":
-				t.Fatalf("child: %s", sc.Text())
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		for run := range 2 {
+			dir, store := newStore(t)
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$")
+			cmd.Env = append(os.Environ(), crashEnv+"="+dir)
+			if url, ok := testDatabases.Load(dir); ok {
+				cmd.Env = append(cmd.Env, crashDBEnv+"="+url.(string))
 			}
-			if !killed && len(acked) >= killAt && len(published) >= 3 {
-				// Lines already in the pipe were acknowledged before the kill.
-				if err := cmd.Process.Kill(); err != nil { // SIGKILL
-					t.Fatal(err)
-				}
-				killed = true
-			}
-		}
-		err = cmd.Wait()
-		if !killed {
-			t.Fatalf("child ended by itself: %v", err)
-		}
-		lg, err := Open(ctx, dir)
-		if err != nil {
-			t.Fatalf("reopen after kill -9: %v", err)
-		}
-		size := lg.Size()
-		for i, h := range acked {
-			if i >= size {
-				t.Fatalf("acknowledged entry %d missing: size %d after the crash", i, size)
-			}
-			e, err := lg.Entry(ctx, i)
+			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := e.LeafHash(); !bytes.Equal(got[:], h) {
-				t.Fatalf("entry %d changed across the crash", i)
-			}
-		}
-		vkey := lg.PublicKeys().VerifierKey
-		root, err := lg.RootAt(ctx, size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var opts []VerifyOption
-		for _, n := range published {
-			cp, err := ParseCheckpoint(n, vkey)
-			if err != nil {
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			if cp.Size > size {
-				t.Fatalf("published checkpoint of size %d, log has %d after the crash", cp.Size, size)
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			acked := map[uint64][]byte{}
+			var published [][]byte
+			killed := false
+			killAt := 1500 + 1000*run
+			sc := bufio.NewScanner(out)
+			sc.Buffer(nil, 1<<20)
+			for sc.Scan() {
+				f := strings.Fields(sc.Text())
+				switch {
+				case len(f) == 3 && f[0] == "ack":
+					i, err1 := strconv.ParseUint(f[1], 10, 64)
+					h, err2 := hex.DecodeString(f[2])
+					if err1 != nil || err2 != nil {
+						t.Fatalf("bad line %q", sc.Text())
+					}
+					acked[i] = h
+				case len(f) == 2 && f[0] == "cp":
+					n, err := base64.StdEncoding.DecodeString(f[1])
+					if err != nil {
+						t.Fatalf("bad line %q", sc.Text())
+					}
+					published = append(published, n)
+				case len(f) > 0 && f[0] == "error":
+					t.Fatalf("child: %s", sc.Text())
+				}
+				if !killed && len(acked) >= killAt && len(published) >= 3 {
+					// Lines already in the pipe were acknowledged before the kill.
+					if err := cmd.Process.Kill(); err != nil { // SIGKILL
+						t.Fatal(err)
+					}
+					killed = true
+				}
 			}
-			if cp.Size > 0 {
-				proof, err := lg.ConsistencyProof(ctx, cp.Size, size)
+			err = cmd.Wait()
+			if !killed {
+				t.Fatalf("child ended by itself: %v", err)
+			}
+			lg, err := Open(ctx, dir, store...)
+			if err != nil {
+				t.Fatalf("reopen after kill -9: %v", err)
+			}
+			size := lg.Size()
+			for i, h := range acked {
+				if i >= size {
+					t.Fatalf("acknowledged entry %d missing: size %d after the crash", i, size)
+				}
+				e, err := lg.Entry(ctx, i)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := VerifyConsistency(cp.Size, size, proof, cp.Root[:], root[:]); err != nil {
-					t.Fatalf("log after the crash is inconsistent with published checkpoint %d: %v", cp.Size, err)
+				if got := e.LeafHash(); !bytes.Equal(got[:], h) {
+					t.Fatalf("entry %d changed across the crash", i)
 				}
 			}
-			opts = append(opts, WithTrustedCheckpoint(n))
+			vkey := lg.PublicKeys().VerifierKey
+			root, err := lg.RootAt(ctx, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var opts []VerifyOption
+			for _, n := range published {
+				cp, err := ParseCheckpoint(n, vkey)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cp.Size > size {
+					t.Fatalf("published checkpoint of size %d, log has %d after the crash", cp.Size, size)
+				}
+				if cp.Size > 0 {
+					proof, err := lg.ConsistencyProof(ctx, cp.Size, size)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := VerifyConsistency(cp.Size, size, proof, cp.Root[:], root[:]); err != nil {
+						t.Fatalf("log after the crash is inconsistent with published checkpoint %d: %v", cp.Size, err)
+					}
+				}
+				opts = append(opts, WithTrustedCheckpoint(n))
+			}
+			// The whole log, with every published checkpoint as trusted. The
+			// entries after the last checkpoint are uncovered until the next one.
+			exp := exportBytes(t, lg) // signs a checkpoint first
+			rep, err := VerifyExport(bytes.NewReader(exp), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Trusted != len(published) || rep.Entries != size {
+				t.Fatalf("report %+v", rep)
+			}
+			if _, err := lg.Append(ctx, sampleEvent(t, 1)); err != nil {
+				t.Fatalf("append after recovery: %v", err)
+			}
+			if err := lg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("run %d: %d acknowledged, %d checkpoints published, %d entries after the crash", run, len(acked), len(published), size)
 		}
-		// The whole log, with every published checkpoint as trusted. The
-		// entries after the last checkpoint are uncovered until the next one.
-		exp := exportBytes(t, lg) // signs a checkpoint first
-		rep, err := VerifyExport(bytes.NewReader(exp), opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rep.Trusted != len(published) || rep.Entries != size {
-			t.Fatalf("report %+v", rep)
-		}
-		if _, err := lg.Append(ctx, sampleEvent(t, 1)); err != nil {
-			t.Fatalf("append after recovery: %v", err)
-		}
-		if err := lg.Close(); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("run %d: %d acknowledged, %d checkpoints published, %d entries after the crash", run, len(acked), len(published), size)
-	}
+	})
 }

@@ -1,5 +1,6 @@
 // Package audit is Fleetlearn's tamper-evident audit log: an append-only
-// RFC 6962 Merkle tree of signed events in one SQLite file, with signed
+// RFC 6962 Merkle tree of signed events in one SQLite file (or, for
+// replicated aggregators, a PostgreSQL database: WithDatabase), with signed
 // checkpoints, inclusion and consistency proofs, queries, and an export that
 // an auditor verifies offline without trusting the operator.
 //

@@ -8,13 +8,23 @@ import (
 
 // Sentinel errors. Every error from this package wraps one of them (proof
 // and export failures may wrap a second, more specific one), so callers can
-// tell failures apart with errors.Is; I/O and SQLite errors are passed
+// tell failures apart with errors.Is; I/O and database errors are passed
 // through wrapped.
 var (
 	// ErrClosed reports use of a closed Log.
 	ErrClosed = errors.New("log closed")
-	// ErrLocked reports a log another process has open for writing.
+	// ErrLocked reports a log another process has open for writing (an
+	// SQLite log: its folder lock is held).
 	ErrLocked = errors.New("log locked")
+	// ErrFenced reports a write by a Log that another writer has deposed
+	// by opening the same PostgreSQL database (WithDatabase) after it:
+	// nothing of the write was stored, and the Log refuses every later
+	// append, checkpoint and cosignature with it. Close it; open the log
+	// again if this process is to write it once more.
+	ErrFenced = errors.New("log writer fenced: another writer has opened the log")
+	// ErrInvalidDatabase reports a WithDatabase that is not a PostgreSQL
+	// URL.
+	ErrInvalidDatabase = errors.New("invalid database")
 	// ErrReadOnly reports a write to a Log opened with OpenReadOnly.
 	ErrReadOnly = errors.New("log is read-only")
 	// ErrNotFound reports an entry index beyond the log, or a checkpoint

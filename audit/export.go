@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -138,7 +137,8 @@ func WithConsistencyProofs(sizes ...uint64) ExportOption {
 // snapshot. A writable log first signs a checkpoint and exports the entries
 // it covers, so that the export verifies even while appends go on. A
 // read-only log exports every stored row as it is, damaged or not covered
-// by a checkpoint, for VerifyExport to judge.
+// by a checkpoint, for VerifyExport to judge. A writer another has deposed
+// cannot sign (ErrFenced): export from the new writer or read-only.
 func (l *Log) Export(ctx context.Context, w io.Writer, opts ...ExportOption) error {
 	if err := l.live(); err != nil {
 		return fmt.Errorf("audit: export: %w", err)
@@ -155,7 +155,7 @@ func (l *Log) Export(ctx context.Context, w io.Writer, opts ...ExportOption) err
 		}
 		cfg.coveredOnly = true
 	}
-	tx, err := l.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := beginSnapshot(ctx, l.rdb)
 	if err != nil {
 		return fmt.Errorf("audit: export: %w", err)
 	}
@@ -170,10 +170,10 @@ func (l *Log) Export(ctx context.Context, w io.Writer, opts ...ExportOption) err
 	return nil
 }
 
-func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg exportConfig) error {
+func (l *Log) export(ctx context.Context, tx snapshot, w *bufio.Writer, cfg exportConfig) error {
 	q := "SELECT note FROM checkpoints ORDER BY seq"
 	if cfg.latestOnly {
-		q = "SELECT note FROM (SELECT seq, note FROM checkpoints ORDER BY seq DESC LIMIT 1)"
+		q = "SELECT note FROM (SELECT seq, note FROM checkpoints ORDER BY seq DESC LIMIT 1) AS latest"
 	}
 	notes, err := queryBlobs(ctx, tx, q)
 	if err != nil {
@@ -292,9 +292,8 @@ func (l *Log) export(ctx context.Context, tx *sql.Tx, w *bufio.Writer, cfg expor
 
 // withCosignatures appends to each checkpoint note the witnesses'
 // cosignatures stored for it, as CosignedNote does, with one read for all.
-func (l *Log) withCosignatures(ctx context.Context, tx *sql.Tx, notes [][]byte) ([][]byte, error) {
-	var n int
-	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'cosignatures'").Scan(&n); err != nil || n == 0 {
+func (l *Log) withCosignatures(ctx context.Context, tx snapshot, notes [][]byte) ([][]byte, error) {
+	if ok, err := hasCosignatures(ctx, tx, tx.d); err != nil || !ok {
 		return notes, err // a database from before cosignatures has none
 	}
 	rows, err := tx.QueryContext(ctx, "SELECT size, root, name, sig FROM cosignatures ORDER BY size, witness")
@@ -340,7 +339,7 @@ func (l *Log) withCosignatures(ctx context.Context, tx *sql.Tx, notes [][]byte) 
 
 // leafTree hashes the first entries below limit into a tree, in the
 // export's snapshot.
-func leafTree(ctx context.Context, tx *sql.Tx, limit int64, entries uint64) (*merkle.Tree, error) {
+func leafTree(ctx context.Context, tx snapshot, limit int64, entries uint64) (*merkle.Tree, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT data FROM entries WHERE idx < ? ORDER BY idx", limit)
 	if err != nil {
 		return nil, err
@@ -360,7 +359,7 @@ func leafTree(ctx context.Context, tx *sql.Tx, limit int64, entries uint64) (*me
 	return merkle.NewTree(leaves), nil
 }
 
-func queryBlobs(ctx context.Context, tx *sql.Tx, q string) ([][]byte, error) {
+func queryBlobs(ctx context.Context, tx snapshot, q string) ([][]byte, error) {
 	rows, err := tx.QueryContext(ctx, q)
 	if err != nil {
 		return nil, err
@@ -377,7 +376,7 @@ func queryBlobs(ctx context.Context, tx *sql.Tx, q string) ([][]byte, error) {
 	return out, rows.Err()
 }
 
-func exportProofs(ctx context.Context, tx *sql.Tx, size uint64, cfg exportConfig) ([]exportProof, error) {
+func exportProofs(ctx context.Context, tx snapshot, size uint64, cfg exportConfig) ([]exportProof, error) {
 	var out []exportProof
 	for _, i := range cfg.inclusion {
 		if i >= size {

@@ -12,13 +12,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 )
 
 // cosignFixture is a log that accepts one witness's cosignatures, with the
 // checkpoints it issued and notes to cosign.
 type cosignFixture struct {
 	lg      *Log
-	db      *sql.DB // the log's database, read directly
+	db      *sqldb.DB // the log's database, read directly
 	clk     *stepClock
 	logVKey string
 	w       WitnessKey

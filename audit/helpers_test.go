@@ -3,16 +3,72 @@ package audit
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"fmt"
 	mrand "math/rand/v2"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/audit/internal/merkle"
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 )
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// The tests that exercise the store run on each backend: eachBackend runs
+// fn in a subtest per backend, and newStore (through openTest), called
+// from there at any depth, makes a store of the subtest's backend. Called
+// elsewhere, it makes an SQLite one.
+var backends = []string{"sqlite", "postgres"}
+
+func eachBackend(t *testing.T, fn func(t *testing.T)) {
+	for _, b := range backends {
+		t.Run(b, fn)
+	}
+}
+
+// onPostgres reports whether t runs under eachBackend's postgres subtest.
+func onPostgres(t testing.TB) bool {
+	return slices.Contains(strings.Split(t.Name(), "/"), "postgres")
+}
+
+// testDatabases maps the folder of a log kept in PostgreSQL to the
+// database's URL.
+var testDatabases sync.Map
+
+// newStore returns an empty folder for a log and the options that keep
+// the log on the subtest's backend: a fresh PostgreSQL database, or none
+// for the SQLite file in the folder.
+func newStore(t testing.TB) (string, []Option) {
+	t.Helper()
+	dir := t.TempDir()
+	if onPostgres(t) {
+		testDatabases.Store(dir, pgtest.Database(t))
+	}
+	return dir, storeOpts(dir)
+}
+
+// storeOpts are the options that open the log in dir again.
+func storeOpts(dir string) []Option {
+	if url, ok := testDatabases.Load(dir); ok {
+		return []Option{WithDatabase(url.(string))}
+	}
+	return nil
+}
+
+// storeTarget names the log in dir for OpenReadOnly and VerifyDataDir: the
+// folder, or the URL of its database.
+func storeTarget(dir string) string {
+	if url, ok := testDatabases.Load(dir); ok {
+		return url.(string)
+	}
+	return dir
+}
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
@@ -53,12 +109,13 @@ func testKeys(t testing.TB, seed byte) Keys {
 	return k
 }
 
-// openTest opens a fresh log in a temporary folder with a step clock.
+// openTest opens a fresh log in a temporary folder (and database, see
+// newStore) with a step clock.
 func openTest(t testing.TB, opts ...Option) (*Log, string, *stepClock) {
 	t.Helper()
-	dir := t.TempDir()
+	dir, store := newStore(t)
 	clk := newStepClock()
-	lg, err := Open(context.Background(), dir, append([]Option{WithClock(clk.Now), WithRand(seeded(1)), WithOrigin("test.fleetlearn/audit")}, opts...)...)
+	lg, err := Open(context.Background(), dir, slices.Concat(store, []Option{WithClock(clk.Now), WithRand(seeded(1)), WithOrigin("test.fleetlearn/audit")}, opts)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,11 +190,15 @@ func refRoots(entries []Entry) []merkle.Hash {
 	return roots
 }
 
-// rawDB opens the log's database file directly, as an attacker with file
-// access would.
-func rawDB(t testing.TB, dir string) *sql.DB {
+// rawDB opens the log's database directly, as an attacker with access to
+// the file or the database would.
+func rawDB(t testing.TB, dir string) *sqldb.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, DBFile)+"?_pragma=busy_timeout(10000)")
+	target := filepath.Join(dir, DBFile)
+	if url, ok := testDatabases.Load(dir); ok {
+		target = url.(string)
+	}
+	db, err := sqldb.Open(target, "_pragma=busy_timeout(10000)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,9 +207,9 @@ func rawDB(t testing.TB, dir string) *sql.DB {
 	return db
 }
 
-func mustExec(t testing.TB, db *sql.DB, q string, args ...any) {
+func mustExec(t testing.TB, db *sqldb.DB, q string, args ...any) {
 	t.Helper()
-	if _, err := db.Exec(q, args...); err != nil {
+	if _, err := db.ExecContext(context.Background(), q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 }
@@ -160,4 +221,14 @@ func exportBytes(t testing.TB, lg *Log, opts ...ExportOption) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// rawSize counts the entry rows in the log's database.
+func rawSize(t testing.TB, dir string) int {
+	t.Helper()
+	var n int
+	if err := rawDB(t, dir).QueryRowContext(context.Background(), "SELECT count(*) FROM entries").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

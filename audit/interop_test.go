@@ -19,6 +19,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
 )
 
 // thirdParty checks an export with --proofs the way an auditor without
@@ -138,69 +139,77 @@ func thirdParty(export []byte) (int, error) {
 }
 
 func TestProofsVerifyWithIndependentCode(t *testing.T) {
-	ctx := context.Background()
-	now := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
-	lg, err := audit.Open(ctx, t.TempDir(), audit.WithOrigin("fleetlearn.example.com/audit"),
-		audit.WithClock(func() time.Time { now = now.Add(time.Millisecond); return now }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lg.Close()
-	// Checkpoints at sizes 1, 5, 6, 13, 32, 57: odd shapes and a power of two.
-	entries, checkpoints := 0, 0
-	for _, n := range []int{1, 4, 1, 7, 19, 25} {
-		for range n {
-			_, err := lg.Record(ctx, audit.Operator("alice"), audit.OperatorAction{Method: "fleetlearn.api.v1.TaskService/StopTask",
-				Resource: fmt.Sprintf("tasks/t-%d", entries), Result: audit.ResultDenied, Code: "PERMISSION_DENIED"})
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			now := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+			opts := []audit.Option{audit.WithOrigin("fleetlearn.example.com/audit"),
+				audit.WithClock(func() time.Time { now = now.Add(time.Millisecond); return now })}
+			if backend == "postgres" {
+				opts = append(opts, audit.WithDatabase(pgtest.Database(t)))
+			}
+			lg, err := audit.Open(ctx, t.TempDir(), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			entries++
-		}
-		if _, err := lg.Checkpoint(ctx); err != nil {
-			t.Fatal(err)
-		}
-		checkpoints++
-	}
-	var buf bytes.Buffer
-	if err := lg.Export(ctx, &buf, audit.WithProofs()); err != nil {
-		t.Fatal(err)
-	}
-	export := buf.Bytes()
-	checked, err := thirdParty(export)
-	if err != nil {
-		t.Fatalf("independent verification: %v", err)
-	}
-	// The first checkpoint is of the empty tree, so every later one has a
-	// consistency proof but the one from size 0.
-	if want := entries + checkpoints - 1; checked != want {
-		t.Fatalf("independent verifier checked %d proofs, want %d", checked, want)
-	}
-	rep, err := audit.VerifyExport(bytes.NewReader(export))
-	if err != nil || rep.Proofs != checked {
-		t.Fatalf("VerifyExport: %d proofs, %v", rep.Proofs, err)
-	}
-
-	// A changed entry or proof fails the independent check too.
-	for _, c := range []struct{ name, old, new, want string }{
-		{"entry bytes", `"jws":"ey`, `"jws":"ex`, "entry 40: bad signature"},
-		{"inclusion proof", `"proof":["`, `"proof":["0`, "entry 40: "},
-	} {
-		lines := bytes.Split(bytes.Clone(export), []byte("\n"))
-		for i, l := range lines {
-			if bytes.Contains(l, []byte(`"index":40,`)) && bytes.Contains(l, []byte(`"kind":"entry"`)) {
-				// Keep the hash 64 digits long: drop its last one.
-				l = bytes.Replace(l, []byte(c.old), []byte(c.new), 1)
-				if c.name == "inclusion proof" {
-					j := bytes.Index(l, []byte(`"proof":["`)) + len(`"proof":["`) + 64
-					l = append(l[:j:j], l[j+1:]...)
+			defer lg.Close()
+			// Checkpoints at sizes 1, 5, 6, 13, 32, 57: odd shapes and a power of two.
+			entries, checkpoints := 0, 0
+			for _, n := range []int{1, 4, 1, 7, 19, 25} {
+				for range n {
+					_, err := lg.Record(ctx, audit.Operator("alice"), audit.OperatorAction{Method: "fleetlearn.api.v1.TaskService/StopTask",
+						Resource: fmt.Sprintf("tasks/t-%d", entries), Result: audit.ResultDenied, Code: "PERMISSION_DENIED"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					entries++
 				}
-				lines[i] = l
+				if _, err := lg.Checkpoint(ctx); err != nil {
+					t.Fatal(err)
+				}
+				checkpoints++
 			}
-		}
-		_, err := thirdParty(bytes.Join(lines, []byte("\n")))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s of entry 40 changed: %v", c.name, err)
-		}
+			var buf bytes.Buffer
+			if err := lg.Export(ctx, &buf, audit.WithProofs()); err != nil {
+				t.Fatal(err)
+			}
+			export := buf.Bytes()
+			checked, err := thirdParty(export)
+			if err != nil {
+				t.Fatalf("independent verification: %v", err)
+			}
+			// The first checkpoint is of the empty tree, so every later one has a
+			// consistency proof but the one from size 0.
+			if want := entries + checkpoints - 1; checked != want {
+				t.Fatalf("independent verifier checked %d proofs, want %d", checked, want)
+			}
+			rep, err := audit.VerifyExport(bytes.NewReader(export))
+			if err != nil || rep.Proofs != checked {
+				t.Fatalf("VerifyExport: %d proofs, %v", rep.Proofs, err)
+			}
+
+			// A changed entry or proof fails the independent check too.
+			for _, c := range []struct{ name, old, new, want string }{
+				{"entry bytes", `"jws":"ey`, `"jws":"ex`, "entry 40: bad signature"},
+				{"inclusion proof", `"proof":["`, `"proof":["0`, "entry 40: "},
+			} {
+				lines := bytes.Split(bytes.Clone(export), []byte("\n"))
+				for i, l := range lines {
+					if bytes.Contains(l, []byte(`"index":40,`)) && bytes.Contains(l, []byte(`"kind":"entry"`)) {
+						// Keep the hash 64 digits long: drop its last one.
+						l = bytes.Replace(l, []byte(c.old), []byte(c.new), 1)
+						if c.name == "inclusion proof" {
+							j := bytes.Index(l, []byte(`"proof":["`)) + len(`"proof":["`) + 64
+							l = append(l[:j:j], l[j+1:]...)
+						}
+						lines[i] = l
+					}
+				}
+				_, err := thirdParty(bytes.Join(lines, []byte("\n")))
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("%s of entry 40 changed: %v", c.name, err)
+				}
+			}
+		})
 	}
 }

@@ -21,16 +21,24 @@ import (
 	"github.com/fleetlearn/fleetlearn/audit/internal/note"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/filelock"
+	"github.com/fleetlearn/fleetlearn/internal/sqldb"
 )
 
-// Log is an append-only, tamper-evident audit log kept in one SQLite file.
-// All methods are safe for concurrent use.
+// Log is an append-only, tamper-evident audit log kept in one SQLite file
+// or in a PostgreSQL database (WithDatabase). All methods are safe for
+// concurrent use.
 type Log struct {
 	cfg      config
 	readOnly bool
-	wdb      *sql.DB  // the one writer connection; nil when read-only
-	rdb      *sql.DB  // readers
-	lock     *os.File // the folder lock; nil when read-only
+	wdb      *sqldb.DB // the one writer connection (SQLite) or the writer's pool; nil when read-only
+	rdb      *sqldb.DB // readers
+	lock     *os.File  // the folder lock (SQLite); nil when read-only
+
+	// epoch is this writer's fencing token on PostgreSQL (0 on SQLite,
+	// where the folder lock keeps other writers out): every write checks,
+	// in its transaction, that the writer table still holds it.
+	epoch  int64
+	fenced atomic.Bool // a write found a newer writer's epoch: nothing more is written
 
 	origin   string
 	pub      PublicKeys
@@ -76,37 +84,75 @@ type appendResult struct {
 // with fresh keys on first use. Opening checks that the keys are the ones
 // the log was made with, that no entry row is missing, and that the tree
 // matches the latest checkpoint; it refuses a log that fails any of these.
+//
+// With WithDatabase the log's tables live in that PostgreSQL database
+// instead of DBFile, and dir holds only the keys: give every replica the
+// same keys file (or WithKeys). Once the keys check out, Open takes the
+// next writer epoch and so deposes the log's current writer, whose every
+// write from then on fails with ErrFenced; it then loads the tree as the
+// deposed writer left it. Open the log only in the process that is to
+// write it (the aggregator that leads), not in a standby waiting to.
 func Open(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 	cfg := newConfig(opts)
 	witnesses, err := parseWitnesses(cfg.witnesses)
 	if err != nil {
 		return nil, err
 	}
+	if cfg.database != "" && !sqldb.IsPostgresURL(cfg.database) {
+		return nil, fmt.Errorf("audit: open: WithDatabase takes a postgres:// URL; leave it out to keep the log in %s in the folder: %w", DBFile, ErrInvalidDatabase)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
-	lock, err := filelock.Lock(filepath.Join(dir, LockFile))
-	if errors.Is(err, filelock.ErrLocked) {
-		return nil, fmt.Errorf("audit: open: another process has the log open for writing: %w", ErrLocked)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: open: %w", err)
-	}
-	dbPath := filepath.Join(dir, DBFile)
-	keys, err := loadKeys(dir, dbPath, cfg)
-	if err != nil {
-		lock.Close()
-		return nil, err
-	}
-	l := &Log{cfg: cfg, pseudo: keys.Pseudonym, lock: lock, witnesses: witnesses, reqs: make(chan *appendReq, 256),
+	l := &Log{cfg: cfg, witnesses: witnesses, reqs: make(chan *appendReq, 256),
 		signed: make(chan *signedBatch, 1), writerDone: make(chan struct{})}
-	if l.wdb, err = openDB(dbPath, dbWriter, 1); err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("audit: open: %w", err)
+	closeAll := func() {
+		for _, db := range []*sqldb.DB{l.wdb, l.rdb} {
+			if db != nil {
+				db.Close()
+			}
+		}
+		if l.lock != nil {
+			l.lock.Close()
+		}
 	}
-	if l.rdb, err = openDB(dbPath, dbReader, max(2, runtime.GOMAXPROCS(0))); err != nil {
-		l.wdb.Close()
-		lock.Close()
+	target := cfg.database
+	var keys Keys
+	if target == "" {
+		if l.lock, err = filelock.Lock(filepath.Join(dir, LockFile)); errors.Is(err, filelock.ErrLocked) {
+			return nil, fmt.Errorf("audit: open: another process has the log open for writing: %w", ErrLocked)
+		} else if err != nil {
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+		target = filepath.Join(dir, DBFile)
+		keys, err = loadKeys(dir, cfg, func() (bool, string, error) {
+			_, err := os.Stat(target)
+			return err == nil, DBFile + " exists", nil
+		})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if l.wdb, err = openDB(target, dbWriter, 1); err != nil {
+			closeAll()
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+	} else {
+		if l.wdb, err = openDB(target, dbWriter, pgWriterConns); err != nil {
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+		keys, err = loadKeys(dir, cfg, func() (bool, string, error) {
+			held, err := holdsLog(ctx, l.wdb)
+			return held, "the database holds a log", err
+		})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	l.pseudo = keys.Pseudonym
+	if l.rdb, err = openDB(target, dbReader, max(2, runtime.GOMAXPROCS(0))); err != nil {
+		closeAll()
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
 	err = l.init(ctx, keys)
@@ -114,14 +160,15 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 		err = l.prepareInserts(ctx)
 	}
 	if err != nil {
-		l.wdb.Close()
-		l.rdb.Close()
-		lock.Close()
+		for _, st := range l.stmts {
+			st.Close()
+		}
+		closeAll()
 		return nil, err
 	}
 	go l.sequencer()
 	go l.committer()
-	cfg.logger.Info("audit log open", "dir", dir, "origin", l.origin, "size", l.size)
+	cfg.logger.Info("audit log open", "dir", dir, "store", l.wdb.Dialect().String(), "writer_epoch", l.epoch, "origin", l.origin, "size", l.size)
 	return l, nil
 }
 
@@ -131,22 +178,49 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 // opened. It does not refuse a damaged log: export it and let VerifyExport
 // say what is wrong. Keep the database's -wal file next to it when copying:
 // it holds the most recent entries.
+//
+// A log kept in PostgreSQL is opened by its URL, as dir or with
+// WithDatabase, over read-only sessions; its writers may go on appending,
+// and the read-only Log sees the entries present when it was opened (its
+// Export exports everything stored at the time, checkpointed or not).
 func OpenReadOnly(ctx context.Context, dir string, opts ...Option) (*Log, error) {
 	cfg := newConfig(opts)
-	path := dir
-	if st, err := os.Stat(dir); err != nil {
-		return nil, fmt.Errorf("audit: open read-only: %w", err)
-	} else if st.IsDir() {
-		path = filepath.Join(dir, DBFile)
+	path := cfg.database
+	if path == "" && sqldb.IsPostgresURL(dir) {
+		path = dir
 	}
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && path != dir {
-		return nil, fmt.Errorf("audit: open read-only: %s holds no audit log (%s); give the folder the server keeps it in, its --data-dir: %w", dir, DBFile, err)
-	} else if err != nil {
-		return nil, fmt.Errorf("audit: open read-only: %w", err)
-	}
-	db, err := openDB(path, dbReadOnly, max(2, runtime.GOMAXPROCS(0)))
-	if err != nil {
-		return nil, fmt.Errorf("audit: open read-only: %w", err)
+	conns := max(2, runtime.GOMAXPROCS(0))
+	var db *sqldb.DB
+	var err error
+	if path != "" {
+		if !sqldb.IsPostgresURL(path) {
+			return nil, fmt.Errorf("audit: open read-only: WithDatabase takes a postgres:// URL: %w", ErrInvalidDatabase)
+		}
+		if db, err = openDB(path, dbReadOnly, conns); err != nil {
+			return nil, fmt.Errorf("audit: open read-only: %w", err)
+		}
+		if held, err := holdsLog(ctx, db); err != nil || !held {
+			db.Close()
+			if err == nil {
+				err = fmt.Errorf("the database holds no audit log; give the URL of the database the aggregators keep it in: %w", ErrNotFound)
+			}
+			return nil, fmt.Errorf("audit: open read-only: %w", err)
+		}
+	} else {
+		path = dir
+		if st, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("audit: open read-only: %w", err)
+		} else if st.IsDir() {
+			path = filepath.Join(dir, DBFile)
+		}
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && path != dir {
+			return nil, fmt.Errorf("audit: open read-only: %s holds no audit log (%s); give the folder the server keeps it in, its --data-dir: %w", dir, DBFile, err)
+		} else if err != nil {
+			return nil, fmt.Errorf("audit: open read-only: %w", err)
+		}
+		if db, err = openDB(path, dbReadOnly, conns); err != nil {
+			return nil, fmt.Errorf("audit: open read-only: %w", err)
+		}
 	}
 	l := &Log{cfg: cfg, readOnly: true, rdb: db}
 	if err := l.loadMeta(ctx, l.rdb); err != nil {
@@ -160,7 +234,10 @@ func OpenReadOnly(ctx context.Context, dir string, opts ...Option) (*Log, error)
 	return l, nil
 }
 
-func loadKeys(dir, dbPath string, cfg config) (Keys, error) {
+// loadKeys returns WithKeys' keys, those of the keys file, or fresh keys
+// written to a new keys file; hasLog says whether the store already holds
+// a log (and why it thinks so), which fresh keys could not open.
+func loadKeys(dir string, cfg config, hasLog func() (bool, string, error)) (Keys, error) {
 	if cfg.keys != nil {
 		if err := cfg.keys.check(); err != nil {
 			return Keys{}, fmt.Errorf("audit: open: %w", err)
@@ -175,8 +252,10 @@ func loadKeys(dir, dbPath string, cfg config) (Keys, error) {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return Keys{}, fmt.Errorf("audit: open: %w", err)
 	}
-	if _, err := os.Stat(dbPath); err == nil {
-		return Keys{}, fmt.Errorf("audit: open: %s exists but %s does not: %w", DBFile, KeysFile, ErrInvalidKeys)
+	if held, why, err := hasLog(); err != nil {
+		return Keys{}, fmt.Errorf("audit: open: %w", err)
+	} else if held {
+		return Keys{}, fmt.Errorf("audit: open: %s but %s does not exist; put the keys the log was made with there (every replica needs the same file) or pass WithKeys: %w", why, keyPath, ErrInvalidKeys)
 	}
 	r := cfg.rand
 	if r == nil {
@@ -198,38 +277,42 @@ func loadKeys(dir, dbPath string, cfg config) (Keys, error) {
 	return keys, nil
 }
 
-// init creates or checks the schema and metadata and loads the tree state.
+// init creates or checks the schema and metadata, takes the writer epoch
+// (PostgreSQL) and loads the tree state.
 func (l *Log) init(ctx context.Context, keys Keys) error {
-	if _, err := l.wdb.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("audit: open: schema: %w", err)
+	if err := createSchema(ctx, l.wdb); err != nil {
+		return err
 	}
-	var n int
-	if err := l.wdb.QueryRowContext(ctx, "SELECT count(*) FROM meta").Scan(&n); err != nil {
-		return fmt.Errorf("audit: open: %w", err)
-	}
+	pg := l.wdb.Dialect() == sqldb.Postgres
 	entryPub := keys.Entry.Public().(ed25519.PublicKey)
-	if n == 0 {
-		origin := l.cfg.origin
-		if origin == "" {
-			origin = DefaultOrigin
+	origin := l.cfg.origin
+	if origin == "" {
+		origin = DefaultOrigin
+	}
+	// Counted and written in one transaction: replicas opening a new
+	// database together write the metadata once (the others' transactions
+	// fail to serialize, run again and find it).
+	err := l.wdb.Tx(ctx, func(tx *sqldb.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM meta").Scan(&n); err != nil || n > 0 {
+			return err
 		}
 		v, err := note.NewVerifier(origin, keys.Checkpoint.Public().(ed25519.PublicKey))
 		if err != nil {
-			return fmt.Errorf("audit: open: origin %q: %w", origin, ErrInvalidKeys)
+			return fmt.Errorf("origin %q: %w", origin, ErrInvalidKeys)
 		}
-		tx, err := l.wdb.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("audit: open: %w", err)
-		}
-		defer tx.Rollback()
 		for k, val := range map[string]any{"format": storeFormat, "origin": origin, "entry_key": []byte(entryPub), "checkpoint_vkey": v.String()} {
+			if s, ok := val.(string); ok && pg {
+				val = []byte(s) // a BYTEA takes bytes; SQLite keeps these as TEXT, as it always has
+			}
 			if _, err := tx.ExecContext(ctx, "INSERT INTO meta(key, value) VALUES (?, ?)", k, val); err != nil {
-				return fmt.Errorf("audit: open: %w", err)
+				return err
 			}
 		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("audit: open: %w", err)
-		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("audit: open: %w", err)
 	}
 	if err := l.loadMeta(ctx, l.wdb); err != nil {
 		return err
@@ -247,6 +330,14 @@ func (l *Log) init(ctx context.Context, keys Keys) error {
 	l.cpSigner = cpSigner
 	l.signer = entrySigner{priv: keys.Entry, kid: l.kid}
 
+	if pg {
+		// Only now, with the keys known to be the log's: a replica given
+		// the wrong keys must not depose the writer. The tree is loaded
+		// after, so it includes the deposed writer's last batch.
+		if err := l.takeEpoch(ctx); err != nil {
+			return err
+		}
+	}
 	if l.size, err = storedSize(ctx, l.wdb); err != nil {
 		return err
 	}
@@ -375,6 +466,8 @@ func (l *Log) readLatest(ctx context.Context, q querier) (Checkpoint, error) {
 
 // Close stops accepting appends, waits for those in flight, signs a final
 // checkpoint if the log grew since the last one, and closes the database.
+// A writer fenced by another (ErrFenced) signs nothing and closes without
+// an error for it.
 func (l *Log) Close() error {
 	l.closeMu.Lock()
 	if l.closed {
@@ -389,7 +482,9 @@ func (l *Log) Close() error {
 	var errs []error
 	if !l.readOnly {
 		<-l.writerDone
-		if _, err := l.checkpoint(context.Background()); err != nil {
+		// A fenced writer has nothing to sign: what it acknowledged is
+		// committed, and the writer that deposed it covers it.
+		if _, err := l.checkpoint(context.Background()); err != nil && !errors.Is(err, ErrFenced) {
 			errs = append(errs, err)
 		}
 		l.cpMu.Lock()
@@ -465,6 +560,8 @@ func (l *Log) Append(ctx context.Context, ev Event) (Entry, error) {
 // AppendBatch adds events atomically at consecutive indices and returns
 // their entries once they are durable: all are written or none. The log
 // stamps them all with the same time, never earlier than the entry before.
+// On a log in PostgreSQL whose writer another has deposed, it fails with
+// ErrFenced and writes nothing.
 func (l *Log) AppendBatch(ctx context.Context, evs []Event) ([]Entry, error) {
 	if l.readOnly {
 		return nil, fmt.Errorf("audit: append: %w", ErrReadOnly)
@@ -474,6 +571,9 @@ func (l *Log) AppendBatch(ctx context.Context, evs []Event) ([]Entry, error) {
 	}
 	if len(evs) > l.cfg.maxBatch {
 		return nil, fmt.Errorf("audit: append: %d events, at most %d at once: %w", len(evs), l.cfg.maxBatch, ErrTooLarge)
+	}
+	if l.fenced.Load() {
+		return nil, fmt.Errorf("audit: append: %w", l.errFenced())
 	}
 	for i, ev := range evs {
 		if err := ev.check(); err != nil {
@@ -579,6 +679,10 @@ func (l *Log) prepare(batch []*appendReq, first uint64, last *time.Time) *signed
 	if total == 0 {
 		return nil
 	}
+	if l.fenced.Load() {
+		l.fail(sb, l.errFenced())
+		return nil
+	}
 	if first+uint64(total) > maxLeaves {
 		l.fail(sb, fmt.Errorf("log full: %w", ErrTooLarge))
 		return nil
@@ -638,6 +742,10 @@ func (l *Log) committer() {
 		l.mu.RLock()
 		size, f := l.size, l.frontier.Clone()
 		l.mu.RUnlock()
+		if l.fenced.Load() {
+			l.fail(sb, l.errFenced())
+			continue
+		}
 		if sb.first != size {
 			l.fail(sb, errors.New("an earlier batch failed to commit"))
 			l.reset.Store(true)
@@ -663,7 +771,8 @@ type pending struct {
 	entries []Entry
 }
 
-// write stores a batch in one transaction, extending f with its leaves.
+// write stores a batch in one transaction, extending f with its leaves. On
+// PostgreSQL the transaction first checks the writer epoch (checkFence).
 func (l *Log) write(live []*pending, f *merkle.Frontier, ts time.Time) error {
 	ctx := context.Background()
 	tsCol := unixNano(ts)
@@ -678,24 +787,23 @@ func (l *Log) write(live []*pending, f *merkle.Frontier, ts time.Time) error {
 			})
 		}
 	}
-	tx, err := l.wdb.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := l.insertRows(ctx, tx, insertTables[0].into, entryRows); err != nil {
-		return err
-	}
-	if err := l.insertRows(ctx, tx, insertTables[1].into, nodeRows); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return l.wdb.Tx(ctx, func(tx *sqldb.Tx) error {
+		if err := l.checkFence(ctx, tx); err != nil {
+			return err
+		}
+		if err := l.insertRows(ctx, tx, insertTables[0].into, entryRows); err != nil {
+			return err
+		}
+		return l.insertRows(ctx, tx, insertTables[1].into, nodeRows)
+	})
 }
 
 // insertRows inserts with multi-row statements of 512, 64, 8 and 1 rows,
 // which cost far less per row than one statement each; the statements are
 // prepared once on the writer connection and reused in every transaction.
-func (l *Log) insertRows(ctx context.Context, tx *sql.Tx, into string, rows [][]any) error {
+// However large a batch, no statement binds more than 512 rows of 8
+// columns: far below SQLite's 32,766 and PostgreSQL's 65,535 parameters.
+func (l *Log) insertRows(ctx context.Context, tx *sqldb.Tx, into string, rows [][]any) error {
 	args := make([]any, 0, 512*len(rows[0]))
 	for len(rows) > 0 {
 		n := 512
@@ -725,7 +833,8 @@ var insertTables = []struct {
 }
 
 // prepareInserts prepares the multi-row inserts on the writer connection.
-// It must run outside any transaction: the writer has one connection.
+// It must run outside any transaction: the SQLite writer has one
+// connection.
 func (l *Log) prepareInserts(ctx context.Context) error {
 	l.stmts = map[string]*sql.Stmt{}
 	for _, t := range insertTables {
@@ -885,7 +994,7 @@ func (l *Log) Latest(ctx context.Context) (Checkpoint, error) {
 // checkpoint. Call it from a ticker, at least every second while entries
 // arrive. Before signing it verifies a consistency proof from the previous
 // checkpoint to the new tree and refuses, with ErrInconsistent, to sign a
-// tree that does not extend it.
+// tree that does not extend it. A deposed writer signs nothing (ErrFenced).
 func (l *Log) Checkpoint(ctx context.Context) (Checkpoint, error) {
 	if l.readOnly {
 		return Checkpoint{}, fmt.Errorf("audit: checkpoint: %w", ErrReadOnly)
@@ -899,6 +1008,9 @@ func (l *Log) Checkpoint(ctx context.Context) (Checkpoint, error) {
 func (l *Log) checkpoint(ctx context.Context) (Checkpoint, error) {
 	l.cpMu.Lock()
 	defer l.cpMu.Unlock()
+	if l.fenced.Load() {
+		return Checkpoint{}, fmt.Errorf("audit: checkpoint: %w", l.errFenced())
+	}
 	l.mu.RLock()
 	size, root := l.size, l.frontier.Root()
 	l.mu.RUnlock()
@@ -914,13 +1026,24 @@ func (l *Log) checkpoint(ctx context.Context) (Checkpoint, error) {
 			return Checkpoint{}, fmt.Errorf("audit: checkpoint: %w", err)
 		}
 	}
-	msg, err := l.cpSigner.Sign(checkpointText(l.origin, size, root))
+	cp := Checkpoint{Origin: l.origin, Size: size, Root: root, Signed: l.cfg.now().Round(0).UTC()}
+	// Signed inside the transaction, after the fence: a deposed writer
+	// never signs a checkpoint of the tree it knew. (Ed25519 signs the
+	// same bytes again if the transaction runs twice.)
+	err := l.wdb.Tx(ctx, func(tx *sqldb.Tx) error {
+		if err := l.checkFence(ctx, tx); err != nil {
+			return err
+		}
+		msg, err := l.cpSigner.Sign(checkpointText(l.origin, size, root))
+		if err != nil {
+			return err
+		}
+		cp.Note = msg
+		_, err = tx.ExecContext(ctx, "INSERT INTO checkpoints(size, root, note, signed_at) VALUES (?, ?, ?, ?)",
+			int64(size), root[:], msg, unixNano(cp.Signed))
+		return err
+	})
 	if err != nil {
-		return Checkpoint{}, fmt.Errorf("audit: checkpoint: %w", err)
-	}
-	cp := Checkpoint{Origin: l.origin, Size: size, Root: root, Note: msg, Signed: l.cfg.now().Round(0).UTC()}
-	if _, err := l.wdb.ExecContext(ctx, "INSERT INTO checkpoints(size, root, note, signed_at) VALUES (?, ?, ?, ?)",
-		int64(size), root[:], msg, unixNano(cp.Signed)); err != nil {
 		return Checkpoint{}, fmt.Errorf("audit: checkpoint: %w", err)
 	}
 	l.latest = &cp

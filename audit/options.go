@@ -22,6 +22,8 @@ type config struct {
 	keys     *Keys
 	origin   string
 	maxBatch int
+	// database is WithDatabase's PostgreSQL URL; empty for the SQLite file.
+	database string
 	// witnesses are the witness verifier keys of WithWitnesses.
 	witnesses []string
 }
@@ -91,4 +93,15 @@ func WithMaxBatch(n int) Option {
 // WitnessKey.VerifierKey writes them). Open refuses a malformed key.
 func WithWitnesses(vkeys ...string) Option {
 	return func(c *config) { c.witnesses = append(c.witnesses, vkeys...) }
+}
+
+// WithDatabase keeps the log's tables in the PostgreSQL database at url
+// (postgres://user:password@host/db?..., or postgresql://) instead of in
+// DBFile in the log's folder, so that the aggregators of a replicated
+// deployment write one log: the folder then holds only the keys file,
+// which every replica needs a copy of. One of them writes at a time; the
+// last to Open deposes the one before it (see Open and ErrFenced).
+// OpenReadOnly takes it too. The URL is a secret: the log never prints it.
+func WithDatabase(url string) Option {
+	return func(c *config) { c.database = url }
 }

@@ -11,91 +11,93 @@ import (
 )
 
 func TestQuery(t *testing.T) {
-	ctx := context.Background()
-	lg, _, _ := openTest(t)
-	var all []Event
-	for i := range 90 {
-		e, err := lg.Append(ctx, sampleEvent(t, i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, err := e.Event()
-		if err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, ev)
-	}
-	mid := all[40].Time
-	filters := []string{
-		"",
-		"type=round.closed",
-		"task=t-1",
-		"task=t-2 round=3",
-		"round=2",
-		"actor=op-1",
-		"actor=operator:op-0",
-		"actor=service:coordinator type=dp.spent",
-		"actor=device:" + all[5].Actor.ID,
-		"since=" + mid.Format(time.RFC3339Nano),
-		"until=" + mid.Format(time.RFC3339Nano),
-		"since=" + all[10].Time.Format(time.RFC3339Nano) + " until=" + all[20].Time.Format(time.RFC3339Nano) + " type=round.opened",
-		"type=model.committed task=t-2",
-		`task="t-1"`,
-	}
-	for _, s := range filters {
-		f, err := ParseFilter(s)
-		if err != nil {
-			t.Fatalf("%q: %v", s, err)
-		}
-		var want []uint64
-		for i, ev := range all {
-			if f.Match(ev) {
-				want = append(want, uint64(i))
-			}
-		}
-		var got []uint64
-		token := ""
-		for pages := 0; ; pages++ {
-			page, err := lg.Query(ctx, f, 7, token)
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		lg, _, _ := openTest(t)
+		var all []Event
+		for i := range 90 {
+			e, err := lg.Append(ctx, sampleEvent(t, i))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(page.Entries) > 7 || pages > 100 {
-				t.Fatalf("%q: page of %d", s, len(page.Entries))
+			ev, err := e.Event()
+			if err != nil {
+				t.Fatal(err)
 			}
-			for _, e := range page.Entries {
-				ev, err := VerifyEntry(e, lg.PublicKeys().Entry)
-				if err != nil || !f.Match(ev) {
-					t.Fatalf("%q: entry %d does not match: %v", s, e.Index, err)
+			all = append(all, ev)
+		}
+		mid := all[40].Time
+		filters := []string{
+			"",
+			"type=round.closed",
+			"task=t-1",
+			"task=t-2 round=3",
+			"round=2",
+			"actor=op-1",
+			"actor=operator:op-0",
+			"actor=service:coordinator type=dp.spent",
+			"actor=device:" + all[5].Actor.ID,
+			"since=" + mid.Format(time.RFC3339Nano),
+			"until=" + mid.Format(time.RFC3339Nano),
+			"since=" + all[10].Time.Format(time.RFC3339Nano) + " until=" + all[20].Time.Format(time.RFC3339Nano) + " type=round.opened",
+			"type=model.committed task=t-2",
+			`task="t-1"`,
+		}
+		for _, s := range filters {
+			f, err := ParseFilter(s)
+			if err != nil {
+				t.Fatalf("%q: %v", s, err)
+			}
+			var want []uint64
+			for i, ev := range all {
+				if f.Match(ev) {
+					want = append(want, uint64(i))
 				}
-				got = append(got, e.Index)
 			}
-			if page.Next == "" {
-				break
+			var got []uint64
+			token := ""
+			for pages := 0; ; pages++ {
+				page, err := lg.Query(ctx, f, 7, token)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(page.Entries) > 7 || pages > 100 {
+					t.Fatalf("%q: page of %d", s, len(page.Entries))
+				}
+				for _, e := range page.Entries {
+					ev, err := VerifyEntry(e, lg.PublicKeys().Entry)
+					if err != nil || !f.Match(ev) {
+						t.Fatalf("%q: entry %d does not match: %v", s, e.Index, err)
+					}
+					got = append(got, e.Index)
+				}
+				if page.Next == "" {
+					break
+				}
+				token = page.Next
 			}
-			token = page.Next
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%q: got %v\nwant %v", s, got, want)
+			}
+			if s != "" && len(want) == 0 {
+				t.Errorf("%q matches nothing: a weak test", s)
+			}
 		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%q: got %v\nwant %v", s, got, want)
+		if _, err := lg.Query(ctx, Filter{}, 5, "x"); !errors.Is(err, ErrInvalidFilter) {
+			t.Errorf("bad token: %v", err)
 		}
-		if s != "" && len(want) == 0 {
-			t.Errorf("%q matches nothing: a weak test", s)
+		if _, err := lg.Query(ctx, Filter{}, 5, "007"); !errors.Is(err, ErrInvalidFilter) {
+			t.Errorf("non-canonical token: %v", err)
 		}
-	}
-	if _, err := lg.Query(ctx, Filter{}, 5, "x"); !errors.Is(err, ErrInvalidFilter) {
-		t.Errorf("bad token: %v", err)
-	}
-	if _, err := lg.Query(ctx, Filter{}, 5, "007"); !errors.Is(err, ErrInvalidFilter) {
-		t.Errorf("non-canonical token: %v", err)
-	}
-	page, err := lg.Query(ctx, Filter{}, 0, "")
-	if err != nil || len(page.Entries) != 90 || page.Next != "" {
-		t.Fatalf("default page: %d entries, next %q, %v", len(page.Entries), page.Next, err)
-	}
-	page, err = lg.Query(ctx, Filter{}, 5000, "85")
-	if err != nil || len(page.Entries) != 5 || page.Entries[0].Index != 85 {
-		t.Fatalf("page from a token: %v", err)
-	}
+		page, err := lg.Query(ctx, Filter{}, 0, "")
+		if err != nil || len(page.Entries) != 90 || page.Next != "" {
+			t.Fatalf("default page: %d entries, next %q, %v", len(page.Entries), page.Next, err)
+		}
+		page, err = lg.Query(ctx, Filter{}, 5000, "85")
+		if err != nil || len(page.Entries) != 5 || page.Entries[0].Index != 85 {
+			t.Fatalf("page from a token: %v", err)
+		}
+	})
 }
 
 func TestParseFilter(t *testing.T) {
