@@ -16,9 +16,18 @@ const CheckpointInterval = time.Second
 
 // openAudit opens the audit log in the data directory, creating it and its
 // keys on first start.
+//
+// Replicas (a PostgreSQL store) keep the log in the same database, with
+// its keys (audit.KeysFile, one of ReplicaSecrets) in the data directory:
+// the leader opens it after taking the lease, which makes it the log's
+// writer and fences the writer before it (audit.ErrFenced).
 func (s *Server) openAudit(ctx context.Context) error {
-	lg, err := audit.Open(ctx, s.cfg.DataDir, audit.WithOrigin(s.cfg.AuditOrigin), audit.WithClock(s.o.now),
-		audit.WithLogger(s.o.log.With("component", "audit")), audit.WithWitnesses(s.cfg.AuditWitnesses...))
+	opts := []audit.Option{audit.WithOrigin(s.cfg.AuditOrigin), audit.WithClock(s.o.now),
+		audit.WithLogger(s.o.log.With("component", "audit")), audit.WithWitnesses(s.cfg.AuditWitnesses...)}
+	if s.cfg.replicated() {
+		opts = append(opts, audit.WithDatabase(s.cfg.Store))
+	}
+	lg, err := audit.Open(ctx, s.cfg.DataDir, opts...)
 	if err != nil {
 		return fmt.Errorf("server: audit log: %w", err)
 	}
