@@ -100,6 +100,12 @@ const examples = `  # one machine: the server, the CLI and devices on loopback
   fleetlearn-server --data-dir /var/lib/fleetlearn --nats-url nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 \
     --nats-advertise nats://nats.example.net:4222
 
+  # replicas sharing PostgreSQL and a NATS cluster (docs/HA.md): one leads, the others stand by;
+  # the secrets are made once and every replica takes the same copy; the password comes from $PGPASSWORD
+  fleetlearn-server replica-secrets --data-dir fleetlearn-replica
+  fleetlearn-server --data-dir /var/lib/fleetlearn --store postgres://fleetlearn@db.example.net:5432/fleetlearn \
+    --nats-url nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 --secrets-from fleetlearn-replica
+
   # is the server on this host ready? (exit status 0 or 1)
   fleetlearn-server health --addr 127.0.0.1:9464`
 
