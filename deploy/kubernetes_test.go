@@ -2,12 +2,14 @@ package deploy_test
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"net/http"
@@ -40,10 +42,15 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/server"
 )
 
 // The overlays under kubernetes/, each rendered as kubectl apply -k would.
-var overlays = []string{"base", "external-nats", "pool-executor"}
+var overlays = []string{"base", "external-nats", "pool-executor", "replicated"}
+
+// aggregatorReplicas is how many fleetlearn-server pods each overlay runs:
+// one on SQLite, several only on a shared PostgreSQL store (--store).
+var aggregatorReplicas = map[string]int32{"base": 1, "external-nats": 1, "pool-executor": 1, "replicated": 2}
 
 const (
 	namespace     = "fleetlearn"
@@ -61,7 +68,21 @@ var documentedSecrets = map[string][]string{
 	"nats-fleetlearn-auth": {"fleetlearn-auth.conf"},
 	// --from-file=fleetlearn-nats-auth/nats-auth/: one key per file there.
 	"fleetlearn-nats-auth": {"account.nk", "operator.nk", "service-user.nk", "system-user.nk", "system.nk"},
+	// --from-file=fleetlearn-replica/<each of replicaSecretFiles>: a key
+	// per file, named by its base name.
+	"fleetlearn-replica-secrets": {"admin.token", "api.key", "audit.keys", "ca.crt", "ca.key", "enroll.key"},
+	// --from-literal=password=…
+	"fleetlearn-postgres": {"password"},
 }
+
+// replicaSecretsDir is the directory the documented step
+// (fleetlearn-server replica-secrets --data-dir DIR) writes the replicas'
+// secrets to, and replicaSecretFiles the files below it that the step
+// puts in Secret fleetlearn-replica-secrets; nats-auth/ goes to
+// fleetlearn-nats-auth.
+const replicaSecretsDir = "fleetlearn-replica"
+
+var replicaSecretFiles = []string{"tls/ca.crt", "tls/ca.key", "keys/api.key", "keys/enroll.key", "admin.token", "audit.keys"}
 
 // imageDockerfiles are the Dockerfiles of the images the manifests run, by
 // image name: a container without a command runs the image's ENTRYPOINT.
@@ -195,6 +216,7 @@ func TestKubernetesManifests(t *testing.T) {
 			checkPDBs(t, m)
 			checkClaims(t, m)
 			checkBindings(t, m)
+			checkAggregatorReplicas(t, m)
 		})
 	}
 	t.Run("secrets", func(t *testing.T) {
@@ -217,6 +239,16 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		if want := "--nats-resolver-dir " + natsResolverDir; !strings.Contains(readme, want) {
 			t.Errorf("deploy/README.md does not say %q: the NATS nodes keep their resolver there", want)
+		}
+		for _, want := range []string{"replica-secrets --data-dir " + replicaSecretsDir, "--from-file=" + replicaSecretsDir + "/nats-auth/"} {
+			if !strings.Contains(readme, want) {
+				t.Errorf("deploy/README.md does not say %q: the replicated overlay's Secrets come from there", want)
+			}
+		}
+		for _, f := range replicaSecretFiles {
+			if want := "--from-file=" + replicaSecretsDir + "/" + f; !strings.Contains(readme, want) {
+				t.Errorf("deploy/README.md does not say %q: Secret fleetlearn-replica-secrets needs that file", want)
+			}
 		}
 	})
 }
@@ -540,7 +572,7 @@ func containerPortOf(c *corev1.Container, p *intstr.IntOrString) (int32, error) 
 }
 
 func knownProgram(argv0 string) bool {
-	return isFleetlearn(argv0) || path.Base(argv0) == "nats-server"
+	return isFleetlearn(argv0) || slices.Contains([]string{"nats-server", "pg_isready", "pg_ctl"}, path.Base(argv0))
 }
 
 func isFleetlearn(argv0 string) bool { return slices.Contains(fleetlearnBinaries, path.Base(argv0)) }
@@ -923,6 +955,17 @@ func checkFleetlearnContainer(t *testing.T, m *manifests, sts *appsv1.StatefulSe
 			t.Errorf("%s: --nats-auth-from=%s is not the read-only mount of Secret fleetlearn-nats-auth (%s)", where, from, kind)
 		}
 	}
+	if from, ok := f["secrets-from"]; ok {
+		vm, kind := mountHolding(sts, c, from)
+		if kind != "secret fleetlearn-replica-secrets" || vm.MountPath != from || !vm.ReadOnly {
+			t.Errorf("%s: --secrets-from=%s is not the read-only mount of Secret fleetlearn-replica-secrets (%s)", where, from, kind)
+		}
+	}
+	if f["store"] != "" {
+		checkReplicated(t, m, sts, c, f)
+	} else if n := replicasOf(sts); n > 1 {
+		t.Errorf("%s: %d replicas without --store: each would run the rounds on an SQLite file of its own", where, n)
+	}
 	checkPoolExecutor(t, m, sts, c, f)
 
 	natsURL, external := f["nats-url"]
@@ -975,6 +1018,187 @@ func checkFleetlearnContainer(t *testing.T, m *manifests, sts *appsv1.StatefulSe
 		}
 	}
 	return ls
+}
+
+// replicasOf is the StatefulSet's pod count (1 when unset).
+func replicasOf(sts *appsv1.StatefulSet) int32 {
+	if sts.Spec.Replicas == nil {
+		return 1
+	}
+	return *sts.Spec.Replicas
+}
+
+// checkAggregatorReplicas checks that the overlay runs as many aggregator
+// pods as aggregatorReplicas says.
+func checkAggregatorReplicas(t *testing.T, m *manifests) {
+	t.Helper()
+	want, ok := aggregatorReplicas[m.overlay]
+	if !ok {
+		t.Errorf("%s: aggregatorReplicas does not say how many aggregators the overlay runs", m.overlay)
+		return
+	}
+	sts := m.set("fleetlearn-server")
+	if sts == nil {
+		t.Errorf("%s: renders no fleetlearn-server StatefulSet", m.overlay)
+		return
+	}
+	if got := replicasOf(sts); got != want {
+		t.Errorf("%s: fleetlearn-server runs %d replicas, want %d", m.overlay, got, want)
+	}
+}
+
+// checkReplicated checks an aggregator on a shared PostgreSQL store
+// (--store): the URL reaches the overlay's PostgreSQL without holding the
+// password, which comes from a Secret in $PGPASSWORD and is the one that
+// PostgreSQL gives its user; the shared secrets come from their Secret;
+// each pod names itself in the lease; only the leader is ready, so only it
+// gets traffic, and a standby, never ready, is neither killed for it nor
+// in the way of the StatefulSet's rollouts and the disruption budget.
+func checkReplicated(t *testing.T, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, f flagArgs) {
+	t.Helper()
+	where := m.overlay + ": " + sts.Name + "/" + c.Name
+	if f["nats-url"] == "" {
+		t.Errorf("%s: --store without --nats-url: the replicas share an external NATS cluster, and the server refuses to start without one", where)
+	}
+	if f["secrets-from"] == "" {
+		t.Errorf("%s: --store without --secrets-from: each replica would make a CA and token keys of its own", where)
+	}
+	var pgPassword *corev1.SecretKeySelector
+	for _, e := range c.Env {
+		if e.Name == "PGPASSWORD" && e.ValueFrom != nil {
+			pgPassword = e.ValueFrom.SecretKeyRef
+		}
+	}
+	if pgPassword == nil {
+		t.Errorf("%s: $PGPASSWORD is not set from a Secret: the server could not log in to PostgreSQL", where)
+	}
+	u, err := url.Parse(f["store"])
+	switch {
+	case err != nil || u.Scheme != "postgres" && u.Scheme != "postgresql" || u.Hostname() == "":
+		t.Errorf("%s: --store=%s is not a PostgreSQL URL (%v)", where, f["store"], err)
+	case u.User == nil || u.User.Username() == "":
+		t.Errorf("%s: --store=%s names no user", where, f["store"])
+	default:
+		if _, set := u.User.Password(); set {
+			t.Errorf("%s: --store holds the password: it would be in the pod's spec and command line; give it in $PGPASSWORD from a Secret", where)
+		}
+		checkPostgres(t, m, where+": --store", u, pgPassword)
+	}
+
+	argv := slices.Concat(c.Command, c.Args)
+	for i := range replicasOf(sts) {
+		pod := fmt.Sprintf("%s-%d", sts.Name, i)
+		env := podEnv(t, m, sts, c, pod)
+		name := ""
+		for _, a := range argv {
+			if v, ok := strings.CutPrefix(a, "--replica-name="); ok {
+				name, _ = expandVars(v, env)
+			}
+		}
+		if name != pod {
+			t.Errorf("%s: pod %s names itself %q in the lease, want its own name (from the downward API's metadata.name)", where, pod, name)
+		}
+	}
+
+	if rp := c.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
+		t.Errorf("%s: the readiness probe must ask /readyz: only the leader is ready, so the Services send the API's traffic to it alone", where)
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+	}{{"startupProbe", c.StartupProbe}, {"livenessProbe", c.LivenessProbe}} {
+		if p.probe != nil && p.probe.HTTPGet != nil && strings.HasPrefix(p.probe.HTTPGet.Path, "/readyz") {
+			t.Errorf("%s: %s asks /readyz: a standby is never ready, and the kubelet would kill it", where, p.name)
+		}
+	}
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("%s: podManagementPolicy %q: OrderedReady creates and replaces a pod only once those before it are ready, and a standby never is",
+			where, sts.Spec.PodManagementPolicy)
+	}
+	if sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
+		t.Errorf("%s: updateStrategy %q: a rolling update waits for each new pod to be ready, and a standby never is; want OnDelete",
+			where, sts.Spec.UpdateStrategy.Type)
+	}
+	for _, svc := range m.services {
+		if selects(svc, sts) && svc.Spec.PublishNotReadyAddresses {
+			t.Errorf("%s: service %s publishes pods that are not ready: it would send traffic to the standby, which does not serve it", where, svc.Name)
+		}
+	}
+	var pdb *policyv1.PodDisruptionBudget
+	for _, p := range m.pdbs {
+		if sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector); err == nil && !sel.Empty() && sel.Matches(labels.Set(sts.Spec.Template.Labels)) {
+			pdb = p
+		}
+	}
+	switch {
+	case pdb == nil:
+		t.Errorf("%s: no PodDisruptionBudget: a drain could evict the leader and the standby together", where)
+	case pdb.Spec.MaxUnavailable != nil || pdb.Spec.MinAvailable == nil || *pdb.Spec.MinAvailable != intstr.FromInt32(1):
+		t.Errorf("%s: poddisruptionbudget %s: want minAvailable 1, the leader, which is the one ready pod", where, pdb.Name)
+	case pdb.Spec.UnhealthyPodEvictionPolicy != nil && *pdb.Spec.UnhealthyPodEvictionPolicy != policyv1.IfHealthyBudget:
+		t.Errorf("%s: poddisruptionbudget %s: unhealthyPodEvictionPolicy %s would let a drain evict the replica taking over while none is ready",
+			where, pdb.Name, *pdb.Spec.UnhealthyPodEvictionPolicy)
+	}
+}
+
+// checkPostgres checks that a --store URL reaches a PostgreSQL container
+// of the overlay that creates the URL's user and database, with the
+// password of the Secret key the aggregator sends, and keeps its data on
+// its claim.
+func checkPostgres(t *testing.T, m *manifests, where string, u *url.URL, password *corev1.SecretKeySelector) {
+	t.Helper()
+	svc, _, err := m.resolve(u.Hostname())
+	if err != nil {
+		t.Errorf("%s: %v", where, err)
+		return
+	}
+	port := int32(5432)
+	if p := u.Port(); p != "" {
+		n, _ := strconv.Atoi(p)
+		port = int32(n)
+	}
+	var pgSet *appsv1.StatefulSet
+	var pg *corev1.Container
+	for _, sp := range svc.Spec.Ports {
+		if sp.Port != port {
+			continue
+		}
+		for _, sts := range m.sets {
+			if selects(svc, sts) {
+				if c, _ := targetContainer(sts, &sp.TargetPort); c != nil {
+					pgSet, pg = sts, c
+				}
+			}
+		}
+	}
+	if pg == nil {
+		t.Errorf("%s: %s:%d reaches no container port of the overlay", where, u.Hostname(), port)
+		return
+	}
+	env := podEnv(t, m, pgSet, pg, pgSet.Name+"-0")
+	db := cmp.Or(strings.TrimPrefix(u.Path, "/"), u.User.Username())
+	if got := env["POSTGRES_USER"]; got != u.User.Username() {
+		t.Errorf("%s: connects as %q; %s/%s creates the user %q", where, u.User.Username(), pgSet.Name, pg.Name, got)
+	}
+	if got := env["POSTGRES_DB"]; got != db {
+		t.Errorf("%s: opens database %q; %s/%s creates %q", where, db, pgSet.Name, pg.Name, got)
+	}
+	var have *corev1.SecretKeySelector
+	for _, e := range pg.Env {
+		if e.Name == "POSTGRES_PASSWORD" && e.ValueFrom != nil {
+			have = e.ValueFrom.SecretKeyRef
+		}
+	}
+	if have == nil || password == nil || have.Name != password.Name || have.Key != password.Key {
+		t.Errorf("%s: $PGPASSWORD comes from %v, %s/%s's $POSTGRES_PASSWORD from %v: want the same Secret key", where, password, pgSet.Name, pg.Name, have)
+	}
+	if dataDir := env["PGDATA"]; dataDir == "" {
+		t.Errorf("%s/%s: no $PGDATA", pgSet.Name, pg.Name)
+	} else if vm, kind := mountHolding(pgSet, pg, dataDir); kind != "claim" || vm.ReadOnly || vm.MountPath == dataDir {
+		// Below the mount point, which may hold lost+found, as initdb
+		// wants an empty directory.
+		t.Errorf("%s/%s: $PGDATA %s is not a directory below a writable claim template's mount (%s at %s)", pgSet.Name, pg.Name, dataDir, kind, vm.MountPath)
+	}
 }
 
 // apiAccess is a resource the pool executor calls and the verbs it uses.
@@ -1542,6 +1766,85 @@ func checkCommandLine(t *testing.T, dir, where string, argv []string) {
 	}
 }
 
+// TestKubernetesReplicaSecrets makes the replicas' secrets with the
+// documented steps (fleetlearn-server replica-secrets and
+// --write-nats-config, run with the built binary, then the Secrets as
+// deploy/README.md's kubectl commands make them), lays the Secrets out as
+// each replicated aggregator's pod mounts them, and checks that every file
+// of server.ReplicaSecrets the steps wrote reaches the pod, as it is, where
+// --secrets-from (or --nats-auth-from, for nats-auth/) takes it.
+func TestKubernetesReplicaSecrets(t *testing.T) {
+	dir := bins(t)
+	tested := 0
+	for _, overlay := range overlays {
+		m := renderOverlay(t, overlay)
+		for _, sts := range m.sets {
+			for i := range sts.Spec.Template.Spec.Containers {
+				c := &sts.Spec.Template.Spec.Containers[i]
+				prog := containerProgramOf(t, m, sts, c)
+				if path.Base(prog.argv[0]) != "fleetlearn-server" {
+					continue
+				}
+				f, err := parseFlagArgs(prog.argv[1:])
+				if err != nil || f["store"] == "" {
+					continue // not a replica; TestKubernetesManifests checks the flags
+				}
+				tested++
+				t.Run(overlay+"/"+sts.Name, func(t *testing.T) {
+					auth := newNATSAuthority(t, dir)
+					root := filepath.Join(t.TempDir(), "pod")
+					mirrorPod(t, root, m, sts, c, auth.secrets(t, root))
+					checkReplicaSecretsReach(t, auth.dir, root, f)
+				})
+			}
+		}
+	}
+	if tested == 0 {
+		t.Fatal("no overlay runs replicated aggregators")
+	}
+}
+
+// checkReplicaSecretsReach compares each file below the entries of
+// server.ReplicaSecrets in dir with what a pod whose file system is under
+// root finds where the server's flags f take it from.
+func checkReplicaSecretsReach(t *testing.T, dir, root string, f flagArgs) {
+	t.Helper()
+	n := 0
+	for _, entry := range server.ReplicaSecrets {
+		err := filepath.WalkDir(filepath.Join(dir, entry), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			n++
+			rel, _ := filepath.Rel(dir, p)
+			from := filepath.Join(root, f["secrets-from"], rel)
+			if auth, ok := strings.CutPrefix(filepath.ToSlash(rel), server.NATSAuthDir+"/"); ok && f["nats-auth-from"] != "" {
+				from = filepath.Join(root, f["nats-auth-from"], auth)
+			}
+			want, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			got, err := os.ReadFile(from)
+			switch {
+			case f["secrets-from"] == "":
+				t.Errorf("%s: no --secrets-from to take it from", rel)
+			case err != nil:
+				t.Errorf("%s does not reach the pod: %v", rel, err)
+			case !bytes.Equal(got, want):
+				t.Errorf("%s reaches the pod as %s, with other content", rel, from)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", entry, err)
+		}
+	}
+	if n == 0 {
+		t.Error("the documented step wrote none of server.ReplicaSecrets")
+	}
+}
+
 // TestKubernetesNATSConfig checks each NATS container's configuration with
 // nats-server's own parser, on a copy of the pod's files: the ConfigMap
 // where it is mounted, and the fragment the documented step writes (run
@@ -1741,11 +2044,16 @@ func newNATSAuthority(t *testing.T, bins string) *natsAuthority {
 	return &natsAuthority{bin: filepath.Join(bins, "fleetlearn-server"), dir: filepath.Join(t.TempDir(), "fleetlearn-nats-auth")}
 }
 
-// secrets are the contents of the Secrets the documented step creates,
+// secrets are the contents of the Secrets the documented steps create,
 // by Secret and key, with the fragment's resolver directory where a pod
-// whose file system is under root has /data/jwt.
+// whose file system is under root has /data/jwt. The replicas' secrets
+// (fleetlearn-server replica-secrets) are made in the same directory as
+// the NATS authority, as the replicated overlay's steps do.
 func (a *natsAuthority) secrets(t *testing.T, root string) map[string]map[string][]byte {
 	t.Helper()
+	if out, err := exec.Command(a.bin, "replica-secrets", "--data-dir", a.dir).CombinedOutput(); err != nil {
+		t.Fatalf("fleetlearn-server replica-secrets: %v\n%s", err, out)
+	}
 	fragment := filepath.Join(t.TempDir(), "fleetlearn-auth.conf")
 	step := exec.Command(a.bin, "--data-dir", a.dir, "--write-nats-config", fragment,
 		"--nats-resolver-dir", filepath.Join(root, natsResolverDir))
@@ -1769,17 +2077,31 @@ func (a *natsAuthority) secrets(t *testing.T, root string) map[string]map[string
 			}
 		}
 	}
+	// --from-file=fleetlearn-replica/tls/ca.crt …: a key per file, by its
+	// base name.
+	replica := map[string][]byte{}
+	for _, f := range replicaSecretFiles {
+		if replica[path.Base(f)], err = os.ReadFile(filepath.Join(a.dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return map[string]map[string][]byte{
-		"nats-fleetlearn-auth": {filepath.Base(fragment): b},
-		"fleetlearn-nats-auth": keys,
+		"nats-fleetlearn-auth":       {filepath.Base(fragment): b},
+		"fleetlearn-nats-auth":       keys,
+		"fleetlearn-replica-secrets": replica,
+		"fleetlearn-postgres":        {"password": []byte("not-the-real-one")},
 	}
 }
 
 // mirrorPod lays out c's volumes under root as the kubelet would in the
-// pod: ConfigMaps from the overlay, Secrets from secrets, empty
-// directories for the rest.
+// pod: ConfigMaps from the overlay, Secrets from secrets, each key at the
+// path its volume's items give it, empty directories for the rest.
 func mirrorPod(t *testing.T, root string, m *manifests, sts *appsv1.StatefulSet, c *corev1.Container, secrets map[string]map[string][]byte) {
 	t.Helper()
+	volumes := map[string]*corev1.Volume{}
+	for i := range sts.Spec.Template.Spec.Volumes {
+		volumes[sts.Spec.Template.Spec.Volumes[i].Name] = &sts.Spec.Template.Spec.Volumes[i]
+	}
 	for _, vm := range c.VolumeMounts {
 		dst := filepath.Join(root, vm.MountPath)
 		if err := os.MkdirAll(dst, 0o700); err != nil {
@@ -1797,8 +2119,29 @@ func mirrorPod(t *testing.T, root string, m *manifests, sts *appsv1.StatefulSet,
 				t.Errorf("%s/%s mounts Secret %s, whose content no check here knows", sts.Name, c.Name, name)
 			}
 		}
+		var items []corev1.KeyToPath
+		if v := volumes[vm.Name]; v != nil && v.Secret != nil {
+			items = v.Secret.Items
+		} else if v != nil && v.ConfigMap != nil {
+			items = v.ConfigMap.Items
+		}
+		if len(items) > 0 {
+			projected := map[string][]byte{}
+			for _, it := range items {
+				b, ok := files[it.Key]
+				if !ok {
+					t.Errorf("%s/%s: volume %s: item %s is not a key of what it mounts", sts.Name, c.Name, vm.Name, it.Key)
+				}
+				projected[it.Path] = b
+			}
+			files = projected
+		}
 		for k, v := range files {
-			if err := os.WriteFile(filepath.Join(dst, k), v, 0o600); err != nil {
+			p := filepath.Join(dst, k)
+			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, v, 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}

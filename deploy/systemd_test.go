@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,10 +33,15 @@ type systemdUnit struct {
 	// failing no check but those accepted and dropInAccepts.
 	dropInExposure float64
 	dropInAccepts  map[string]string
+	// replica marks a unit of a replicated aggregator: its database comes
+	// from a required environment file, shown in its comments, with the
+	// password in $PGPASSWORD, and it is always restarted.
+	replica bool
 }
 
 var systemdUnits = []systemdUnit{
 	{file: "fleetlearn-server.service", binary: "fleetlearn-server", argsVar: "FLEETLEARN_SERVER_ARGS", maxExposure: 1.1},
+	{file: "fleetlearn-server-replica.service", binary: "fleetlearn-server", argsVar: "FLEETLEARN_SERVER_ARGS", maxExposure: 1.1, replica: true},
 	{file: "fleetlearn-edge.service", binary: "fleetlearn-edge", argsVar: "FLEETLEARN_EDGE_ARGS", maxExposure: 1.1},
 	{
 		file: "fleetlearn-worker.service", binary: "fleetlearn-worker", argsVar: "FLEETLEARN_WORKER_ARGS", maxExposure: 1.4,
@@ -118,8 +124,11 @@ func TestSystemdUnits(t *testing.T) {
 		}
 		copies = append(copies, cp)
 
-		t.Run(u.binary+"/flags", func(t *testing.T) { checkUnitFlags(t, u, string(src), bin) })
-		t.Run(u.binary+"/security", func(t *testing.T) {
+		t.Run(u.file+"/flags", func(t *testing.T) { checkUnitFlags(t, u, string(src), bin) })
+		if u.replica {
+			t.Run(u.file+"/replica", func(t *testing.T) { checkReplicaUnit(t, u, string(src), bin) })
+		}
+		t.Run(u.file+"/security", func(t *testing.T) {
 			checkUnitSecurity(t, analyze, version, u.file, cp, u.maxExposure, u.accepts)
 		})
 		if u.dropInExposure == 0 {
@@ -142,7 +151,7 @@ func TestSystemdUnits(t *testing.T) {
 		if err := os.WriteFile(withDropIn, append(unit, dropIn...), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Run(u.binary+"/drop-in-verify", func(t *testing.T) {
+		t.Run(u.file+"/drop-in-verify", func(t *testing.T) {
 			out, err := verifyUnits(analyze, version, withDropIn)
 			if err != nil {
 				t.Errorf("%v\n%s", err, out)
@@ -151,7 +160,7 @@ func TestSystemdUnits(t *testing.T) {
 				t.Errorf("systemd-analyze verify complains about %s with its drop-in:\n%s", u.file, m)
 			}
 		})
-		t.Run(u.binary+"/drop-in-security", func(t *testing.T) {
+		t.Run(u.file+"/drop-in-security", func(t *testing.T) {
 			accepts := maps.Clone(u.accepts)
 			maps.Copy(accepts, u.dropInAccepts)
 			checkUnitSecurity(t, analyze, version, u.file, withDropIn, u.dropInExposure, accepts)
@@ -232,15 +241,19 @@ func checkUnitFlags(t *testing.T, u systemdUnit, unit, bin string) {
 		t.Fatalf("%s: ExecStart runs %s, want %s", u.file, argv[0], want)
 	}
 	examples := [][]string{nil} // the environment file absent
+	if u.replica {
+		examples = nil // required: the unit does not start without it
+	}
+	env := unitEnvExample(unit)
 	re := regexp.MustCompile(`(?m)^#\s+` + u.argsVar + `="([^"]*)"$`)
 	for _, m := range re.FindAllStringSubmatch(unit, -1) {
 		examples = append(examples, strings.Fields(m[1]))
 	}
-	if len(examples) < 2 {
+	if len(examples) == 0 || examples[len(examples)-1] == nil {
 		t.Errorf("%s: no example %s=\"…\" line in the comments", u.file, u.argsVar)
 	}
 	for _, extra := range examples {
-		args, err := expandExecStart(argv[1:], u.file, u.argsVar, extra)
+		args, err := expandExecStart(argv[1:], u.file, u.argsVar, extra, env)
 		if err != nil {
 			t.Fatalf("%s: %v", u.file, err)
 		}
@@ -249,6 +262,91 @@ func checkUnitFlags(t *testing.T, u systemdUnit, unit, bin string) {
 			t.Errorf("%s %s --help: %v\n%s", u.binary, strings.Join(args, " "), err, out)
 		}
 	}
+}
+
+// unitEnvExample is the environment file the unit's comments show: the
+// lines "#   NAME=value" with an upper-case NAME and an unquoted value.
+func unitEnvExample(unit string) map[string]string {
+	env := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^#\s+([A-Z][A-Z0-9_]*)=([^"\s]\S*)$`).FindAllStringSubmatch(unit, -1) {
+		env[m[1]] = m[2]
+	}
+	return env
+}
+
+// checkReplicaUnit checks a replica's unit: the database and the NATS
+// cluster come from a required environment file whose example in the
+// comments keeps the password out of the URL, in $PGPASSWORD; the replica
+// names itself by the host; it is always restarted (a replica that lost
+// the lease exits to come back as a standby) except after a command line
+// that cannot work, which an empty store variable is.
+func checkReplicaUnit(t *testing.T, u systemdUnit, unit, bin string) {
+	argv, err := execStart(unit)
+	if err != nil {
+		t.Fatalf("%s: %v", u.file, err)
+	}
+	env := unitEnvExample(unit)
+	values := map[string]string{}
+	for _, w := range argv[1:] {
+		if name, v, ok := strings.Cut(strings.TrimPrefix(w, "--"), "="); ok {
+			values[name] = v
+		}
+	}
+	for _, flag := range []string{"store", "nats-url"} {
+		ref := regexp.MustCompile(`^\$\{([A-Z][A-Z0-9_]*)\}$`).FindStringSubmatch(values[flag])
+		if ref == nil {
+			t.Errorf("%s: --%s=%q: want it from the environment file, as ${NAME}", u.file, flag, values[flag])
+		} else if env[ref[1]] == "" {
+			t.Errorf("%s: --%s=${%s}: the environment file in the comments does not set it", u.file, flag, ref[1])
+		}
+	}
+	if values["replica-name"] != "%H" {
+		t.Errorf("%s: --replica-name=%q: want %%H, the host's name, unique to each replica", u.file, values["replica-name"])
+	}
+	store := env["FLEETLEARN_STORE"]
+	if pu, err := url.Parse(store); err != nil || pu.Scheme != "postgres" || pu.User == nil {
+		t.Errorf("%s: the example FLEETLEARN_STORE=%s is not a postgres:// URL with a user (%v)", u.file, store, err)
+	} else if _, set := pu.User.Password(); set {
+		t.Errorf("%s: the example FLEETLEARN_STORE holds the password: give it in PGPASSWORD", u.file)
+	}
+	if env["PGPASSWORD"] == "" {
+		t.Errorf("%s: the example environment file sets no PGPASSWORD", u.file)
+	}
+	for key, want := range map[string]string{
+		"EnvironmentFile":          "/etc/fleetlearn/replica.env",
+		"Restart":                  "always",
+		"RestartPreventExitStatus": "2",
+	} {
+		if got := unitSetting(unit, key); got != want {
+			t.Errorf("%s: %s=%q, want %q", u.file, key, got, want)
+		}
+	}
+	// The store variable missing from the file: a usage error (status 2),
+	// which the unit does not restart, instead of a server on SQLite.
+	empty := maps.Clone(env)
+	empty["FLEETLEARN_STORE"] = ""
+	args, err := expandExecStart(argv[1:], u.file, u.argsVar, nil, empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, u.binary), args...)
+	cmd.Env = []string{"HOME=" + t.TempDir()}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), "--store") {
+		t.Errorf("%s with FLEETLEARN_STORE empty: %v, want exit status 2 naming --store\n%s", u.binary, err, out)
+	}
+}
+
+// unitSetting is the value of the unit's one Key= line.
+func unitSetting(unit, key string) string {
+	v := ""
+	for line := range strings.Lines(unit) {
+		if rest, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), key+"="); ok {
+			v = rest
+		}
+	}
+	return v
 }
 
 // execStart returns the words of the unit's ExecStart=, its continued lines
@@ -311,9 +409,10 @@ func commentedDropIn(unit string) (string, error) {
 }
 
 // expandExecStart expands ExecStart's words as systemd would for unit: %S
-// is /var/lib for a system unit, %d its credentials directory, and the word
+// is /var/lib for a system unit, %d its credentials directory, %H a host
+// name, ${NAME} within a word the value env gives it, and the word
 // $argsVar becomes the words of extra.
-func expandExecStart(words []string, unit, argsVar string, extra []string) ([]string, error) {
+func expandExecStart(words []string, unit, argsVar string, extra []string, env map[string]string) ([]string, error) {
 	var args []string
 	for _, w := range words {
 		if w == "$"+argsVar {
@@ -322,6 +421,13 @@ func expandExecStart(words []string, unit, argsVar string, extra []string) ([]st
 		}
 		w = strings.ReplaceAll(w, "%S", "/var/lib")
 		w = strings.ReplaceAll(w, "%d", "/run/credentials/"+unit)
+		w = strings.ReplaceAll(w, "%H", "aggregator-1")
+		w = regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*)\}`).ReplaceAllStringFunc(w, func(ref string) string {
+			if v, ok := env[ref[2:len(ref)-1]]; ok {
+				return v
+			}
+			return ref
+		})
 		if strings.ContainsAny(w, "%$") {
 			return nil, fmt.Errorf("ExecStart word %q: a specifier or variable the test does not expand", w)
 		}

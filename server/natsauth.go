@@ -48,7 +48,7 @@ type natsAuthority struct {
 func (s *Server) loadNATSAuthority() (*natsAuthority, error) {
 	dir := filepath.Join(s.cfg.DataDir, NATSAuthDir)
 	if s.cfg.NATSAuthFrom != "" {
-		if err := importNATSAuth(s.cfg.NATSAuthFrom, dir); err != nil {
+		if err := importNATSAuth("--nats-auth-from", s.cfg.NATSAuthFrom, dir); err != nil {
 			return nil, err
 		}
 	}
@@ -232,9 +232,10 @@ var natsAuthFiles = []string{identity.OperatorSeedFile, identity.AccountSeedFile
 // say) into dir: a key missing in dir is written there with mode 0600, one
 // already there must be the same key. from's files are read whatever their
 // mode, because Secret volumes are group-readable by design; the three
-// account seeds must be there, the user seeds may be created later.
-func importNATSAuth(from, dir string) error {
-	const op = "server: --nats-auth-from"
+// account seeds must be there, the user seeds may be created later. flag
+// names the option that asked for it, in errors.
+func importNATSAuth(flag, from, dir string) error {
+	op := "server: " + flag
 	// Every key is read and compared before any is written: a refused
 	// import leaves dir as it was, not half another authority's.
 	type copyKey struct {

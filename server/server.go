@@ -150,6 +150,15 @@ type Config struct {
 	// mounted Kubernetes Secret: at start, missing keys are copied into
 	// DataDir/nats-auth and present ones must match.
 	NATSAuthFrom string
+	// SecretsFrom names a copy of the secrets every replica shares
+	// (ReplicaSecrets), laid out as in a data directory (tls/ca.crt,
+	// keys/api.key, admin.token, audit.keys, …): a mounted Kubernetes
+	// Secret, or what WriteReplicaSecrets or the first replica wrote. At
+	// start, files missing in DataDir are copied there and present ones
+	// must match; the admin token, which a replica renews itself, is
+	// replaced by the copy's. A nats-auth directory in it is taken as with
+	// NATSAuthFrom.
+	SecretsFrom string
 	// NATSMonitor is the "host:port" on which the embedded NATS server
 	// serves its HTTP monitoring endpoints (/varz, /jsz, /connz …), for the
 	// nats CLI and exporters; empty serves none. They are unauthenticated
@@ -364,6 +373,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	if err := s.clearImports(); err != nil {
 		return err
+	}
+	// Before anything loads or creates keys: a replica must not make its
+	// own.
+	if s.cfg.SecretsFrom != "" {
+		if err := importReplicaSecrets(s.cfg.SecretsFrom, s.cfg.DataDir); err != nil {
+			return err
+		}
 	}
 	if !s.cfg.replicated() {
 		if err := s.openAudit(ctx); err != nil {

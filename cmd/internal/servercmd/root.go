@@ -100,6 +100,12 @@ const examples = `  # one machine: the server, the CLI and devices on loopback
   fleetlearn-server --data-dir /var/lib/fleetlearn --nats-url nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 \
     --nats-advertise nats://nats.example.net:4222
 
+  # replicas sharing PostgreSQL and a NATS cluster (docs/HA.md): one leads, the others stand by;
+  # the secrets are made once and every replica takes the same copy; the password comes from $PGPASSWORD
+  fleetlearn-server replica-secrets --data-dir fleetlearn-replica
+  fleetlearn-server --data-dir /var/lib/fleetlearn --store postgres://fleetlearn@db.example.net:5432/fleetlearn \
+    --nats-url nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 --secrets-from fleetlearn-replica
+
   # is the server on this host ready? (exit status 0 or 1)
   fleetlearn-server health --addr 127.0.0.1:9464`
 
@@ -158,6 +164,9 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 		"of which one leads and the others stand by (docs/HA.md); needs --nats-url. Default: an SQLite file in --data-dir")
 	fl.StringVar(&f.cfg.ReplicaName, "replica-name", "", "name this replica in the lease (default: host name and process id)")
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, fmt.Sprintf("with --store: how long PostgreSQL keeps the lease of a leader it no longer hears from (default %v)", server.DefaultLeaseTTL))
+	fl.StringVar(&f.cfg.SecretsFrom, "secrets-from", "",
+		"at start, take the secrets every replica shares (the TLS CA, token keys, admin token, audit keys, and nats-auth/ if there) "+
+			"from `DIR`, laid out as in a data directory (fleetlearn-server replica-secrets writes one; a Secret volume), into --data-dir")
 	fl.StringVar(&f.cfg.PublicHost, "public-host", "",
 		"the DNS name or IP address (`HOST`) by which devices and operators elsewhere reach this server: serves the API and NATS "+
 			"on every interface, puts HOST in the TLS certificate and in the NATS URL enrollment gives devices")
@@ -235,7 +244,7 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 			return err
 		},
 	})
-	root.AddCommand(newHealthCommand(), newCACommand())
+	root.AddCommand(newHealthCommand(), newCACommand(), newReplicaSecretsCommand())
 	// Known before Execute, so that cliflags.SingleDash rewrites -help and
 	// -version too.
 	root.InitDefaultHelpFlag()
@@ -256,6 +265,16 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	if cfg.NATSMonitor != "" && cfg.NATSURL != "" {
 		return cfg, 0, usage("--nats-monitor serves the embedded NATS server's monitoring and cannot be used with --nats-url: " +
 			"enable http_port in the external cluster's own configuration")
+	}
+	if cfg.Store == "" {
+		// A unit or manifest whose store variable came out empty must not
+		// start a replica on an SQLite file of its own.
+		for _, name := range []string{"replica-name", "lease-ttl"} {
+			if cmd.Flags().Changed(name) {
+				return cfg, 0, usage("--%s is for replicas sharing a PostgreSQL store: give --store postgres://user@host:5432/db "+
+					"(empty here), or drop --%s", name, name)
+			}
+		}
 	}
 	if cfg.PublicHost != "" {
 		if !cmd.Flags().Changed("grpc-addr") {

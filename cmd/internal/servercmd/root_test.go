@@ -81,6 +81,7 @@ func TestFlagSpellings(t *testing.T) {
 		"--module-publishers", jwks, "--public-host", "fl.example.com",
 		"--nats-advertise", "nats://lb.example.com:4222", "--nats-auth-from", "/etc/fleetlearn/nats-auth",
 		"--store", "postgres://fl@db.example.com:5432/fleetlearn", "--replica-name", "agg-1", "--lease-ttl", "6s",
+		"--secrets-from", "/etc/fleetlearn/replica",
 	}
 	want := server.Config{DataDir: filepath.Join(dir, "data"), NATSURL: "nats://a:4222,nats://b:4222",
 		NATSListen: "10.0.0.1:4333", GRPCAddr: "10.0.0.1:7171", MetricsAddr: "off", PaceWindow: 750 * time.Millisecond,
@@ -88,7 +89,8 @@ func TestFlagSpellings(t *testing.T) {
 		AuditWitnesses: []string{"w1+01+AAAA", "w2+02+BBBB"}, Fleet: "north", TLSHosts: []string{"fl.example.com", "10.0.0.1"},
 		ModulePublishersJWKS: []byte(`{"keys":[]}`), PublicHost: "fl.example.com",
 		NATSAdvertise: "nats://lb.example.com:4222", NATSAuthFrom: "/etc/fleetlearn/nats-auth",
-		Store: "postgres://fl@db.example.com:5432/fleetlearn", ReplicaName: "agg-1", LeaseTTL: 6 * time.Second}
+		Store: "postgres://fl@db.example.com:5432/fleetlearn", ReplicaName: "agg-1", LeaseTTL: 6 * time.Second,
+		SecretsFrom: "/etc/fleetlearn/replica"}
 	for name, a := range map[string][]string{
 		"--name value": args,
 		"-name value":  singleDash(args, false),
@@ -182,6 +184,11 @@ func TestUsageErrors(t *testing.T) {
 		{"--replicas", "many"},
 		{"--nats-url", "nats://a:4222", "--nats-monitor", "127.0.0.1:8222"},
 		{"--module-publishers", filepath.Join(t.TempDir(), "missing.jwks")},
+		// A unit whose store variable came out empty: not a replica on
+		// SQLite.
+		{"--store=", "--replica-name", "agg-1"},
+		{"--lease-ttl", "5s"},
+		{"replica-secrets"},
 	} {
 		r := execute(t, args...)
 		if r.served || !isUsage(r.err) {
@@ -258,5 +265,33 @@ func TestCA(t *testing.T) {
 	}
 	if r := execute(t, "ca", "--data-dir", dir); r.err != nil || r.out != pem {
 		t.Fatalf("ca: %v, %q", r.err, r.out)
+	}
+}
+
+// replica-secrets writes every secret the replicas share into a new
+// directory, and the secrets a second run finds are kept.
+func TestReplicaSecrets(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fleetlearn-replica")
+	r := execute(t, "replica-secrets", "--data-dir", dir)
+	if r.err != nil || r.served {
+		t.Fatalf("served %v, err %v", r.served, r.err)
+	}
+	if !strings.Contains(r.out, "--secrets-from "+dir) {
+		t.Errorf("printed %q", r.out)
+	}
+	ca, err := os.ReadFile(server.CAFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, entry := range server.ReplicaSecrets {
+		if _, err := os.Stat(filepath.Join(dir, entry)); err != nil {
+			t.Errorf("%s: %v", entry, err)
+		}
+	}
+	if r := execute(t, "replica-secrets", "-data-dir", dir); r.err != nil {
+		t.Fatal(r.err)
+	}
+	if again, err := os.ReadFile(server.CAFile(dir)); err != nil || !bytes.Equal(again, ca) {
+		t.Errorf("the second run replaced the CA (%v)", err)
 	}
 }
