@@ -34,12 +34,13 @@ func TestReplicaConfig(t *testing.T) {
 }
 
 // replica starts a replicated aggregator on the shared store and NATS
-// server; its Start, which waits for the lease, runs in the background and
-// reports on the returned channel.
-func replica(t *testing.T, name, pg, natsURL string) (*server.Server, <-chan error) {
+// server, with the replicas' shared secrets from secrets; its Start, which
+// waits for the lease, runs in the background and reports on the returned
+// channel.
+func replica(t *testing.T, name, pg, natsURL, secrets string) (*server.Server, <-chan error) {
 	t.Helper()
 	s, err := server.New(server.Config{DataDir: t.TempDir(), Store: pg, ReplicaName: name, LeaseTTL: 2 * time.Second,
-		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off"})
+		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", SecretsFrom: secrets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +55,16 @@ func replica(t *testing.T, name, pg, natsURL string) (*server.Server, <-chan err
 }
 
 // waitStarted waits for a replica's Start to return: it leads and serves.
+// replicaSecrets writes the secrets a test's replicas share.
+func replicaSecrets(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := server.WriteReplicaSecrets(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func waitStarted(t *testing.T, name string, started <-chan error) {
 	t.Helper()
 	if err := <-started; err != nil {
@@ -65,13 +76,13 @@ func waitStarted(t *testing.T, name string, started <-chan error) {
 // leads; when the first shuts down it gives the lease up and the second
 // takes over at once.
 func TestStandbyTakesOver(t *testing.T) {
-	pg, ns := pgtest.Database(t), natstest.Start(t)
-	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL())
+	pg, ns, secrets := pgtest.Database(t), natstest.Start(t), replicaSecrets(t)
+	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL(), secrets)
 	waitStarted(t, "agg-a", aStarted)
 	if err := a.Ready(context.Background()); err != nil {
 		t.Fatalf("the leader is not ready: %v", err)
 	}
-	b, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+	b, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
 	for {
 		err := b.Ready(context.Background())
 		if err != nil && strings.Contains(err.Error(), "standby: replica agg-a leads") {
@@ -99,10 +110,10 @@ func TestStandbyTakesOver(t *testing.T) {
 // on Lost and in its readiness, and every write it still tries is fenced
 // (server/internal/store's TestFencedLeader).
 func TestDeposedLeaderStops(t *testing.T) {
-	pg, ns := pgtest.Database(t), natstest.Start(t)
-	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL())
+	pg, ns, secrets := pgtest.Database(t), natstest.Start(t), replicaSecrets(t)
+	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL(), secrets)
 	waitStarted(t, "agg-a", aStarted)
-	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
 
 	db, err := sql.Open("pgx", pg)
 	if err != nil {
@@ -129,7 +140,7 @@ func TestDeposedLeaderStops(t *testing.T) {
 // after the lease's ttl, the standby takes over, and the leader, whose
 // renewal gets no answer, stops on its own.
 func TestPartitionedLeader(t *testing.T) {
-	pg, ns := pgtest.Database(t), natstest.Start(t)
+	pg, ns, secrets := pgtest.Database(t), natstest.Start(t), replicaSecrets(t)
 	u, err := url.Parse(pg)
 	if err != nil {
 		t.Fatal(err)
@@ -137,9 +148,12 @@ func TestPartitionedLeader(t *testing.T) {
 	p := newPartitionProxy(t, u.Host)
 	viaProxy := *u
 	viaProxy.Host = p.addr
-	a, aStarted := replica(t, "agg-a", viaProxy.String(), ns.ClientURL())
+	a, aStarted := replica(t, "agg-a", viaProxy.String(), ns.ClientURL(), secrets)
 	waitStarted(t, "agg-a", aStarted)
-	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL())
+	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
+	// Runs before the replicas' cleanups: a partitioned leader's shutdown
+	// would wait on the database for ever.
+	t.Cleanup(p.heal)
 	p.partition()
 	waitStarted(t, "agg-b", bStarted)
 	if err := <-a.Lost(); err == nil || !strings.Contains(err.Error(), "lost the lease") {
@@ -150,8 +164,11 @@ func TestPartitionedLeader(t *testing.T) {
 // partitionProxy forwards TCP connections to a target until partition,
 // after which it keeps every connection open and passes nothing.
 type partitionProxy struct {
-	addr string
-	cut  chan struct{}
+	addr     string
+	cut      chan struct{}
+	closeAll func()
+	mu       sync.Mutex
+	conns    []net.Conn
 }
 
 func newPartitionProxy(t *testing.T, target string) *partitionProxy {
@@ -161,16 +178,15 @@ func newPartitionProxy(t *testing.T, target string) *partitionProxy {
 		t.Fatal(err)
 	}
 	p := &partitionProxy{addr: l.Addr().String(), cut: make(chan struct{})}
-	var conns []net.Conn
-	var mu sync.Mutex
-	t.Cleanup(func() {
+	p.closeAll = func() {
 		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
 			c.Close()
 		}
-	})
+	}
+	t.Cleanup(p.closeAll)
 	go func() {
 		for {
 			in, err := l.Accept()
@@ -182,9 +198,9 @@ func newPartitionProxy(t *testing.T, target string) *partitionProxy {
 				in.Close()
 				continue
 			}
-			mu.Lock()
-			conns = append(conns, in, out)
-			mu.Unlock()
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
 			go p.pipe(in, out)
 			go p.pipe(out, in)
 		}
@@ -213,3 +229,7 @@ func (p *partitionProxy) pipe(dst, src net.Conn) {
 }
 
 func (p *partitionProxy) partition() { close(p.cut) }
+
+// heal ends every proxied connection: the partitioned side sees them
+// fail, as after a partition long enough for TCP to give up.
+func (p *partitionProxy) heal() { p.closeAll() }

@@ -58,10 +58,23 @@ func serve(ctx context.Context, cfg server.Config, log *slog.Logger, opts ...ser
 		// than stepping down in place.
 	}
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
-	if err := s.Shutdown(sctx); err != nil {
-		return errors.Join(lost, fmt.Errorf("shutdown: %w", err))
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(sctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return errors.Join(lost, fmt.Errorf("shutdown: %w", err))
+		}
+		return lost
+	case <-time.After(shutdownGrace + 5*time.Second):
+		// A store that stopped answering (a replica cut off from its
+		// database) must not keep the program from exiting: what was
+		// committed is durable, and a successor's lease fences the rest.
+		return errors.Join(lost, fmt.Errorf("shutdown: not finished after %v; exiting anyway", shutdownGrace))
 	}
-	return lost
 }
+
+// shutdownGrace is what a shutdown gives open work.
+const shutdownGrace = 30 * time.Second
