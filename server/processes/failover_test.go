@@ -138,6 +138,8 @@ func TestLeaderFailover(t *testing.T) {
 	leader.kill9()
 	killed := time.Now()
 	t.Logf("round %d: a report stored; kill -9 the leader agg-a", killRound)
+	waitReadyz(t, metricsB, func(code int, _ string) bool { return code == http.StatusOK })
+	t.Logf("from the kill to the standby leading and ready: %.1f s", time.Since(killed).Seconds())
 
 	// The API is the new leader's now.
 	c.grpcAddr, c.conn = grpcB, nil
