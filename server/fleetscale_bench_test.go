@@ -1,15 +1,18 @@
 package server_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ed25519"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,6 +56,9 @@ const (
 //	s-select/round      OPENED to the last plan a device worked on
 //	s-reports/round     OPENED to the last report JetStream stored
 //	checkins/round      check-ins the fleet made, answered
+//	overloaded/round    of those, the ones the server turned away with
+//	                    OVERLOADED, its check-in queue full (by its
+//	                    fleetlearn_checkins_total metric)
 //	server-peak-MB      the server process's peak resident memory during a
 //	                    round (VmHWM, restarted with clear_refs before it;
 //	                    the largest over the measured rounds), its embedded
@@ -78,7 +84,9 @@ const (
 // FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
 // in DIR its heap profile at its largest heap in use over the measured
 // rounds, and a CPU profile of their first FLEETLEARN_BENCH_CPU_SECONDS
-// seconds (default 20).
+// seconds (default 20); the heap profile is polled every half second, which
+// costs the server CPU of its own (about 7% of it), so figures to compare
+// come from runs without it.
 func BenchmarkFleetScale(b *testing.B) {
 	if os.Getenv("FLEETLEARN_BENCH_SCALE") != "1" {
 		b.Skip("set FLEETLEARN_BENCH_SCALE=1 to enroll and run 10,000 simulated devices and a server")
@@ -86,6 +94,9 @@ func BenchmarkFleetScale(b *testing.B) {
 	if testing.Short() {
 		b.Skip("enrolls and runs 10,000 simulated devices")
 	}
+	devices := scaleEnvInt(b, "FLEETLEARN_BENCH_DEVICES", scaleDevices, scaleCohort+scaleCohort/10, 100_000)
+	conns := scaleEnvInt(b, "FLEETLEARN_BENCH_CONNS", devices, 1, devices)
+	uploads := scaleEnvInt(b, "FLEETLEARN_BENCH_UPLOADS", scaleCohort, 0, devices)
 	ctx := context.Background()
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "bin")
@@ -100,18 +111,14 @@ func BenchmarkFleetScale(b *testing.B) {
 	if out, err := exec.Command(benchGoTool(), append(args, "github.com/fleetlearn/fleetlearn/cmd/fleetlearn-server")...).CombinedOutput(); err != nil {
 		b.Fatalf("build: %v\n%s", err, out)
 	}
-	devices := scaleEnvInt(b, "FLEETLEARN_BENCH_DEVICES", scaleDevices, scaleCohort+scaleCohort/10, 100_000)
-	conns := scaleEnvInt(b, "FLEETLEARN_BENCH_CONNS", devices, 1, devices)
-	uploads := scaleEnvInt(b, "FLEETLEARN_BENCH_UPLOADS", scaleCohort, 0, devices)
-
 	publisher, jwks := servertest.NewPublisher(b)
 	jwksPath := filepath.Join(dir, "publishers.jwks")
 	if err := os.WriteFile(jwksPath, jwks, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	natsAddr, grpcAddr, serverDir := benchAddr(b), benchAddr(b), filepath.Join(dir, "server")
+	natsAddr, grpcAddr, metricsAddr, serverDir := benchAddr(b), benchAddr(b), benchAddr(b), filepath.Join(dir, "server")
 	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),
-		"--data-dir", serverDir, "--grpc-addr", grpcAddr, "--nats-listen", natsAddr, "--metrics-addr", "off",
+		"--data-dir", serverDir, "--grpc-addr", grpcAddr, "--nats-listen", natsAddr, "--metrics-addr", metricsAddr,
 		"--pace-window", largePace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath)
 	b.Cleanup(func() { stopBenchProcs(b, 60*time.Second, srv) })
 	diag := func() string {
@@ -188,6 +195,7 @@ func BenchmarkFleetScale(b *testing.B) {
 		cpuProf = benchCPUProfile(pprofAddr, cpuSecs)
 	}
 	checkIns0 := fleet.Stats().CheckIns
+	outcomes0 := scaleCheckIns(b, metricsAddr)
 	var total, sel, rep, cpu time.Duration
 	var peak int64
 	var heap *heapWatch
@@ -238,6 +246,7 @@ func BenchmarkFleetScale(b *testing.B) {
 		measured++
 	}
 	b.StopTimer()
+	outcomes := scaleCheckIns(b, metricsAddr)
 	fs := fleet.Stats()
 	if fs.Refused > 0 || fs.Failures > 0 {
 		b.Fatalf("fleet %+v: %s", fs, fleet.LastFailure())
@@ -247,6 +256,7 @@ func BenchmarkFleetScale(b *testing.B) {
 	b.ReportMetric(sel.Seconds()/k, "s-select/round")
 	b.ReportMetric(rep.Seconds()/k, "s-reports/round")
 	b.ReportMetric(float64(fs.CheckIns-checkIns0)/k, "checkins/round")
+	b.ReportMetric((outcomes["overloaded"]-outcomes0["overloaded"])/k, "overloaded/round")
 	b.ReportMetric(float64(peak)*1024/1e6, "server-peak-MB")
 	b.ReportMetric(cpu.Seconds()/k, "server-cpu-s/round")
 	devKB, err := benchHWM("self")
@@ -294,6 +304,12 @@ func BenchmarkFleetScale(b *testing.B) {
 	runtime.ReadMemStats(&ms)
 	b.Logf("devices' process: %d goroutines, heap in use %.0f MB, stacks %.0f MB, runtime total %.0f MB",
 		runtime.NumGoroutine(), float64(ms.HeapInuse)/1e6, float64(ms.StackInuse)/1e6, float64(ms.Sys)/1e6)
+	var byOutcome []string
+	for o, n := range outcomes {
+		byOutcome = append(byOutcome, fmt.Sprintf("%s %.0f", o, (n-outcomes0[o])/k))
+	}
+	slices.Sort(byOutcome)
+	b.Logf("server's check-ins per round, by outcome: %s", strings.Join(byOutcome, ", "))
 	rss, _ := benchProcStatus(pid, "status", "VmRSS:")
 	devRSS, _ := benchProcStatus("self", "status", "VmRSS:")
 	b.Logf("%d devices, %d per round, %d rounds measured: %.2f s/round (selection %.2f s), %.0f check-ins/round; "+
@@ -315,6 +331,39 @@ func scaleEnvInt(b *testing.B, name string, def, least, most int) int {
 		b.Fatalf("%s=%q: want %d to %d", name, s, least, most)
 	}
 	return n
+}
+
+// scaleCheckIns reads the server's check-in counts by outcome from its
+// metrics endpoint.
+func scaleCheckIns(b *testing.B, addr string) map[string]float64 {
+	b.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatalf("server metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), `fleetlearn_checkins_total{outcome="`)
+		if !ok {
+			continue
+		}
+		outcome, num, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseFloat(num, 64)
+		if err != nil {
+			b.Fatalf("server metrics: %q: %v", sc.Text(), err)
+		}
+		out[outcome] = n
+	}
+	if err := sc.Err(); err != nil {
+		b.Fatalf("server metrics: %v", err)
+	}
+	return out
 }
 
 // dialBenchServer waits for a server process to write its CA and admin
