@@ -53,6 +53,15 @@ type Config struct {
 	// Conns is how many NATS connections the devices share, round-robin; 0
 	// gives every device its own, as separate agents have.
 	Conns int
+	// Uploads is how many further NATS connections carry the devices'
+	// reports, shared round-robin; 0 publishes each report on its device's
+	// connection. nats.go keeps a connection's write buffer at the size of
+	// the largest message it sent, so once every device has reported on
+	// its own connection the fleet holds a report-sized buffer per device
+	// (4 GB for 10,000 devices of 400 KB reports); with Uploads it holds
+	// one per upload connection. Check-ins, downloads and receipts stay on
+	// the devices' connections.
+	Uploads int
 	// Layout and Delta are the update every device reports: the model's
 	// tensor layout, and as many values as it holds, in its order. The fleet
 	// encodes Delta once and keeps no reference to it.
@@ -143,7 +152,7 @@ type Fleet struct {
 	buffers              sync.Pool
 	inFlight, peakFlight atomic.Int64
 
-	conns  []*nats.Conn
+	conns  []*nats.Conn // the devices', then the upload connections
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	stop   sync.Once
@@ -159,7 +168,7 @@ type device struct {
 	f      *Fleet
 	id     string
 	nc     *nats.Conn
-	js     jetstream.JetStream
+	js     jetstream.JetStream // on nc: downloads; reports go on the one Run was given
 	proto  *devproto.Device
 	bucket *objfetch.Bucket // touched only by the device's Run goroutine, as is model
 	model  string           // sha256 of the model fetched last
@@ -197,9 +206,13 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 		f.publishing = make(chan struct{}, cfg.MaxPublishing)
 	}
 
-	jss := make([]jetstream.JetStream, cfg.Conns)
-	for i := range cfg.Conns {
-		nc, err := nats.Connect(cfg.NATSURL, append([]nats.Option{nats.Name("fleetlearn-simfleet/" + strconv.Itoa(i)),
+	jss := make([]jetstream.JetStream, cfg.Conns+cfg.Uploads)
+	for i := range jss {
+		name := "fleetlearn-simfleet/" + strconv.Itoa(i)
+		if i >= cfg.Conns {
+			name = "fleetlearn-simfleet/upload/" + strconv.Itoa(i-cfg.Conns)
+		}
+		nc, err := nats.Connect(cfg.NATSURL, append([]nats.Option{nats.Name(name),
 			nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond), nats.Timeout(10 * time.Second),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
@@ -247,7 +260,7 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 		byConn[c] = append(byConn[c], d.proto)
 	}
 	// One announcement subscription per connection, fanned out to its devices.
-	for c, nc := range f.conns {
+	for c, nc := range f.conns[:cfg.Conns] {
 		if _, err := devproto.SubscribeAnnouncements(nc, byConn[c]...); err != nil {
 			f.closeConns()
 			return nil, fmt.Errorf("simfleet: %w", err)
@@ -255,9 +268,14 @@ func Start(cfg Config, opts ...Option) (*Fleet, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
-	for _, d := range devs {
+	for i, d := range devs {
+		// Reports go through the JetStream context Run is given.
+		up := d.js
+		if cfg.Uploads > 0 {
+			up = jss[cfg.Conns+i%cfg.Uploads]
+		}
 		f.wg.Add(1)
-		go func() { defer f.wg.Done(); d.proto.Run(ctx, d.nc, d.js) }()
+		go func() { defer f.wg.Done(); d.proto.Run(ctx, d.nc, up) }()
 	}
 	return f, nil
 }
@@ -270,6 +288,8 @@ func check(cfg Config) error {
 		return fmt.Errorf("%w: %d devices", ErrConfig, cfg.Devices)
 	case cfg.Conns < 1 || cfg.Conns > cfg.Devices:
 		return fmt.Errorf("%w: %d connections for %d devices", ErrConfig, cfg.Conns, cfg.Devices)
+	case cfg.Uploads < 0 || cfg.Uploads > cfg.Devices:
+		return fmt.Errorf("%w: %d upload connections for %d devices (0 for none)", ErrConfig, cfg.Uploads, cfg.Devices)
 	case cfg.MaxPublishing < 0:
 		return fmt.Errorf("%w: MaxPublishing %d (0 for no bound)", ErrConfig, cfg.MaxPublishing)
 	}

@@ -36,6 +36,8 @@ func TestStartRefusesBadConfig(t *testing.T) {
 		{"overflowing shape", simfleet.Config{NATSURL: "nats://x", Devices: 1, Delta: delta,
 			Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{1 << 40, 1 << 40}}}}, "does not hold"},
 		{"bad id", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, IDPrefix: "a.b"}, "invalid identifier"},
+		{"negative uploads", simfleet.Config{NATSURL: "nats://x", Devices: 2, Uploads: -1, Layout: layout, Delta: delta}, "upload connections"},
+		{"more uploads than devices", simfleet.Config{NATSURL: "nats://x", Devices: 2, Uploads: 3, Layout: layout, Delta: delta}, "upload connections"},
 		{"negative max publishing", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Delta: delta, MaxPublishing: -1}, "MaxPublishing"},
 		{"unknown encoding", simfleet.Config{NATSURL: "nats://x", Devices: 1, Layout: layout, Quantized: []byte{1},
 			Encoding: pb.UpdateEncoding(99)}, "update encoding"},
@@ -102,6 +104,75 @@ func TestFleetRunsRounds(t *testing.T) {
 	}
 	// FedAvg of identical deltas is the delta: two rounds move every value by 1.
 	_, buf, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.DecodeSafetensors(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got.Flatten() {
+		if v < 0.999 || v > 1.001 {
+			t.Fatalf("value %d is %v after two rounds of +0.5", i, v)
+		}
+	}
+}
+
+// TestFleetUploadConnections: with Uploads, the devices' reports go over
+// the upload connections and nothing report-sized over the devices' own,
+// and every round commits with them.
+func TestFleetUploadConnections(t *testing.T) {
+	h := servertest.New(t, servertest.WithPace(20*time.Millisecond))
+	// 64k values: a report of 256 KB, far above anything else a device sends.
+	const rows, cols = 256, 256
+	m, err := model.New(model.Tensor{Name: "w", Shape: []int{rows, cols}, Data: make([]float32, rows*cols)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "wide", m)
+	module := h.RegisterModule(t, "softmax", wasmtest.Build(t, wasmtest.Softmax))
+	task := h.CreateTask(t, &pb.Task{Name: "simfleet-uploads", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: 3, ReportGoal: 3, OverSelection: 0.01, RoundsTotal: 2,
+		SelectionTimeout: durationpb.New(20 * time.Second), ReportTimeout: durationpb.New(20 * time.Second),
+		Aggregation: &pb.AggregationConfig{MaxUpdateNorm: 200}}) // the update's norm is 128
+	delta := make([]float32, rows*cols)
+	for i := range delta {
+		delta[i] = 0.5
+	}
+	lg := simfleet.Config{NATSURL: h.NATSURL(), NATSOptions: h.ServiceNATSOptions(), Devices: 4, Uploads: 2, FetchModel: true,
+		Layout: []*pb.TensorSpec{{Name: "w", Shape: []uint64{rows, cols}}}, Delta: delta}
+	lg.Keys = h.EnrollKeys(t, lg.DeviceIDs())
+	f, err := simfleet.Start(lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	done := h.WaitTask(t, task.Id, 60*time.Second, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s (fleet %+v, %s)", done.State, done.StateReason, f.Stats(), f.LastFailure())
+	}
+	f.Stop()
+	st := f.Stats()
+	if st.Reports < 6 || st.Refused != 0 || st.Failures != 0 {
+		t.Fatalf("stats %+v: %s", st, f.LastFailure())
+	}
+	conns := f.ConnStats()
+	if len(conns) != 4+2 {
+		t.Fatalf("%d connections, want 4 devices' and 2 upload", len(conns))
+	}
+	var uploaded uint64
+	for i, c := range conns {
+		if i < 4 && c.OutBytes >= 4*rows*cols {
+			t.Fatalf("device connection %d sent %d bytes: a report went over it", i, c.OutBytes)
+		}
+		if i >= 4 {
+			uploaded += c.OutBytes
+		}
+	}
+	if want := uint64(st.Reports) * 4 * rows * cols; uploaded < want {
+		t.Fatalf("upload connections sent %d bytes, want at least %d for %d reports", uploaded, want, st.Reports)
+	}
+	_, buf, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 16<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
