@@ -46,7 +46,7 @@ func (h *hotStatements) prepare(ctx context.Context, db *sqldb.DB) error {
 		q  string
 	}{
 		{&h.assign, `INSERT INTO assignments (task_id, round, device_id, participant, examples, assigned_at)
-			VALUES (?1, ?2, ?3, (SELECT COUNT(*) + 1 FROM assignments WHERE task_id = ?1 AND round = ?2), ?4, ?5)
+			VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(participant), 0) + 1 FROM assignments WHERE task_id = ?1 AND round = ?2), ?4, ?5)
 			ON CONFLICT (task_id, round, device_id) DO NOTHING RETURNING participant`},
 		{&h.assigned, `SELECT participant FROM assignments WHERE task_id = ? AND round = ? AND device_id = ?`},
 		{&h.device, `SELECT ` + selectDevice + ` FROM enrolled_devices WHERE id = ?`},
