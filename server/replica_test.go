@@ -121,7 +121,7 @@ func TestDeposedLeaderStops(t *testing.T) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
+	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("ending the leader's lock session: %d, %v", n, err)
 	}
 	waitStarted(t, "agg-b", bStarted)

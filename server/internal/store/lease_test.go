@@ -80,7 +80,7 @@ func TestFencedLeader(t *testing.T) {
 			// one that went silent or whose host died; it has not noticed.
 			dropLockSession(t, target)
 		}
-		b := lead(t, s, "agg-b")
+		b := waitLead(t, s, "agg-b")
 		if b.Fence().Epoch != a.Fence().Epoch+1 {
 			t.Fatalf("epochs %d then %d", a.Fence().Epoch, b.Fence().Epoch)
 		}
@@ -191,7 +191,7 @@ func waitLead(t *testing.T, s *store.Store, holder string) *store.Leadership {
 }
 
 // dropLockSession ends, from another connection, every session that holds
-// an advisory lock.
+// an advisory lock, and waits (up to 10 s) for them to be gone.
 func dropLockSession(t *testing.T, target string) {
 	t.Helper()
 	db, err := sql.Open("pgx", target)
@@ -200,7 +200,7 @@ func dropLockSession(t *testing.T, target string) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
+	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("terminating the lock's session: %d sessions, %v", n, err)
 	}
 }
