@@ -389,7 +389,9 @@ type RoundOpened struct {
 	CohortSize  uint64 `json:"cohort_size"`
 	Eligibility string `json:"eligibility"` // criteria devices had to meet
 	// SecAggSHA256 is the SHA-256 of the round's SecAgg parameters
-	// (threshold, cohort, key agreement); "" when SecAgg is off.
+	// (threshold, cohort, key agreement) as the plans carry them, the
+	// deterministic protobuf encoding of each group's in group order when
+	// the cohort runs as groups; "" when SecAgg is off.
 	SecAggSHA256 string `json:"secagg_sha256"`
 }
 

@@ -26,6 +26,7 @@ type privacyFlags struct {
 	clipRange          float64
 	maxWeight          float64
 	stageTimeout       time.Duration
+	groupSize          uint32
 	dp                 string
 	noise, clip        float64
 	quantile, clipLR   float64
@@ -56,7 +57,7 @@ var accountants = map[string]pb.Accountant{"rdp": pb.Accountant_ACCOUNTANT_RDP, 
 
 // secaggSubFlags and dpSubFlags need --secure-aggregation and --dp.
 var (
-	secaggSubFlags = []string{"secagg-k", "secagg-threshold", "secagg-bits", "secagg-clip-range", "secagg-max-weight", "secagg-stage-timeout"}
+	secaggSubFlags = []string{"secagg-k", "secagg-threshold", "secagg-bits", "secagg-clip-range", "secagg-max-weight", "secagg-stage-timeout", "secagg-group-size"}
 	dpSubFlags     = []string{"dp-noise-multiplier", "dp-clip", "dp-target-unclipped-quantile", "dp-clip-lr", "dp-delta",
 		"dp-epsilon-budget", "dp-accountant", "dp-min-noise-contributors", "dp-sampling-rate", "dp-max-rounds-per-device"}
 )
@@ -80,6 +81,8 @@ func (f *privacyFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&f.clipRange, "secagg-clip-range", privacyconf.DefaultSecAggClipRange, "with --secure-aggregation, each update element is clipped to ±this before it is quantized")
 	fl.Float64Var(&f.maxWeight, "secagg-max-weight", privacyconf.DefaultSecAggMaxWeight, "with --secure-aggregation, cap on a device's weight (its example count) in the masked sum; with --dp every update weighs 1")
 	fl.DurationVar(&f.stageTimeout, "secagg-stage-timeout", privacyconf.DefaultSecAggStageTimeout, "with --secure-aggregation, how long each key-exchange, consistency and unmask stage waits for devices")
+	fl.Uint32Var(&f.groupSize, "secagg-group-size", 0, fmt.Sprintf("with --secure-aggregation, largest group: a larger cohort runs as groups of near-equal size, each its own SecAgg+ instance, and the server learns each group's sum; at least %d, 0 picks %d (distributed DP stays one group)",
+		privacyconf.MinSecAggGroupSize, privacyconf.DefaultSecAggGroupSize))
 	fl.StringVar(&f.dp, "dp", "none", "differential privacy: none; central (devices clip, the server adds Gaussian noise); local (each device noises its own update); "+
 		"distributed or skellam (devices add discrete Gaussian or Skellam noise under --secure-aggregation)")
 	fl.Float64Var(&f.noise, "dp-noise-multiplier", defaultDPNoise, "with --dp, noise standard deviation over the clip norm")
@@ -140,7 +143,7 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 	}
 	if f.secure {
 		t.Secagg = &pb.SecAggConfig{K: f.k, Threshold: f.threshold, Bits: f.bits, ClipRange: f.clipRange,
-			MaxWeight: f.maxWeight, StageTimeout: durationpb.New(f.stageTimeout)}
+			MaxWeight: f.maxWeight, StageTimeout: durationpb.New(f.stageTimeout), GroupSize: f.groupSize}
 	}
 	if mech != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
 		t.Dp = &pb.DPConfig{Mechanism: mech, ClipNorm: f.clip, TargetUnclippedQuantile: f.quantile,
@@ -205,6 +208,7 @@ var taskFlagNames = map[string]string{
 	"secagg.clip_range":            "--secagg-clip-range",
 	"secagg.max_weight":            "--secagg-max-weight",
 	"secagg.stage_timeout":         "--secagg-stage-timeout",
+	"secagg.group_size":            "--secagg-group-size",
 	"dp":                           "--dp",
 	"dp.mechanism":                 "--dp",
 	"dp.clip_norm":                 "--dp-clip",

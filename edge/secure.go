@@ -49,7 +49,10 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 	plan, nc := r.Plan, r.Conn()
 	cfg := plan.GetSecagg()
 	n := int(cfg.GetNumParticipants())
-	round, err := secagg.NewRound(privacyconf.SecAgg(cfg), plan.TaskId, plan.Round, n)
+	// The device's SecAgg+ instance is its group's when the cohort is split
+	// (privacyconf.GroupSizes); its encoding is sized by the whole cohort
+	// n, since the groups' sums add up to the round's.
+	round, err := privacyconf.DeviceRound(cfg, plan.TaskId, plan.Round)
 	if err != nil {
 		return fmt.Errorf("secure round: %w", err)
 	}

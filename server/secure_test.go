@@ -144,6 +144,78 @@ func TestSecureRounds(t *testing.T) {
 	}
 }
 
+// TestSecureRoundsInGroups: a cohort of 24 with a group size of 10 runs as
+// three SecAgg+ instances of 8 (the plans give each device its group and
+// its number in it); one device vanishes after its keys, another after its
+// masked update. Each round commits the sum of the 23 survivors over all
+// groups, and the model moves by exactly one step a round.
+func TestSecureRoundsInGroups(t *testing.T) {
+	h := servertest.New(t, servertest.WithPace(50*time.Millisecond))
+	base, err := model.New(model.Tensor{Name: "w", Shape: []int{4, 5}, Data: make([]float32, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := h.ImportModel(t, "grouped", base)
+	module := h.RegisterModule(t, "trivial", wasmtest.Trivial())
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	const devices = 24
+	for i := range devices {
+		opts := []edge.Option{edge.WithDataset(datatest.Synthetic(20, 4, 2, uint64(i+1))), edge.WithSandbox(sharedSandbox(t))}
+		switch i {
+		case 0:
+			opts = append(opts, edge.WithDropout(func(_ string, _ uint64, stage string) bool { return stage == edge.DropAfterAdvertise }))
+		case 1:
+			opts = append(opts, edge.WithDropout(func(_ string, _ uint64, stage string) bool { return stage == edge.DropAfterMasked }))
+		}
+		id := fmt.Sprintf("dev-%03d", i)
+		a, err := edge.New(edge.Config{NATSURL: h.NATSURL(), DataDir: enrollDir(t, h, id), DeviceID: id}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(ctx) }()
+	}
+	task := h.CreateTask(t, &pb.Task{Name: "grouped", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		CohortTarget: devices, ReportGoal: 15, RoundsTotal: 2, SelectionTimeout: durationpb.New(20 * time.Second),
+		ReportTimeout: durationpb.New(30 * time.Second),
+		Secagg: &pb.SecAggConfig{ClipRange: 0.01, MaxWeight: 1, GroupSize: 10,
+			StageTimeout: durationpb.New(2500 * time.Millisecond)}})
+	done := h.WaitTask(t, task.Id, 3*time.Minute, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s", done.State, done.StateReason)
+	}
+	committed := 0
+	for _, r := range h.Rounds(t, task.Id) {
+		t.Logf("round %d %v assigned %d reported %d dropped %d: %s", r.Round, r.State, r.Assigned, r.Reported, r.Dropped, r.Reason)
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED {
+			continue
+		}
+		committed++
+		if r.Reported != devices-1 || !strings.Contains(r.Reason, fmt.Sprintf("secure sum of %d masked updates from 3 of 3 groups", devices-1)) {
+			t.Errorf("round %d: reported %d (%s), want %d from 3 of 3 groups", r.Round, r.Reported, r.Reason, devices-1)
+		}
+	}
+	if committed != 2 {
+		t.Fatalf("%d rounds committed, want 2", committed)
+	}
+	_, b, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.DecodeSafetensors(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := base.Flatten()
+	for i, v := range got.Flatten() {
+		if d := float64(v - want[i]); math.Abs(d-2*wasmtest.TrivialStep) > 1e-6 {
+			t.Fatalf("parameter %d moved by %v, want %v", i, d, 2*wasmtest.TrivialStep)
+		}
+	}
+}
+
 // TestSecureTaskRefused: settings secure aggregation cannot honour are refused
 // when the task is created.
 func TestSecureTaskRefused(t *testing.T) {

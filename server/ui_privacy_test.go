@@ -37,6 +37,9 @@ func TestDashboardPrivacySettings(t *testing.T) {
 		NoiseMultiplier: 1, TargetEpsilon: 8, Delta: 1e-5, SamplingRate: 0.05}
 	centralID := h.CreateTask(t, centralTask).Id
 	plainID := h.CreateTask(t, task("plain")).Id
+	grouped := task("grouped")
+	grouped.Secagg = &pb.SecAggConfig{GroupSize: 10}
+	groupedID := h.CreateTask(t, grouped).Id
 
 	tok, err := h.MintToken("olga", []identity.Role{identity.RoleOperator}, time.Hour)
 	if err != nil {
@@ -71,6 +74,12 @@ func TestDashboardPrivacySettings(t *testing.T) {
 	check(centralID, page(centralID), []string{
 		"This task runs without secure aggregation", `id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate<`,
 		`id="dp-accountant">rdp<`, `id="dp-sampling-rate">0.05 assumed<`,
+	})
+	// 13 slots in groups of at most 10: two groups, of 7 and 6, each a
+	// complete graph.
+	check(groupedID, page(groupedID), []string{
+		`id="secagg-participants">13 a round, in 2 groups of 6–7 (the server learns each group's sum)<`,
+		`id="secagg-k">all (complete graph), recommended<`,
 	})
 	body := page(plainID)
 	check(plainID, body, []string{"This task runs without secure aggregation", "This task runs without differential privacy"})

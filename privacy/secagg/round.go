@@ -60,6 +60,11 @@ type Config struct {
 	ClipRange float64
 	// GraphSeed seeds the neighbour graph; the server draws it per round.
 	GraphSeed uint64
+	// Group numbers one of a round's independent instances, 1-based, when
+	// the round's cohort is split into groups (Bonawitz et al. 2019); 0
+	// when the round is one instance. The digest binds a non-zero group,
+	// so that no message, share or mask of one group counts in another.
+	Group uint32
 }
 
 // Validate checks what can be checked of c without the cohort: no negative
@@ -87,6 +92,7 @@ type Round struct {
 	bits      int
 	clip      float64
 	graphSeed uint64
+	group     uint32
 	complete  bool
 	pos       []uint32 // pos[id] = ring position of participant id (1-based ids)
 	ring      []uint32 // ring[p] = participant at position p
@@ -112,7 +118,7 @@ func NewRound(cfg Config, taskID string, round uint64, n int) (*Round, error) {
 	if n < 2 || n > MaxParticipants {
 		return nil, fmt.Errorf("secagg: round: %w: %d participants, want 2..%d", ErrConfig, n, MaxParticipants)
 	}
-	r := &Round{task: taskID, round: round, n: n, bits: cfg.Bits, clip: cfg.ClipRange, graphSeed: cfg.GraphSeed}
+	r := &Round{task: taskID, round: round, n: n, bits: cfg.Bits, clip: cfg.ClipRange, graphSeed: cfg.GraphSeed, group: cfg.Group}
 	if r.bits == 0 {
 		r.bits = DefaultBits
 	}
@@ -157,12 +163,15 @@ func (r *Round) Bits() int { return r.bits }
 // TaskID returns the task the round belongs to.
 func (r *Round) TaskID() string { return r.task }
 
+// Group returns the round's group, 0 when it is one instance.
+func (r *Round) Group() uint32 { return r.group }
+
 // Number returns the round number.
 func (r *Round) Number() uint64 { return r.round }
 
 // Config returns the resolved configuration, with every default filled in.
 func (r *Round) Config() Config {
-	return Config{K: r.k, Threshold: r.t, Bits: r.bits, ClipRange: r.clip, GraphSeed: r.graphSeed}
+	return Config{K: r.k, Threshold: r.t, Bits: r.bits, ClipRange: r.clip, GraphSeed: r.graphSeed, Group: r.group}
 }
 
 func (r *Round) mask() uint32 { return uint32(1<<r.bits - 1) }
@@ -221,6 +230,12 @@ func (r *Round) digest() [32]byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(r.bits))
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(r.clip))
 	b = binary.BigEndian.AppendUint64(b, r.graphSeed)
+	if r.group != 0 {
+		// Appended only for a group, so that a round of one instance keeps
+		// the digest it always had.
+		b = append(b, "\x00group"...)
+		b = binary.BigEndian.AppendUint32(b, r.group)
+	}
 	h.Write(b)
 	return [32]byte(h.Sum(nil))
 }

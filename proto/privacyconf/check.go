@@ -136,7 +136,7 @@ func CheckSecAgg(t *pb.Task, names Names) error {
 		return fmt.Errorf("secure aggregation cannot run rounds of n = %d participants (%s and %s): %w",
 			n, names.Field("cohort_target"), names.Field("over_selection"), err)
 	}
-	_, _, err := ResolveSecAgg(sa, "check", 1, n, 0, names)
+	_, _, err := ResolveSecAggGroups(sa, "check", 1, n, 0, isDistributed(t.GetDp().GetMechanism()), names)
 	return err
 }
 

@@ -33,6 +33,7 @@ func SecAgg(c *pb.SecAggConfig) secagg.Config {
 		Bits:      toInt(c.GetBits()),
 		ClipRange: c.GetClipRange(),
 		GraphSeed: c.GetGraphSeed(),
+		Group:     c.GetGroup(),
 	}
 }
 
@@ -46,6 +47,7 @@ func SecAggProto(c secagg.Config) *pb.SecAggConfig {
 		Bits:      toUint32(c.Bits),
 		ClipRange: c.ClipRange,
 		GraphSeed: c.GraphSeed,
+		Group:     c.Group,
 	}
 }
 

@@ -52,9 +52,25 @@ type SecAggConfig struct {
 	MaxWeight float64 `protobuf:"fixed64,7,opt,name=max_weight,json=maxWeight,proto3" json:"max_weight,omitempty"`
 	// Time the server waits for the messages of each key-exchange, consistency
 	// and unmask stage before it closes the stage. Zero picks 10 seconds.
-	StageTimeout  *durationpb.Duration `protobuf:"bytes,8,opt,name=stage_timeout,json=stageTimeout,proto3" json:"stage_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StageTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=stage_timeout,json=stageTimeout,proto3" json:"stage_timeout,omitempty"`
+	// Largest group of a round: a cohort of more participants is split into
+	// ceil(n / group_size) groups of near-equal size, each an independent
+	// SecAgg+ instance (Bonawitz et al. 2019), whose sums the server adds.
+	// The server learns each group's sum, not only the round's. Zero picks
+	// 500. Rounds with distributed DP stay one group, since their noise is
+	// calibrated to the whole sum.
+	GroupSize uint32 `protobuf:"varint,9,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	// The recipient's group, 1-based, set by the server in each RoundPlan;
+	// zero when the round is one group. The round digest binds it, so no
+	// message of one group verifies in another.
+	Group uint32 `protobuf:"varint,10,opt,name=group,proto3" json:"group,omitempty"`
+	// Participants in the recipient's group: the n of its SecAgg+ graph, the
+	// range of participant ids in its messages. Set by the server in each
+	// RoundPlan with group; num_participants stays the round's whole cohort,
+	// which sizes quantization.
+	GroupParticipants uint32 `protobuf:"varint,11,opt,name=group_participants,json=groupParticipants,proto3" json:"group_participants,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SecAggConfig) Reset() {
@@ -141,6 +157,27 @@ func (x *SecAggConfig) GetStageTimeout() *durationpb.Duration {
 		return x.StageTimeout
 	}
 	return nil
+}
+
+func (x *SecAggConfig) GetGroupSize() uint32 {
+	if x != nil {
+		return x.GroupSize
+	}
+	return 0
+}
+
+func (x *SecAggConfig) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *SecAggConfig) GetGroupParticipants() uint32 {
+	if x != nil {
+		return x.GroupParticipants
+	}
+	return 0
 }
 
 // AdvertiseKeys is stage 0: a participant publishes two fresh X25519 public
@@ -1438,7 +1475,7 @@ var File_fleetlearn_v1_secagg_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\n" +
-	"\x1afleetlearn/v1/secagg.proto\x12\rfleetlearn.v1\x1a\x1egoogle/protobuf/duration.proto\"\x96\x02\n" +
+	"\x1afleetlearn/v1/secagg.proto\x12\rfleetlearn.v1\x1a\x1egoogle/protobuf/duration.proto\"\xfa\x02\n" +
 	"\fSecAggConfig\x12\f\n" +
 	"\x01k\x18\x01 \x01(\rR\x01k\x12\x1c\n" +
 	"\tthreshold\x18\x02 \x01(\rR\tthreshold\x12\x12\n" +
@@ -1450,7 +1487,12 @@ const file_fleetlearn_v1_secagg_proto_rawDesc = "" +
 	"\x10num_participants\x18\x06 \x01(\rR\x0fnumParticipants\x12\x1d\n" +
 	"\n" +
 	"max_weight\x18\a \x01(\x01R\tmaxWeight\x12>\n" +
-	"\rstage_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fstageTimeout\"\x9e\x02\n" +
+	"\rstage_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fstageTimeout\x12\x1d\n" +
+	"\n" +
+	"group_size\x18\t \x01(\rR\tgroupSize\x12\x14\n" +
+	"\x05group\x18\n" +
+	" \x01(\rR\x05group\x12-\n" +
+	"\x12group_participants\x18\v \x01(\rR\x11groupParticipants\"\x9e\x02\n" +
 	"\rAdvertiseKeys\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12%\n" +

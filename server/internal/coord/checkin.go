@@ -237,7 +237,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 	case round.Defer:
 		return nil, nil, o.Wait, retryReasons[o.Reason], o.Detail
 	case round.Replan:
-		return withParticipant(r.plan, o.Seat.Participant), r.tr.header, 0, 0, ""
+		return r.planFor(o.Seat.Participant), r.tr.header, 0, 0, ""
 	}
 	// A reserved seat: concurrent check-ins cannot overfill the cohort
 	// while the store records it.
@@ -273,7 +273,7 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 	t.mu.Unlock()
 	r.poke()
 	r.planHanded(device, p)
-	return withParticipant(r.plan, p), r.tr.header, 0, 0, ""
+	return r.planFor(p), r.tr.header, 0, 0, ""
 }
 
 // ErrRevoked marks a device whose enrollment was revoked: it is never

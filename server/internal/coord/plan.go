@@ -125,8 +125,12 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 		CohortSize: uint64(t.wanted()), Eligibility: t.eligibility().Describe(roundKind(kind))}
 	if t.secure(kind) {
 		// The parameters every participant derives, as the plans carry them.
-		if _, cfg, err := t.secureConfig(round, t.wanted(), rr.Seed); err == nil {
-			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cfg)
+		// In a round of groups, the groups' in order.
+		if _, cfgs, err := t.secureGroups(round, t.wanted(), rr.Seed); err == nil {
+			var b []byte
+			for _, cfg := range cfgs {
+				b, _ = proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, cfg)
+			}
 			ev.SecAggSHA256 = wire.SHA256(b)
 		}
 	}

@@ -70,7 +70,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 			n = 4 * dim * int64(r.cohort.Wanted())
 		}
 		if t.secure(row.Kind) {
-			n += 4 * dim // the masked sum
+			n += 4 * dim * int64(t.secureGroupCount(r.cohort.Wanted())) // each group's masked sum
 		}
 		t.hold("round", n)
 		defer t.hold("round", 0)

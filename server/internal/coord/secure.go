@@ -52,11 +52,17 @@ type secUp struct {
 	reply  func(reason string)
 }
 
-// secureRun is the secure aggregation state of an open round.
+// secureRun is the secure aggregation state of an open round. A cohort
+// larger than the task's group size runs as groups (privacyconf.GroupSizes),
+// each an independent SecAgg+ instance with its own server; they move
+// through the stages together and their sums are added.
 type secureRun struct {
-	round *secagg.Round
-	srv   *secagg.Server
-	cfg   *pb.SecAggConfig
+	// cfg is the round's settings as a one-group plan carries them: the
+	// stage timeout, the ring. Each group has its own in groups.
+	cfg *pb.SecAggConfig
+	// sizes are the groups' sizes, for privacyconf.GroupOf.
+	sizes  []int
+	groups []*secGroup
 	// decode turns the unmasked sum into Σ wₖ·Δₖ and Σ wₖ, given the number
 	// of updates in it.
 	decode func(sum []uint32, count int) ([]float64, float64, error)
@@ -64,6 +70,17 @@ type secureRun struct {
 	// total weight in L2 (+Inf where device noise is part of the sum).
 	slack func(count int, total float64) float64
 	ups   chan secUp
+	// stageStart is when the current stage began, for its duration metric.
+	stageStart time.Time
+}
+
+// secGroup is one SecAgg+ instance of a round: its participants are
+// numbered 1..n within it.
+type secGroup struct {
+	number uint32 // 1-based; 0 when the round is one group
+	round  *secagg.Round
+	srv    *secagg.Server
+	cfg    *pb.SecAggConfig // what the group's plans carry
 	// keys are the identity keys devices advertised, by participant: the
 	// server checks signatures with them before relaying (clients check
 	// again).
@@ -71,16 +88,85 @@ type secureRun struct {
 	devices  map[uint32]string // participant → device
 	expected map[uint32]bool   // who the current stage waits for
 	got      map[uint32]bool   // who sent this stage's message
-	// stageStart is when the current stage began, for its duration metric.
-	stageStart time.Time
+	// failed says why the group's aggregation stopped; "" while it runs.
+	// The round goes on without it while the other groups carry enough.
+	failed string
 }
 
-func (s *secureRun) verify(participant uint32, _ string, msg, sig []byte) error {
-	k, ok := s.keys[participant]
+func (g *secGroup) verify(participant uint32, _ string, msg, sig []byte) error {
+	k, ok := g.keys[participant]
 	if !ok || !ed25519.Verify(k, msg, sig) {
 		return fmt.Errorf("participant %d: signature does not verify", participant)
 	}
 	return nil
+}
+
+// group returns the group of a round participant (its store number) and
+// the participant's number within the group.
+func (s *secureRun) group(p uint32) (*secGroup, uint32, bool) {
+	g, local, ok := privacyconf.GroupOf(s.sizes, p)
+	if !ok {
+		return nil, 0, false
+	}
+	if g == 0 {
+		return s.groups[0], local, true
+	}
+	return s.groups[g-1], local, true
+}
+
+// live returns the groups whose aggregation goes on.
+func (s *secureRun) live() []*secGroup {
+	out := make([]*secGroup, 0, len(s.groups))
+	for _, g := range s.groups {
+		if g.failed == "" {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// stage is the stage the live groups are in (they close stages together).
+func (s *secureRun) stage() secagg.Stage {
+	for _, g := range s.groups {
+		if g.failed == "" {
+			return g.srv.Stage()
+		}
+	}
+	return secagg.StageDone
+}
+
+// counts are the answers the current stage has and waits for, over the
+// live groups.
+func (s *secureRun) counts() (got, expected int) {
+	for _, g := range s.live() {
+		got += len(g.got)
+		expected += len(g.expected)
+	}
+	return got, expected
+}
+
+// minCohort is the fewest seated devices selection may end with: enough
+// for the smallest group's threshold.
+func (s *secureRun) minCohort() int {
+	m := 0
+	for i, g := range s.groups {
+		if t := g.round.Threshold() + 1; i == 0 || t < m {
+			m = t
+		}
+	}
+	return m
+}
+
+// planFor is the plan of the round's participant p: in a round of groups,
+// with its group's settings and its number within the group.
+func (r *roundRun) planFor(p uint32) *pb.RoundPlan {
+	out := withParticipant(r.plan, p)
+	if r.secure != nil && len(r.secure.groups) > 1 {
+		if g, local, ok := r.secure.group(p); ok {
+			out.Secagg, out.ParticipantId = g.cfg, local
+		}
+	}
+	return out
 }
 
 // handleSecAggUp routes a device's stage message to its task's open round.
@@ -155,9 +241,9 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		stageC, stageAt = stageTimer.C(), at
 	}
 	abortAs := func(reason string, short bool) error {
-		t.secureDown(sec, func(uint32) (*pb.SecAggDown, error) {
-			return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
-		}, r, allParticipants(sec))
+		for _, g := range sec.groups {
+			t.abortGroup(r, g, reason)
+		}
 		return t.abandonAs(ctx, r, reason, short)
 	}
 	abort := func(reason string) error { return abortAs(reason, false) }
@@ -178,7 +264,7 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			t.handleMasked(r, m)
 		case <-r.kick:
 		case <-selTimer.C():
-			if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
+			if why := t.endSelection(r, sec.minCohort()); why != "" {
 				return abortAs(why, true)
 			}
 		case <-stageC:
@@ -194,19 +280,20 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		// Decide the stage's close; a closed stage's successor is decided
 		// at once, so that its timer runs even if no device ever answers.
 		for {
-			stage := sec.srv.Stage()
+			stage := sec.stage()
 			if stage == secagg.StageAdvertise {
 				if !t.seatAdvertisers(r) {
 					break // selection is open
 				}
 				if !stages.Begun() {
-					if why := t.endSelection(r, sec.round.Threshold()+1); why != "" {
+					if why := t.endSelection(r, sec.minCohort()); why != "" {
 						return abortAs(why, true)
 					}
 					stages.Begin(now)
 				}
 			}
-			d := stages.Decide(now, stage, len(sec.got), len(sec.expected), func() bool { return t.stageViable(sec) })
+			got, expected := sec.counts()
+			d := stages.Decide(now, stage, got, expected, func() bool { return t.stageViable(sec) })
 			if !d.Close {
 				arm(d.Wake)
 				break
@@ -221,7 +308,7 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 			if err := t.closeStage(r, stage); err != nil {
 				return abort(err.Error())
 			}
-			if sec.srv.Stage() == secagg.StageDone {
+			if sec.stage() == secagg.StageDone {
 				return t.finishSecure(ctx, r, col)
 			}
 			// The next stage begins once its devices have their replies.
@@ -242,7 +329,9 @@ func (t *taskRun) seatAdvertisers(r *roundRun) bool {
 	// a seat that ends selection, else the stage would wait for a
 	// participant 0 that never comes.
 	for _, seat := range r.cohort.Seats() {
-		sec.expected[seat.Participant] = true
+		if g, local, ok := sec.group(seat.Participant); ok {
+			g.expected[local] = true
+		}
 	}
 	if r.cohort.Seated() >= r.cohort.Wanted() {
 		r.cohort.EndSelection()
@@ -251,15 +340,19 @@ func (t *taskRun) seatAdvertisers(r *roundRun) bool {
 }
 
 // stageViable reports whether closing the current stage now keeps the
-// round alive: the close passes every SecAgg check, and the stages up to
-// the masked input keep at least as many devices as the round must unmask
-// (secureFloor).
+// round alive: the close passes every group's SecAgg checks, and the stages
+// up to the masked input keep at least as many devices as the round must
+// unmask (secureFloor).
 func (t *taskRun) stageViable(sec *secureRun) bool {
-	kept, err := sec.srv.Closable()
-	if err != nil {
-		return false
+	kept := 0
+	for _, g := range sec.live() {
+		k, err := g.srv.Closable()
+		if err != nil {
+			return false
+		}
+		kept += k
 	}
-	switch sec.srv.Stage() {
+	switch sec.stage() {
 	case secagg.StageAdvertise, secagg.StageShareKeys, secagg.StageMaskedInput:
 		floor, _ := t.secureFloor()
 		return kept >= floor
@@ -283,74 +376,109 @@ func (t *taskRun) drainSecure(r *roundRun, msgs <-chan jetstream.Msg) {
 	}
 }
 
-func allParticipants(sec *secureRun) []uint32 {
-	out := make([]uint32, 0, len(sec.devices))
-	for p := range sec.devices {
+func allParticipants(g *secGroup) []uint32 {
+	out := make([]uint32, 0, len(g.devices))
+	for p := range g.devices {
 		out = append(out, p)
 	}
 	return out
 }
 
-// closeStage closes the server's current stage and sends each survivor its
-// reply; the next stage then waits for exactly those devices.
+// abortGroup tells a group's devices that its aggregation ended.
+func (t *taskRun) abortGroup(r *roundRun, g *secGroup, reason string) {
+	t.secureDown(g, func(uint32) (*pb.SecAggDown, error) {
+		return &pb.SecAggDown{Msg: &pb.SecAggDown_Abort{Abort: &pb.SecAggAbort{Reason: reason}}}, nil
+	}, r, allParticipants(g))
+}
+
+// closeStage closes the current stage of every live group and sends each
+// survivor its reply; the next stage then waits for exactly those devices.
+// A group whose close fails stops (its devices are told), and the round goes
+// on with the others; it fails when none is left, or when the masked input
+// of the groups left is less than the round must unmask.
 func (t *taskRun) closeStage(r *roundRun, stage secagg.Stage) error {
 	sec := r.secure
-	if err := sec.srv.CloseStage(); err != nil {
-		return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+	var first error
+	for _, g := range sec.live() {
+		if err := g.srv.CloseStage(); err != nil {
+			err = fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+			if first == nil {
+				first = err
+			}
+			if len(sec.groups) > 1 {
+				g.failed = err.Error()
+				t.log().Info("secure aggregation group stopped", "round", r.row.Round, "group", g.number, "err", err)
+				t.abortGroup(r, g, fmt.Sprintf("group %d: %v", g.number, err))
+			}
+		}
+	}
+	live := sec.live()
+	if len(live) == 0 || len(sec.groups) == 1 && first != nil {
+		return first
 	}
 	t.observeStage(sec, stage)
 	if stage == secagg.StageMaskedInput {
 		// Before anyone is asked for a share: a sum of fewer masked updates
 		// than the round needs is never unmasked, so no device's shares
 		// help reveal a sum of a few inputs.
-		survivors, err := sec.srv.Survivors()
-		if err != nil {
-			return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+		survivors := 0
+		for _, g := range live {
+			ids, err := g.srv.Survivors()
+			if err != nil {
+				return fmt.Errorf("secure aggregation, %v stage: %w", stage, err)
+			}
+			survivors += len(ids)
 		}
-		if floor, what := t.secureFloor(); len(survivors) < floor {
+		if floor, what := t.secureFloor(); survivors < floor {
 			return fmt.Errorf("secure aggregation: %d masked updates arrived, fewer than %s %d; the round is abandoned before unmasking and the next round retries",
-				len(survivors), what, floor)
+				survivors, what, floor)
 		}
 	}
-	next := map[uint32]bool{}
-	var reply func(id uint32) (*pb.SecAggDown, error)
-	switch stage {
-	case secagg.StageAdvertise:
-		reply = func(id uint32) (*pb.SecAggDown, error) {
-			pk, err := sec.srv.PeerKeys(id)
-			return &pb.SecAggDown{Msg: &pb.SecAggDown_PeerKeys{PeerKeys: pk}}, err
+	answered, sent := 0, 0
+	for _, g := range live {
+		next := map[uint32]bool{}
+		var reply func(id uint32) (*pb.SecAggDown, error)
+		switch stage {
+		case secagg.StageAdvertise:
+			reply = func(id uint32) (*pb.SecAggDown, error) {
+				pk, err := g.srv.PeerKeys(id)
+				return &pb.SecAggDown{Msg: &pb.SecAggDown_PeerKeys{PeerKeys: pk}}, err
+			}
+		case secagg.StageShareKeys:
+			reply = func(id uint32) (*pb.SecAggDown, error) {
+				fs, err := g.srv.ForwardedShares(id)
+				return &pb.SecAggDown{Msg: &pb.SecAggDown_ForwardedShares{ForwardedShares: fs}}, err
+			}
+		case secagg.StageMaskedInput:
+			reply = func(id uint32) (*pb.SecAggDown, error) {
+				ss, err := g.srv.SurvivorSet(id)
+				return &pb.SecAggDown{Msg: &pb.SecAggDown_Survivors{Survivors: ss}}, err
+			}
+		case secagg.StageConsistency:
+			reply = func(id uint32) (*pb.SecAggDown, error) {
+				ur, err := g.srv.UnmaskRequest(id)
+				return &pb.SecAggDown{Msg: &pb.SecAggDown_Unmask{Unmask: ur}}, err
+			}
 		}
-	case secagg.StageShareKeys:
-		reply = func(id uint32) (*pb.SecAggDown, error) {
-			fs, err := sec.srv.ForwardedShares(id)
-			return &pb.SecAggDown{Msg: &pb.SecAggDown_ForwardedShares{ForwardedShares: fs}}, err
+		if reply != nil {
+			for _, id := range t.secureDown(g, reply, r, allParticipants(g)) {
+				next[id] = true
+			}
 		}
-	case secagg.StageMaskedInput:
-		reply = func(id uint32) (*pb.SecAggDown, error) {
-			ss, err := sec.srv.SurvivorSet(id)
-			return &pb.SecAggDown{Msg: &pb.SecAggDown_Survivors{Survivors: ss}}, err
-		}
-	case secagg.StageConsistency:
-		reply = func(id uint32) (*pb.SecAggDown, error) {
-			ur, err := sec.srv.UnmaskRequest(id)
-			return &pb.SecAggDown{Msg: &pb.SecAggDown_Unmask{Unmask: ur}}, err
-		}
+		answered += len(g.got)
+		sent += len(next)
+		g.expected, g.got = next, map[uint32]bool{}
 	}
-	if reply != nil {
-		for _, id := range t.secureDown(sec, reply, r, allParticipants(sec)) {
-			next[id] = true
-		}
-	}
-	t.log().Debug("secure aggregation stage closed", "round", r.row.Round, "stage", stage,
-		"answered", len(sec.got), "expected", len(sec.expected), "next", len(next))
-	t.stageClosed(r, stage.String(), len(sec.got), len(next))
-	sec.expected, sec.got = next, map[uint32]bool{}
+	t.log().Debug("secure aggregation stage closed", "round", r.row.Round, "stage", stage, "groups", len(live),
+		"answered", answered, "next", sent)
+	t.stageClosed(r, stage.String(), answered, sent)
 	return nil
 }
 
-// secureDown sends reply(id) to every participant that has one (the server
-// refuses replies to those it dropped) and returns who was sent one.
-func (t *taskRun) secureDown(sec *secureRun, reply func(uint32) (*pb.SecAggDown, error), r *roundRun, ids []uint32) []uint32 {
+// secureDown sends reply(id) to every participant of the group that has one
+// (the server refuses replies to those it dropped) and returns who was sent
+// one.
+func (t *taskRun) secureDown(g *secGroup, reply func(uint32) (*pb.SecAggDown, error), r *roundRun, ids []uint32) []uint32 {
 	var sent []uint32
 	for _, id := range ids {
 		down, err := reply(id)
@@ -363,8 +491,8 @@ func (t *taskRun) secureDown(sec *secureRun, reply func(uint32) (*pb.SecAggDown,
 			t.log().Error("marshal secagg reply", "err", err)
 			continue
 		}
-		if err := t.c.d.NC.Publish(wire.SecAggDownSubject(t.id, r.row.Round, sec.devices[id]), b); err != nil {
-			t.log().Warn("secagg reply not sent", "device", sec.devices[id], "err", err)
+		if err := t.c.d.NC.Publish(wire.SecAggDownSubject(t.id, r.row.Round, g.devices[id]), b); err != nil {
+			t.log().Warn("secagg reply not sent", "device", g.devices[id], "err", err)
 			continue
 		}
 		sent = append(sent, id)
@@ -382,7 +510,13 @@ func (t *taskRun) secureUp(r *roundRun, up secUp) string {
 	if !ok || seat.Participant == 0 {
 		return fmt.Sprintf("device %q is not in the cohort of round %d", up.device, r.row.Round)
 	}
-	id := seat.Participant
+	g, id, ok := sec.group(seat.Participant)
+	if !ok {
+		return fmt.Sprintf("participant %d is in no secure aggregation group of round %d", seat.Participant, r.row.Round)
+	}
+	if g.failed != "" {
+		return fmt.Sprintf("secure aggregation group %d of round %d stopped: %s", g.number, r.row.Round, g.failed)
+	}
 	var err error
 	switch m := up.msg.Msg.(type) {
 	case *pb.SecAggUp_Advertise:
@@ -399,30 +533,30 @@ func (t *taskRun) secureUp(r *roundRun, up secUp) string {
 		if enrolled != nil && !enrolled.Equal(ed25519.PublicKey(ak.GetIdentityPublicKey())) {
 			return fmt.Sprintf("advertised identity key is not the key device %q enrolled", up.device)
 		}
-		_, had := sec.keys[id]
+		_, had := g.keys[id]
 		if !had {
-			sec.keys[id] = ed25519.PublicKey(ak.GetIdentityPublicKey())
+			g.keys[id] = ed25519.PublicKey(ak.GetIdentityPublicKey())
 		}
-		if err = sec.srv.AddAdvertise(ak); err != nil && !had {
-			delete(sec.keys, id) // a refused first advertisement leaves no key behind
+		if err = g.srv.AddAdvertise(ak); err != nil && !had {
+			delete(g.keys, id) // a refused first advertisement leaves no key behind
 		}
 		if err == nil {
-			sec.devices[id] = up.device
+			g.devices[id] = up.device
 		}
 	case *pb.SecAggUp_Shares:
 		err = checkSender(m.Shares.GetParticipantId(), id)
 		if err == nil {
-			err = sec.srv.AddShares(m.Shares)
+			err = g.srv.AddShares(m.Shares)
 		}
 	case *pb.SecAggUp_Consistency:
 		err = checkSender(m.Consistency.GetParticipantId(), id)
 		if err == nil {
-			err = sec.srv.AddConsistency(m.Consistency)
+			err = g.srv.AddConsistency(m.Consistency)
 		}
 	case *pb.SecAggUp_Unmask:
 		err = checkSender(m.Unmask.GetParticipantId(), id)
 		if err == nil {
-			err = sec.srv.AddUnmask(m.Unmask)
+			err = g.srv.AddUnmask(m.Unmask)
 		}
 	default:
 		return "message has no stage payload"
@@ -431,7 +565,7 @@ func (t *taskRun) secureUp(r *roundRun, up secUp) string {
 		t.log().Info("secagg message refused", "round", r.row.Round, "device", up.device, "err", err)
 		return err.Error()
 	}
-	sec.got[id] = true
+	g.got[id] = true
 	return ""
 }
 
@@ -462,7 +596,16 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if wire.IsEvalSubject(m.Subject()) {
 		return device, refuse("evaluation report in a round that wants masked updates")
 	}
-	if err := round.CheckMaskedStage(sec.srv.Stage()); err != nil {
+	g, local, ok := sec.group(seat.Participant)
+	if !ok {
+		return device, refuse("participant %d is in no secure aggregation group", seat.Participant)
+	}
+	if g.failed != "" {
+		return device, refuse("secure aggregation group %d stopped: %s", g.number, g.failed)
+	}
+	// The device's masked update names its participant number within its group.
+	seat.Participant = local
+	if err := round.CheckMaskedStage(g.srv.Stage()); err != nil {
 		return device, fromRound(err)
 	}
 	t.startReading(device) // as acceptUpdate
@@ -471,7 +614,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if err != nil {
 		return device, err
 	}
-	bits, dim := sec.round.Bits(), sec.srv.Dim()
+	bits, dim := g.round.Bits(), g.srv.Dim()
 	first := &maskedPass{bits: bits, dim: dim, emit: func([]uint32) error { return nil }}
 	rep, err := first.run(next, reportOverhead)
 	if err != nil {
@@ -496,7 +639,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
 		return device, err
 	}
-	part, err := sec.srv.BeginMasked(mu.ParticipantId, mu.Bits)
+	part, err := g.srv.BeginMasked(mu.ParticipantId, mu.Bits)
 	if err != nil {
 		return device, refuse("%v", err)
 	}
@@ -513,7 +656,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 		r.lost = fmt.Sprintf("the secure sum holds part of the masked update of %s, whose report could not be read again: %v", device, err)
 		return device, fmt.Errorf("report of %s could not be read again: %w", device, err)
 	}
-	sec.got[seat.Participant] = true
+	g.got[local] = true
 	return device, nil
 }
 
@@ -578,36 +721,65 @@ func (p *maskedPass) run(next func() ([]byte, error), limit int) (*pb.UpdateRepo
 
 func (p *maskedPass) sha() string { return hex.EncodeToString(p.h.Sum(nil)) }
 
-// finishSecure unmasks the sum, decodes it and commits the round.
+// finishSecure unmasks each group's sum, adds them, decodes the round's
+// sum and commits the round. A group whose sum cannot be unmasked is left
+// out while the others carry enough updates.
 func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.Collector) error {
 	sec := r.secure
-	sum, err := sec.srv.Result()
-	if err != nil {
-		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	var sum []uint32
+	var devices []string
+	for _, g := range sec.live() {
+		part, err := g.srv.Result()
+		var survivors []uint32
+		if err == nil {
+			survivors, err = g.srv.Survivors()
+		}
+		if err != nil {
+			if len(sec.groups) == 1 {
+				return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+			}
+			g.failed = err.Error()
+			t.log().Info("secure aggregation group stopped", "round", r.row.Round, "group", g.number, "err", err)
+			continue
+		}
+		if sum == nil {
+			sum = part
+		} else {
+			// Each group's sum is in [0, 2^bits); so is the round's.
+			mask := uint32(1<<g.round.Bits() - 1)
+			for i, v := range part {
+				sum[i] = (sum[i] + v) & mask
+			}
+		}
+		for _, id := range survivors {
+			devices = append(devices, g.devices[id])
+		}
 	}
-	survivors, err := sec.srv.Survivors()
-	if err != nil {
-		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	if floor, what := t.secureFloor(); len(devices) < floor {
+		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %d updates unmasked, fewer than %s %d", len(devices), what, floor))
 	}
-	if t.dp != nil && t.dp.dist != nil && len(survivors) < int(t.dp.cfg.GetMinNoiseContributors()) {
+	if t.dp != nil && t.dp.dist != nil && len(devices) < int(t.dp.cfg.GetMinNoiseContributors()) {
 		// Fewer devices than the noise was split across: too little noise.
 		return t.abandon(ctx, r, fmt.Sprintf("distributed DP: %d updates in the sum, fewer than the %d noise contributors",
-			len(survivors), t.dp.cfg.GetMinNoiseContributors()))
+			len(devices), t.dp.cfg.GetMinNoiseContributors()))
 	}
-	weighted, total, err := sec.decode(sum, len(survivors))
+	weighted, total, err := sec.decode(sum, len(devices))
 	if err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 	}
-	if err := col.AddSum(weighted, total, len(survivors)); err != nil {
+	if err := col.AddSum(weighted, total, len(devices)); err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
 	}
 	t.mu.Lock()
-	for _, id := range survivors {
-		r.cohort.Report(sec.devices[id])
+	for _, d := range devices {
+		r.cohort.Report(d)
 	}
 	t.mu.Unlock()
-	return t.commit(ctx, r, col, newMetricMean(), fmt.Sprintf("secure sum of %d masked updates", len(survivors)),
-		sec.slack(len(survivors), total))
+	reason := fmt.Sprintf("secure sum of %d masked updates", len(devices))
+	if len(sec.groups) > 1 {
+		reason += fmt.Sprintf(" from %d of %d groups", len(sec.live()), len(sec.groups))
+	}
+	return t.commit(ctx, r, col, newMetricMean(), reason, sec.slack(len(devices), total))
 }
 
 // secureFloor is the fewest masked updates a secure round unmasks: the
@@ -627,15 +799,13 @@ func (t *taskRun) secureFloor() (int, string) {
 var errSecureResume = errors.New("secure aggregation state (shares, masks) is held in memory only and was lost in a restart")
 
 // newSecureRun prepares the server side of a secure round of n participants
-// and dim model parameters.
+// and dim model parameters: one SecAgg+ server per group.
 func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, error) {
-	round, cfg, err := t.secureConfig(roundNum, n, seed)
+	rounds, cfgs, err := t.secureGroups(roundNum, n, seed)
 	if err != nil {
 		return nil, err
 	}
-	sec := &secureRun{round: round, cfg: cfg, ups: make(chan secUp, 4*n+16),
-		keys: map[uint32]ed25519.PublicKey{}, devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{},
-		stageStart: t.c.now()}
+	sec := &secureRun{cfg: cfgs[0], ups: make(chan secUp, 4*n+16), stageStart: t.c.now()}
 	inputDim := dim + 1 // the update and its weight
 	if t.dp != nil && t.dp.dist != nil {
 		// Distributed DP: devices send their encoded, noised updates; every
@@ -648,7 +818,9 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 		}
 		sec.slack = func(int, float64) float64 { return math.Inf(1) }
 	} else {
-		quant, err := secagg.NewQuantizer(round.Bits(), cfg.GetClipRange(), n, cfg.GetMaxWeight())
+		// The whole cohort sizes the quantizer: the groups' sums add up to
+		// the round's.
+		quant, err := secagg.NewQuantizer(rounds[0].Bits(), sec.cfg.GetClipRange(), n, sec.cfg.GetMaxWeight())
 		if err != nil {
 			return nil, err
 		}
@@ -658,17 +830,31 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 			return math.Sqrt(float64(dim)) * float64(count) * quant.Step() / total
 		}
 	}
-	if sec.srv, err = secagg.NewServer(round, inputDim, secagg.ServerOptions{VerifyPeer: sec.verify, Workers: 2}); err != nil {
-		return nil, err
+	for i, r := range rounds {
+		g := &secGroup{number: cfgs[i].GetGroup(), round: r, cfg: cfgs[i], keys: map[uint32]ed25519.PublicKey{},
+			devices: map[uint32]string{}, expected: map[uint32]bool{}, got: map[uint32]bool{}}
+		if g.srv, err = secagg.NewServer(r, inputDim, secagg.ServerOptions{VerifyPeer: g.verify, Workers: 2}); err != nil {
+			return nil, err
+		}
+		sec.groups = append(sec.groups, g)
+		sec.sizes = append(sec.sizes, r.N())
 	}
 	return sec, nil
 }
 
-// secureConfig is SecureConfig for this task's rounds
-// (privacyconf.RoundSecAgg): with DP every update has weight 1, so the
-// weight bound is 1 too.
-func (t *taskRun) secureConfig(roundNum uint64, n int, seed uint64) (*secagg.Round, *pb.SecAggConfig, error) {
-	return SecureConfig(privacyconf.RoundSecAgg(t.spec), t.id, roundNum, n, seed)
+// secureGroups is SecureConfig for this task's rounds
+// (privacyconf.RoundSecAgg: with DP every update has weight 1, so the
+// weight bound is 1 too), split into groups (privacyconf.GroupSizes; one
+// under distributed DP, whose noise is calibrated to the whole sum).
+func (t *taskRun) secureGroups(roundNum uint64, n int, seed uint64) ([]*secagg.Round, []*pb.SecAggConfig, error) {
+	return privacyconf.ResolveSecAggGroups(privacyconf.RoundSecAgg(t.spec), t.id, roundNum, n, seed,
+		t.dp != nil && t.dp.dist != nil, privacyconf.APINames)
+}
+
+// secureGroupCount is how many groups a secure round of n participants runs
+// as, for its memory budget.
+func (t *taskRun) secureGroupCount(n int) int {
+	return len(privacyconf.GroupSizes(n, privacyconf.RoundSecAgg(t.spec).GetGroupSize(), t.dp != nil && t.dp.dist != nil))
 }
 
 // secureStageTimeout is the task's SecAgg stage timeout with its default.

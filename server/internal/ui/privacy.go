@@ -12,6 +12,11 @@ import (
 type secAggView struct {
 	Participants, K, Threshold, Bits int
 	Complete, RecommendedK           bool
+	// Groups are the sizes of the SecAgg+ instances a round runs as (one
+	// for a cohort within the group size); K, Threshold and Complete are
+	// the first group's.
+	Groups             int
+	GroupMin, GroupMax int
 	// DP says every update weighs 1, so MaxWeight is 1.
 	DP                   bool
 	ClipRange, MaxWeight float64
@@ -27,13 +32,17 @@ func secAggViewOf(t *pb.Task) *secAggView {
 		return nil
 	}
 	n := privacyconf.Participants(t)
-	r, c, err := privacyconf.ResolveSecAgg(privacyconf.RoundSecAgg(t), "task", 1, n, 0, privacyconf.APINames)
+	_, distributed := privacyconf.Distributed(privacyconf.ResolveDP(t))
+	rs, cs, err := privacyconf.ResolveSecAggGroups(privacyconf.RoundSecAgg(t), "task", 1, n, 0, distributed, privacyconf.APINames)
 	if err != nil {
 		return &secAggView{Err: err.Error()}
 	}
-	return &secAggView{Participants: n, K: r.K(), Threshold: r.Threshold(), Bits: r.Bits(),
-		Complete: r.K() >= n-1, RecommendedK: sa.GetK() == 0, ClipRange: c.GetClipRange(), MaxWeight: c.GetMaxWeight(),
+	r, c := rs[0], cs[0]
+	v := &secAggView{Participants: n, K: r.K(), Threshold: r.Threshold(), Bits: r.Bits(),
+		Complete: r.K() >= r.N()-1, RecommendedK: sa.GetK() == 0, ClipRange: c.GetClipRange(), MaxWeight: c.GetMaxWeight(),
 		StageTimeout: c.GetStageTimeout().AsDuration(), DP: privacyconf.ResolveDP(t) != nil}
+	v.Groups, v.GroupMin, v.GroupMax = len(rs), rs[len(rs)-1].N(), rs[0].N() // the first groups are the larger
+	return v
 }
 
 // dpView is a task's differential privacy with the server's defaults
