@@ -231,7 +231,7 @@ func createSchema(ctx context.Context, db *sqldb.DB) error {
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("store: connect: %w", err)
+		return fmt.Errorf("store: connect to PostgreSQL: %w; check that the server in the store URL runs and admits its user and database (the password comes from PGPASSWORD or PGPASSFILE)", err)
 	}
 	defer conn.Close()
 	var version int
