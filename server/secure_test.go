@@ -128,20 +128,7 @@ func TestSecureRounds(t *testing.T) {
 			t.Fatalf("round %d opened without a SecAgg parameters digest", p.(audit.RoundOpened).Round)
 		}
 	}
-	_, b, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := model.DecodeSafetensors(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := base.Flatten()
-	for i, v := range got.Flatten() {
-		if d := float64(v - want[i]); math.Abs(d-2*wasmtest.TrivialStep) > 1e-6 {
-			t.Fatalf("parameter %d moved by %v, want %v", i, d, 2*wasmtest.TrivialStep)
-		}
-	}
+	checkMovedBy(t, h, base, done.CurrentModel.GetVersion(), 2*wasmtest.TrivialStep)
 }
 
 // TestSecureRoundsInGroups: a cohort of 24 with a group size of 10 runs as
@@ -200,7 +187,14 @@ func TestSecureRoundsInGroups(t *testing.T) {
 	if committed != 2 {
 		t.Fatalf("%d rounds committed, want 2", committed)
 	}
-	_, b, err := client.ExportModelBytes(t.Context(), h.Models, done.CurrentModel.GetVersion(), 1<<20)
+	checkMovedBy(t, h, base, done.CurrentModel.GetVersion(), 2*wasmtest.TrivialStep)
+}
+
+// checkMovedBy checks that every parameter of version is base's plus step
+// (up to quantization): what rounds of the trivial module give.
+func checkMovedBy(t *testing.T, h *servertest.Harness, base *model.Model, version string, step float64) {
+	t.Helper()
+	_, b, err := client.ExportModelBytes(t.Context(), h.Models, version, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,8 +204,8 @@ func TestSecureRoundsInGroups(t *testing.T) {
 	}
 	want := base.Flatten()
 	for i, v := range got.Flatten() {
-		if d := float64(v - want[i]); math.Abs(d-2*wasmtest.TrivialStep) > 1e-6 {
-			t.Fatalf("parameter %d moved by %v, want %v", i, d, 2*wasmtest.TrivialStep)
+		if d := float64(v - want[i]); math.Abs(d-step) > 1e-6 {
+			t.Fatalf("parameter %d moved by %v, want %v", i, d, step)
 		}
 	}
 }
