@@ -341,7 +341,15 @@ func TestPoolGangStartsTogether(t *testing.T) {
 	spread := starts[0].Sub(starts[1]).Abs()
 	t.Logf("gang start spread: %v (%.2f heartbeat intervals of %v)", spread, float64(spread)/float64(poolHeartbeat), poolHeartbeat)
 	for _, w := range []*poolWorker{w1, w2} {
-		if b, _ := os.ReadFile(w.p.log); !strings.Contains(string(b), "job=gang attempt=1") {
+		// A worker logs a rank's end after it reports it, so the job can be
+		// over before the line is written.
+		var b []byte
+		for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			if b, _ = os.ReadFile(w.p.log); strings.Contains(string(b), "job=gang attempt=1") || time.Now().After(end) {
+				break
+			}
+		}
+		if !strings.Contains(string(b), "job=gang attempt=1") {
 			t.Fatalf("worker %s did not run a rank of attempt 1:\n%s", w.name, tail(string(b), 2000))
 		}
 	}
