@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"database/sql"
 	"net"
 	"net/url"
 	"os"
@@ -115,17 +114,9 @@ func TestDeposedLeaderStops(t *testing.T) {
 	waitStarted(t, "agg-a", aStarted)
 	_, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
 
-	db, err := sql.Open("pgx", pg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var n int
-	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("ending the leader's lock session: %d, %v", n, err)
-	}
+	pgtest.EndLockSession(t, pg)
 	waitStarted(t, "agg-b", bStarted)
-	err = <-a.Lost()
+	err := <-a.Lost()
 	if err == nil || !strings.Contains(err.Error(), "lost the lease") {
 		t.Fatalf("Lost: %v", err)
 	}

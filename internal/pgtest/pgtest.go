@@ -289,3 +289,21 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// EndLockSession ends, from a connection of its own, the one session of
+// the database at url that holds an advisory lock, as the server does for
+// a client that died or went silent, and waits (up to 10 s) until it is
+// gone. It fails t unless exactly one session held one.
+func EndLockSession(t testing.TB, url string) {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow(`SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n)
+	if err != nil || n != 1 {
+		t.Fatalf("pgtest: ending the session that holds an advisory lock: %d sessions, %v", n, err)
+	}
+}

@@ -2,12 +2,12 @@ package store_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/pgtest"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/internal/backend"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
@@ -78,7 +78,7 @@ func TestFencedLeader(t *testing.T) {
 		if strings.HasPrefix(target, "postgres") {
 			// The database ends the old leader's session, as it does for
 			// one that went silent or whose host died; it has not noticed.
-			dropLockSession(t, target)
+			pgtest.EndLockSession(t, target)
 		}
 		b := waitLead(t, s, "agg-b")
 		if b.Fence().Epoch != a.Fence().Epoch+1 {
@@ -150,7 +150,7 @@ func TestLeaseContested(t *testing.T) {
 		if l, err := s.TryLead(ctx, "coordinator", "agg-c", ttl, now); err != nil || l != nil {
 			t.Fatalf("third leader while the second holds the lease: %v, %v", l, err)
 		}
-		dropLockSession(t, target) // as the database does when a leader's host dies
+		pgtest.EndLockSession(t, target) // as the database does when a leader's host dies
 		d := waitLead(t, s, "agg-d")
 		if d.Fence().Epoch != 3 {
 			t.Fatalf("epoch %d after three leaders", d.Fence().Epoch)
@@ -187,20 +187,5 @@ func waitLead(t *testing.T, s *store.Store, holder string) *store.Leadership {
 			return l
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// dropLockSession ends, from another connection, every session that holds
-// an advisory lock, and waits (up to 10 s) for them to be gone.
-func dropLockSession(t *testing.T, target string) {
-	t.Helper()
-	db, err := sql.Open("pgx", target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var n int
-	if err := db.QueryRow(`SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("terminating the lock's session: %d sessions, %v", n, err)
 	}
 }
