@@ -2,7 +2,6 @@ package fleetlearn_test
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/cmd/cmdtest"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 )
 
 // TestMain lets the test binary run as the programs that
@@ -412,16 +412,12 @@ func tail(s string, n int) string {
 // freeAddrs returns two distinct loopback addresses with free ports.
 func freeAddrs(t *testing.T) (string, string) {
 	t.Helper()
-	var addrs []string
-	for range 2 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	a := freeport.Addr(t)
+	for {
+		if b := freeport.Addr(t); b != a {
+			return a, b
 		}
-		defer l.Close()
-		addrs = append(addrs, l.Addr().String())
 	}
-	return addrs[0], addrs[1]
 }
 
 var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)

@@ -3,7 +3,6 @@ package cli_test
 import (
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/cli"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -323,13 +323,7 @@ func TestServerUnreachable(t *testing.T) {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
+	return freeport.Addr(t)
 }
 
 func TestTaskCreateUnbounded(t *testing.T) {

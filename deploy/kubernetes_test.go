@@ -41,6 +41,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server"
 )
@@ -2700,12 +2701,7 @@ func TestKubernetesExternalNATSRuns(t *testing.T) {
 // freeLoopbackPort is a TCP port free on 127.0.0.1 a moment ago.
 func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Must(t)
 }
 
 // TestKubernetesPoolExecutorRuns runs the pool-executor overlay's

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/internal/testtool"
 )
 
@@ -158,12 +159,7 @@ func (kp kubeprobe) await(t *testing.T, p *kpProc, pass bool, args ...string) {
 // kpFreeAddr returns a loopback address free a moment ago.
 func kpFreeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.Addr(t)
 }
 
 // kpLog collects a child's output, written from exec's copying goroutines.

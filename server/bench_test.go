@@ -6,7 +6,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/data/datatest"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/internal/simfleet"
 	"github.com/fleetlearn/fleetlearn/model"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -400,12 +400,7 @@ func stopBenchProcs(tb testing.TB, grace time.Duration, ps ...*benchProc) {
 
 func benchAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.Addr(tb)
 }
 
 func benchGoTool() string {

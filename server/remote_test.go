@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/edge"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
@@ -343,12 +344,7 @@ func TestPublicConfigRefused(t *testing.T) {
 func TestNATSMonitor(t *testing.T) {
 	// nats-server cannot be asked which port it picked through the
 	// server: take one that is free now.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeport.Addr(t)
 	servertest.New(t, servertest.WithConfig(func(c *server.Config) { c.NATSMonitor = addr }))
 	for path, key := range map[string]string{"/varz": "server_id", "/jsz": "config", "/connz": "connections", "/healthz": "status"} {
 		res, err := http.Get("http://" + addr + path)

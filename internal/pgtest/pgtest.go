@@ -17,7 +17,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -30,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 )
 
@@ -281,14 +281,7 @@ func (s *Server) stop() {
 	os.RemoveAll(s.dir)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return freeport.Get() }
 
 // EndLockSession ends, from a connection of its own, the one session of
 // the database at url that holds an advisory lock, as the server does for

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/pool/checkpoint"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
@@ -256,16 +256,12 @@ func (h *Harness) EnrollKeys(t testing.TB, ids []string) map[string]ed25519.Priv
 }
 
 // FreeAddr is a loopback address whose port nobody held a moment ago, for
-// a server or child process the test starts. Another process can take it
-// first; the child then fails to listen and says so.
+// a server or child process the test starts (see internal/freeport).
+// Another process can take it first; the child then fails to listen and
+// says so.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.Addr(t)
 }
 
 // ServiceConn connects to url, a NATS server or cluster that trusts the

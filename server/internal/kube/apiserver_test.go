@@ -48,6 +48,7 @@ import (
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/pool"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -80,17 +81,12 @@ func realAssets(t *testing.T) (etcd, apiserver string) {
 	return etcd, apiserver
 }
 
-// freePort asks the kernel for a port nobody holds. Another process can
-// take it before the child binds; the child then exits and the wait for
+// freePort is a port nobody held a moment ago. Another process can take
+// it before the child binds; the child then exits and the wait for
 // readiness reports its log.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Must(t)
 }
 
 // child is a started etcd or kube-apiserver.
