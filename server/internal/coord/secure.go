@@ -254,20 +254,30 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 	// selection is open), the answers counted and when the latest came.
 	stages := round.Stages{MinQuiet: stageTimeout, Deadline: r.row.Deadline}
 	for {
+		// An answer counts from when it was taken, before the device is
+		// answered: a device (or a test driving the clock) that has its
+		// reply must find the stage's next wake already decided from the
+		// time it answered, not from a clock that moved meanwhile.
+		var now time.Time
 		select {
 		case <-ctx.Done():
 			// Shares and masks live in memory only: a resumed round is abandoned.
 			return ctx.Err()
 		case up := <-sec.ups:
+			now = t.c.now()
 			up.reply(t.secureUp(r, up))
 		case m := <-msgs:
+			now = t.c.now()
 			t.handleMasked(r, m)
 		case <-r.kick:
+			now = t.c.now()
 		case <-selTimer.C():
+			now = t.c.now()
 			if why := t.endSelection(r, sec.minCohort()); why != "" {
 				return abortAs(why, true)
 			}
 		case <-stageC:
+			now = t.c.now()
 			stageTimer, stageC, stageAt = nil, nil, time.Time{}
 			// Answers that queued up while the server was busy arrived
 			// before the timer: they are progress, not late.
@@ -276,7 +286,6 @@ func (t *taskRun) runSecure(ctx context.Context, r *roundRun, col aggregator.Col
 		if r.lost != "" {
 			return abort(r.lost)
 		}
-		now := t.c.now()
 		// Decide the stage's close; a closed stage's successor is decided
 		// at once, so that its timer runs even if no device ever answers.
 		for {
