@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/audit"
@@ -65,6 +68,14 @@ func checkStoreConfig(cfg *Config) error {
 	if cfg.LeaseTTL < store.MinLeaseTTL {
 		return fmt.Errorf("server: lease ttl %v is below %v", cfg.LeaseTTL, store.MinLeaseTTL)
 	}
+	if a := cfg.APIAdvertise; a != "" {
+		h, p, err := net.SplitHostPort(a)
+		ip := net.ParseIP(h)
+		if err != nil || p == "" || p == "0" || ip == nil && !isDNSName(h) || ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("server: API advertise address %q: give host:port that the other replicas reach this one's gRPC API at", a)
+		}
+		cfg.TLSHosts = append(slices.Clone(cfg.TLSHosts), h)
+	}
 	if cfg.ReplicaName == "" {
 		host, _ := os.Hostname()
 		cfg.ReplicaName = fmt.Sprintf("%s/%d", host, os.Getpid())
@@ -72,9 +83,10 @@ func checkStoreConfig(cfg *Config) error {
 	return nil
 }
 
-// standby is what a replica waiting for the lease reports as its
-// readiness.
-type standby struct{ holder, err string }
+// standby is what a replica waiting for the lease knows of the leader:
+// its name and API address, for /readyz and for forwarding the API, or
+// why the lease could not be read.
+type standby struct{ holder, address, err string }
 
 // lead waits until this replica holds the lease; meanwhile it is a
 // standby and /readyz says who leads. It tries again every quarter ttl,
@@ -85,7 +97,7 @@ func (s *Server) lead(ctx context.Context) (*store.Leadership, error) {
 	ttl := s.cfg.LeaseTTL
 	logged := ""
 	for {
-		l, err := s.store.TryLead(ctx, LeaseName, s.cfg.ReplicaName, ttl, s.o.now())
+		l, err := s.store.TryLead(ctx, LeaseName, s.cfg.ReplicaName, s.grpcAdvertise(), ttl, s.o.now())
 		if err != nil {
 			s.o.log.WarnContext(ctx, "standby: cannot reach the lease; trying again", "err", err)
 			s.standby.Store(&standby{err: err.Error()})
@@ -95,7 +107,7 @@ func (s *Server) lead(ctx context.Context) (*store.Leadership, error) {
 			s.o.log.InfoContext(ctx, "leading: this replica runs the rounds", "replica", f.Holder, "epoch", f.Epoch)
 			return l, nil
 		} else if cur, err := s.store.Lease(ctx, LeaseName); err == nil || errors.Is(err, backend.ErrNotFound) {
-			s.standby.Store(&standby{holder: cur.Holder})
+			s.standby.Store(&standby{holder: cur.Holder, address: cur.Address})
 			if cur.Holder != logged {
 				s.o.log.InfoContext(ctx, "standby: another replica leads; waiting for the lease", "leader", cur.Holder, "epoch", cur.Epoch)
 				logged = cur.Holder
@@ -168,4 +180,30 @@ func (s *Server) stopLease() {
 	if s.leadership != nil {
 		s.leadership.Release()
 	}
+}
+
+// grpcAdvertise is where the other replicas reach this one's API
+// (Config.APIAdvertise, or its default).
+func (s *Server) grpcAdvertise() string {
+	if s.cfg.APIAdvertise != "" {
+		return s.cfg.APIAdvertise
+	}
+	if s.grpcLn == nil {
+		return ""
+	}
+	h, p, err := net.SplitHostPort(s.grpcLn.Addr().String())
+	if err != nil {
+		return ""
+	}
+	if everyInterface(h) {
+		// The host's own name, which the certificate covers (tlsHosts),
+		// not PublicHost: replicas share that one, and it may lead back
+		// to the standby.
+		name, err := os.Hostname()
+		if err != nil {
+			return ""
+		}
+		h = strings.ToLower(name)
+	}
+	return net.JoinHostPort(h, p)
 }

@@ -73,6 +73,9 @@ func (s *Server) listenFirst() error {
 // failed before serving on them; those already served are closed by their
 // servers, and closing them again does nothing.
 func (s *Server) closeListeners() {
+	if s.grpcHandoff != nil {
+		s.grpcHandoff.Close()
+	}
 	for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.uiLn} {
 		if ln != nil {
 			ln.Close()

@@ -1,18 +1,28 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/client"
+	"github.com/fleetlearn/fleetlearn/internal/freeport"
 	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	"github.com/fleetlearn/fleetlearn/internal/pgtest"
+	"github.com/fleetlearn/fleetlearn/internal/testwait"
+	"github.com/fleetlearn/fleetlearn/model"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -36,10 +46,14 @@ func TestReplicaConfig(t *testing.T) {
 // server, with the replicas' shared secrets from secrets; its Start, which
 // waits for the lease, runs in the background and reports on the returned
 // channel.
-func replica(t *testing.T, name, pg, natsURL, secrets string) (*server.Server, <-chan error) {
+func replica(t *testing.T, name, pg, natsURL, secrets string, edit ...func(*server.Config)) (*server.Server, <-chan error) {
 	t.Helper()
-	s, err := server.New(server.Config{DataDir: t.TempDir(), Store: pg, ReplicaName: name, LeaseTTL: 2 * time.Second,
-		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", SecretsFrom: secrets})
+	cfg := server.Config{DataDir: t.TempDir(), Store: pg, ReplicaName: name, LeaseTTL: 2 * time.Second,
+		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", SecretsFrom: secrets}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +67,6 @@ func replica(t *testing.T, name, pg, natsURL, secrets string) (*server.Server, <
 	return s, started
 }
 
-// waitStarted waits for a replica's Start to return: it leads and serves.
 // replicaSecrets writes the secrets a test's replicas share.
 func replicaSecrets(t *testing.T) string {
 	t.Helper()
@@ -64,6 +77,7 @@ func replicaSecrets(t *testing.T) string {
 	return dir
 }
 
+// waitStarted waits for a replica's Start to return: it leads and serves.
 func waitStarted(t *testing.T, name string, started <-chan error) {
 	t.Helper()
 	if err := <-started; err != nil {
@@ -224,3 +238,145 @@ func (p *partitionProxy) partition() { close(p.cut) }
 // heal ends every proxied connection: the partitioned side sees them
 // fail, as after a partition long enough for TCP to give up.
 func (p *partitionProxy) heal() { p.closeAll() }
+
+// TestStandbyServesAPI: a standby serves the API by forwarding each call
+// to the leader, streams both ways included, with the leader's answers
+// and statuses as they are; it refuses bad tokens and methods no role may
+// call itself. When the leader goes, the standby's own API takes over the
+// same port, and a client's connection carries on to it.
+func TestStandbyServesAPI(t *testing.T) {
+	pg, ns, secrets := pgtest.Database(t), natstest.Start(t), replicaSecrets(t)
+	a, aStarted := replica(t, "agg-a", pg, ns.ClientURL(), secrets)
+	waitStarted(t, "agg-a", aStarted)
+	b, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
+	awaitStandby(t, b, "agg-a")
+	ctx := context.Background()
+
+	// The replicas share the admin token (ReplicaSecrets).
+	conn, err := client.Dial(b.GRPCAddr(), client.WithCA(b.CACertPEM()), client.WithToken(a.AdminToken()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	models := apiv1.NewModelServiceClient(conn)
+	// Client streaming, in several messages: a model import.
+	rows := 300
+	data := make([]float32, rows*1000)
+	for i := range data {
+		data[i] = float32(i%97) / 97
+	}
+	m, err := model.New(model.Tensor{Name: "w", Shape: []int{rows, 1000}, Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	sent := buf.Bytes()
+	imported, err := client.ImportModel(ctx, models, &pb.ImportModelHeader{Name: "via-standby", SizeBytes: uint64(len(sent))},
+		bytes.NewReader(sent))
+	if err != nil {
+		t.Fatalf("import through the standby: %v", err)
+	}
+	version := imported.GetRef().GetVersion()
+	// Server streaming: the export through the standby is the leader's,
+	// byte for byte, and holds the imported weights.
+	_, viaStandby, err := client.ExportModelBytes(ctx, models, version, 64<<20)
+	if err != nil {
+		t.Fatalf("export through the standby: %v", err)
+	}
+	_, direct, err := client.ExportModelBytes(ctx, dialModels(t, a), version, 64<<20)
+	if err != nil || !bytes.Equal(viaStandby, direct) {
+		t.Fatalf("export from the leader: %d bytes, %v; through the standby: %d", len(direct), err, len(viaStandby))
+	}
+	back, err := model.ReadSafetensors(bytes.NewReader(viaStandby))
+	if err != nil || !slices.Equal(back.Flatten(), data) {
+		t.Fatalf("the exported model is not the imported one (%v)", err)
+	}
+	// The leader's statuses pass through unchanged.
+	_, err = apiv1.NewTaskServiceClient(conn).GetTask(ctx, &pb.GetTaskRequest{TaskId: "no-such-task"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("GetTask of an unknown task through the standby: %v", err)
+	}
+	// The standby itself refuses a bad token and an unknown method.
+	bad, err := client.Dial(b.GRPCAddr(), client.WithCA(b.CACertPEM()), client.WithToken("not-a-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	if _, err := apiv1.NewModelServiceClient(bad).ListModels(ctx, &pb.ListModelsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a bad token through the standby: %v", err)
+	}
+	if err := conn.Invoke(ctx, "/fleetlearn.api.v1.Nothing/Nothing", &pb.ListModelsRequest{}, &pb.ListModelsResponse{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("an unknown method through the standby: %v", err)
+	}
+
+	// The leader goes; the standby leads and serves the port itself.
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStarted(t, "agg-b", bStarted)
+	guard := testwait.After(t)
+	for {
+		resp, err := models.ListModels(ctx, &pb.ListModelsRequest{})
+		if err == nil {
+			if len(resp.GetModels()) != 1 || resp.GetModels()[0].GetRef().GetVersion() != version {
+				t.Fatalf("models listed by the new leader: %v", resp.GetModels())
+			}
+			break
+		}
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("ListModels on the new leader's port: %v", err)
+		}
+		select {
+		case <-guard:
+			t.Fatalf("the new leader's port still answers: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// awaitStandby waits until s reports that leader leads.
+func awaitStandby(t *testing.T, s *server.Server, leader string) {
+	t.Helper()
+	guard := testwait.After(t)
+	for {
+		err := s.Ready(context.Background())
+		if err != nil && strings.Contains(err.Error(), "standby: replica "+leader+" leads") {
+			return
+		}
+		select {
+		case <-guard:
+			t.Fatalf("not a standby of %s: %v", leader, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func dialModels(t *testing.T, s *server.Server) apiv1.ModelServiceClient {
+	t.Helper()
+	conn, err := client.Dial(s.GRPCAddr(), client.WithCA(s.CACertPEM()), client.WithToken(s.AdminToken()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return apiv1.NewModelServiceClient(conn)
+}
+
+// TestStandbyRefusesForwardingLoop: a leader whose lease names the
+// standby's own address (a wrong --api-advertise) would have the standby
+// forward calls to itself without end; the standby refuses a forwarded
+// call and says what is wrong.
+func TestStandbyRefusesForwardingLoop(t *testing.T) {
+	pg, ns, secrets := pgtest.Database(t), natstest.Start(t), replicaSecrets(t)
+	standbyAddr := freeport.Addr(t)
+	_, aStarted := replica(t, "agg-a", pg, ns.ClientURL(), secrets, func(c *server.Config) { c.APIAdvertise = standbyAddr })
+	waitStarted(t, "agg-a", aStarted)
+	b, _ := replica(t, "agg-b", pg, ns.ClientURL(), secrets, func(c *server.Config) { c.GRPCAddr = standbyAddr })
+	awaitStandby(t, b, "agg-a")
+	_, err := dialModels(t, b).ListModels(context.Background(), &pb.ListModelsRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--api-advertise") {
+		t.Fatalf("a call forwarded in a circle: %v", err)
+	}
+}

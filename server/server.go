@@ -33,6 +33,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/internal/handoff"
 	"github.com/fleetlearn/fleetlearn/internal/healthcheck"
 	"github.com/fleetlearn/fleetlearn/internal/memlimit"
 	"github.com/fleetlearn/fleetlearn/pool"
@@ -65,11 +66,17 @@ type Config struct {
 	// LeaseTTL is how long the database keeps the lease of a leader it no
 	// longer hears from (default DefaultLeaseTTL); a leader renews every
 	// quarter of it.
-	LeaseTTL    time.Duration
-	NATSURL     string // external NATS cluster; empty starts an embedded server
-	NATSListen  string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
-	GRPCAddr    string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
-	MetricsAddr string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
+	LeaseTTL time.Duration
+	// APIAdvertise is the "host:port" at which the other replicas reach
+	// this one's gRPC API: a standby forwards the API calls it receives to
+	// the leader's. Default: GRPCAddr as bound, its host replaced by the
+	// host name when it listens on every interface.
+	// The server certificate covers its host.
+	APIAdvertise string
+	NATSURL      string // external NATS cluster; empty starts an embedded server
+	NATSListen   string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
+	GRPCAddr     string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
+	MetricsAddr  string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
 	// MaxMessageBytes is the embedded server's max_payload and the reports
 	// stream's message size limit (default wire.MaxMessageBytes).
 	MaxMessageBytes int32
@@ -270,11 +277,16 @@ type Server struct {
 	pool          *poolsvc.Service
 	grpc          *grpc.Server
 	grpcLn        net.Listener
-	http          *http.Server
-	httpLn        net.Listener
-	uiLn          net.Listener // the dashboard's, taken first by listenFirst
-	ui            *dashboard
-	natsURL       string
+	// A replica's gRPC socket passes from the standby's forwarding API
+	// (standbyAPI) to its own (grpc) once it leads.
+	grpcHandoff *handoff.Listener
+	standbyAPI  *grpc.Server
+	forward     *forwarder
+	http        *http.Server
+	httpLn      net.Listener
+	uiLn        net.Listener // the dashboard's, taken first by listenFirst
+	ui          *dashboard
+	natsURL     string
 
 	audit     *audit.Log
 	auditStop chan struct{} // closed by Shutdown to stop the checkpoint ticker
@@ -394,18 +406,23 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	// The coordinator and the pool write through the leader's fenced
 	// store; the API, whose writes any replica may make, through s.store.
 	leaderStore := s.store
+	// Before the lease: a standby checks tokens and speaks TLS too.
+	if err := s.loadSecurity(); err != nil {
+		return err
+	}
 	if s.cfg.replicated() {
+		if err := s.startStandbyAPI(); err != nil {
+			return err
+		}
 		if s.leadership, err = s.lead(ctx); err != nil {
 			return err
 		}
+		s.stopStandbyAPI()
 		leaderStore = s.leadership.Store()
 		s.keepLease(s.leadership)
 		if err := s.openAudit(ctx); err != nil {
 			return err
 		}
-	}
-	if err := s.loadSecurity(); err != nil {
-		return err
 	}
 	var natsOpts []nats.Option
 	var configure func(*natsserver.Options) error
@@ -531,7 +548,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if s.grpc, err = s.newGRPCServer(bl, m); err != nil {
 		return err
 	}
-	go s.grpc.Serve(s.grpcLn)
+	if s.grpcHandoff != nil {
+		go s.grpc.Serve(s.grpcHandoff.Lend())
+	} else {
+		go s.grpc.Serve(s.grpcLn)
+	}
 
 	if err := s.startUI(m); err != nil {
 		return err
@@ -595,6 +616,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			// hold up a graceful stop of the API.
 			s.pool.Shutdown()
 		}
+		s.stopStandbyAPI()
 		if s.grpc != nil {
 			stopped := make(chan struct{})
 			go func() { s.grpc.GracefulStop(); close(stopped) }()

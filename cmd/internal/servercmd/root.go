@@ -163,6 +163,8 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.Store, "store", "", "keep state in the PostgreSQL database at `URL` (postgres://user@host:5432/db), shared by replicas "+
 		"of which one leads and the others stand by (docs/HA.md); needs --nats-url. Default: an SQLite file in --data-dir")
 	fl.StringVar(&f.cfg.ReplicaName, "replica-name", "", "name this replica in the lease (default: host name and process id)")
+	fl.StringVar(&f.cfg.APIAdvertise, "api-advertise", "", "with --store: the `HOST:PORT` at which the other replicas reach this one's gRPC API, "+
+		"to which a standby forwards the API calls it receives (default: --grpc-addr, with the host name for every interface)")
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, fmt.Sprintf("with --store: how long PostgreSQL keeps the lease of a leader it no longer hears from (default %v)", server.DefaultLeaseTTL))
 	fl.StringVar(&f.cfg.SecretsFrom, "secrets-from", "",
 		"at start, take the secrets every replica shares (the TLS CA, token keys, admin token, audit keys, and nats-auth/ if there) "+
@@ -269,7 +271,7 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	if cfg.Store == "" {
 		// A unit or manifest whose store variable came out empty must not
 		// start a replica on an SQLite file of its own.
-		for _, name := range []string{"replica-name", "lease-ttl"} {
+		for _, name := range []string{"replica-name", "lease-ttl", "api-advertise"} {
 			if cmd.Flags().Changed(name) {
 				return cfg, 0, usage("--%s is for replicas sharing a PostgreSQL store: give --store postgres://user@host:5432/db "+
 					"(empty here), or drop --%s", name, name)

@@ -81,7 +81,7 @@ func TestFlagSpellings(t *testing.T) {
 		"--module-publishers", jwks, "--public-host", "fl.example.com",
 		"--nats-advertise", "nats://lb.example.com:4222", "--nats-auth-from", "/etc/fleetlearn/nats-auth",
 		"--store", "postgres://fl@db.example.com:5432/fleetlearn", "--replica-name", "agg-1", "--lease-ttl", "6s",
-		"--secrets-from", "/etc/fleetlearn/replica",
+		"--secrets-from", "/etc/fleetlearn/replica", "--api-advertise", "agg-1.example.com:7171",
 	}
 	want := server.Config{DataDir: filepath.Join(dir, "data"), NATSURL: "nats://a:4222,nats://b:4222",
 		NATSListen: "10.0.0.1:4333", GRPCAddr: "10.0.0.1:7171", MetricsAddr: "off", PaceWindow: 750 * time.Millisecond,
@@ -90,7 +90,7 @@ func TestFlagSpellings(t *testing.T) {
 		ModulePublishersJWKS: []byte(`{"keys":[]}`), PublicHost: "fl.example.com",
 		NATSAdvertise: "nats://lb.example.com:4222", NATSAuthFrom: "/etc/fleetlearn/nats-auth",
 		Store: "postgres://fl@db.example.com:5432/fleetlearn", ReplicaName: "agg-1", LeaseTTL: 6 * time.Second,
-		SecretsFrom: "/etc/fleetlearn/replica"}
+		SecretsFrom: "/etc/fleetlearn/replica", APIAdvertise: "agg-1.example.com:7171"}
 	for name, a := range map[string][]string{
 		"--name value": args,
 		"-name value":  singleDash(args, false),
@@ -188,6 +188,7 @@ func TestUsageErrors(t *testing.T) {
 		// SQLite.
 		{"--store=", "--replica-name", "agg-1"},
 		{"--lease-ttl", "5s"},
+		{"--api-advertise", "agg-1.example.com:7070"},
 		{"replica-secrets"},
 	} {
 		r := execute(t, args...)

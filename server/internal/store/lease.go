@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS leases (
 	name TEXT PRIMARY KEY,
 	epoch INTEGER NOT NULL,
 	holder TEXT NOT NULL, -- who leads, as the leader names itself
-	since INTEGER NOT NULL
+	since INTEGER NOT NULL,
+	address TEXT NOT NULL DEFAULT '' -- where the leader serves the API, for standbys to forward to
 );
 `
 
@@ -32,6 +33,9 @@ type Fence struct {
 	Epoch  int64
 	Holder string
 	Since  time.Time
+	// Address is where the holder serves the API ("host:port"), as it
+	// said when it took the lease; "" if it serves none.
+	Address string
 }
 
 // MinLeaseTTL bounds how fast PostgreSQL may hand a silent leader's lease
@@ -54,10 +58,11 @@ type Leadership struct {
 	conn  *sql.Conn // PostgreSQL: the session that holds the lock
 }
 
-// TryLead takes the lease name for holder if no other session holds it,
-// and returns (nil, nil) if one does. ttl is how long the database keeps
-// a silent leader's lease (PostgreSQL): the leader must Renew more often.
-func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (*Leadership, error) {
+// TryLead takes the lease name for holder, which serves the API at
+// address, if no other session holds it, and returns (nil, nil) if one
+// does. ttl is how long the database keeps a silent leader's lease
+// (PostgreSQL): the leader must Renew more often.
+func (s *Store) TryLead(ctx context.Context, name, holder, address string, ttl time.Duration, now time.Time) (*Leadership, error) {
 	if ttl < MinLeaseTTL {
 		return nil, fmt.Errorf("store: lease %s: ttl %v is below %v", name, ttl, MinLeaseTTL)
 	}
@@ -86,13 +91,14 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 	}
 	err := s.db.Tx(ctx, func(tx *sqldb.Tx) error {
 		var epoch int64
-		err := tx.QueryRowContext(ctx, `INSERT INTO leases (name, epoch, holder, since) VALUES (?, 1, ?, ?)
-			ON CONFLICT (name) DO UPDATE SET epoch = leases.epoch + 1, holder = excluded.holder, since = excluded.since
-			RETURNING epoch`, name, holder, ts(now)).Scan(&epoch)
+		err := tx.QueryRowContext(ctx, `INSERT INTO leases (name, epoch, holder, since, address) VALUES (?, 1, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET epoch = leases.epoch + 1, holder = excluded.holder, since = excluded.since,
+			address = excluded.address
+			RETURNING epoch`, name, holder, ts(now), address).Scan(&epoch)
 		if err != nil {
 			return err
 		}
-		l.fence = Fence{Name: name, Epoch: epoch, Holder: holder, Since: now.UTC()}
+		l.fence = Fence{Name: name, Epoch: epoch, Holder: holder, Since: now.UTC(), Address: address}
 		return nil
 	})
 	if err != nil {
@@ -165,7 +171,7 @@ func returnConn(conn *sql.Conn) error {
 func (s *Store) Lease(ctx context.Context, name string) (Fence, error) {
 	var f Fence
 	var since int64
-	err := s.db.QueryRowContext(ctx, `SELECT epoch, holder, since FROM leases WHERE name = ?`, name).Scan(&f.Epoch, &f.Holder, &since)
+	err := s.db.QueryRowContext(ctx, `SELECT epoch, holder, since, address FROM leases WHERE name = ?`, name).Scan(&f.Epoch, &f.Holder, &since, &f.Address)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Fence{}, fmt.Errorf("lease %s: %w", name, backend.ErrNotFound)
 	}

@@ -17,7 +17,7 @@ const ttl = 10 * time.Second
 
 func lead(t *testing.T, s *store.Store, holder string) *store.Leadership {
 	t.Helper()
-	l, err := s.TryLead(context.Background(), "coordinator", holder, ttl, now)
+	l, err := s.TryLead(context.Background(), "coordinator", holder, holder+".replicas:7070", ttl, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +53,10 @@ func TestLeaseEpochs(t *testing.T) {
 			t.Fatalf("second fence %+v", f)
 		}
 		got, err := s.Lease(ctx, "coordinator")
-		if err != nil || got.Epoch != 2 || got.Holder != "agg-b" || !got.Since.Equal(now) {
+		if err != nil || got.Epoch != 2 || got.Holder != "agg-b" || !got.Since.Equal(now) || got.Address != "agg-b.replicas:7070" {
 			t.Fatalf("Lease = %+v, %v", got, err)
 		}
-		if _, err := s.TryLead(ctx, "coordinator", "agg-c", time.Millisecond, now); err == nil {
+		if _, err := s.TryLead(ctx, "coordinator", "agg-c", "agg-c.replicas:7070", time.Millisecond, now); err == nil {
 			t.Fatal("a 1 ms lease accepted")
 		}
 	})
@@ -135,10 +135,10 @@ func TestLeaseContested(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) {
 		s, target := open(t)
 		a := lead(t, s, "agg-a")
-		if l, err := s.TryLead(ctx, "coordinator", "agg-b", ttl, now); err != nil || l != nil {
+		if l, err := s.TryLead(ctx, "coordinator", "agg-b", "agg-b.replicas:7070", ttl, now); err != nil || l != nil {
 			t.Fatalf("second leader while the first holds the lease: %v, %v", l, err)
 		}
-		if l, err := s.TryLead(ctx, "pool", "agg-b", ttl, now); err != nil || l == nil {
+		if l, err := s.TryLead(ctx, "pool", "agg-b", "agg-b.replicas:7070", ttl, now); err != nil || l == nil {
 			t.Fatalf("another lease: %v, %v", l, err)
 		} else {
 			l.Release()
@@ -147,7 +147,7 @@ func TestLeaseContested(t *testing.T) {
 		if b := lead(t, s, "agg-b"); b.Fence().Epoch != 2 {
 			t.Fatalf("epoch %d after two leaders", b.Fence().Epoch)
 		}
-		if l, err := s.TryLead(ctx, "coordinator", "agg-c", ttl, now); err != nil || l != nil {
+		if l, err := s.TryLead(ctx, "coordinator", "agg-c", "agg-c.replicas:7070", ttl, now); err != nil || l != nil {
 			t.Fatalf("third leader while the second holds the lease: %v, %v", l, err)
 		}
 		pgtest.EndLockSession(t, target) // as the database does when a leader's host dies
@@ -158,7 +158,7 @@ func TestLeaseContested(t *testing.T) {
 		d.Release()
 
 		// A silent leader: the database ends its session after the ttl.
-		e, err := s.TryLead(ctx, "coordinator", "agg-e", time.Second, now)
+		e, err := s.TryLead(ctx, "coordinator", "agg-e", "agg-e.replicas:7070", time.Second, now)
 		if err != nil || e == nil {
 			t.Fatalf("TryLead: %v, %v", e, err)
 		}
@@ -178,7 +178,7 @@ func TestLeaseContested(t *testing.T) {
 func waitLead(t *testing.T, s *store.Store, holder string) *store.Leadership {
 	t.Helper()
 	for {
-		l, err := s.TryLead(context.Background(), "coordinator", holder, ttl, now)
+		l, err := s.TryLead(context.Background(), "coordinator", holder, holder+".replicas:7070", ttl, now)
 		if err != nil {
 			t.Fatal(err)
 		}
