@@ -83,8 +83,10 @@ func TestLeaderFailover(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "standby: replica agg-a leads")
 	})
 
+	// Any replica serves the API: the standby forwards the CLI's calls to
+	// the leader, over TLS to the name the leader advertised.
 	pin := filepath.Join(t.TempDir(), "audit.pin")
-	runCLI(t, cli, c.grpcAddr, "audit", "keys", "-o", pin)
+	runCLI(t, cli, grpcB, "audit", "keys", "-o", pin)
 
 	init, _ := train.InitMLP([]int{32, 64, 4}, 1)
 	version, module := c.setup(init, wasmtest.MLP)
@@ -122,6 +124,9 @@ func TestLeaderFailover(t *testing.T) {
 
 	id := createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
 		rounds, len(sizes))
+	if out := runCLI(t, cli, grpcB, "task", "list"); !strings.Contains(out, id) {
+		t.Fatalf("fleetlearn task list through the standby does not list task %s:\n%s", id, out)
+	}
 	guard := time.After(3 * time.Minute)
 	for r := uint64(0); r != killRound; {
 		select {
