@@ -46,7 +46,7 @@ func TestReplicaConfig(t *testing.T) {
 // server, with the replicas' shared secrets from secrets; its Start, which
 // waits for the lease, runs in the background and reports on the returned
 // channel.
-func replica(t *testing.T, name, pg, natsURL, secrets string, edit ...func(*server.Config)) (*server.Server, <-chan error) {
+func replica(t testing.TB, name, pg, natsURL, secrets string, edit ...func(*server.Config)) (*server.Server, <-chan error) {
 	t.Helper()
 	cfg := server.Config{DataDir: t.TempDir(), Store: pg, ReplicaName: name, LeaseTTL: 2 * time.Second,
 		NATSURL: natsURL, InsecureNATS: true, GRPCAddr: "127.0.0.1:0", MetricsAddr: "off", SecretsFrom: secrets}
@@ -68,7 +68,7 @@ func replica(t *testing.T, name, pg, natsURL, secrets string, edit ...func(*serv
 }
 
 // replicaSecrets writes the secrets a test's replicas share.
-func replicaSecrets(t *testing.T) string {
+func replicaSecrets(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := server.WriteReplicaSecrets(context.Background(), dir); err != nil {
@@ -78,7 +78,7 @@ func replicaSecrets(t *testing.T) string {
 }
 
 // waitStarted waits for a replica's Start to return: it leads and serves.
-func waitStarted(t *testing.T, name string, started <-chan error) {
+func waitStarted(t testing.TB, name string, started <-chan error) {
 	t.Helper()
 	if err := <-started; err != nil {
 		t.Fatalf("%s: %v", name, err)
@@ -338,7 +338,7 @@ func TestStandbyServesAPI(t *testing.T) {
 }
 
 // awaitStandby waits until s reports that leader leads.
-func awaitStandby(t *testing.T, s *server.Server, leader string) {
+func awaitStandby(t testing.TB, s *server.Server, leader string) {
 	t.Helper()
 	guard := testwait.After(t)
 	for {
@@ -354,7 +354,7 @@ func awaitStandby(t *testing.T, s *server.Server, leader string) {
 	}
 }
 
-func dialModels(t *testing.T, s *server.Server) apiv1.ModelServiceClient {
+func dialModels(t testing.TB, s *server.Server) apiv1.ModelServiceClient {
 	t.Helper()
 	conn, err := client.Dial(s.GRPCAddr(), client.WithCA(s.CACertPEM()), client.WithToken(s.AdminToken()))
 	if err != nil {
@@ -378,5 +378,40 @@ func TestStandbyRefusesForwardingLoop(t *testing.T) {
 	_, err := dialModels(t, b).ListModels(context.Background(), &pb.ListModelsRequest{})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--api-advertise") {
 		t.Fatalf("a call forwarded in a circle: %v", err)
+	}
+}
+
+// BenchmarkAPIThroughStandby: one small unary call (ListModels of one
+// model) made to the leader directly and through a standby, which adds a
+// hop: its token check and a second TLS connection to the leader.
+func BenchmarkAPIThroughStandby(b *testing.B) {
+	pg, ns, secrets := pgtest.Database(b), natstest.Start(b), replicaSecrets(b)
+	a, aStarted := replica(b, "agg-a", pg, ns.ClientURL(), secrets)
+	waitStarted(b, "agg-a", aStarted)
+	s, _ := replica(b, "agg-b", pg, ns.ClientURL(), secrets)
+	awaitStandby(b, s, "agg-a")
+	m, err := model.New(model.Tensor{Name: "w", Shape: []int{4, 4}, Data: make([]float32, 16)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := model.WriteSafetensors(&buf, m); err != nil {
+		b.Fatal(err)
+	}
+	leader := dialModels(b, a)
+	if _, err := client.ImportModel(context.Background(), leader, &pb.ImportModelHeader{Name: "bench", SizeBytes: uint64(buf.Len())}, &buf); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		c    apiv1.ModelServiceClient
+	}{{"leader", leader}, {"standby", dialModels(b, s)}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.c.ListModels(context.Background(), &pb.ListModelsRequest{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
