@@ -185,7 +185,7 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 	t.mu.Lock()
 	if t.round != nil && t.round.row.Round == row.Round {
 		t.benchNoShows(t.round)
-		t.round = nil
+		t.closeRun(t.round)
 	}
 	t.mu.Unlock()
 	kind := kindName(row.Kind)

@@ -411,6 +411,13 @@ func (c *Coordinator) handleStored(m *nats.Msg) {
 		c.charge(tr, subj, round, device, m.Header)
 		return
 	}
+	// The notice of a report the round's runner took and answered may
+	// come after the round closed: the device has its receipt already,
+	// and a second, contradicting one would tell it the report was lost.
+	if n, err := parseNotice(subj, m.Header); err == nil && tr != nil && tr.wasAnswered(round, n.seq) {
+		c.purgeStored(subj, 0)
+		return
+	}
 	reason := fmt.Sprintf("round %d of task %q is not open", round, task)
 	if tr == nil {
 		reason = fmt.Sprintf("task %q has no open round (round %d)", task, round)

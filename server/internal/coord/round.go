@@ -122,7 +122,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
-		t.round = nil
+		t.closeRun(r)
 		t.mu.Unlock()
 	}()
 	t.c.d.Metrics.OpenRounds.Inc()
@@ -235,6 +235,9 @@ func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func(
 	span := t.validation(r, kind, m.Headers())
 	device, err := accept()
 	endValidation(span, device, err)
+	if md, merr := m.Metadata(); merr == nil && md.Sequence.Stream > r.answeredSeq {
+		r.answeredSeq = md.Sequence.Stream
+	}
 	if err != nil {
 		t.c.d.Metrics.Reports.WithLabelValues(kind, "refused").Inc()
 		t.c.d.Metrics.Refused(refusalReason(err))

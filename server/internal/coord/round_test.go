@@ -1,11 +1,16 @@
 package coord
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestRoundCommitsWeightedMean(t *testing.T) {
@@ -156,5 +161,42 @@ func TestDPParticipationCapOnFakeClock(t *testing.T) {
 	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
 		!containsAll(got.Reason, "2 devices checked in but had reached the task's cap of 1 rounds each") {
 		t.Fatalf("round 2: %v", got)
+	}
+}
+
+// TestLateNoticeOfAnsweredReport: the stored notice of a report that the
+// round's runner took and answered can come after the round closed. The
+// device has its receipt already; it must not get a second one saying the
+// round is not open. A report stored after the close is still refused
+// with a receipt.
+func TestLateNoticeOfAnsweredReport(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(nil))
+	ev := h.watch(task.Id)
+	devs, plans := h.joinCohort(3)
+	for i, d := range devs {
+		d.update(plans[i], constant(8, 0.1), d.examples, nil)
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED {
+		t.Fatalf("round 1: %v", got)
+	}
+	for _, d := range devs {
+		if r := d.receipt(); !r.Accepted {
+			t.Fatalf("%s refused: %s", d.id, r.Reason)
+		}
+	}
+	notice := func(round, seq uint64) *nats.Msg {
+		m := nats.NewMsg(wire.SubjectStoredPrefix + wire.ReportSubject(task.Id, round, "dev-0"))
+		m.Header.Set(jetstream.SequenceHeader, fmt.Sprint(seq))
+		m.Header.Set(msgSizeHeader, "100")
+		return m
+	}
+	// Round 1's reports were the stream's first messages: sequence 1 was
+	// answered. Round 7 never opened: its report is refused.
+	h.c.handleStored(notice(1, 1))
+	h.c.handleStored(notice(7, 1<<40))
+	// Receipts to one device arrive in the order they were sent.
+	if r := devs[0].receipt(); r.Accepted || r.Round != 7 || !strings.Contains(r.Reason, "is not open") {
+		t.Fatalf("first receipt after the close: %v; want round 7's refusal, and none for round 1's answered report", r)
 	}
 }

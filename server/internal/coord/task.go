@@ -35,7 +35,12 @@ type taskRun struct {
 	mu      sync.Mutex
 	loading bool // true until the open round (if any) has been resumed
 	round   *roundRun
-	quota   *storeQuota // what devices stored for the open round (quota.go)
+	// answered is what the last round to close answered: its runner sent
+	// a receipt for each of its reports stored at stream sequences up to
+	// seq. Their stored notices, which can come after the close, are not
+	// answered again (handleStored).
+	answered struct{ round, seq uint64 }
+	quota    *storeQuota // what devices stored for the open round (quota.go)
 	// noShows are the devices sitting rounds out for holding a seat in
 	// silence (noshow.go).
 	noShows map[string]round.NoShow
@@ -72,6 +77,24 @@ type taskRun struct {
 	span trace.Span
 }
 
+// closeRun ends r's being the open round, remembering what it answered;
+// t.mu is held.
+func (t *taskRun) closeRun(r *roundRun) {
+	if r == nil || t.round != r {
+		return
+	}
+	t.round = nil
+	t.answered.round, t.answered.seq = r.row.Round, r.answeredSeq
+}
+
+// wasAnswered reports whether the report stored at seq for round was
+// answered by that round's runner before it closed.
+func (t *taskRun) wasAnswered(round, seq uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.answered.round == round && seq <= t.answered.seq
+}
+
 func (t *taskRun) isOpen(round uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -86,7 +109,10 @@ type roundRun struct {
 	cohort *round.Cohort
 	selEnd time.Time
 	kick   chan struct{} // wakes the round loop after a check-in changed the cohort
-	secure *secureRun    // secure aggregation state; nil for plaintext rounds
+	// answeredSeq is the highest stream sequence of a report the runner
+	// has answered with a receipt; only the runner's goroutine sets it.
+	answeredSeq uint64
+	secure      *secureRun // secure aggregation state; nil for plaintext rounds
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey
@@ -121,7 +147,8 @@ func (t *taskRun) run(ctx context.Context) {
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
-		t.loading, t.round = false, nil
+		t.loading = false
+		t.closeRun(t.round)
 		t.mu.Unlock()
 		for k := range t.holds {
 			t.hold(k, 0)
