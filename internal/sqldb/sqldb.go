@@ -19,8 +19,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/jackc/pgx/v5/stdlib" // also registers the "pgx" driver
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -145,6 +146,16 @@ func IsSerializationFailure(err error) bool {
 	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
 }
 
+// IdleInTransaction is how long PostgreSQL waits for a client in the
+// middle of a transaction before it ends the session. A client cut off
+// mid-transaction (a partitioned leader) holds its row locks until then,
+// and PostgreSQL's default is to wait for ever: a new leader's first
+// write to those rows would never finish. No transaction here waits on
+// its client for more than moments.
+const IdleInTransaction = 15 * time.Second
+
+const idleInTxParam = "idle_in_transaction_session_timeout"
+
 // DB is a database of either dialect. Its methods take statements in
 // SQLite's spelling.
 type DB struct {
@@ -155,13 +166,20 @@ type DB struct {
 // Open opens target: a PostgreSQL URL (see IsPostgresURL) or the path of
 // an SQLite file, to which sqlitePragmas are appended as URI parameters
 // (e.g. "_pragma=journal_mode(WAL)").
+//
+// On PostgreSQL every session ends a transaction left idle for
+// IdleInTransaction, unless target sets idle_in_transaction_session_timeout
+// itself.
 func Open(target string, sqlitePragmas ...string) (*DB, error) {
 	if IsPostgresURL(target) {
-		db, err := sql.Open("pgx", target)
+		cfg, err := pgx.ParseConfig(target)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("sqldb: %w", err)
 		}
-		return &DB{DB: db, dialect: Postgres}, nil
+		if _, set := cfg.RuntimeParams[idleInTxParam]; !set {
+			cfg.RuntimeParams[idleInTxParam] = fmt.Sprint(IdleInTransaction.Milliseconds())
+		}
+		return &DB{DB: stdlib.OpenDB(*cfg), dialect: Postgres}, nil
 	}
 	path := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(target)
 	dsn := "file:" + path

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/internal/pgtest"
 	"github.com/fleetlearn/fleetlearn/internal/sqldb"
@@ -150,5 +151,68 @@ func TestTxRetriesSerializationFailures(t *testing.T) {
 				t.Fatalf("counter is %d after %d increments: a lost update", n, workers*each)
 			}
 		})
+	}
+}
+
+// TestIdleTransactionsEnd: a session that leaves a transaction idle (a
+// client cut off mid-transaction) is ended by PostgreSQL, releasing its
+// locks, unless the URL chooses its own limit.
+func TestIdleTransactionsEnd(t *testing.T) {
+	url := pgtest.Database(t)
+	for _, c := range []struct{ target, want string }{
+		{url, "15s"},
+		{url + "&idle_in_transaction_session_timeout=2500", "2500ms"},
+	} {
+		db, err := sqldb.Open(c.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if err := db.QueryRowContext(context.Background(), "SHOW idle_in_transaction_session_timeout").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if got != c.want {
+			t.Errorf("%s: idle_in_transaction_session_timeout = %s, want %s", c.target, got, c.want)
+		}
+	}
+
+	// A holds a row lock in a transaction and goes quiet; B's update of
+	// the row goes through once the database has ended A's session.
+	ctx := context.Background()
+	a, err := sqldb.Open(url + "&idle_in_transaction_session_timeout=1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.ExecContext(ctx, "CREATE TABLE held (id INTEGER PRIMARY KEY, v INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExecContext(ctx, "INSERT INTO held VALUES (1, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := a.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "UPDATE held SET v = 1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := sqldb.Open(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// Bounded only so that a database that never ends A's session fails
+	// the test instead of hanging it.
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := b.ExecContext(bctx, "UPDATE held SET v = 2 WHERE id = 1"); err != nil {
+		t.Fatalf("the update waited on a lock of an idle transaction: %v", err)
+	}
+	var v int
+	if err := b.QueryRowContext(ctx, "SELECT v FROM held WHERE id = 1").Scan(&v); err != nil || v != 2 {
+		t.Fatalf("v = %d, %v; want 2 (A's uncommitted update gone)", v, err)
 	}
 }
