@@ -468,7 +468,12 @@ func (l *Log) readLatest(ctx context.Context, q querier) (Checkpoint, error) {
 // checkpoint if the log grew since the last one, and closes the database.
 // A writer fenced by another (ErrFenced) signs nothing and closes without
 // an error for it.
-func (l *Log) Close() error {
+func (l *Log) Close() error { return l.CloseContext(context.Background()) }
+
+// CloseContext is Close with ctx bounding the final checkpoint's reads and
+// writes: a writer whose database is out of reach closes when ctx ends,
+// reporting the checkpoint it could not sign.
+func (l *Log) CloseContext(ctx context.Context) error {
 	l.closeMu.Lock()
 	if l.closed {
 		l.closeMu.Unlock()
@@ -484,7 +489,7 @@ func (l *Log) Close() error {
 		<-l.writerDone
 		// A fenced writer has nothing to sign: what it acknowledged is
 		// committed, and the writer that deposed it covers it.
-		if _, err := l.checkpoint(context.Background()); err != nil && !errors.Is(err, ErrFenced) {
+		if _, err := l.checkpoint(ctx); err != nil && !errors.Is(err, ErrFenced) {
 			errs = append(errs, err)
 		}
 		l.cpMu.Lock()

@@ -14,6 +14,10 @@ import (
 // while the log grows.
 const CheckpointInterval = time.Second
 
+// checkpointTimeout bounds one periodic checkpoint: a database out of
+// reach fails it, and the next tick tries again.
+const checkpointTimeout = 30 * time.Second
+
 // openAudit opens the audit log in the data directory, creating it and its
 // keys on first start.
 //
@@ -41,14 +45,23 @@ func (s *Server) openAudit(ctx context.Context) error {
 // lifetime is the server's, not Start's ctx: checkpoints that stopped while
 // the server kept recording would leave entries no signature covers.
 func (s *Server) startCheckpoints(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
 	s.auditStop, s.auditDone = make(chan struct{}), make(chan struct{})
+	// Stopping ends a checkpoint in progress too: one blocked on a
+	// database that went silent (a partition) would hold up Shutdown
+	// until TCP gave up, many minutes on.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		<-s.auditStop
+		cancel()
+	}()
 	go func() {
 		defer close(s.auditDone)
 		t := s.o.clock.NewTicker(CheckpointInterval)
 		defer t.Stop()
 		for {
-			s.checkpoint(ctx)
+			cctx, done := context.WithTimeout(ctx, checkpointTimeout)
+			s.checkpoint(cctx)
+			done()
 			select {
 			case <-s.auditStop:
 				return
@@ -86,9 +99,21 @@ func (s *Server) closeAudit(ctx context.Context) error {
 	if s.auditStop != nil {
 		close(s.auditStop)
 		<-s.auditDone
-		s.checkpoint(ctx)
+		// A deposed leader's write would be fenced, and its database may
+		// be out of reach (a partition): waiting for it would only hold
+		// up the exit its supervisor restarts it from.
+		if !s.deposed.Load() {
+			s.checkpoint(ctx)
+		}
 	}
-	return s.audit.Close()
+	if s.deposed.Load() {
+		// Its final checkpoint would be fenced; a moment is enough to
+		// learn so, and a database out of reach must not hold the exit.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Second)
+		defer cancel()
+	}
+	return s.audit.CloseContext(ctx)
 }
 
 // recordBatch appends events to the audit log in one batch: all are
