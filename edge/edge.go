@@ -328,6 +328,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
+		// A server that went silent (its host or network gone, no close
+		// seen) is given up after two unanswered pings, and the agent
+		// moves to another node of the cluster: nats.go's default of two
+		// minutes a ping kept a device out of rounds for four or more.
+		nats.PingInterval(agentPingInterval),
+		nats.MaxPingsOutstanding(2),
 	}
 	if a.creds != "" {
 		// The device's user JWT lets it reply only on its own inbox prefix.

@@ -178,6 +178,12 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
 		nats.RetryOnFailedConnect(true),
+		// A node that went silent (a partition, a host gone) is given up
+		// after three unanswered pings, 15 to 20 s, and the connection
+		// moves to another node; nats.go's default takes four minutes or
+		// more, while rounds wait.
+		nats.PingInterval(5 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
