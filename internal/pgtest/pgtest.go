@@ -17,6 +17,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -70,6 +71,7 @@ func Main(m *testing.M) int {
 type Server struct {
 	dir    string // owns data/, the socket and the log
 	port   int
+	listen string // an address besides loopback, or ""
 	bin    string
 	cred   *syscall.Credential // the postgres user's, when tests run as root
 	cmd    *exec.Cmd
@@ -78,8 +80,11 @@ type Server struct {
 
 // URL is the address of database db on the server, as a
 // postgres:// URL for pgx.
-func (s *Server) URL(db string) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", superuser, s.port, db)
+func (s *Server) URL(db string) string { return s.URLAt("127.0.0.1", db) }
+
+// URLAt is URL for clients that reach the server at host.
+func (s *Server) URLAt(host, db string) string {
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", superuser, net.JoinHostPort(host, strconv.Itoa(s.port)), db)
 }
 
 // Port is the server's TCP port on 127.0.0.1.
@@ -90,7 +95,13 @@ func (s *Server) Port() int { return s.port }
 // dropped when t ends.
 func Database(t testing.TB) string {
 	t.Helper()
-	s := shared(t)
+	return shared(t).Database(t)
+}
+
+// Database creates an empty database for t on s and returns its URL
+// (on loopback); it is dropped when t ends.
+func (s *Server) Database(t testing.TB) string {
+	t.Helper()
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbSeq.Add(1))
 	admin, err := sql.Open("pgx", s.URL("postgres"))
 	if err != nil {
@@ -125,6 +136,40 @@ func shared(t testing.TB) *Server {
 	if failed != nil {
 		t.Fatalf("pgtest: %v", failed)
 	}
+	bin := binOrSkip(t)
+	s, err := start(bin, "", "")
+	if err != nil {
+		failed = err
+		t.Fatalf("pgtest: %v", err)
+	}
+	running = s
+	return s
+}
+
+// Start starts a server for t alone, stopped when t ends, that listens on
+// listen (an IP address of this machine) as well as loopback and lets in
+// clients from the network trust (a CIDR) without a password, as it does
+// those on loopback: for tests whose clients run on other hosts, such as
+// network namespaces on a bridge that leads nowhere else.
+func Start(t testing.TB, listen, trust string) *Server {
+	t.Helper()
+	if net.ParseIP(listen) == nil {
+		t.Fatalf("pgtest: listen address %q is not an IP address", listen)
+	}
+	if _, _, err := net.ParseCIDR(trust); err != nil {
+		t.Fatalf("pgtest: trusted network: %v", err)
+	}
+	s, err := start(binOrSkip(t), listen, trust)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+// binOrSkip finds the server's programs, or skips t (fails it under CI).
+func binOrSkip(t testing.TB) string {
+	t.Helper()
 	bin, err := findBin()
 	if err != nil {
 		msg := fmt.Sprintf("needs PostgreSQL's server programs (initdb, pg_ctl): %v; install them (%s) or set %s to their directory", err, Install, EnvBin)
@@ -133,13 +178,7 @@ func shared(t testing.TB) *Server {
 		}
 		t.Skip(msg)
 	}
-	s, err := start(bin)
-	if err != nil {
-		failed = err
-		t.Fatalf("pgtest: %v", err)
-	}
-	running = s
-	return s
+	return bin
 }
 
 func findBin() (string, error) {
@@ -173,12 +212,12 @@ func versionOf(binDir string) int {
 // start initializes a cluster in a new temporary directory and starts it.
 // PostgreSQL refuses to run as root, so as root (CI's containers) the
 // programs run as the postgres user, in a directory it owns.
-func start(bin string) (*Server, error) {
+func start(bin, listen, trust string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "fleetlearn-pg-")
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir, bin: bin}
+	s := &Server{dir: dir, bin: bin, listen: listen}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -197,6 +236,19 @@ func start(bin string) (*Server, error) {
 	if out, err := s.run("initdb", "-D", data, "-A", "trust", "-U", superuser, "--no-sync", "-E", "UTF8", "--locale", "C"); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	if trust != "" {
+		hba, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err == nil {
+			_, err = fmt.Fprintf(hba, "host all all %s trust\n", trust)
+			if cerr := hba.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("pg_hba.conf: %w", err)
+		}
 	}
 	// A port is free when asked and may be taken before postgres binds it:
 	// try a few.
@@ -219,8 +271,12 @@ func start(bin string) (*Server, error) {
 // server dies with the test binary's process group if the binary is killed,
 // and waits until it accepts connections.
 func (s *Server) launch() error {
+	listen := "127.0.0.1"
+	if s.listen != "" {
+		listen += "," + s.listen
+	}
 	args := []string{"-D", filepath.Join(s.dir, "data"), "-k", s.dir, "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+		"-c", "listen_addresses=" + listen, "-c", "fsync=off", "-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off", "-c", "max_connections=300", "-c", "log_min_messages=warning"}
 	logf, err := os.Create(filepath.Join(s.dir, "log"))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,43 +103,16 @@ func TestLeaderFailover(t *testing.T) {
 			"-device-id", id, "-log-level", "debug")
 	}
 
-	nc := servertest.ServiceConn(t, dirA, natsURL)
 	const killRound, rounds = 2, 4
-	stored := make(chan uint64, 64)
-	sub, err := nc.Subscribe(wire.SubjectStoredPrefix+"fl.report.>", func(m *nats.Msg) {
-		tok := strings.Split(strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix), ".")
-		if len(tok) != 5 {
-			return
-		}
-		if r, err := strconv.ParseUint(tok[3], 10, 64); err == nil {
-			stored <- r
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	stored := storedReports(t, servertest.ServiceConn(t, dirA, natsURL))
 
 	id := createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
 		rounds, len(sizes))
 	if out := runCLI(t, cli, grpcB, "task", "list"); !strings.Contains(out, id) {
 		t.Fatalf("fleetlearn task list through the standby does not list task %s:\n%s", id, out)
 	}
-	guard := time.After(3 * time.Minute)
-	for r := uint64(0); r != killRound; {
-		select {
-		case r = <-stored:
-		case <-guard:
-			t.Fatalf("no report of round %d was stored", killRound)
-		}
-	}
-	for _, r := range c.committed(id) {
-		if r.Round == killRound {
-			t.Fatalf("round %d committed before the kill: the leader was not lost mid-round", killRound)
-		}
+	if r := awaitMidRound(t, c, id, stored, killRound); r != killRound {
+		t.Fatalf("round %d ended before a report of it was seen stored", killRound)
 	}
 	leader.kill9()
 	killed := time.Now()
@@ -150,50 +124,8 @@ func TestLeaderFailover(t *testing.T) {
 	c.grpcAddr, c.conn = grpcB, nil
 	c.dial()
 	c.waitGRPC()
-	task := c.waitDone(id, 4*time.Minute)
-	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
-		t.Fatalf("task %v after the failover: %s", task.State, task.StateReason)
-	}
-	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var next time.Duration
-	for _, r := range resp.Rounds {
-		if r.State != pb.RoundState_ROUND_STATE_COMMITTED {
-			t.Errorf("round %d: %v (%s)", r.Round, r.State, r.Reason)
-		}
-		if closed := r.GetCloseTime().AsTime(); next == 0 && closed.After(killed) {
-			next = closed.Sub(killed)
-		}
-		c.loadable(r.Model.GetVersion())
-	}
-	if len(resp.Rounds) != rounds {
-		t.Errorf("%d rounds, want %d", len(resp.Rounds), rounds)
-	}
+	next := checkRoundsOnce(t, c, id, rounds, killed, pin)
 	t.Logf("from the kill to the next committed round: %.1f s", next.Seconds())
-
-	// The log tells each round's close once, the new leader's as well as
-	// the old one's, and verifies against the keys pinned before the kill.
-	closes := map[uint64]int{}
-	for _, p := range auditPayloads(t, c, id) {
-		if rc, ok := p.(audit.RoundClosed); ok {
-			closes[rc.Round]++
-			if rc.Outcome != audit.RoundCommitted {
-				t.Errorf("audit log: round %d closed %v", rc.Round, rc.Outcome)
-			}
-		}
-	}
-	for r := uint64(1); r <= rounds; r++ {
-		if closes[r] != 1 {
-			t.Errorf("audit log: round %d closed %d times, want once", r, closes[r])
-		}
-	}
-	export := filepath.Join(t.TempDir(), "audit.jsonl")
-	runCLI(t, cli, c.grpcAddr, "audit", "export", "--proofs", "-o", export)
-	if out := runCLI(t, cli, "", "audit", "verify", export, "--pin", pin); !strings.Contains(out, "(pinned)") {
-		t.Errorf("audit verify:\n%s", out)
-	}
 }
 
 // copySecrets copies server.ReplicaSecrets from one data directory to
@@ -243,4 +175,136 @@ func waitReadyz(t *testing.T, addr string, ok func(code int, body string) bool) 
 		last = fmt.Sprintf("%d %s", resp.StatusCode, b)
 	}
 	t.Fatalf("%s%s: %s", addr, server.ReadyzPath, last)
+}
+
+// checkRoundsOnce waits for task id to complete and checks that each of
+// its rounds closed exactly once, committed, by the store and by the audit
+// log, whose export verifies against the keys pinned in pin; rounds
+// committed is the task's. Rounds in mayAbandon may instead have been
+// abandoned (once), to be re-run as the next. It returns the time from
+// since to the first round that closed after it.
+func checkRoundsOnce(t *testing.T, c *cluster, id string, rounds int, since time.Time, pin string, mayAbandon ...uint64) time.Duration {
+	t.Helper()
+	task := c.waitDone(id, 4*time.Minute)
+	if task.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s", task.State, task.StateReason)
+	}
+	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next time.Duration
+	want := map[uint64]string{}
+	for _, r := range resp.Rounds {
+		switch {
+		case r.State == pb.RoundState_ROUND_STATE_COMMITTED:
+			want[r.Round] = audit.RoundCommitted
+			c.loadable(r.Model.GetVersion())
+		case r.State == pb.RoundState_ROUND_STATE_ABANDONED && slices.Contains(mayAbandon, r.Round):
+			want[r.Round] = audit.RoundAbandoned
+			t.Logf("round %d abandoned (%s), re-run as the next", r.Round, r.Reason)
+		default:
+			t.Errorf("round %d: %v (%s)", r.Round, r.State, r.Reason)
+		}
+		if closed := r.GetCloseTime().AsTime(); next == 0 && closed.After(since) {
+			next = closed.Sub(since)
+		}
+	}
+	committed := 0
+	for _, o := range want {
+		if o == audit.RoundCommitted {
+			committed++
+		}
+	}
+	if committed != rounds {
+		t.Errorf("%d rounds committed, want %d", committed, rounds)
+	}
+	// The log tells each round's close once, whichever leader closed it,
+	// and verifies against the keys pinned before any failover.
+	closes := map[uint64]int{}
+	for _, p := range auditPayloads(t, c, id) {
+		if rc, ok := p.(audit.RoundClosed); ok {
+			closes[rc.Round]++
+			if rc.Outcome != want[rc.Round] {
+				t.Errorf("audit log: round %d closed %v, the store says %v", rc.Round, rc.Outcome, want[rc.Round])
+			}
+		}
+	}
+	for r := range want {
+		if closes[r] != 1 {
+			t.Errorf("audit log: round %d closed %d times, want once", r, closes[r])
+		}
+	}
+	export := filepath.Join(t.TempDir(), "audit.jsonl")
+	runCLI(t, c.cli, c.grpcAddr, "audit", "export", "--proofs", "-o", export)
+	if out := runCLI(t, c.cli, "", "audit", "verify", export, "--pin", pin); !strings.Contains(out, "(pinned)") {
+		t.Errorf("audit verify:\n%s", out)
+	}
+	return next
+}
+
+// storedReports delivers the round of each update report JetStream stores,
+// as the stream's stored-message advisories tell it to the service user.
+func storedReports(t *testing.T, nc *nats.Conn) <-chan uint64 {
+	t.Helper()
+	stored := make(chan uint64, 1024)
+	sub, err := nc.Subscribe(wire.SubjectStoredPrefix+"fl.report.>", func(m *nats.Msg) {
+		tok := strings.Split(strings.TrimPrefix(m.Subject, wire.SubjectStoredPrefix), ".")
+		if len(tok) != 5 {
+			return
+		}
+		if r, err := strconv.ParseUint(tok[3], 10, 64); err == nil {
+			select {
+			case stored <- r:
+			default: // nobody waits for this round any more
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return stored
+}
+
+// awaitMidRound waits until a report of a round from first on is stored
+// while that round is still open: the moment to break something
+// mid-round. It returns the round; midRound checks afterwards that the
+// round did not close before the break.
+func awaitMidRound(t *testing.T, c *cluster, id string, stored <-chan uint64, first uint64) uint64 {
+	t.Helper()
+	guard := time.After(3 * time.Minute)
+	for {
+		var r uint64
+		select {
+		case r = <-stored:
+		case <-guard:
+			t.Fatalf("no report of round %d or later was stored while its round was open", first)
+		}
+		if r < first {
+			continue
+		}
+		if !slices.ContainsFunc(c.committed(id), func(s *pb.RoundSummary) bool { return s.Round == r }) {
+			return r
+		}
+		// A report of a round that closed since: keep waiting.
+	}
+}
+
+// midRound fails t unless round of task id is open or closed after broke:
+// whatever was broken at broke was broken mid-round.
+func midRound(t *testing.T, c *cluster, id string, round uint64, broke time.Time) {
+	t.Helper()
+	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resp.Rounds {
+		if r.Round == round && r.State != pb.RoundState_ROUND_STATE_OPEN && r.GetCloseTime().AsTime().Before(broke) {
+			t.Fatalf("round %d closed at %v, before the break at %v: not mid-round", round, r.GetCloseTime().AsTime(), broke)
+		}
+	}
 }

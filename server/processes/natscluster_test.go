@@ -250,7 +250,20 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 // route.
 func startLogged(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	p := start(t, name, bin, args...)
+	return logged(t, name, start(t, name, bin, args...))
+}
+
+// startLoggedOn is startLogged on a host of a netLab (nil: this one).
+func startLoggedOn(t *testing.T, h *labHost, name, bin string, args ...string) *proc {
+	t.Helper()
+	if h == nil {
+		return startLogged(t, name, bin, args...)
+	}
+	return logged(t, name, startCmd(t, name, h.command(bin, args...)))
+}
+
+// logged shows more of p's log than start does when t fails.
+func logged(t *testing.T, name string, p *proc) *proc {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -321,6 +334,7 @@ func checkOpenByDefault(t *testing.T) {
 type natsNode struct {
 	name, client, monitor, dir string
 	p                          *proc
+	host                       *labHost // nil: this host, on loopback
 }
 
 // startNATSCluster starts three nats-server processes on loopback. Each
@@ -329,7 +343,10 @@ type natsNode struct {
 // between nodes on one host. nats-server's format lets a later key replace
 // an earlier one, a block as a whole, so a block keeps cluster.conf's
 // other settings by copying them.
-func startNATSCluster(t *testing.T, bin, fragment string) []*natsNode {
+//
+// On hosts (three, of a netLab) each node runs on its own host, on the
+// default ports of the host's address.
+func startNATSCluster(t *testing.T, bin, fragment string, hosts ...*labHost) []*natsNode {
 	t.Helper()
 	deploy, err := os.ReadFile(deployClusterConf)
 	if err != nil {
@@ -342,6 +359,12 @@ func startNATSCluster(t *testing.T, bin, fragment string) []*natsNode {
 	nodes := make([]*natsNode, 3)
 	routes := make([]string, len(nodes))
 	for i := range nodes {
+		if hosts != nil {
+			h := hosts[i]
+			nodes[i] = &natsNode{name: fmt.Sprintf("nats-%d", i+1), client: h.addr(4222), monitor: h.addr(8222), dir: t.TempDir(), host: h}
+			routes[i] = h.addr(6222)
+			continue
+		}
 		nodes[i] = &natsNode{name: fmt.Sprintf("nats-%d", i+1), client: servertest.FreeAddr(t), monitor: servertest.FreeAddr(t), dir: t.TempDir()}
 		routes[i] = servertest.FreeAddr(t)
 	}
@@ -377,7 +400,7 @@ func startNATSCluster(t *testing.T, bin, fragment string) []*natsNode {
 			t.Fatal(err)
 		}
 		checkNodeConf(t, nodeConf, n, base, routes[i])
-		n.p = startLogged(t, n.name, bin, "--config", nodeConf)
+		n.p = startLoggedOn(t, n.host, n.name, bin, "--config", nodeConf)
 	}
 	waitMeta(t, nodes)
 	for _, n := range nodes {

@@ -68,23 +68,36 @@ func goroot() string {
 
 // proc is a child process whose output goes to a log file shown on failure.
 type proc struct {
-	cmd *exec.Cmd
-	log string
+	cmd    *exec.Cmd
+	log    string
+	exited chan struct{} // closed once the process has exited and been waited for
+	end    time.Time     // when it was seen to exit; read after exited closes
 }
 
 func start(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	return startCmd(t, name, exec.Command(bin, args...))
+}
+
+// startCmd starts cmd, its output in a log that a failed test shows the
+// end of, and stops it when t ends.
+func startCmd(t *testing.T, name string, cmd *exec.Cmd) *proc {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, log: logPath}
+	p := &proc{cmd: cmd, log: logPath, exited: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		p.end = time.Now()
+		close(p.exited)
+	}()
 	t.Cleanup(func() {
 		p.stop()
 		f.Close()
@@ -105,23 +118,23 @@ func tail(s string, n int) string {
 
 // stop sends SIGTERM and waits; kill -9 after 10 s.
 func (p *proc) stop() {
-	if p.cmd.ProcessState != nil {
+	select {
+	case <-p.exited:
 		return
+	default:
 	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-p.exited:
 	case <-time.After(10 * time.Second):
 		p.cmd.Process.Kill()
-		<-done
+		<-p.exited
 	}
 }
 
 func (p *proc) kill9() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
+	<-p.exited
 }
 
 func runCLI(t *testing.T, cli, server string, args ...string) string {
