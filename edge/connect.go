@@ -63,6 +63,9 @@ func (s *stopper) err() error {
 // minute, buy noticing a silent server within 30 to 45 s.
 const agentPingInterval = 15 * time.Second
 
+// agentWriteTimeout bounds a write to the NATS server (see Run).
+const agentWriteTimeout = 20 * time.Second
+
 // connect dials the NATS server until it answers, waiting between attempts
 // with back-off on the agent's clock. It returns (nil, nil) when ctx ends
 // first, and an error when the server refuses the agent's credentials:

@@ -334,6 +334,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		// minutes a ping kept a device out of rounds for four or more.
 		nats.PingInterval(agentPingInterval),
 		nats.MaxPingsOutstanding(2),
+		// A write that makes no progress for this long is to a server that
+		// is gone; nats.go's default is a minute, and the blocked write
+		// holds back the pings that would have noticed sooner. A slow
+		// link still moves a buffer's worth in far less.
+		nats.FlusherTimeout(agentWriteTimeout),
 	}
 	if a.creds != "" {
 		// The device's user JWT lets it reply only on its own inbox prefix.

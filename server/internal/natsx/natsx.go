@@ -184,6 +184,9 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 		// more, while rounds wait.
 		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(3),
+		// A write blocked on a node that is gone holds back the pings
+		// too; nats.go's default gives it a minute.
+		nats.FlusherTimeout(10 * time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
