@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,17 +16,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetlearn/fleetlearn/audit"
-	"github.com/fleetlearn/fleetlearn/data"
-	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/internal/pgtest"
-	"github.com/fleetlearn/fleetlearn/model/sgd"
-	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server"
-	"github.com/fleetlearn/fleetlearn/server/servertest"
-	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
 // TestLeaderFailover: two aggregator replicas share a PostgreSQL store and
@@ -42,72 +35,17 @@ func TestLeaderFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds nats-server and the Fleetlearn binaries, runs PostgreSQL, a 3-node NATS cluster and two aggregators as processes")
 	}
-	pg := pgtest.Database(t)
-	serverBin, edgeBin, cli := binaries(t)
-	natsBin := buildNATSServer(t)
-	dirA, dirB := t.TempDir(), t.TempDir()
-	c := &cluster{t: t, serverBin: serverBin, edgeBin: edgeBin, cli: cli, dataDir: dirA, grpcAddr: servertest.FreeAddr(t)}
-	t.Setenv("FLEETLEARN_CA", server.CAFile(dirA))
-	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(dirA))
-	keys := t.TempDir()
-	c.publisherKey, c.jwks = filepath.Join(keys, "publisher.pem"), filepath.Join(keys, "publishers.jwks")
-	if err := os.WriteFile(c.jwks, []byte(runCLI(t, cli, "", "module", "keygen", c.publisherKey)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fragment := filepath.Join(t.TempDir(), "fleetlearn-auth.conf")
-	if out, err := exec.Command(serverBin, "--data-dir", dirA, "--write-nats-config", fragment,
-		"--nats-resolver-dir", "/var/lib/nats/jwt").CombinedOutput(); err != nil {
-		t.Fatalf("fleetlearn-server --write-nats-config: %v\n%s", err, out)
-	}
-	nodes := startNATSCluster(t, natsBin, fragment)
-	urls := make([]string, len(nodes))
-	for i, n := range nodes {
-		urls[i] = "nats://" + n.client
-	}
-	natsURL := strings.Join(urls, ",")
-	replica := func(name, dir, grpcAddr, metricsAddr string) *proc {
-		return startLogged(t, name, serverBin, "-data-dir", dir, "-nats-url", natsURL, "-store", pg,
-			"-replica-name", name, "-lease-ttl", "4s", "-grpc-addr", grpcAddr, "-metrics-addr", metricsAddr,
-			"-pace-window", "200ms", "-log-level", "debug", "-module-publishers", c.jwks)
-	}
-	leader := replica("agg-a", dirA, c.grpcAddr, "off")
-	c.dial()
-	c.waitGRPC()
-	// The operator's step for a second replica: the secrets the first
-	// created (a deployment mounts them from one Secret), a data directory
-	// otherwise its own.
-	copySecrets(t, dirA, dirB)
-	grpcB, metricsB := servertest.FreeAddr(t), servertest.FreeAddr(t)
-	replica("agg-b", dirB, grpcB, metricsB)
-	// The standby says why it is not ready: the other replica leads.
-	waitReadyz(t, metricsB, func(code int, body string) bool {
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "standby: replica agg-a leads")
-	})
+	d := newReplicated(t, pgtest.Database(t), nil, [2]*labHost{})
+	c, cli, grpcB := d.c, d.c.cli, d.grpc[1]
+	leader, _ := d.start("agg-a", "agg-b")
 
 	// Any replica serves the API: the standby forwards the CLI's calls to
 	// the leader, over TLS to the name the leader advertised.
 	pin := filepath.Join(t.TempDir(), "audit.pin")
 	runCLI(t, cli, grpcB, "audit", "keys", "-o", pin)
 
-	init, _ := train.InitMLP([]int{32, 64, 4}, 1)
-	version, module := c.setup(init, wasmtest.MLP)
-	sizes := []int{300, 2000, 8000}
-	for i, n := range sizes {
-		dir := t.TempDir()
-		if err := data.WriteDir(filepath.Join(dir, "dataset"), datatest.Synthetic(n, 32, 4, uint64(i+1)), fmt.Sprintf("dev%d", i)); err != nil {
-			t.Fatal(err)
-		}
-		id, state := fmt.Sprintf("edge-%d", i), filepath.Join(dir, "state")
-		c.enroll(id, state)
-		startLogged(t, fmt.Sprintf("edge%d", i), edgeBin, "-data-dir", state, "-dataset", filepath.Join(dir, "dataset"),
-			"-device-id", id, "-log-level", "debug")
-	}
-
 	const killRound, rounds = 2, 4
-	stored := storedReports(t, servertest.ServiceConn(t, dirA, natsURL))
-
-	id := createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
-		rounds, len(sizes))
+	id, stored := d.train(nil, rounds)
 	if out := runCLI(t, cli, grpcB, "task", "list"); !strings.Contains(out, id) {
 		t.Fatalf("fleetlearn task list through the standby does not list task %s:\n%s", id, out)
 	}
@@ -117,13 +55,8 @@ func TestLeaderFailover(t *testing.T) {
 	leader.kill9()
 	killed := time.Now()
 	t.Logf("round %d: a report stored; kill -9 the leader agg-a", killRound)
-	waitReadyz(t, metricsB, func(code int, _ string) bool { return code == http.StatusOK })
+	d.awaitLeader(1)
 	t.Logf("from the kill to the standby leading and ready: %.1f s", time.Since(killed).Seconds())
-
-	// The API is the new leader's now.
-	c.grpcAddr, c.conn = grpcB, nil
-	c.dial()
-	c.waitGRPC()
 	next := checkRoundsOnce(t, c, id, rounds, killed, pin)
 	t.Logf("from the kill to the next committed round: %.1f s", next.Seconds())
 }

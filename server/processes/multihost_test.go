@@ -2,27 +2,17 @@ package processes_test
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fleetlearn/fleetlearn/data"
-	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/internal/pgtest"
-	"github.com/fleetlearn/fleetlearn/model/sgd"
-	"github.com/fleetlearn/fleetlearn/model/train"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
-	"github.com/fleetlearn/fleetlearn/server"
-	"github.com/fleetlearn/fleetlearn/server/servertest"
-	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
 
 // TestMultiHostFailures runs a replicated deployment across hosts that
@@ -60,77 +50,21 @@ func TestMultiHostFailures(t *testing.T) {
 	natsHosts := []*labHost{lab.host("nats-1"), lab.host("nats-2"), lab.host("nats-3")}
 	hostA, hostB, edges := lab.host("agg-a"), lab.host("agg-b"), lab.host("edges")
 
-	serverBin, edgeBin, cli := binaries(t)
-	natsBin := buildNATSServer(t)
-	dirA, dirB := t.TempDir(), t.TempDir()
-	c := &cluster{t: t, serverBin: serverBin, edgeBin: edgeBin, cli: cli, dataDir: dirA, grpcAddr: hostA.addr(7070)}
-	t.Setenv("FLEETLEARN_CA", server.CAFile(dirA))
-	t.Setenv("FLEETLEARN_TOKEN_FILE", server.AdminTokenPath(dirA))
-	keys := t.TempDir()
-	c.publisherKey, c.jwks = filepath.Join(keys, "publisher.pem"), filepath.Join(keys, "publishers.jwks")
-	if err := os.WriteFile(c.jwks, []byte(runCLI(t, cli, "", "module", "keygen", c.publisherKey)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fragment := filepath.Join(t.TempDir(), "fleetlearn-auth.conf")
-	if out, err := exec.Command(serverBin, "--data-dir", dirA, "--write-nats-config", fragment,
-		"--nats-resolver-dir", "/var/lib/nats/jwt").CombinedOutput(); err != nil {
-		t.Fatalf("fleetlearn-server --write-nats-config: %v\n%s", err, out)
-	}
-	nodes := startNATSCluster(t, natsBin, fragment, natsHosts...)
-	urls := make([]string, len(nodes))
-	for i, n := range nodes {
-		urls[i] = "nats://" + n.client
-	}
-	natsURL := strings.Join(urls, ",")
-	replica := func(name string, h *labHost, dir string) *proc {
-		return startLoggedOn(t, h, name, serverBin, "-data-dir", dir, "-nats-url", natsURL, "-store", pg.String(),
-			"-replica-name", h.name, "-lease-ttl", "4s", "-grpc-addr", h.addr(7070), "-metrics-addr", h.addr(9464),
-			"-pace-window", "200ms", "-log-level", "debug", "-module-publishers", c.jwks)
-	}
-	standbyOf := func(leader string) func(int, string) bool {
-		return func(code int, body string) bool {
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "standby: replica "+leader+" leads")
-		}
-	}
-	ready := func(code int, _ string) bool { return code == http.StatusOK }
-
-	a := replica("agg-a", hostA, dirA)
-	c.dial()
-	c.waitGRPC()
-	copySecrets(t, dirA, dirB)
-	b := replica("agg-b", hostB, dirB)
-	waitReadyz(t, hostB.addr(9464), standbyOf("agg-a"))
+	d := newReplicated(t, pg.String(), natsHosts, [2]*labHost{hostA, hostB})
+	c := d.c
+	a, b := d.start("agg-a", "agg-b")
 	pin := filepath.Join(t.TempDir(), "audit.pin")
-	runCLI(t, cli, c.grpcAddr, "audit", "keys", "-o", pin)
-
-	init, _ := train.InitMLP([]int{32, 64, 4}, 1)
-	version, module := c.setup(init, wasmtest.MLP)
-	sizes := []int{300, 2000, 8000}
-	for i, n := range sizes {
-		dir := t.TempDir()
-		if err := data.WriteDir(filepath.Join(dir, "dataset"), datatest.Synthetic(n, 32, 4, uint64(i+1)), fmt.Sprintf("dev%d", i)); err != nil {
-			t.Fatal(err)
-		}
-		id, state := fmt.Sprintf("edge-%d", i), filepath.Join(dir, "state")
-		c.enroll(id, state)
-		startLoggedOn(t, edges, fmt.Sprintf("edge%d", i), edgeBin, "-data-dir", state, "-dataset", filepath.Join(dir, "dataset"),
-			"-device-id", id, "-log-level", "debug")
-	}
+	runCLI(t, c.cli, c.grpcAddr, "audit", "keys", "-o", pin)
 	const rounds = 16
-	stored := storedReports(t, servertest.ServiceConn(t, dirA, natsURL))
-	id := createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
-		rounds, len(sizes))
+	id, stored := d.train(edges, rounds)
 
 	// The leader loses PostgreSQL, and only PostgreSQL.
 	r1 := awaitMidRound(t, c, id, stored, 2)
 	heal := hostA.partition(lab.root)
 	cut := time.Now()
 	t.Logf("round %d: agg-a partitioned from PostgreSQL", r1)
-	waitReadyz(t, hostB.addr(9464), ready)
+	d.awaitLeader(1)
 	t.Logf("from the partition to agg-b leading and ready: %.1f s", time.Since(cut).Seconds())
-	c.grpcAddr, c.conn = hostB.addr(7070), nil
-	c.dial()
-	c.waitGRPC()
 	midRound(t, c, id, r1, cut)
 	// The old leader finds out at its next renewal, and stops its rounds;
 	// then the partition heals. (Its exit, for its supervisor to restart
@@ -158,19 +92,16 @@ func TestMultiHostFailures(t *testing.T) {
 		t.Fatalf("the deposed leader exited with status %d, want 1 (lost the lease)", code)
 	}
 	t.Logf("from the partition to agg-a exiting: %.1f s", a.end.Sub(partitioned).Seconds())
-	replica("agg-a-restarted", hostA, dirA)
-	waitReadyz(t, hostA.addr(9464), standbyOf("agg-b"))
+	d.replica(0, "agg-a")
+	d.awaitStandby(0, "agg-b")
 
 	// The leader is killed.
 	r3 := awaitMidRound(t, c, id, stored, r2+1)
 	b.kill9()
 	killed := time.Now()
 	t.Logf("round %d: kill -9 the leader agg-b", r3)
-	waitReadyz(t, hostA.addr(9464), ready)
+	d.awaitLeader(0)
 	t.Logf("from the kill to agg-a leading and ready: %.1f s", time.Since(killed).Seconds())
-	c.grpcAddr, c.conn = hostA.addr(7070), nil
-	c.dial()
-	c.waitGRPC()
 	next := checkRoundsOnce(t, c, id, rounds, killed, pin, r2)
 	midRound(t, c, id, r3, killed)
 	t.Logf("from the kill to the next committed round: %.1f s", next.Seconds())
