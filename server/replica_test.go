@@ -96,13 +96,7 @@ func TestStandbyTakesOver(t *testing.T) {
 		t.Fatalf("the leader is not ready: %v", err)
 	}
 	b, bStarted := replica(t, "agg-b", pg, ns.ClientURL(), secrets)
-	for {
-		err := b.Ready(context.Background())
-		if err != nil && strings.Contains(err.Error(), "standby: replica agg-a leads") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitStandby(t, b, "agg-a")
 	select {
 	case err := <-bStarted:
 		t.Fatalf("the standby started while the leader runs: %v", err)
