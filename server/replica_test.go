@@ -58,10 +58,17 @@ func replica(t testing.TB, name, pg, natsURL, secrets string, edit ...func(*serv
 		t.Fatal(err)
 	}
 	started := make(chan error, 1)
+	returned := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { started <- s.Start(ctx) }()
+	go func() {
+		started <- s.Start(ctx)
+		close(returned)
+	}()
 	t.Cleanup(func() {
+		// A standby is still in Start: it returns once ctx ends, and
+		// only then may Shutdown run.
 		cancel()
+		<-returned
 		s.Shutdown(context.Background())
 	})
 	return s, started

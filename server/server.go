@@ -368,7 +368,10 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 }
 
 // Start opens state, connects NATS and begins serving. On error everything
-// started so far is shut down.
+// started so far is shut down. A replica that stands by (Config.Store)
+// returns only once it leads or ctx ends: to stop it, cancel ctx and wait
+// for Start to return before calling Shutdown, which must not run
+// concurrently with Start.
 func (s *Server) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
