@@ -289,12 +289,12 @@ func logged(t *testing.T, name string, p *proc) *proc {
 // check-in lost with a node waits out its request timeout (10 s) before it
 // is sent again, which cluster.createTask's 10 s selection would not
 // survive.
-func createDefaultTask(c *cluster, version, module string, hyper sgd.Hyper, rounds, devices int) string {
+func createDefaultTask(c *cluster, version, module string, hyper sgd.Hyper, rounds, devices int, flags ...string) string {
 	c.t.Helper()
 	h, _ := json.Marshal(hyper)
-	out := runCLI(c.t, c.cli, c.grpcAddr, "task", "create", "--name", "nodeloss", "--model", version, "--module", module,
+	out := runCLI(c.t, c.cli, c.grpcAddr, append([]string{"task", "create", "--name", "nodeloss", "--model", version, "--module", module,
 		"--hyper", string(h), "--cohort", fmt.Sprint(devices), "--report-goal", fmt.Sprint(devices), "--over-selection", "1",
-		"--rounds", fmt.Sprint(rounds), "-o", "json")
+		"--rounds", fmt.Sprint(rounds), "-o", "json"}, flags...)...)
 	var task struct{ ID string }
 	if err := json.Unmarshal([]byte(out), &task); err != nil || task.ID == "" {
 		c.t.Fatalf("task create output %q: %v", out, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -51,8 +52,7 @@ func newNetLab(t *testing.T) *netLab {
 	}
 	b := make([]byte, 3)
 	rand.Read(b)
-	n, _ := rand.Int(rand.Reader, big.NewInt(512))
-	l := &netLab{t: t, id: hex.EncodeToString(b), subnet: fmt.Sprintf("198.%d.%d", 18+n.Int64()/256, n.Int64()%256), next: 2}
+	l := &netLab{t: t, id: hex.EncodeToString(b), subnet: freeSubnet(t), next: 2}
 	l.bridge = "flbr" + l.id
 	// Probe: a namespace of our own. Containers without CAP_SYS_ADMIN
 	// refuse it; that is a machine that cannot run the test.
@@ -67,6 +67,30 @@ func newNetLab(t *testing.T) *netLab {
 	l.ip("link", "set", l.bridge, "up")
 	l.root = &labHost{lab: l, name: "root", ip: l.subnet + ".1"}
 	return l
+}
+
+// freeSubnet picks a /24 of 198.18.0.0/15 that no route or address of
+// this machine touches: a parallel test's, or one a killed test binary
+// left behind (its routes in the root namespace outlive it).
+func freeSubnet(t *testing.T) string {
+	t.Helper()
+	var used strings.Builder
+	for _, args := range [][]string{{"route", "show", "table", "all"}, {"addr", "show"}} {
+		out, err := exec.Command("ip", args...).Output()
+		if err != nil {
+			t.Fatalf("ip %s: %v", strings.Join(args, " "), err)
+		}
+		used.Write(out)
+	}
+	for range 64 {
+		n, _ := rand.Int(rand.Reader, big.NewInt(512))
+		subnet := fmt.Sprintf("198.%d.%d", 18+n.Int64()/256, n.Int64()%256)
+		if !strings.Contains(used.String(), subnet+".") {
+			return subnet
+		}
+	}
+	t.Fatal("no free /24 in 198.18.0.0/15")
+	return ""
 }
 
 // ip runs ip(8) with args, failing the test if it fails.
@@ -124,21 +148,30 @@ func (h *labHost) heal() { h.lab.ip("link", "set", h.link, "up") }
 // routes the other's address into a black hole. Connections open between
 // them go silent; new ones fail at once on the side that tries. The
 // returned function undoes it.
+//
+// The undo also runs when the test ends, however it ends: a route left in
+// the root namespace would outlive the test.
 func (h *labHost) partition(o *labHost) (undo func()) {
 	h.lab.t.Helper()
 	h.route("add", o.ip)
 	o.route("add", h.ip)
-	return func() {
-		h.route("del", o.ip)
-		o.route("del", h.ip)
+	var once sync.Once
+	undo = func() {
+		once.Do(func() {
+			// Not fatal: it also runs as a cleanup.
+			for _, c := range []*exec.Cmd{h.command("ip", "route", "del", "blackhole", o.ip+"/32"),
+				o.command("ip", "route", "del", "blackhole", h.ip+"/32")} {
+				if out, err := c.CombinedOutput(); err != nil {
+					h.lab.t.Errorf("heal %s–%s: %v: %s", h.name, o.name, err, out)
+				}
+			}
+		})
 	}
+	h.lab.t.Cleanup(undo)
+	return undo
 }
 
 func (h *labHost) route(op, ip string) {
 	h.lab.t.Helper()
-	if h.ns == "" {
-		h.lab.ip("route", op, "blackhole", ip+"/32")
-		return
-	}
 	h.in("ip", "route", op, "blackhole", ip+"/32")
 }

@@ -111,9 +111,10 @@ func (d *replicated) awaitLeader(i int) {
 }
 
 // train starts three agents (on host; nil: this one), creates a task of
-// rounds rounds for them and returns its id, with a channel of the rounds
-// of the reports JetStream stores from then on.
-func (d *replicated) train(host *labHost, rounds int) (id string, stored <-chan uint64) {
+// rounds rounds for them (with the CLI's defaults, and flags of task
+// create) and returns its id, with a channel of the rounds of the reports
+// JetStream stores from then on.
+func (d *replicated) train(host *labHost, rounds int, flags ...string) (id string, stored <-chan uint64) {
 	d.t.Helper()
 	t, c := d.t, d.c
 	init, _ := train.InitMLP([]int{32, 64, 4}, 1)
@@ -131,6 +132,6 @@ func (d *replicated) train(host *labHost, rounds int) (id string, stored <-chan 
 	}
 	stored = storedReports(t, servertest.ServiceConn(t, d.dirs[0], d.natsURL))
 	id = createDefaultTask(c, version, module, sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 500},
-		rounds, len(sizes))
+		rounds, len(sizes), flags...)
 	return id, stored
 }
