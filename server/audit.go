@@ -45,15 +45,11 @@ func (s *Server) openAudit(ctx context.Context) error {
 // lifetime is the server's, not Start's ctx: checkpoints that stopped while
 // the server kept recording would leave entries no signature covers.
 func (s *Server) startCheckpoints(ctx context.Context) {
-	s.auditStop, s.auditDone = make(chan struct{}), make(chan struct{})
-	// Stopping ends a checkpoint in progress too: one blocked on a
-	// database that went silent (a partition) would hold up Shutdown
-	// until TCP gave up, many minutes on.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	go func() {
-		<-s.auditStop
-		cancel()
-	}()
+	// Stopping (closeAudit) cancels ctx, which ends a checkpoint in
+	// progress too: one blocked on a database that went silent (a
+	// partition) would hold up Shutdown until TCP gave up, many minutes on.
+	ctx, s.auditCancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.auditDone = make(chan struct{})
 	go func() {
 		defer close(s.auditDone)
 		t := s.o.clock.NewTicker(CheckpointInterval)
@@ -63,7 +59,7 @@ func (s *Server) startCheckpoints(ctx context.Context) {
 			s.checkpoint(cctx)
 			done()
 			select {
-			case <-s.auditStop:
+			case <-ctx.Done():
 				return
 			case <-t.C():
 			}
@@ -96,19 +92,19 @@ func (s *Server) closeAudit(ctx context.Context) error {
 	if s.audit == nil {
 		return nil
 	}
-	if s.auditStop != nil {
-		close(s.auditStop)
+	// A deposed leader's checkpoint would be fenced, and its database may
+	// be out of reach (a partition): waiting for it would only hold up the
+	// exit its supervisor restarts it from. It skips the server's final
+	// checkpoint, and gives the log's own a moment to learn it is fenced.
+	deposed := s.deposed.Load()
+	if s.auditCancel != nil {
+		s.auditCancel()
 		<-s.auditDone
-		// A deposed leader's write would be fenced, and its database may
-		// be out of reach (a partition): waiting for it would only hold
-		// up the exit its supervisor restarts it from.
-		if !s.deposed.Load() {
+		if !deposed {
 			s.checkpoint(ctx)
 		}
 	}
-	if s.deposed.Load() {
-		// Its final checkpoint would be fenced; a moment is enough to
-		// learn so, and a database out of reach must not hold the exit.
+	if deposed {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Second)
 		defer cancel()

@@ -288,10 +288,10 @@ type Server struct {
 	ui          *dashboard
 	natsURL     string
 
-	audit     *audit.Log
-	auditStop chan struct{} // closed by Shutdown to stop the checkpoint ticker
-	auditDone chan struct{} // closed when the ticker has stopped
-	published []byte        // the last checkpoint note published
+	audit       *audit.Log
+	auditCancel context.CancelFunc // called by Shutdown to stop the checkpoint ticker
+	auditDone   chan struct{}      // closed when the ticker has stopped
+	published   []byte             // the last checkpoint note published
 
 	security // TLS, token keys, module publishers, the NATS device authority
 
