@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +11,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/handoff"
 	"github.com/fleetlearn/fleetlearn/server/internal/authz"
@@ -53,7 +52,7 @@ func (s *Server) startStandbyAPI() error {
 	}
 	s.forward = &forwarder{s: s}
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(8 << 20), // as the API itself
+		grpc.MaxRecvMsgSize(maxAPIMessage), // as the API itself
 		grpc.MaxConcurrentStreams(maxForwardStreams),
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.UnknownServiceHandler(s.forward.stream),
@@ -108,14 +107,11 @@ func (f *forwarder) leader() (*grpc.ClientConn, string, error) {
 		f.conn.Close()
 		f.conn = nil
 	}
-	creds := insecure.NewCredentials()
-	if !f.s.cfg.GRPCInsecure {
-		// The leader's certificate comes from the CA every replica shares,
-		// for the host it advertises.
-		creds = credentials.NewTLS(&tls.Config{RootCAs: f.s.tlsCA.CAPool(), MinVersion: tls.VersionTLS12})
-	}
-	conn, err := grpc.NewClient(st.address, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+	// The leader's certificate comes from the CA every replica shares, for
+	// the host it advertises. The caller's token travels in the forwarded
+	// metadata, so the connection has none of its own.
+	conn, err := client.Dial(st.address, append(f.s.apiDialOptions(),
+		client.WithGRPCOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAPIMessage))))...)
 	if err != nil {
 		return nil, "", status.Errorf(codes.Unavailable, "standby: leader %s at %s: %v", st.holder, st.address, err)
 	}

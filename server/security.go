@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -217,6 +218,20 @@ func (s *Server) loadAdminToken() error {
 // newGRPCServer builds the API server: TLS unless Config.GRPCInsecure,
 // bearer-token authentication, the audit interceptor, then the role policy,
 // so that refused calls by known callers are recorded under their names.
+// maxAPIMessage bounds one message of the gRPC API, received or, by a
+// standby forwarding to the leader, passed on.
+const maxAPIMessage = 8 << 20
+
+// apiDialOptions are how the server, as a client of an API of its own
+// deployment (its dashboard, a standby forwarding to the leader), reaches
+// it: TLS under the shared CA, or plaintext with --grpc-insecure.
+func (s *Server) apiDialOptions() []client.DialOption {
+	if s.cfg.GRPCInsecure {
+		return []client.DialOption{client.WithInsecure()}
+	}
+	return []client.DialOption{client.WithCA(s.CACertPEM())}
+}
+
 func (s *Server) newGRPCServer(bl *blobs.Store, m *metrics.M) (*grpc.Server, error) {
 	az, err := authz.New(s.apiVerifier, identity.DefaultPolicy())
 	if err != nil {
@@ -224,7 +239,7 @@ func (s *Server) newGRPCServer(bl *blobs.Store, m *metrics.M) (*grpc.Server, err
 	}
 	log := s.o.log.With("component", "api")
 	recorder := api.NewAuditInterceptor(s.audit, authz.Operator, log)
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(8 << 20),
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxAPIMessage),
 		grpc.ChainUnaryInterceptor(az.AuthenticateUnary, recorder.Unary, az.AuthorizeUnary),
 		grpc.ChainStreamInterceptor(az.AuthenticateStream, recorder.Stream, az.AuthorizeStream)}
 	if s.cfg.GRPCInsecure {

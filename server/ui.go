@@ -57,11 +57,7 @@ func (s *Server) startUI(m *metrics.M) error {
 	if s.cfg.UIAddr == "" {
 		return nil
 	}
-	opts := []client.DialOption{client.WithCA(s.CACertPEM())}
-	if s.cfg.GRPCInsecure {
-		opts = []client.DialOption{client.WithInsecure()}
-	}
-	conn, err := client.Dial(loopbackTarget(s.GRPCAddr()), opts...)
+	conn, err := client.Dial(loopbackTarget(s.GRPCAddr()), s.apiDialOptions()...)
 	if err != nil {
 		return fmt.Errorf("server: dashboard: %w", err)
 	}
