@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/fleetlearn/fleetlearn/audit"
@@ -199,11 +198,9 @@ func (s *Server) grpcAdvertise() string {
 		// The host's own name, which the certificate covers (tlsHosts),
 		// not PublicHost: replicas share that one, and it may lead back
 		// to the standby.
-		name, err := os.Hostname()
-		if err != nil {
+		if h = machineName(); h == "" {
 			return ""
 		}
-		h = strings.ToLower(name)
 	}
 	return net.JoinHostPort(h, p)
 }

@@ -172,9 +172,7 @@ func (s *Server) tlsHosts() []string {
 			continue
 		}
 		if everyInterface(h) {
-			if name, err := os.Hostname(); err == nil {
-				add(strings.ToLower(name))
-			}
+			add(machineName())
 			continue
 		}
 		add(h)
@@ -183,6 +181,16 @@ func (s *Server) tlsHosts() []string {
 		add(h)
 	}
 	return hosts
+}
+
+// machineName is the host's name as the certificate covers it for
+// listeners on every interface (lower case), or "" if it has none.
+func machineName() string {
+	name, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(name)
 }
 
 // loadAdminToken keeps the admin token in DataDir, minting a new one when
