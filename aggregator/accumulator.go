@@ -155,6 +155,16 @@ func (a *Accumulator) MeanInPlace() ([]float32, error) {
 	return out, nil
 }
 
+// WeightedSum copies the running sum Σ wₖ·updateₖ, from coordinate from
+// on, into dst and returns how many values it copied. A partial sum kept
+// apart (a shard's) reaches the collector that combines it through AddSum.
+func (a *Accumulator) WeightedSum(dst []float64, from int) int {
+	if from < 0 || from >= a.dim || a.torn {
+		return 0
+	}
+	return copy(dst, a.sum[from:])
+}
+
 // Count returns the number of reports added (AddSum counts its count).
 func (a *Accumulator) Count() int { return a.count }
 

@@ -145,6 +145,46 @@ func TestAddSumEqualsAdd(t *testing.T) {
 	closeTo(t, "mixed mean", mean(t, sums), mean(t, one), 1e-6)
 }
 
+// TestShardSumsCombine: accumulators that each sum part of the reports,
+// read out in pages with WeightedSum and combined with AddSum, give the
+// mean one accumulator of every report gives, to float64 rounding.
+func TestShardSumsCombine(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const dim, n = 37, 40
+	ups, ws := randomUpdates(rng, n, dim, 1)
+	one := mustAccumulator(t, dim, 10)
+	shards := []*aggregator.Accumulator{mustAccumulator(t, dim, 0), mustAccumulator(t, dim, 0), mustAccumulator(t, dim, 0)}
+	for k := range ups {
+		if err := one.Add(ups[k], ws[k]); err != nil {
+			t.Fatal(err)
+		}
+		if err := shards[k%len(shards)].Add(ups[k], ws[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	combined := mustAccumulator(t, dim, 10)
+	for _, s := range shards {
+		sum := make([]float64, dim)
+		for from := 0; from < dim; {
+			got := s.WeightedSum(sum[from:min(from+8, dim)], from)
+			if got == 0 {
+				t.Fatalf("WeightedSum from %d copied nothing", from)
+			}
+			from += got
+		}
+		if s.WeightedSum(sum, dim) != 0 || s.WeightedSum(sum, -1) != 0 {
+			t.Error("WeightedSum outside [0, dim) copied values")
+		}
+		if err := combined.AddSum(sum, s.TotalWeight(), s.Count()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeTo(t, "combined mean", mean(t, combined), mean(t, one), 1e-6)
+	if combined.Count() != n {
+		t.Errorf("combined count %d, want %d", combined.Count(), n)
+	}
+}
+
 type snapshot struct {
 	mean   []float32
 	count  int

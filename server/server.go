@@ -73,7 +73,14 @@ type Config struct {
 	// host name when it listens on every interface.
 	// The server certificate covers its host.
 	APIAdvertise string
-	NATSURL      string // external NATS cluster; empty starts an embedded server
+	// ShardAggregation hands the update reports of plaintext training
+	// rounds to the aggregation workers in the NATS queue group, which
+	// read, check and sum them; the leader combines their partial sums
+	// (docs/HA.md, "Sharded aggregation"). AggregationWorkers is how many
+	// workers this replica, leader or standby, runs (0: none).
+	ShardAggregation   bool
+	AggregationWorkers int
+	NATSURL            string // external NATS cluster; empty starts an embedded server
 	NATSListen   string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
 	GRPCAddr     string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
 	MetricsAddr  string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
@@ -269,6 +276,10 @@ type Server struct {
 
 	embedded *natsx.Embedded
 	nc       *nats.Conn
+	// shardWorkers are this replica's aggregation workers, on shardNC
+	// (a replica's) or nc (a single server's).
+	shardWorkers *coord.ShardWorkers
+	shardNC      *nats.Conn
 	// natsAuthority runs NATS authorization; nil with Config.InsecureNATS.
 	natsAuthority *natsAuthority
 	store         *store.Store
@@ -417,6 +428,10 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		if err := s.startStandbyAPI(); err != nil {
 			return err
 		}
+		// A standby sums reports for the leader while it waits.
+		if err := s.startShardWorkers(); err != nil {
+			return err
+		}
 		if s.leadership, err = s.lead(ctx); err != nil {
 			return err
 		}
@@ -430,8 +445,10 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	var natsOpts []nats.Option
 	var configure func(*natsserver.Options) error
 	if !s.cfg.InsecureNATS {
-		if s.natsAuthority, err = s.loadNATSAuthority(); err != nil {
-			return err
+		if s.natsAuthority == nil {
+			if s.natsAuthority, err = s.loadNATSAuthority(); err != nil {
+				return err
+			}
 		}
 		if configure, err = s.natsAuthority.configure(ctx); err != nil {
 			return err
@@ -500,6 +517,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		s.natsAuth = s.natsAuthority
 	}
+	if s.shardWorkers == nil && s.cfg.AggregationWorkers > 0 {
+		if s.shardWorkers, err = coord.StartShardWorkers(s.nc, s.cfg.AggregationWorkers, s.o.log.With("component", "aggregation-worker")); err != nil {
+			return err
+		}
+	}
 	s.startCheckpoints(ctx)
 	// Creating the stream fsyncs, and a cluster may be electing a leader:
 	// nats.go's default of 5 s per API call fails a start on a busy disk.
@@ -540,7 +562,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	s.coord = coord.New(coord.Deps{Store: leaderStore, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
-		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom())})
+		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom()), ShardAggregation: s.cfg.ShardAggregation})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}
@@ -634,6 +656,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		if s.coord != nil {
 			s.coord.Shutdown()
+		}
+		if s.shardWorkers != nil {
+			s.shardWorkers.Stop()
+		}
+		if s.shardNC != nil {
+			s.shardNC.Close()
 		}
 		errs = append(errs, s.closeAudit(ctx))
 		// After the last write: the next leader starts from all of it.

@@ -59,6 +59,38 @@ func TestLeaderFailover(t *testing.T) {
 	t.Logf("from the kill to the standby leading and ready: %.1f s", time.Since(killed).Seconds())
 	next := checkRoundsOnce(t, c, id, rounds, killed, pin, nil)
 	t.Logf("from the kill to the next committed round: %.1f s", next.Seconds())
+	// The new leader handed its reports to the workers (its own, and none
+	// other is left) and read none itself for want of one.
+	byWorker, byLeader := scrapeCounter(t, d.metrics[1], `fleetlearn_shard_reports_total{reader="worker"}`),
+		scrapeCounter(t, d.metrics[1], `fleetlearn_shard_reports_total{reader="leader"}`)
+	t.Logf("reports the new leader's rounds had read by a worker: %v, by the leader: %v", byWorker, byLeader)
+	if byWorker == 0 {
+		t.Error("no report of the new leader's rounds went to an aggregation worker")
+	}
+}
+
+// scrapeCounter reads one series from a replica's /metrics (0 when absent).
+func scrapeCounter(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %q", series, line)
+			}
+			return f
+		}
+	}
+	return 0
 }
 
 // copySecrets copies server.ReplicaSecrets from one data directory to

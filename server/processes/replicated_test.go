@@ -70,11 +70,15 @@ func newReplicated(t *testing.T, pg string, natsHosts []*labHost, hosts [2]*labH
 	return d
 }
 
-// replica starts replica i (0 or 1) under name, on a 4 s lease ttl.
+// replica starts replica i (0 or 1) under name, on a 4 s lease ttl. The
+// leader shards its rounds' reports, and each replica, standby included,
+// runs an aggregation worker: every failure the tests cause also strikes
+// the workers and the sums they hold.
 func (d *replicated) replica(i int, name string) *proc {
 	d.t.Helper()
 	return startLoggedOn(d.t, d.hosts[i], name, d.c.serverBin, "-data-dir", d.dirs[i], "-nats-url", d.natsURL, "-store", d.pg,
 		"-replica-name", name, "-lease-ttl", "4s", "-grpc-addr", d.grpc[i], "-metrics-addr", d.metrics[i],
+		"-shard-aggregation", "-aggregation-workers", "1",
 		"-pace-window", "200ms", "-log-level", "debug", "-module-publishers", d.c.jwks)
 }
 

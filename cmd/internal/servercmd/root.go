@@ -165,6 +165,11 @@ func newRootCommand(serve serveFunc) *cobra.Command {
 	fl.StringVar(&f.cfg.ReplicaName, "replica-name", "", "name this replica in the lease (default: host name and process id)")
 	fl.StringVar(&f.cfg.APIAdvertise, "api-advertise", "", "with --store: the `HOST:PORT` at which the other replicas reach this one's gRPC API, "+
 		"to which a standby forwards the API calls it receives (default: --grpc-addr, with the host name for every interface)")
+	fl.BoolVar(&f.cfg.ShardAggregation, "shard-aggregation", false, "as leader, hand the update reports of plaintext training rounds "+
+		"to the aggregation workers (--aggregation-workers, on any replica), which check and sum them; the leader combines their sums "+
+		"and reads a report itself when no worker answers (docs/HA.md)")
+	fl.IntVar(&f.cfg.AggregationWorkers, "aggregation-workers", 0, "run `N` aggregation workers in this process, leader or standby, "+
+		"for leaders with --shard-aggregation (0: none)")
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, fmt.Sprintf("with --store: how long PostgreSQL keeps the lease of a leader it no longer hears from (default %v)", server.DefaultLeaseTTL))
 	fl.StringVar(&f.cfg.SecretsFrom, "secrets-from", "",
 		"at start, take the secrets every replica shares (the TLS CA, token keys, admin token, audit keys, and nats-auth/ if there) "+
@@ -267,6 +272,9 @@ func (f *flags) config(cmd *cobra.Command) (server.Config, slog.Level, error) {
 	if cfg.NATSMonitor != "" && cfg.NATSURL != "" {
 		return cfg, 0, usage("--nats-monitor serves the embedded NATS server's monitoring and cannot be used with --nats-url: " +
 			"enable http_port in the external cluster's own configuration")
+	}
+	if cfg.AggregationWorkers < 0 || cfg.AggregationWorkers > 256 {
+		return cfg, 0, usage("--aggregation-workers %d: give 0 to 256 (a worker per core is plenty)", cfg.AggregationWorkers)
 	}
 	if cfg.Store == "" {
 		// A unit or manifest whose store variable came out empty must not

@@ -99,7 +99,7 @@ func (t *taskRun) reassemble(r *roundRun, device string, m jetstream.Msg) (_ jet
 }
 
 // checkChunkedHeader checks the chunked report header's version.
-func checkChunkedHeader(m jetstream.Msg) error {
+func checkChunkedHeader(m reportMsg) error {
 	if v := m.Headers().Get(wire.HeaderChunked); v != wire.ChunkedV1 {
 		return refuse("chunked report: unknown %s %q (want %q)", wire.HeaderChunked, v, wire.ChunkedV1)
 	}

@@ -89,6 +89,10 @@ type Deps struct {
 	Memory *memlimit.Limit
 	// Tracer records each round as a trace (tracing.go); nil records nothing.
 	Tracer trace.TracerProvider
+	// ShardAggregation hands the update reports of plaintext training
+	// rounds to the aggregation workers' queue group (shard.go, and
+	// StartShardWorkers); without a worker the leader reads them itself.
+	ShardAggregation bool
 }
 
 // auditActor is who the coordinator's audit events name.

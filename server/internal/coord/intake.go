@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -8,11 +9,13 @@ import (
 	"hash"
 	"io"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
@@ -30,14 +33,56 @@ import (
 // each pass, checked again, and each pass holds one chunk and one batch of
 // values: the cost of never holding the report is decoding it twice.
 
-// reportPieces returns a report's bytes, piece by piece: the message's own,
-// or its chunks, read and checked one at a time (chunkStream).
+// updateIntake is what reading a round's plaintext update reports needs:
+// the round's terms and a reader of the stream's stored chunks, nothing of
+// the runner's state. The leader builds one from its task (taskRun.intake)
+// and an aggregation worker from the leader's dispatch (shard.go), so both
+// read reports with this one implementation.
+type updateIntake struct {
+	spec      round.Spec
+	encoding  pb.UpdateEncoding
+	layout    model.Layout
+	trained   []round.Tensor
+	influence round.Influence
+	maxReport uint64 // the largest report the round admits (maxReportBytes)
+	// enrollment: a report must be signed with the key its device enrolled.
+	enrollment bool
+	read       chunkReader
+	// kept holds a one-message report's values between its check and its
+	// add, reused from report to report by its one reader.
+	kept *[]float32
+}
+
+// intake is the update intake of round r.
+func (t *taskRun) intake(r *roundRun) *updateIntake {
+	return &updateIntake{spec: t.roundSpec(r), encoding: t.spec.GetUpdateEncoding(), layout: t.ulayout, trained: t.trained,
+		influence: t.influence(), maxReport: t.maxReportBytes(r), enrollment: t.c.d.RequireEnrollment,
+		read: t.readStored, kept: &t.kept}
+}
+
+// reportMsg is a stored report message: one the round's consumer delivered
+// (jetstream.Msg) or one read by its sequence (rawMsg).
+type reportMsg interface {
+	Subject() string
+	Headers() nats.Header
+	Data() []byte
+}
+
+// rawMsg is a report message read from the stream by sequence.
+type rawMsg struct{ m *jetstream.RawStreamMsg }
+
+func (r rawMsg) Subject() string      { return r.m.Subject }
+func (r rawMsg) Headers() nats.Header { return r.m.Header }
+func (r rawMsg) Data() []byte         { return r.m.Data }
+
+// pieces returns a report's bytes, piece by piece: the message's own, or
+// its chunks, read and checked one at a time (chunkStream).
 //
 // A read after the first (again) skips the report's sha256: stored
 // messages do not change, and its device's cannot be purged while it is
 // read (afterRead), so the bytes are those the first read checked. Every
 // other check of the chunks still runs.
-func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, again bool) (next func() ([]byte, error), err error) {
+func (in *updateIntake) pieces(device string, m reportMsg, again bool) (next func() ([]byte, error), err error) {
 	defer classify(&err, metrics.RefusedChunks)
 	if !isChunked(m) {
 		return onePiece(m.Data()), nil
@@ -45,7 +90,7 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, agai
 	if err := checkChunkedHeader(m); err != nil {
 		return nil, err
 	}
-	cs, err := openChunks(m.Data(), t.maxReportBytes(r), t.id, r.row.Round, device, t.readStored)
+	cs, err := openChunks(m.Data(), in.maxReport, in.spec.Task, in.spec.Round, device, in.read)
 	if err != nil {
 		return nil, err
 	}
@@ -61,32 +106,37 @@ func (t *taskRun) reportPieces(r *roundRun, device string, m jetstream.Msg, agai
 	}, nil
 }
 
+// reportPieces is pieces for round r of the task.
+func (t *taskRun) reportPieces(r *roundRun, device string, m reportMsg, again bool) (func() ([]byte, error), error) {
+	return t.intake(r).pieces(device, m, again)
+}
+
 // keepValues bounds the decoded values the first read of a one-message
 // report keeps for the add: 8 MiB of float32, the size of the largest
 // message, whatever the update's encoding.
 const keepValues = wire.MaxMessageBytes / 4
 
-func isChunked(m jetstream.Msg) bool {
+func isChunked(m reportMsg) bool {
 	_, chunked := m.Headers()[wire.HeaderChunked]
 	return chunked
 }
 
 // chargeChunkedBytes counts the n bytes a chunked report's chunks held
 // (settle counted its manifest).
-func (c *Coordinator) chargeChunkedBytes(m jetstream.Msg, n int) {
+func (c *Coordinator) chargeChunkedBytes(m reportMsg, n int) {
 	if isChunked(m) {
 		c.d.Metrics.ReportBytes.Add(float64(n))
 	}
 }
 
-// payloadSpec is what the task's updates must be: which field carries the
+// payloadSpec is what the round's updates must be: which field carries the
 // values, and for quantized ones the code width.
-func (t *taskRun) payloadSpec(r *roundRun, f wire.PayloadField) (bits int, refused error) {
-	bits, ok := wire.EncodingBits(t.spec.GetUpdateEncoding())
+func (in *updateIntake) payloadSpec(f wire.PayloadField) (bits int, refused error) {
+	bits, ok := wire.EncodingBits(in.encoding)
 	if !ok {
-		return 0, refuseAs(metrics.RefusedPayload, "task %s's update encoding %v is unknown to this server", t.id, t.spec.GetUpdateEncoding())
+		return 0, refuseAs(metrics.RefusedPayload, "task %s's update encoding %v is unknown to this server", in.spec.Task, in.encoding)
 	}
-	return bits, fromRound(round.CheckForm(t.id, r.row.Round, bits, formOf(f)))
+	return bits, fromRound(round.CheckForm(in.spec.Task, in.spec.Round, bits, formOf(f)))
 }
 
 // formOf is how a payload field carries an update's values.
@@ -119,8 +169,7 @@ func newValueDecoder(bits, n int, size uint64, emit func([]float32) error) (valu
 // scanPass is one reading of an update report: the payload's values go to
 // emit, and the payload's sha256 is taken.
 type scanPass struct {
-	t    *taskRun
-	r    *roundRun
+	in   *updateIntake
 	emit func([]float32) error
 	dec  valueDecoder
 	h    hash.Hash
@@ -132,14 +181,14 @@ type scanPass struct {
 }
 
 func (p *scanPass) open(f wire.PayloadField, size uint64) (func([]byte) error, error) {
-	bits, err := p.t.payloadSpec(p.r, f)
+	bits, err := p.in.payloadSpec(f)
 	if err != nil {
 		return nil, err
 	}
 	if !p.again {
 		p.h = sha256.New()
 	}
-	if n := p.t.ulayout.Size(); bits == 0 && size != 4*uint64(n) {
+	if n := p.in.layout.Size(); bits == 0 && size != 4*uint64(n) {
 		// As wire.DecodeDenseInto says it; refused after the other checks.
 		p.bad = fmt.Errorf("%w: %d bytes for %d float32 values", wire.ErrPayload, size, n)
 	} else if p.dec, err = newValueDecoder(bits, n, size, p.emit); err != nil {
@@ -183,14 +232,14 @@ func scanReport(next func() ([]byte, error), limit int, open func(wire.PayloadFi
 // run scans the report's bytes from next; the report comes back without
 // its values.
 func (p *scanPass) run(next func() ([]byte, error)) (rep *pb.UpdateReport, sha string, err error) {
-	limit := reportOverhead + tensorOverhead*len(p.t.ulayout.Entries)
+	limit := reportOverhead + tensorOverhead*len(p.in.layout.Entries)
 	rep, f, err := scanReport(next, limit, p.open, &p.n)
 	if err != nil {
 		classify(&err, refusedDecode)
 		return nil, "", err
 	}
 	if f == wire.NoPayload {
-		_, err := p.t.payloadSpec(p.r, f)
+		_, err := p.in.payloadSpec(f)
 		return nil, "", err
 	}
 	if p.h == nil {
@@ -217,15 +266,15 @@ func (p *scanPass) finish(rep *pb.UpdateReport, sha string) error {
 		if !ok {
 			return refuseAs(metrics.RefusedPayload, "update declares encoding %v, unknown to this server", q.GetEncoding())
 		}
-		bits, _ := wire.EncodingBits(p.t.spec.GetUpdateEncoding())
-		if err := round.CheckQuantized(p.t.id, bits, sent); err != nil {
+		bits, _ := wire.EncodingBits(p.in.encoding)
+		if err := round.CheckQuantized(p.in.spec.Task, bits, sent); err != nil {
 			return fromRound(err)
 		}
 	}
 	if err := round.CheckDigest(sha, rep.PayloadSha256); err != nil {
 		return fromRound(err)
 	}
-	if err := p.t.checkLayout(rep); err != nil {
+	if err := p.in.checkLayout(rep); err != nil {
 		return err
 	}
 	if p.bad == nil && p.dec != nil {
@@ -263,24 +312,56 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 	// purge between them (its quota, a newer attempt) would leave the sum
 	// with part of its update.
 	t.startReading(device)
-	defer t.stopReading()
-	next, err := t.reportPieces(r, device, m, false)
+	defer t.stopReading(device)
+	got, err := t.intake(r).fold(device, seat, key, m, col.Begin)
+	t.c.chargeChunkedBytes(m, got.chunked)
 	if err != nil {
+		if errors.Is(err, errPartlyAdded) {
+			r.lost = fmt.Sprintf("the sum holds part of the update of %s: %v", device, err)
+		}
 		return device, err
 	}
-	check, err := aggregator.NewCheck(t.ulayout.Size(), 0)
+	mm.add(got.metrics, got.weight)
+	t.mu.Lock()
+	r.cohort.Report(device)
+	t.mu.Unlock()
+	return device, nil
+}
+
+// errPartlyAdded: a report passed every check, but its second read failed
+// with part of its values in the sum.
+var errPartlyAdded = errors.New("the report could not be read again")
+
+// folded is what a report that fold added brings the round besides its values.
+type folded struct {
+	metrics map[string]float64
+	weight  float64
+	chunked int // the bytes its chunks held, read in the first pass
+}
+
+// fold checks a plaintext update report of device, which holds seat and
+// signs with key, and adds its values through a Part begin gives. A refused
+// report has touched nothing; an error wrapping errPartlyAdded has left
+// part of the update in the sum.
+func (in *updateIntake) fold(device string, seat round.Seat, key ed25519.PublicKey, m reportMsg,
+	begin func(weight float64) (aggregator.Part, error)) (got folded, err error) {
+	next, err := in.pieces(device, m, false)
 	if err != nil {
-		return device, err
+		return got, err
+	}
+	check, err := aggregator.NewCheck(in.layout.Size(), 0)
+	if err != nil {
+		return got, err
 	}
 	// A report in one message is in memory already: for updates of up to
 	// keepValues values, the first read keeps what it decoded and the add
 	// uses that instead of decoding the message again.
 	var kept []float32
-	keep := !isChunked(m) && t.ulayout.Size() <= keepValues
+	keep := !isChunked(m) && in.layout.Size() <= keepValues
 	if keep {
-		kept = t.kept[:0]
+		kept = (*in.kept)[:0]
 	}
-	first := &scanPass{t: t, r: r, emit: func(v []float32) error {
+	first := &scanPass{in: in, emit: func(v []float32) error {
 		if err := check.Write(v); err != nil {
 			return refuseAs(metrics.RefusedPayload, "%v", err)
 		}
@@ -290,63 +371,61 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 		return nil
 	}}
 	rep, sha, err := first.run(next)
+	if isChunked(m) {
+		got.chunked = first.n
+	}
 	if err != nil {
-		return device, err
+		return got, err
 	}
-	t.c.chargeChunkedBytes(m, first.n)
-	if err := t.checkHeader(r, device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
-		return device, err
+	if err := in.checkHeader(device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
+		return got, err
 	}
-	if err := t.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
-		return device, err
+	if err := in.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
+		return got, err
 	}
 	if err := first.finish(rep, sha); err != nil {
-		return device, err
+		return got, err
 	}
 	if err := checkMetrics(rep.GetMetrics().GetValues()); err != nil {
-		return device, err
+		return got, err
 	}
 	if err := checkExamples(rep.NumExamples, seat); err != nil {
-		return device, err
+		return got, err
 	}
 	if err := check.Close(); err != nil {
-		return device, refuseAs(refusedAggregate, "%v", err)
+		return got, refuseAs(refusedAggregate, "%v", err)
 	}
-	if err := round.CheckNorm(check.Norm(), t.normBound()); err != nil {
-		return device, fromRound(err)
+	if err := round.CheckNorm(check.Norm(), in.influence.NormBound()); err != nil {
+		return got, fromRound(err)
 	}
-	weight := t.weight(rep.NumExamples)
-	part, err := col.Begin(weight)
+	got.weight = in.influence.Weight(rep.NumExamples)
+	part, err := begin(got.weight)
 	if err != nil {
-		return device, refuseAs(refusedAggregate, "%v", err)
+		return got, refuseAs(refusedAggregate, "%v", err)
 	}
 	// Last: a refused report must not have touched the aggregate. The
 	// second pass reads what the first accepted; it fails only if the
 	// stream does, and then the sum holds part of an update.
 	if keep {
-		t.kept = kept[:0]
+		*in.kept = kept[:0]
 		if err = part.Write(kept); err == nil {
 			err = part.Close()
 		}
-	} else if next, err = t.reportPieces(r, device, m, true); err == nil {
-		second := &scanPass{t: t, r: r, emit: part.Write, again: true}
+	} else if next, err = in.pieces(device, m, true); err == nil {
+		second := &scanPass{in: in, emit: part.Write, again: true}
 		if _, err = second.checkPayload(next); err == nil {
 			err = part.Close()
 		}
 	}
 	if err != nil {
-		r.lost = fmt.Sprintf("the sum holds part of the update of %s, whose report could not be read again: %v", device, err)
-		return device, fmt.Errorf("report of %s could not be read again: %w", device, err)
+		return got, fmt.Errorf("%w: %v", errPartlyAdded, err)
 	}
-	mm.add(rep.GetMetrics().GetValues(), weight)
-	t.mu.Lock()
-	r.cohort.Report(device)
-	t.mu.Unlock()
-	return device, nil
+	got.metrics = rep.GetMetrics().GetValues()
+	return got, nil
 }
 
 // checkLayout checks an update's tensor layout against the trained tensors.
-func (t *taskRun) checkLayout(rep *pb.UpdateReport) error {
+func (in *updateIntake) checkLayout(rep *pb.UpdateReport) error {
 	var layout []*pb.TensorSpec
 	switch p := rep.Payload.(type) {
 	case *pb.UpdateReport_Dense:
@@ -358,5 +437,5 @@ func (t *taskRun) checkLayout(rep *pb.UpdateReport) error {
 	for i, s := range layout {
 		got[i] = round.Tensor{Name: s.GetName(), Shape: s.GetShape()}
 	}
-	return fromRound(round.CheckLayout(t.trained, got))
+	return fromRound(round.CheckLayout(in.trained, got))
 }

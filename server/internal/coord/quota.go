@@ -113,15 +113,22 @@ func (t *taskRun) chargeStored(subj string, rnd uint64, device string, n notice)
 // wait (chargeStored) until stopReading runs them.
 func (t *taskRun) startReading(device string) {
 	t.mu.Lock()
-	t.reading = device
+	if t.reading == nil {
+		t.reading = map[string]int{}
+	}
+	t.reading[device]++
 	t.mu.Unlock()
 }
 
 // stopReading ends the read and runs the purges it held off.
-func (t *taskRun) stopReading() {
+func (t *taskRun) stopReading(device string) {
 	t.mu.Lock()
-	fs := t.deferred
-	t.reading, t.deferred = "", nil
+	var fs []func()
+	if t.reading[device]--; t.reading[device] <= 0 {
+		delete(t.reading, device)
+		fs = t.deferred[device]
+		delete(t.deferred, device)
+	}
 	t.mu.Unlock()
 	for _, f := range fs {
 		f()
@@ -133,8 +140,11 @@ func (t *taskRun) stopReading() {
 // first checked (intake.go).
 func (t *taskRun) afterRead(device string, purge func()) {
 	t.mu.Lock()
-	if t.reading == device {
-		t.deferred = append(t.deferred, purge)
+	if t.reading[device] > 0 {
+		if t.deferred == nil {
+			t.deferred = map[string][]func(){}
+		}
+		t.deferred[device] = append(t.deferred[device], purge)
 		t.mu.Unlock()
 		return
 	}

@@ -45,7 +45,7 @@ func TestPurgeWaitsForTheRead(t *testing.T) {
 	if len(ran) != 1 || ran[0] != "other" {
 		t.Fatalf("during the read: ran %v, want only other's purge", ran)
 	}
-	tr.stopReading()
+	tr.stopReading("mallory")
 	if len(ran) != 2 || ran[1] != "mallory" {
 		t.Fatalf("after the read: ran %v, want mallory's purge too", ran)
 	}

@@ -146,12 +146,20 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 	defer deadline.Stop()
 	mm := newMetricMean()
 	deadlinePassed := false
+	var answers chan shardReply
+	if t.sharded(r) {
+		r.shard = newShardRun()
+		answers = r.shard.answers
+		defer t.releaseShard(r.shard)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err() // the round stays open, to be resumed
-		case m := <-msgs:
-			t.handleReport(r, col, mm, m)
+		case m := <-r.shard.room(msgs):
+			t.handleReport(ctx, r, col, mm, m)
+		case a := <-answers:
+			t.settleShard(ctx, r, col, mm, a)
 		case <-r.kick:
 		case <-selTimer.C():
 			if why := t.endSelection(r, 0); why != "" {
@@ -165,10 +173,17 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 			// Reports already delivered arrived in time; count them.
 			for drained := false; !drained; {
 				select {
-				case m := <-msgs:
-					t.handleReport(r, col, mm, m)
+				case m := <-r.shard.room(msgs):
+					t.handleReport(ctx, r, col, mm, m)
+				case a := <-answers:
+					t.settleShard(ctx, r, col, mm, a)
 				default:
-					drained = true
+					drained = r.shard == nil || len(r.shard.pending) == 0
+					if !drained {
+						if err := t.awaitShards(ctx, r, col, mm); err != nil {
+							return err
+						}
+					}
 				}
 			}
 		}
@@ -185,6 +200,18 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 		t.mu.Unlock()
 		switch outcome, reason, short := p.Decide(); outcome {
 		case round.Commit:
+			if r.shard != nil {
+				// Reports out with workers may count yet.
+				if len(r.shard.pending) > 0 {
+					continue
+				}
+				if err := t.gatherShards(ctx, r, col); err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					return t.abandon(ctx, r, fmt.Sprintf("the sum lacks reports its aggregation workers added: %v", err))
+				}
+			}
 			return t.commit(ctx, r, col, mm, reason, 0)
 		case round.Abandon:
 			return t.abandonAs(ctx, r, reason, short)
@@ -217,10 +244,15 @@ func (t *taskRun) announce(r *roundRun) {
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
 }
 
-// handleReport validates one report and counts it, or refuses it with a receipt.
-func (t *taskRun) handleReport(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) {
+// handleReport validates one report and counts it, or refuses it with a
+// receipt; in a sharded round an update goes to the workers.
+func (t *taskRun) handleReport(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) {
 	if wire.IsEvalSubject(m.Subject()) {
 		t.settleChunked(r, m, "evaluation", func(m jetstream.Msg) (string, error) { return t.acceptReport(r, mm, m) })
+		return
+	}
+	if r.shard != nil {
+		t.dispatch(ctx, r, col, mm, m)
 		return
 	}
 	t.settle(r, m, "update", func() (string, error) { return t.acceptUpdate(r, col, mm, m) })

@@ -618,7 +618,7 @@ func (t *taskRun) acceptMasked(r *roundRun, m jetstream.Msg) (_ string, err erro
 		return device, fromRound(err)
 	}
 	t.startReading(device) // as acceptUpdate
-	defer t.stopReading()
+	defer t.stopReading(device)
 	next, err := t.reportPieces(r, device, m, false)
 	if err != nil {
 		return device, err

@@ -48,11 +48,12 @@ type taskRun struct {
 	// Loaded once per run.
 	spec   *pb.Task
 	global *model.Model // current model
-	// reading is the device whose report the round is reading, twice
-	// (intake.go); purges of its messages wait in deferred until it is read
-	// (quota.go). Guarded by mu.
-	reading  string
-	deferred []func()
+	// reading counts the reads under way of each device's report, each
+	// read twice (intake.go), by the runner or an aggregation worker
+	// (shard.go); purges of its messages wait in deferred until no read
+	// is left (quota.go). Guarded by mu.
+	reading  map[string]int
+	deferred map[string][]func()
 	// holds are the task's bytes held in the memory limit, by what they
 	// are: "model", "state" (the optimizer's), "round" (the round's sum).
 	holds map[string]func()
@@ -113,6 +114,7 @@ type roundRun struct {
 	// has answered with a receipt; only the runner's goroutine sets it.
 	answeredSeq uint64
 	secure      *secureRun // secure aggregation state; nil for plaintext rounds
+	shard       *shardRun  // sharded intake (shard.go); nil when the runner reads reports
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey

@@ -108,14 +108,24 @@ func roundKind(k pb.RoundKind) round.Kind {
 // device enrolled. The statement covers task, round, device, model, module,
 // payload digest (the metrics, for evaluation reports) and example count, so
 // none can be altered in transit.
-func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
+func (in *updateIntake) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
 	return fromRound(round.CheckSignature(round.Signed{Device: s.Device, KeyID: keyID, Sig: sig, Key: key,
-		RequireEnrollment: t.c.d.RequireEnrollment}, func(key ed25519.PublicKey, sig []byte) error {
+		RequireEnrollment: in.enrollment}, func(key ed25519.PublicKey, sig []byte) error {
 		return identity.VerifyReport(key, s, sig)
 	}))
 }
 
-func (t *taskRun) checkHeader(r *roundRun, device, task string, rnd uint64, bodyDevice, modelVersion, module string) error {
-	return fromRound(round.CheckHeader(t.roundSpec(r), device, round.Header{Task: task, Round: rnd, Device: bodyDevice,
+func (in *updateIntake) checkHeader(device, task string, rnd uint64, bodyDevice, modelVersion, module string) error {
+	return fromRound(round.CheckHeader(in.spec, device, round.Header{Task: task, Round: rnd, Device: bodyDevice,
 		Model: modelVersion, Module: module}))
+}
+
+func (t *taskRun) checkSignature(key ed25519.PublicKey, sig []byte, keyID string, s identity.ReportStatement) error {
+	in := updateIntake{enrollment: t.c.d.RequireEnrollment}
+	return in.checkSignature(key, sig, keyID, s)
+}
+
+func (t *taskRun) checkHeader(r *roundRun, device, task string, rnd uint64, bodyDevice, modelVersion, module string) error {
+	in := updateIntake{spec: t.roundSpec(r)}
+	return in.checkHeader(device, task, rnd, bodyDevice, modelVersion, module)
 }

@@ -19,7 +19,6 @@ import (
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
-	"github.com/fleetlearn/fleetlearn/server/internal/store"
 )
 
 // fuzzLayout is the update layout of the task FuzzReportChecks checks
@@ -102,7 +101,9 @@ func reportSeeds(tb testing.TB) map[string]proto.Message {
 // and returns the values it checked.
 func checkFuzzPayload(tr *taskRun, data []byte) ([]float32, error) {
 	var v []float32
-	p := &scanPass{t: tr, r: &roundRun{row: &store.RoundRow{Round: 7}}, emit: func(b []float32) error {
+	in := &updateIntake{spec: round.Spec{Task: tr.id, Round: 7}, encoding: tr.spec.GetUpdateEncoding(),
+		layout: tr.ulayout, trained: tr.trained, kept: new([]float32)}
+	p := &scanPass{in: in, emit: func(b []float32) error {
 		v = append(v, b...)
 		return nil
 	}}

@@ -19,7 +19,13 @@ type M struct {
 	ReportBytes   prometheus.Counter
 	// QuotaPurges counts purges of what a device stored beyond its report
 	// storage quota for a round.
-	QuotaPurges   prometheus.Counter
+	QuotaPurges prometheus.Counter
+	// ShardReports counts the update reports of sharded rounds by who read
+	// them: a worker, or the leader (no worker answered, or one could not
+	// read the report); ShardRereads, the reports the leader read again
+	// because their worker's partial sum could not be collected.
+	ShardReports  *prometheus.CounterVec
+	ShardRereads  prometheus.Counter
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
 	AuditFailures prometheus.Counter
@@ -131,6 +137,10 @@ func New() *M {
 	m.ReportBytes = counter("fleetlearn_report_bytes_total", "Bytes of report messages received.")
 	m.QuotaPurges = counter("fleetlearn_report_quota_purges_total",
 		"Purges of what a device stored in the reports stream beyond its per-round quota (the round's largest report).")
+	m.ShardReports = counterVec("fleetlearn_shard_reports_total",
+		"Update reports of sharded rounds, by who read and summed them (worker, leader).", "reader")
+	m.ShardRereads = counter("fleetlearn_shard_rereads_total",
+		"Reports the leader read again because their aggregation worker's partial sum could not be collected.")
 	m.CheckIns = counterVec("fleetlearn_checkins_total", "Device check-ins, by outcome.", "outcome")
 	m.OpenRounds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds", Help: "Rounds currently open."})
 	m.register("fleetlearn_open_rounds", m.OpenRounds)
