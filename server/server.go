@@ -81,9 +81,9 @@ type Config struct {
 	ShardAggregation   bool
 	AggregationWorkers int
 	NATSURL            string // external NATS cluster; empty starts an embedded server
-	NATSListen   string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
-	GRPCAddr     string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
-	MetricsAddr  string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
+	NATSListen         string // embedded server's client address (default 127.0.0.1:4222, all interfaces with PublicHost; port 0 picks one)
+	GRPCAddr           string // default 127.0.0.1:7070, all interfaces with PublicHost; port 0 picks one
+	MetricsAddr        string // Prometheus /metrics, /healthz and /readyz (plain HTTP); default 127.0.0.1:9464; "off" disables
 	// MaxMessageBytes is the embedded server's max_payload and the reports
 	// stream's message size limit (default wire.MaxMessageBytes).
 	MaxMessageBytes int32
