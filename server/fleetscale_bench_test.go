@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -29,6 +31,7 @@ import (
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server"
+	"github.com/fleetlearn/fleetlearn/server/internal/coord"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
@@ -81,6 +84,14 @@ const (
 // for the devices' own). FLEETLEARN_BENCH_DEVICES enrolls and runs another
 // number of devices (1,100 to 100,000), for the cost of the registered
 // devices that are not selected.
+// FLEETLEARN_BENCH_SHARD=N starts the server with --shard-aggregation and
+// N aggregation workers of its own, and reports worker-reads/round (the
+// reports a worker read, checked and summed; the rest the leader read).
+// FLEETLEARN_BENCH_SHARD_APART=N runs N aggregation workers in the
+// benchmark's process instead, so that server-cpu-s/round is the leader's
+// alone. FLEETLEARN_BENCH_NATS=external runs nats-server as its own process
+// (as BenchmarkLargeModelRound does) and reports its CPU as
+// nats-cpu-s/round.
 // FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
 // in DIR its heap profile at its largest heap in use over the measured
 // rounds, and a CPU profile of their first FLEETLEARN_BENCH_CPU_SECONDS
@@ -117,9 +128,21 @@ func BenchmarkFleetScale(b *testing.B) {
 		b.Fatal(err)
 	}
 	natsAddr, grpcAddr, metricsAddr, serverDir := benchAddr(b), benchAddr(b), benchAddr(b), filepath.Join(dir, "server")
-	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"),
-		"--data-dir", serverDir, "--grpc-addr", grpcAddr, "--nats-listen", natsAddr, "--metrics-addr", metricsAddr,
-		"--pace-window", largePace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath)
+	serverArgs := []string{"--data-dir", serverDir, "--grpc-addr", grpcAddr, "--metrics-addr", metricsAddr,
+		"--pace-window", largePace(b).String(), "--log-level", "warn", "--module-publishers", jwksPath}
+	var natsProc *benchProc
+	if os.Getenv("FLEETLEARN_BENCH_NATS") == "external" {
+		natsProc = startBenchNATS(b, bin, dir, serverDir, natsAddr, server.DefaultReportStoreBytes+1<<30)
+		serverArgs = append(serverArgs, "--nats-url", "nats://"+natsAddr)
+	} else {
+		serverArgs = append(serverArgs, "--nats-listen", natsAddr)
+	}
+	shard := scaleEnvInt(b, "FLEETLEARN_BENCH_SHARD", 0, 0, 64)
+	apart := scaleEnvInt(b, "FLEETLEARN_BENCH_SHARD_APART", 0, 0, 64)
+	if shard > 0 || apart > 0 {
+		serverArgs = append(serverArgs, "--shard-aggregation", "--aggregation-workers", strconv.Itoa(shard))
+	}
+	srv := startBenchProc(b, "fleetlearn-server", filepath.Join(dir, "server.log"), filepath.Join(bin, "fleetlearn-server"), serverArgs...)
 	b.Cleanup(func() { stopBenchProcs(b, 60*time.Second, srv) })
 	diag := func() string {
 		if srv.exited() {
@@ -148,6 +171,21 @@ func BenchmarkFleetScale(b *testing.B) {
 	mdl, err := client.ImportModel(ctx, models, &pb.ImportModelHeader{Name: "bench-100k", SizeBytes: uint64(st.Len())}, &st)
 	if err != nil {
 		b.Fatal(err)
+	}
+
+	if apart > 0 {
+		// Workers in this process, on a service connection of their own:
+		// the server's CPU is then the leader's alone (and its NATS's).
+		nc, err := nats.Connect("nats://"+natsAddr, benchServiceNATS(b, serverDir)...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+		w, err := coord.StartShardWorkers(nc, apart, slog.New(slog.DiscardHandler))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(w.Stop)
 	}
 
 	delta := make([]float32, benchParams)
@@ -196,7 +234,8 @@ func BenchmarkFleetScale(b *testing.B) {
 	}
 	checkIns0 := fleet.Stats().CheckIns
 	outcomes0 := scaleCheckIns(b, metricsAddr)
-	var total, sel, rep, cpu time.Duration
+	readers0 := scaleCounters(b, metricsAddr, `fleetlearn_shard_reports_total{reader="`)
+	var total, sel, rep, cpu, natsTotal time.Duration
 	var peak int64
 	var heap *heapWatch
 	measured := 0
@@ -209,6 +248,12 @@ func BenchmarkFleetScale(b *testing.B) {
 		c0, err := benchCPU(pid)
 		if err != nil {
 			b.Fatalf("server CPU: %v (%s)", err, diag())
+		}
+		var n0 time.Duration
+		if natsProc != nil {
+			if n0, err = benchCPU(natsProc.pid()); err != nil {
+				b.Fatalf("nats-server CPU: %v", err)
+			}
 		}
 		var w *heapWatch
 		if pprofAddr != "" {
@@ -227,6 +272,13 @@ func BenchmarkFleetScale(b *testing.B) {
 		c1, err := benchCPU(pid)
 		if err != nil {
 			b.Fatalf("server CPU: %v (%s)", err, diag())
+		}
+		if natsProc != nil {
+			n1, err := benchCPU(natsProc.pid())
+			if err != nil {
+				b.Fatalf("nats-server CPU: %v", err)
+			}
+			natsTotal += n1 - n0
 		}
 		if int(r.reported) < scaleCohort {
 			b.Fatalf("round %d committed with %d reports, want %d", r.round, r.reported, scaleCohort)
@@ -257,8 +309,14 @@ func BenchmarkFleetScale(b *testing.B) {
 	b.ReportMetric(rep.Seconds()/k, "s-reports/round")
 	b.ReportMetric(float64(fs.CheckIns-checkIns0)/k, "checkins/round")
 	b.ReportMetric((outcomes["overloaded"]-outcomes0["overloaded"])/k, "overloaded/round")
+	if readers := scaleCounters(b, metricsAddr, `fleetlearn_shard_reports_total{reader="`); len(readers) > 0 {
+		b.ReportMetric((readers["worker"]-readers0["worker"])/k, "worker-reads/round")
+	}
 	b.ReportMetric(float64(peak)*1024/1e6, "server-peak-MB")
 	b.ReportMetric(cpu.Seconds()/k, "server-cpu-s/round")
+	if natsProc != nil {
+		b.ReportMetric(natsTotal.Seconds()/k, "nats-cpu-s/round")
+	}
 	devKB, err := benchHWM("self")
 	if err != nil {
 		b.Fatal(err)
@@ -336,6 +394,12 @@ func scaleEnvInt(b *testing.B, name string, def, least, most int) int {
 // scaleCheckIns reads the server's check-in counts by outcome from its
 // metrics endpoint.
 func scaleCheckIns(b *testing.B, addr string) map[string]float64 {
+	return scaleCounters(b, addr, `fleetlearn_checkins_total{outcome="`)
+}
+
+// scaleCounters reads the series of a counter whose one label's value
+// follows prefix on the server's /metrics, by that value.
+func scaleCounters(b *testing.B, addr, prefix string) map[string]float64 {
 	b.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -346,7 +410,7 @@ func scaleCheckIns(b *testing.B, addr string) map[string]float64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), `fleetlearn_checkins_total{outcome="`)
+		rest, ok := strings.CutPrefix(sc.Text(), prefix)
 		if !ok {
 			continue
 		}

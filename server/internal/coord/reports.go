@@ -33,7 +33,11 @@ const (
 // from the start of the stream, so a restart sees every report it had
 // before plus the new ones (reports are de-duplicated per device). It
 // retries until ctx ends.
-func (t *taskRun) reportConsumer(ctx context.Context, round uint64) (jetstream.Consumer, func(), error) {
+//
+// headersOnly delivers each report's headers without its bytes (a sharded
+// round's: its workers read the bytes, and the leader only when it must,
+// by sequence: fullMsg).
+func (t *taskRun) reportConsumer(ctx context.Context, round uint64, headersOnly bool) (jetstream.Consumer, func(), error) {
 	var id [6]byte
 	rand.Read(id[:])
 	name := fmt.Sprintf("fl-%s-r%d-%s", t.id, round, hex.EncodeToString(id[:]))
@@ -45,6 +49,7 @@ func (t *taskRun) reportConsumer(ctx context.Context, round uint64) (jetstream.C
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: consumerInactive,
 		Replicas:          t.c.d.Stream.CachedInfo().Config.Replicas,
+		HeadersOnly:       headersOnly,
 	}
 	b := backoff.New(250*time.Millisecond, 5*time.Second, t.c.jitter)
 	for {

@@ -86,7 +86,10 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	}
 
 	msgs := make(chan jetstream.Msg, 256)
-	cons, drop, err := t.reportConsumer(ctx, row.Round)
+	if t.sharded(r) {
+		r.shard = newShardRun()
+	}
+	cons, drop, err := t.reportConsumer(ctx, row.Round, r.shard != nil)
 	if err != nil {
 		return err
 	}
@@ -147,8 +150,7 @@ func (t *taskRun) runPlain(ctx context.Context, r *roundRun, col aggregator.Coll
 	mm := newMetricMean()
 	deadlinePassed := false
 	var answers chan shardReply
-	if t.sharded(r) {
-		r.shard = newShardRun()
+	if r.shard != nil {
 		answers = r.shard.answers
 		defer t.releaseShard(r.shard)
 	}
@@ -248,6 +250,14 @@ func (t *taskRun) announce(r *roundRun) {
 // receipt; in a sharded round an update goes to the workers.
 func (t *taskRun) handleReport(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) {
 	if wire.IsEvalSubject(m.Subject()) {
+		if r.shard != nil {
+			full, err := t.fullMsg(m)
+			if err != nil {
+				t.settle(r, m, "evaluation", func() (string, error) { return "", err })
+				return
+			}
+			m = full
+		}
 		t.settleChunked(r, m, "evaluation", func(m jetstream.Msg) (string, error) { return t.acceptReport(r, mm, m) })
 		return
 	}
@@ -263,7 +273,7 @@ func (t *taskRun) handleReport(ctx context.Context, r *roundRun, col aggregator.
 // as the device's failure (its first).
 func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
 	defer t.c.d.Memory.Refresh() // what else is live moves as reports stream through
-	t.c.d.Metrics.ReportBytes.Add(float64(len(m.Data())))
+	t.c.d.Metrics.ReportBytes.Add(float64(storedSize(m)))
 	span := t.validation(r, kind, m.Headers())
 	device, err := accept()
 	endValidation(span, device, err)

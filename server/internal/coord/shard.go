@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
@@ -158,12 +160,14 @@ func (sh *shardRun) room(msgs <-chan jetstream.Msg) <-chan jetstream.Msg {
 	return msgs
 }
 
-// release ends the reads of reports still out when the runner stops.
+// releaseShard ends the reads of reports still out when the runner stops,
+// and tells the workers to drop the run's sums.
 func (t *taskRun) releaseShard(sh *shardRun) {
 	for _, p := range sh.pending {
 		t.stopReading(p.device)
 	}
 	clear(sh.pending)
+	t.dropShards(sh.run)
 }
 
 // dispatch hands an update report to the workers, or answers it when its
@@ -176,6 +180,14 @@ func (t *taskRun) dispatch(ctx context.Context, r *roundRun, col aggregator.Coll
 		return
 	}
 	if sh.out[device] {
+		// One waits per device: an honest device sends its report once
+		// (a retry has the same message id, which the stream drops).
+		if slices.ContainsFunc(sh.waiting, func(w jetstream.Msg) bool { return w.Subject() == m.Subject() }) {
+			t.settle(r, m, "update", func() (string, error) {
+				return device, refuse("another report of %s is being read: a device sends one report a round", device)
+			})
+			return
+		}
 		sh.waiting = append(sh.waiting, m)
 		return
 	}
@@ -189,7 +201,7 @@ func (t *taskRun) dispatch(ctx context.Context, r *roundRun, col aggregator.Coll
 	}
 	if err != nil {
 		// Not a stream message: no worker could read it by sequence.
-		t.settle(r, m, "update", func() (string, error) { return t.acceptUpdate(r, col, mm, m) })
+		t.settle(r, m, "update", func() (string, error) { return t.readUpdate(r, col, mm, m) })
 		return
 	}
 	seq := md.Sequence.Stream
@@ -230,7 +242,7 @@ func (t *taskRun) settleShard(ctx context.Context, r *roundRun, col aggregator.C
 		}
 		t.c.d.Metrics.ShardReports.WithLabelValues("leader").Inc()
 		t.log().Debug("the leader reads a report itself", "round", r.row.Round, "device", p.device, "why", why)
-		t.settle(r, p.m, "update", func() (string, error) { return t.acceptUpdate(r, col, mm, p.m) })
+		t.settle(r, p.m, "update", func() (string, error) { return t.readUpdate(r, col, mm, p.m) })
 	default:
 		t.c.d.Metrics.ShardReports.WithLabelValues("worker").Inc()
 		t.settle(r, p.m, "update", func() (string, error) {
@@ -260,6 +272,45 @@ func (t *taskRun) settleShard(ctx context.Context, r *roundRun, col aggregator.C
 	}
 }
 
+// readUpdate is acceptUpdate for a report the round's consumer delivered
+// without its bytes: the leader reads them by sequence.
+func (t *taskRun) readUpdate(r *roundRun, col aggregator.Collector, mm *metricMean, m jetstream.Msg) (string, error) {
+	full, err := t.fullMsg(m)
+	if err != nil {
+		device, _, _, _ := t.sender(r, m.Subject(), round.Train)
+		return device, err
+	}
+	return t.acceptUpdate(r, col, mm, full)
+}
+
+// fullMsg is m with its bytes: m itself, or, delivered headers only, m
+// with the bytes read from the stream by its sequence.
+func (t *taskRun) fullMsg(m jetstream.Msg) (jetstream.Msg, error) {
+	if m.Headers().Get(nats.MsgSize) == "" {
+		return m, nil
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return nil, fmt.Errorf("read report %s: %w", m.Subject(), err)
+	}
+	raw, err := t.readChunk(md.Sequence.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("read report %s (stream sequence %d): %w", m.Subject(), md.Sequence.Stream, err)
+	}
+	return assembled{Msg: m, data: raw.Data}, nil
+}
+
+// storedSize is the bytes of a stored report message, delivered whole or
+// headers only.
+func storedSize(m reportMsg) int {
+	if v := m.Headers().Get(nats.MsgSize); v != "" && len(m.Data()) == 0 {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			return n
+		}
+	}
+	return len(m.Data())
+}
+
 // awaitShards takes the answers to every report out.
 func (t *taskRun) awaitShards(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean) error {
 	for sh := r.shard; sh != nil && len(sh.pending) > 0; {
@@ -278,7 +329,6 @@ func (t *taskRun) awaitShards(ctx context.Context, r *roundRun, col aggregator.C
 // a worker added can no longer be read: the sum would then lack it.
 func (t *taskRun) gatherShards(ctx context.Context, r *roundRun, col aggregator.Collector) error {
 	sh := r.shard
-	defer t.dropShards(sh.run)
 	workers := make([]string, 0, len(sh.credited))
 	for w := range sh.credited {
 		workers = append(workers, w)

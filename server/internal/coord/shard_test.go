@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"encoding/json"
 	"log/slog"
 	"math"
 	"os"
@@ -16,7 +17,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/testwait"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
 )
 
@@ -73,7 +76,15 @@ func TestShardedRoundCommitsWeightedMean(t *testing.T) {
 		t.Fatalf("altered metrics: %v", r)
 	}
 	for i, d := range []*device{a, b, c} {
-		d.update(d.join(), constant(8, float32(i+1)/10), d.examples, map[string]float64{"loss": float64(i + 1)})
+		plan := d.join()
+		if i == 0 {
+			// The leader reads what its consumer delivered without bytes.
+			d.evaluate(plan, 5, map[string]float64{"accuracy": 1})
+			if r := d.receipt(); r.Accepted || !containsAll(r.Reason, "evaluation") {
+				t.Fatalf("an evaluation report in a training round: %v", r)
+			}
+		}
+		d.update(plan, constant(8, float32(i+1)/10), d.examples, map[string]float64{"loss": float64(i + 1)})
 	}
 	h.clk.Advance(20 * time.Second) // mallory holds a seat in silence now
 	got := h.next(ev)
@@ -155,6 +166,67 @@ func TestShardedRoundWithoutWorkers(t *testing.T) {
 	}
 	if w, l := h.shardReports("worker"), h.shardReports("leader"); w != 0 || l != 3 {
 		t.Errorf("reports read by workers %v, by the leader %v; want 0 and 3", w, l)
+	}
+}
+
+// TestShardReportsOfOneDeviceInOrder: while a device's report is out with
+// a worker, its next waits, and one more is refused; the leader takes them
+// in order once the first is answered. The queue group's one member here
+// is the test, answering "failed" when it chooses, so the leader reads
+// each report itself.
+func TestShardReportsOfOneDeviceInOrder(t *testing.T) {
+	h, _ := newShardHarness(t, 0)
+	nc, err := nats.Connect(h.nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	held := make(chan *nats.Msg, 4)
+	if _, err := nc.QueueSubscribe(subjectShardWork, shardQueue, func(m *nats.Msg) { held <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	answer := func() {
+		t.Helper()
+		select {
+		case m := <-held:
+			b, _ := json.Marshal(shardAnswer{Worker: "test", Failed: "the test's worker reads nothing"})
+			if err := m.Respond(b); err != nil {
+				t.Fatal(err)
+			}
+		case <-testwait.After(t):
+			t.Fatal("no dispatch")
+		}
+	}
+	task := h.start(h.baseTask(func(t *pb.Task) { t.CohortTarget, t.ReportGoal = 2, 2 }))
+	ev := h.watch(task.Id)
+	mallory, a := h.enroll("mallory", 10), h.enroll("dev-a", 10)
+	plan := mallory.join()
+	for i, id := range []string{"first", "second", "third"} {
+		rep := mallory.signedUpdate(plan, constant(8, float32(i+1)/10), 10, nil)
+		mallory.publish(wire.ReportSubject(rep.TaskId, rep.Round, mallory.id), rep, id)
+	}
+	// The first is out, the second waits, the third is refused at once.
+	if r := mallory.receipt(); r.Accepted || !containsAll(r.Reason, "another report of mallory is being read") {
+		t.Fatalf("third report: %v", r)
+	}
+	answer()
+	if r := mallory.receipt(); !r.Accepted {
+		t.Fatalf("first report: %v", r)
+	}
+	if r := mallory.receipt(); r.Accepted || !containsAll(r.Reason, "already reported") {
+		t.Fatalf("second report: %v", r)
+	}
+	a.update(a.join(), constant(8, 0.1), 10, nil)
+	answer()
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 2 {
+		t.Fatalf("round 1: %v", got)
+	}
+	// (0.1 + 0.1) / 2 on w[0] = 1: mallory's first report counted, once.
+	if got := h.current(task.Id).Flatten()[0]; math.Abs(float64(got-1.1)) > 1e-6 {
+		t.Fatalf("model[0] = %v, want 1.1", got)
 	}
 }
 
