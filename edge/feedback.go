@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/fleetlearn/fleetlearn/aggregator/quant"
+	"github.com/fleetlearn/fleetlearn/internal/lru"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -65,13 +66,7 @@ func (a *Agent) feedback(task string, m *model.Model) *feedbackState {
 	s, ok := a.feedbacks[task]
 	if !ok {
 		if len(a.feedbacks) >= maxFeedbackTasks {
-			var oldest string
-			for id, f := range a.feedbacks {
-				if oldest == "" || f.used < a.feedbacks[oldest].used {
-					oldest = id
-				}
-			}
-			delete(a.feedbacks, oldest)
+			lru.DropOldest(a.feedbacks, func(f *feedbackState) uint64 { return f.used })
 		}
 		s = &feedbackState{layout: key}
 		a.feedbacks[task] = s

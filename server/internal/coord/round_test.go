@@ -26,26 +26,33 @@ func TestRoundCommitsWeightedMean(t *testing.T) {
 		}
 		d.update(plan, constant(8, float32(i+1)/10), d.examples, map[string]float64{"loss": float64(i + 1)})
 	}
-	got := h.next(ev)
-	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 3 {
-		t.Fatalf("round 1: %v", got)
-	}
-	// (10·0.1 + 30·0.2 + 60·0.3) / 100 = 0.25; loss (10·1 + 30·2 + 60·3) / 100 = 2.5
-	want := []float32{1.25, 2.25, 3.25, 4.25, 5.25, 6.25, 0.75, -0.25}
-	for i, x := range h.current(task.Id).Flatten() {
-		if math.Abs(float64(x-want[i])) > 1e-6 {
-			t.Fatalf("model[%d] = %v, want %v", i, x, want[i])
-		}
-	}
-	if l := got.GetMetrics().GetValues()["train_loss"]; math.Abs(l-2.5) > 1e-12 {
-		t.Fatalf("train_loss = %v", l)
-	}
+	h.checkWeightedMean(task.Id, h.next(ev))
 	for _, d := range []*device{a, b, c} {
 		if r := d.receipt(); !r.Accepted {
 			t.Fatalf("%s refused: %s", d.id, r.Reason)
 		}
 	}
 	t.Logf("a whole round on the fake clock took %v", time.Since(began))
+}
+
+// checkWeightedMean checks round 1 of TestRoundCommitsWeightedMean: three
+// reports of 0.1, 0.2, 0.3 weighted 10, 30, 60 committed, and with loss
+// the mean of the losses 1, 2, 3 they reported.
+func (h *harness) checkWeightedMean(task string, got *pb.RoundEvent) {
+	h.t.Helper()
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 3 {
+		h.t.Fatalf("round 1: %v", got)
+	}
+	// (10·0.1 + 30·0.2 + 60·0.3) / 100 = 0.25; loss (10·1 + 30·2 + 60·3) / 100 = 2.5
+	want := []float32{1.25, 2.25, 3.25, 4.25, 5.25, 6.25, 0.75, -0.25}
+	for i, x := range h.current(task).Flatten() {
+		if math.Abs(float64(x-want[i])) > 1e-6 {
+			h.t.Fatalf("model[%d] = %v, want %v", i, x, want[i])
+		}
+	}
+	if l := got.GetMetrics().GetValues()["train_loss"]; math.Abs(l-2.5) > 1e-12 {
+		h.t.Fatalf("train_loss = %v", l)
+	}
 }
 
 func TestSelectionTimeoutAbandonsThenRetries(t *testing.T) {

@@ -87,19 +87,7 @@ func TestShardedRoundCommitsWeightedMean(t *testing.T) {
 		d.update(plan, constant(8, float32(i+1)/10), d.examples, map[string]float64{"loss": float64(i + 1)})
 	}
 	h.clk.Advance(20 * time.Second) // mallory holds a seat in silence now
-	got := h.next(ev)
-	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 3 {
-		t.Fatalf("round 1: %v", got)
-	}
-	want := []float32{1.25, 2.25, 3.25, 4.25, 5.25, 6.25, 0.75, -0.25}
-	for i, x := range h.current(task.Id).Flatten() {
-		if math.Abs(float64(x-want[i])) > 1e-6 {
-			t.Fatalf("model[%d] = %v, want %v", i, x, want[i])
-		}
-	}
-	if l := got.GetMetrics().GetValues()["train_loss"]; math.Abs(l-2.5) > 1e-12 {
-		t.Fatalf("train_loss = %v", l)
-	}
+	h.checkWeightedMean(task.Id, h.next(ev))
 	for _, d := range []*device{a, b, c} {
 		if r := d.receipt(); !r.Accepted {
 			t.Fatalf("%s refused: %s", d.id, r.Reason)
@@ -133,16 +121,7 @@ func TestShardWorkersLost(t *testing.T) {
 		w.Stop()
 	}
 	c.update(plans[2], constant(8, 0.3), c.examples, map[string]float64{"loss": 3})
-	got := h.next(ev)
-	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 3 {
-		t.Fatalf("round 1: %v", got)
-	}
-	want := []float32{1.25, 2.25, 3.25, 4.25, 5.25, 6.25, 0.75, -0.25}
-	for i, x := range h.current(task.Id).Flatten() {
-		if math.Abs(float64(x-want[i])) > 1e-6 {
-			t.Fatalf("model[%d] = %v, want %v", i, x, want[i])
-		}
-	}
+	h.checkWeightedMean(task.Id, h.next(ev))
 	if w, l := h.shardReports("worker"), h.shardReports("leader"); w != 2 || l != 1 {
 		t.Errorf("reports read by workers %v, by the leader %v; want 2 and 1", w, l)
 	}

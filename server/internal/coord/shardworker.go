@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetlearn/fleetlearn/aggregator"
+	"github.com/fleetlearn/fleetlearn/internal/lru"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
@@ -218,13 +219,7 @@ func (sw *shardWorker) partial(run string, dim int) (*shardPartial, error) {
 		return nil, fmt.Errorf("an update of %d values is outside (0, %d]", dim, maxShardDim)
 	}
 	if len(sw.runs) >= maxShardRuns {
-		var oldest string
-		for id, p := range sw.runs {
-			if oldest == "" || p.used < sw.runs[oldest].used {
-				oldest = id
-			}
-		}
-		delete(sw.runs, oldest)
+		lru.DropOldest(sw.runs, func(p *shardPartial) uint64 { return p.used })
 	}
 	acc, err := aggregator.NewAccumulator(dim, 0)
 	if err != nil {
