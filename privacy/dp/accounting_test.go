@@ -209,3 +209,49 @@ func TestAccountingRejectsBadInput(t *testing.T) {
 		t.Errorf("unknown accountant: %v", err)
 	}
 }
+
+// TestEpsilonFromZCDPTreeFigure: TF-Privacy's single-epoch tree
+// aggregation of 1,600 steps at noise 1.13 is 11/(2·1.13²)-zCDP (a tree of
+// depth ⌈log₂ 1601⌉ = 11), which its conversion at its orders puts at
+// ε ≈ 18.71 for δ = 1e-6.
+func TestEpsilonFromZCDPTreeFigure(t *testing.T) {
+	eps, _, err := dp.EpsilonFromZCDP(11/(2*1.13*1.13), 1e-6, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(eps-18.7096)/18.7096 > 1e-4 {
+		t.Fatalf("ε = %v, want 18.7096", eps)
+	}
+	if _, _, err := dp.EpsilonFromZCDP(math.NaN(), 1e-6, nil); err == nil {
+		t.Error("NaN ρ accepted")
+	}
+}
+
+// TestDerivedSource: a derived source is a function of its secret and
+// label: the same pair repeats its noise, another label or secret does not.
+func TestDerivedSource(t *testing.T) {
+	secret := make([]byte, 32)
+	draw := func(secret []byte, label string) [4]float64 {
+		t.Helper()
+		s, err := dp.DerivedSource(secret, label)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [4]float64{s.Normal(), s.Normal(), s.Normal(), s.Normal()}
+	}
+	a := draw(secret, "tree/3/7")
+	if draw(secret, "tree/3/7") != a {
+		t.Error("the same secret and label gave other noise")
+	}
+	if draw(secret, "tree/3/8") == a {
+		t.Error("another label gave the same noise")
+	}
+	other := make([]byte, 32)
+	other[0] = 1
+	if draw(other, "tree/3/7") == a {
+		t.Error("another secret gave the same noise")
+	}
+	if _, err := dp.DerivedSource(secret[:31], "x"); !errors.Is(err, dp.ErrInvalid) {
+		t.Errorf("a 31-byte secret: %v", err)
+	}
+}

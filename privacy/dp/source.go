@@ -34,6 +34,12 @@ func NewSource(r io.Reader) (*Source, error) {
 	if _, err := io.ReadFull(r, seed[:]); err != nil {
 		return nil, fmt.Errorf("dp: source: %w: reading seed: %w", ErrInvalid, err)
 	}
+	return newSourceFromSeed(seed[:])
+}
+
+// newSourceFromSeed keys a Source with seed's 32 bytes of AES-256 key and
+// 16 of counter block.
+func newSourceFromSeed(seed []byte) (*Source, error) {
 	block, err := aes.NewCipher(seed[:32])
 	if err != nil {
 		return nil, fmt.Errorf("dp: source: %w", err)
