@@ -35,6 +35,8 @@ func allPayloads() []Payload {
 		OperatorAction{Method: "fleetlearn.v1.TaskService/StopTask", Resource: "tasks/t-1", Result: ResultDenied, Code: "PERMISSION_DENIED",
 			RequestSHA256: hexA, Task: "t-1"},
 		PoolJob{Job: "pool-job-7", Kind: "pretrain", State: JobSucceeded, Model: hexA, Detail: "42 epochs"},
+		ParticipationRefused{Task: "t-1", Round: 9, Step: 7, MaxRounds: 4, MinSeparation: 3,
+			Devices: []RefusedDevice{{Device: dev, Rule: RuleMinSeparation, LastStep: 5}}, More: 2},
 	}
 }
 
@@ -169,6 +171,9 @@ func TestPayloadValidation(t *testing.T) {
 		OperatorAction{Method: "m", Result: "maybe"},
 		OperatorAction{Result: ResultOK},
 		PoolJob{Job: "j", Kind: "k", State: "lost"},
+		ParticipationRefused{Task: "t", Round: 1, Devices: []RefusedDevice{{Device: "device-1", Rule: RuleMaxRounds}}},
+		ParticipationRefused{Task: "t", Round: 1, Devices: []RefusedDevice{{Device: PseudonymizeDevice([]byte("k"), "d"), Rule: "often"}}},
+		ParticipationRefused{Task: "t", Round: 1, Devices: make([]RefusedDevice, MaxRefusedListed+1)},
 		TaskStopped{Task: "t\x00", State: TaskCompleted},
 		TaskStopped{Task: strings.Repeat("t", MaxFieldBytes+1), State: TaskCompleted},
 		TaskStopped{Task: "t", State: TaskCompleted, Reason: "\xff"},

@@ -29,6 +29,9 @@ const (
 	TypeDeviceRevoked    EventType = "device.revoked"
 	TypeOperatorAction   EventType = "operator.action"
 	TypePoolJob          EventType = "pool.job"
+	// TypeParticipationRefused lists the devices a round turned away for
+	// differential privacy's participation limits.
+	TypeParticipationRefused EventType = "dp.participation_refused"
 )
 
 // EventTypes lists every event type this package defines.
@@ -37,7 +40,7 @@ func EventTypes() []EventType {
 		TypeTaskCreated, TypeTaskChanged, TypeTaskStopped, TypeModuleRegistered,
 		TypeModelImported, TypeRoundOpened, TypeRoundClosed, TypeModelCommitted,
 		TypeModelEvaluated, TypePrivacySpent, TypeBudgetRefused, TypeDeviceEnrolled,
-		TypeDeviceRevoked, TypeOperatorAction, TypePoolJob,
+		TypeDeviceRevoked, TypeOperatorAction, TypePoolJob, TypeParticipationRefused,
 	}
 }
 
@@ -88,6 +91,8 @@ func (e Event) DecodePayload() (Payload, error) {
 		p = &OperatorAction{}
 	case TypePoolJob:
 		p = &PoolJob{}
+	case TypeParticipationRefused:
+		p = &ParticipationRefused{}
 	default:
 		return nil, fmt.Errorf("audit: payload of unknown type %q: %w", e.Type, ErrInvalidEvent)
 	}
@@ -129,6 +134,8 @@ func deref(p Payload) Payload {
 	case *OperatorAction:
 		return *v
 	case *PoolJob:
+		return *v
+	case *ParticipationRefused:
 		return *v
 	}
 	return p
@@ -572,6 +579,68 @@ func (p PrivacySpent) encode(o *canon.Object) {
 	o.Float("epsilon", p.Epsilon)
 	o.Float("cumulative_epsilon", p.CumulativeEpsilon)
 	o.Float("epsilon_budget", p.EpsilonBudget)
+}
+
+// MaxRefusedListed bounds the devices one ParticipationRefused names; the
+// rest are counted in More.
+const MaxRefusedListed = 1000
+
+// Participation rules (RefusedDevice.Rule).
+const (
+	RuleMaxRounds     = "max_rounds"
+	RuleMinSeparation = "min_separation"
+)
+
+// ParticipationRefused records, when a round of a task with differential
+// privacy's participation limits closes, the devices that checked in and
+// were turned away by them: over the cap of MaxRounds rounds, or before
+// MinSeparation training steps had passed since their last (LastStep;
+// Step is the step the round's commit would be). An auditor checks each
+// against the rule; devices appear as pseudonyms.
+type ParticipationRefused struct {
+	Task          string          `json:"task"`
+	Round         uint64          `json:"round"`
+	Step          uint64          `json:"step"`
+	MaxRounds     uint64          `json:"max_rounds"`
+	MinSeparation uint64          `json:"min_separation"`
+	Devices       []RefusedDevice `json:"devices"`
+	More          uint64          `json:"more"` // turned away beyond those listed
+}
+
+// RefusedDevice is one device a participation rule turned away.
+type RefusedDevice struct {
+	Device   string `json:"device"` // pseudonym
+	Rule     string `json:"rule"`   // RuleMaxRounds or RuleMinSeparation
+	LastStep uint64 `json:"last_step"`
+}
+
+func (ParticipationRefused) EventType() EventType { return TypeParticipationRefused }
+func (p ParticipationRefused) subject() Subject   { return Subject{Task: p.Task, Round: p.Round} }
+func (p ParticipationRefused) validate() error {
+	var c checks
+	c.field("task", p.Task, true)
+	c.round(p.Round)
+	if len(p.Devices) > MaxRefusedListed && c.err == nil {
+		c.err = fmt.Errorf("devices: %d listed, at most %d: %w", len(p.Devices), MaxRefusedListed, ErrInvalidEvent)
+	}
+	for _, d := range p.Devices {
+		c.pseudonym("devices.device", d.Device)
+		c.oneOf("devices.rule", d.Rule, RuleMaxRounds, RuleMinSeparation)
+	}
+	return c.err
+}
+func (p ParticipationRefused) encode(o *canon.Object) {
+	o.String("task", p.Task)
+	o.Uint("round", p.Round)
+	o.Uint("step", p.Step)
+	o.Uint("max_rounds", p.MaxRounds)
+	o.Uint("min_separation", p.MinSeparation)
+	o.Objects("devices", len(p.Devices), func(i int, in *canon.Object) {
+		in.String("device", p.Devices[i].Device)
+		in.String("rule", p.Devices[i].Rule)
+		in.Uint("last_step", p.Devices[i].LastStep)
+	})
+	o.Uint("more", p.More)
 }
 
 // BudgetRefused records a round not run, or a task stopped, because it

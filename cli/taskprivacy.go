@@ -35,6 +35,7 @@ type privacyFlags struct {
 	contributors       uint32
 	sampling           float64
 	maxRoundsPerDevice uint32
+	minSeparation      uint32
 
 	// accounting is the accounting of the task the flags built, for the
 	// budget warning; nil without DP.
@@ -59,7 +60,8 @@ var accountants = map[string]pb.Accountant{"rdp": pb.Accountant_ACCOUNTANT_RDP, 
 var (
 	secaggSubFlags = []string{"secagg-k", "secagg-threshold", "secagg-bits", "secagg-clip-range", "secagg-max-weight", "secagg-stage-timeout", "secagg-group-size"}
 	dpSubFlags     = []string{"dp-noise-multiplier", "dp-clip", "dp-target-unclipped-quantile", "dp-clip-lr", "dp-delta",
-		"dp-epsilon-budget", "dp-accountant", "dp-min-noise-contributors", "dp-sampling-rate", "dp-max-rounds-per-device"}
+		"dp-epsilon-budget", "dp-accountant", "dp-min-noise-contributors", "dp-sampling-rate", "dp-max-rounds-per-device",
+		"dp-min-separation"}
 )
 
 // Defaults of the DP flags. The noise multiplier is the usual DP-FedAvg
@@ -95,6 +97,8 @@ func (f *privacyFlags) register(cmd *cobra.Command) {
 	fl.Uint32Var(&f.contributors, "dp-min-noise-contributors", 0, "with --dp distributed or skellam, devices whose noise shares make up the noise; a round with fewer reports is abandoned; 0 picks --report-goal")
 	fl.Float64Var(&f.sampling, "dp-sampling-rate", 0, "with --dp central or local, the Poisson sampling rate the accountant may assume, in [0, 1]; 0 claims no amplification, the honest choice unless devices join rounds at random")
 	fl.Uint32Var(&f.maxRoundsPerDevice, "dp-max-rounds-per-device", 0, "with --dp, rounds one device may take part in over the task; 0 is no cap")
+	fl.Uint32Var(&f.minSeparation, "dp-min-separation", 0, "with --dp, training rounds that must pass between two a device takes part in "+
+		"(it may return b rounds after its last); the server refuses it at check-in before then, and the audit log records the refusal; 0 is none")
 }
 
 // apply checks the privacy flags and sets t's secagg and dp settings. The
@@ -148,7 +152,8 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 	if mech != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
 		t.Dp = &pb.DPConfig{Mechanism: mech, ClipNorm: f.clip, TargetUnclippedQuantile: f.quantile,
 			ClipLearningRate: f.clipLR, NoiseMultiplier: f.noise, TargetEpsilon: f.budget, Delta: f.delta,
-			MinNoiseContributors: f.contributors, SamplingRate: f.sampling, MaxRoundsPerDevice: f.maxRoundsPerDevice}
+			MinNoiseContributors: f.contributors, SamplingRate: f.sampling, MaxRoundsPerDevice: f.maxRoundsPerDevice,
+			MinSeparation: f.minSeparation}
 		if !distributed {
 			t.Dp.Accountant = acct
 		}
@@ -221,6 +226,7 @@ var taskFlagNames = map[string]string{
 	"dp.min_noise_contributors":    "--dp-min-noise-contributors",
 	"dp.sampling_rate":             "--dp-sampling-rate",
 	"dp.max_rounds_per_device":     "--dp-max-rounds-per-device",
+	"dp.min_separation":            "--dp-min-separation",
 }
 
 // flagNames spells the API's refusals (privacyconf) in task create's flags.
@@ -319,6 +325,9 @@ func differentialPrivacy(t *pb.Task) string {
 	}
 	if n := c.GetMaxRoundsPerDevice(); n > 0 {
 		parts = append(parts, fmt.Sprintf("at most %s per device", plural(int(n), "round")))
+	}
+	if b := c.GetMinSeparation(); b > 0 {
+		parts = append(parts, fmt.Sprintf("at least %s between a device's", plural(int(b), "training round")))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -26,6 +26,7 @@ type Cohort struct {
 	reported  map[string]bool
 	failures  map[string]string
 	capped    map[string]bool
+	separated map[string]uint64 // device → the step it last contributed to
 }
 
 // CohortConfig is what a round's cohort is started with.
@@ -43,7 +44,8 @@ type CohortConfig struct {
 // stays open only while seats are missing and SelectionEnd has not come.
 func NewCohort(cfg CohortConfig, now time.Time, resumed map[string]Seat) *Cohort {
 	c := &Cohort{round: cfg.Round, wanted: cfg.Wanted, deadline: cfg.Deadline, pace: cfg.Pace, seats: map[string]Seat{},
-		reserved: map[string]bool{}, reported: map[string]bool{}, failures: map[string]string{}, capped: map[string]bool{}}
+		reserved: map[string]bool{}, reported: map[string]bool{}, failures: map[string]string{}, capped: map[string]bool{},
+		separated: map[string]uint64{}}
 	for d, s := range resumed {
 		c.seats[d] = s
 	}
@@ -101,6 +103,31 @@ type Eligibility struct {
 	// MaxRounds caps the rounds one device contributes to (differential
 	// privacy's participation cap); 0 is no cap.
 	MaxRounds int
+	// MinSeparation is the fewest training steps between two a device
+	// contributes to (correlated-noise DP's minimum separation b); 0 is
+	// none. Step is the step the open round's commit would be.
+	MinSeparation int
+	Step          uint64
+}
+
+// Participation rules that turn a device away (TurnedAway.Rule).
+const (
+	RuleMaxRounds     = "max_rounds"
+	RuleMinSeparation = "min_separation"
+)
+
+// TurnedAway is a device a participation rule turned away from a round.
+type TurnedAway struct {
+	Device string
+	Rule   string // RuleMaxRounds or RuleMinSeparation
+	// LastStep is the step of its last contribution (RuleMinSeparation).
+	LastStep uint64
+}
+
+// separatedUntil is the first step a device that last contributed to step
+// last may contribute to again, under e's minimum separation.
+func (e Eligibility) separatedUntil(last uint64) uint64 {
+	return last + uint64(e.MinSeparation)
 }
 
 // Check says why the task does not take a device with attributes a, or ""
@@ -152,8 +179,10 @@ type Candidate struct {
 	Device     string
 	Attributes Attributes
 	// Rounds is how many committed rounds it contributed to, counted while
-	// the task caps participation.
-	Rounds int
+	// the task caps participation; LastStep, the training step of the last
+	// (0: none), while it has a minimum separation.
+	Rounds   int
+	LastStep uint64
 	// Benched says why it sits this round out (NoShow.Benched), "" if not.
 	Benched string
 }
@@ -174,6 +203,12 @@ func (c *Cohort) Offer(now time.Time, e Eligibility, cand Candidate) Offer {
 		c.capped[d] = true
 		return Offer{Action: Defer, Wait: long, Reason: ReasonNotEligible,
 			Detail: fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", e.MaxRounds)}
+	}
+	if e.MinSeparation > 0 && cand.LastStep > 0 && e.Step < e.separatedUntil(cand.LastStep) {
+		c.separated[d] = cand.LastStep
+		return Offer{Action: Defer, Wait: long, Reason: ReasonNotEligible,
+			Detail: fmt.Sprintf("device took part in training step %d; the task's minimum separation of %d steps lets it take part again from step %d, and this round is step %d (differential privacy)",
+				cand.LastStep, e.MinSeparation, e.separatedUntil(cand.LastStep), e.Step)}
 	}
 	if s, ok := c.seats[d]; ok && !c.reported[d] {
 		return Offer{Action: Replan, Seat: s}
@@ -223,6 +258,19 @@ func (c *Cohort) Reported() int { return len(c.reported) }
 
 // Capped counts the devices the participation cap turned away.
 func (c *Cohort) Capped() int { return len(c.capped) }
+
+// TurnedAway lists the devices the participation rules turned away from the
+// round, by device.
+func (c *Cohort) TurnedAway() []TurnedAway {
+	out := make([]TurnedAway, 0, len(c.capped)+len(c.separated))
+	for _, d := range sortedKeys(c.capped) {
+		out = append(out, TurnedAway{Device: d, Rule: RuleMaxRounds})
+	}
+	for _, d := range sortedKeys(c.separated) {
+		out = append(out, TurnedAway{Device: d, Rule: RuleMinSeparation, LastStep: c.separated[d]})
+	}
+	return out
+}
 
 // SeatOf returns device's seat, if it holds one.
 func (c *Cohort) SeatOf(device string) (Seat, bool) {
@@ -325,6 +373,9 @@ func (c *Cohort) CloseSelection(reportGoal, minCohort, maxRounds int) string {
 	}
 	if k := len(c.capped); k > 0 {
 		why += fmt.Sprintf("; %d devices checked in but had reached the task's cap of %d rounds each", k, maxRounds)
+	}
+	if k := len(c.separated); k > 0 {
+		why += fmt.Sprintf("; %d devices checked in before their minimum separation had passed", k)
 	}
 	return why
 }

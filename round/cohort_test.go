@@ -289,7 +289,42 @@ func busyCohort() *round.Cohort {
 	capped := device("capped")
 	capped.Rounds = 1
 	c.Offer(now, e, capped)
+	e.MinSeparation, e.Step = 3, 5
+	recent := device("recent")
+	recent.LastStep = 4
+	c.Offer(now, e, recent)
 	return c
+}
+
+// TestMinSeparation: a device that contributed to step s is turned away,
+// with when it may come back, until step s+b; the round lists it.
+func TestMinSeparation(t *testing.T) {
+	c := newCohort(3)
+	now := t0.Add(time.Second)
+	e := everyone
+	e.MinSeparation, e.Step = 3, 7
+	recent := device("recent")
+	recent.LastStep = 5 // 7 < 5+3
+	if o := c.Offer(now, e, recent); o.Action != round.Defer || o.Reason != round.ReasonNotEligible ||
+		!strings.Contains(o.Detail, "took part in training step 5; the task's minimum separation of 3 steps lets it take part again from step 8, and this round is step 7") {
+		t.Errorf("a device 2 steps after its last: %+v", o)
+	}
+	apart := device("apart")
+	apart.LastStep = 4 // 7 = 4+3
+	if o := c.Offer(now, e, apart); o.Action != round.Reserve {
+		t.Errorf("a device 3 steps after its last: %+v", o)
+	}
+	if o := c.Offer(now, e, device("new")); o.Action != round.Reserve {
+		t.Errorf("a device that never took part: %+v", o)
+	}
+	want := []round.TurnedAway{{Device: "recent", Rule: round.RuleMinSeparation, LastStep: 5}}
+	if got := c.TurnedAway(); !slices.Equal(got, want) {
+		t.Errorf("turned away %+v, want %+v", got, want)
+	}
+	c.EndSelection()
+	if why := c.CloseSelection(3, 0, 0); !strings.Contains(why, "1 devices checked in before their minimum separation had passed") {
+		t.Errorf("close: %q", why)
+	}
 }
 
 // TestCohortStateRestores: a cohort serialized and restored is the same
@@ -310,12 +345,15 @@ func TestCohortStateRestores(t *testing.T) {
 	}
 	// The same events give the same decisions on both.
 	now := t0.Add(2 * time.Second)
-	for _, d := range []string{"d0", "d1", "d3", "d4", "new", "capped"} {
+	for _, d := range []string{"d0", "d1", "d3", "d4", "new", "capped", "recent"} {
 		e := everyone
-		e.MaxRounds = 1
+		e.MaxRounds, e.MinSeparation, e.Step = 1, 3, 5
 		cand := device(d)
-		if d == "capped" {
+		switch d {
+		case "capped":
 			cand.Rounds = 1
+		case "recent":
+			cand.LastStep = 4
 		}
 		if a, b := c.Offer(now, e, cand), r.Offer(now, e, cand); !offersEqual(a, b) {
 			t.Errorf("%s: original %+v, restored %+v", d, a, b)

@@ -30,6 +30,9 @@ type cohortDoc struct {
 	Reported  []string          `json:"reported"`
 	Failures  map[string]string `json:"failures"`
 	Capped    []string          `json:"capped"`
+	// Separated is omitted when empty, so that a cohort without it
+	// serializes as before.
+	Separated map[string]uint64 `json:"separated,omitempty"`
 }
 
 // MarshalBinary serializes the cohort: the same state always gives the same
@@ -37,7 +40,7 @@ type cohortDoc struct {
 func (c *Cohort) MarshalBinary() ([]byte, error) {
 	return json.Marshal(cohortDoc{Version: cohortVersion, Round: c.round, Wanted: c.wanted, Selecting: c.selecting,
 		Deadline: c.deadline.UTC(), Pace: c.pace, Seats: c.seats, Reserved: sortedKeys(c.reserved),
-		Reported: sortedKeys(c.reported), Failures: c.failures, Capped: sortedKeys(c.capped)})
+		Reported: sortedKeys(c.reported), Failures: c.failures, Capped: sortedKeys(c.capped), Separated: c.separated})
 }
 
 // UnmarshalBinary restores a cohort MarshalBinary serialized. State that no
@@ -56,7 +59,7 @@ func (c *Cohort) UnmarshalBinary(b []byte) error {
 	}
 	n := Cohort{round: doc.Round, wanted: doc.Wanted, selecting: doc.Selecting, deadline: doc.Deadline, pace: doc.Pace,
 		seats: map[string]Seat{}, reserved: map[string]bool{}, reported: map[string]bool{},
-		failures: map[string]string{}, capped: map[string]bool{}}
+		failures: map[string]string{}, capped: map[string]bool{}, separated: map[string]uint64{}}
 	for d, s := range doc.Seats {
 		if err := checkDevice(d); err != nil {
 			return err
@@ -89,6 +92,15 @@ func (c *Cohort) UnmarshalBinary(b []byte) error {
 			}
 			set.into[d] = true
 		}
+	}
+	for d, step := range doc.Separated {
+		if err := checkDevice(d); err != nil {
+			return err
+		}
+		if step == 0 {
+			return fmt.Errorf("%w: device %q turned away for a contribution at step 0", ErrState, d)
+		}
+		n.separated[d] = step
 	}
 	for d, why := range doc.Failures {
 		if _, in := n.seats[d]; !in {

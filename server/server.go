@@ -562,7 +562,8 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	s.coord = coord.New(coord.Deps{Store: leaderStore, NC: s.nc, JS: js, Stream: stream, Blobs: bl, Sandbox: s.sandbox,
 		Metrics: m, Log: s.o.log.With("component", "coord"), Clock: s.o.clock, Rand: s.o.rand, PaceWindow: s.cfg.PaceWindow,
 		Audit: s.recordBatch, Audited: s.audited, DeviceKey: s.deviceKey, RequireEnrollment: s.natsAuthority != nil,
-		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom()), ShardAggregation: s.cfg.ShardAggregation})
+		Tracer: s.o.tracer, Memory: memlimit.Process(s.memoryHeadroom()), ShardAggregation: s.cfg.ShardAggregation,
+		Pseudonym: s.audit.PseudonymizeDevice})
 	if err := s.coord.Start(ctx); err != nil {
 		return err
 	}

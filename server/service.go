@@ -112,6 +112,9 @@ func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
 		settings["dp_sampling_rate"] = f(d.GetSamplingRate())
 		settings["dp_accountant"] = d.GetAccountant().String()
 		settings["dp_max_rounds_per_device"] = strconv.FormatUint(uint64(d.GetMaxRoundsPerDevice()), 10)
+		if b := d.GetMinSeparation(); b > 0 {
+			settings["dp_min_separation"] = strconv.FormatUint(uint64(b), 10)
+		}
 	}
 	if sa := t.GetSecagg(); sa != nil {
 		settings["secagg_k"], settings["secagg_threshold"] = strconv.FormatUint(uint64(sa.GetK()), 10), strconv.FormatUint(uint64(sa.GetThreshold()), 10)

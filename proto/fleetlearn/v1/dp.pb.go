@@ -187,8 +187,15 @@ type DPConfig struct {
 	// Maximum number of rounds one device may take part in over the task; zero
 	// means no cap. Devices at the cap are not selected again.
 	MaxRoundsPerDevice uint32 `protobuf:"varint,11,opt,name=max_rounds_per_device,json=maxRoundsPerDevice,proto3" json:"max_rounds_per_device,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Minimum separation b, in training steps (committed training rounds),
+	// between two rounds one device takes part in: a device that contributed
+	// to step s may contribute again from step s + b. Zero means none. The
+	// server refuses a device at check-in before its separation has passed,
+	// and the audit log records whom it refused and why. Correlated-noise
+	// accounting (tree aggregation, BLT) assumes it.
+	MinSeparation uint32 `protobuf:"varint,12,opt,name=min_separation,json=minSeparation,proto3" json:"min_separation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DPConfig) Reset() {
@@ -298,11 +305,18 @@ func (x *DPConfig) GetMaxRoundsPerDevice() uint32 {
 	return 0
 }
 
+func (x *DPConfig) GetMinSeparation() uint32 {
+	if x != nil {
+		return x.MinSeparation
+	}
+	return 0
+}
+
 var File_fleetlearn_v1_dp_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\n" +
-	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xfc\x03\n" +
+	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xa3\x04\n" +
 	"\bDPConfig\x128\n" +
 	"\tmechanism\x18\x01 \x01(\x0e2\x1a.fleetlearn.v1.DPMechanismR\tmechanism\x12\x1b\n" +
 	"\tclip_norm\x18\x02 \x01(\x01R\bclipNorm\x12:\n" +
@@ -317,7 +331,8 @@ const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\x16min_noise_contributors\x18\t \x01(\rR\x14minNoiseContributors\x12#\n" +
 	"\rsampling_rate\x18\n" +
 	" \x01(\x01R\fsamplingRate\x121\n" +
-	"\x15max_rounds_per_device\x18\v \x01(\rR\x12maxRoundsPerDevice*\xc7\x01\n" +
+	"\x15max_rounds_per_device\x18\v \x01(\rR\x12maxRoundsPerDevice\x12%\n" +
+	"\x0emin_separation\x18\f \x01(\rR\rminSeparation*\xc7\x01\n" +
 	"\vDPMechanism\x12\x1c\n" +
 	"\x18DP_MECHANISM_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DP_MECHANISM_NONE\x10\x01\x12!\n" +

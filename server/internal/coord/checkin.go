@@ -189,7 +189,7 @@ func (t *taskRun) eligibility() round.Eligibility {
 	e := t.spec.GetEligibility()
 	return round.Eligibility{ABI: t.moduleABI(), MinExamples: e.GetMinExamples(), RequireCharging: e.GetRequireCharging(),
 		RequireIdle: e.GetRequireIdle(), RequireUnmetered: e.GetRequireUnmetered(), Classes: e.GetDeviceClasses(),
-		MaxRounds: t.dp.maxRounds()}
+		MaxRounds: t.dp.maxRounds(), MinSeparation: t.dp.minSeparation()}
 }
 
 // moduleABI is the ABI the task's module declared when it was registered;
@@ -230,8 +230,11 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 	if ns, ok := t.noShows[device]; ok {
 		benched = ns.Benched(r.row.Round)
 	}
-	o := r.cohort.Offer(now, t.eligibility(), round.Candidate{Device: device, Attributes: attributes(ci.Attributes),
-		Rounds: t.parts[device], Benched: benched})
+	e := t.eligibility()
+	e.Step = r.step
+	part := t.parts[device]
+	o := r.cohort.Offer(now, e, round.Candidate{Device: device, Attributes: attributes(ci.Attributes),
+		Rounds: part.Rounds, LastStep: part.LastStep, Benched: benched})
 	t.mu.Unlock()
 	switch o.Action {
 	case round.Defer:

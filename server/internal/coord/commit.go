@@ -169,7 +169,11 @@ func (t *taskRun) abandonAs(ctx context.Context, r *roundRun, reason string, sho
 	row.Short = short
 	ev := audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundAbandoned, Reports: uint64(row.Reported),
 		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: reason}
-	if err := t.closeDurably(ctx, []audit.Payload{ev}, row, nil, nil); err != nil {
+	evs := []audit.Payload{ev}
+	if ev := t.refusedEvent(r); ev != nil {
+		evs = append(evs, ev)
+	}
+	if err := t.closeDurably(ctx, evs, row, nil, nil); err != nil {
 		return err
 	}
 	t.log().Warn("round abandoned", "round", row.Round, "reason", reason)
@@ -320,6 +324,9 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		}
 	}
 	events := t.commitEvents(row, newRow, mm, fedMetrics, srvMetrics, epsBefore)
+	if ev := t.refusedEvent(r); ev != nil {
+		events = append(events, ev)
+	}
 	if err := t.closeDurably(ctx, events, row, newRow, optState); err != nil {
 		if errors.Is(err, errInvalidAudit) {
 			return t.abandon(ctx, r, err.Error())

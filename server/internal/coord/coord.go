@@ -89,6 +89,9 @@ type Deps struct {
 	Memory *memlimit.Limit
 	// Tracer records each round as a trace (tracing.go); nil records nothing.
 	Tracer trace.TracerProvider
+	// Pseudonym names a device as the audit log does (its pseudonym); nil
+	// leaves devices out of the audit events that would list them.
+	Pseudonym func(device string) (string, error)
 	// ShardAggregation hands the update reports of plaintext training
 	// rounds to the aggregation workers' queue group (shard.go, and
 	// StartShardWorkers); without a worker the leader reads them itself.

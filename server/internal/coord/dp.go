@@ -10,6 +10,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // dpRun is a task's differential privacy: the resolved settings, how its
@@ -93,6 +94,19 @@ func (d *dpRun) maxRounds() int {
 	}
 	return int(d.cfg.GetMaxRoundsPerDevice())
 }
+
+// minSeparation is the fewest training steps between two a device takes
+// part in; 0 without DP or separation.
+func (d *dpRun) minSeparation() int {
+	if d == nil {
+		return 0
+	}
+	return int(d.cfg.GetMinSeparation())
+}
+
+// limitsParticipation reports whether the task caps or spaces out each
+// device's rounds, so that its participations are read at each round.
+func (d *dpRun) limitsParticipation() bool { return d.maxRounds() > 0 || d.minSeparation() > 0 }
 
 // mechanismName is the mechanism as the audit log names it.
 func (d *dpRun) mechanismName() string {
@@ -185,4 +199,35 @@ func (t *taskRun) accountantName() string {
 		return "pld"
 	}
 	return "rdp"
+}
+
+// auditRules are the audit log's names of the round engine's participation rules.
+var auditRules = map[string]string{round.RuleMaxRounds: audit.RuleMaxRounds, round.RuleMinSeparation: audit.RuleMinSeparation}
+
+// refusedEvent is the audit record of the devices round r's participation
+// limits turned away, by pseudonym; nil when none were, or when the
+// coordinator has no pseudonyms to give.
+func (t *taskRun) refusedEvent(r *roundRun) audit.Payload {
+	t.mu.Lock()
+	turned := r.cohort.TurnedAway()
+	t.mu.Unlock()
+	if len(turned) == 0 || t.c.d.Pseudonym == nil {
+		return nil
+	}
+	ev := audit.ParticipationRefused{Task: t.id, Round: r.row.Round, Step: r.step, MaxRounds: uint64(t.dp.maxRounds()),
+		MinSeparation: uint64(t.dp.minSeparation())}
+	for _, d := range turned {
+		if len(ev.Devices) == audit.MaxRefusedListed {
+			ev.More++
+			continue
+		}
+		p, err := t.c.d.Pseudonym(d.Device)
+		if err != nil {
+			t.log().Error("a refused device's pseudonym", "device", d.Device, "err", err)
+			ev.More++
+			continue
+		}
+		ev.Devices = append(ev.Devices, audit.RefusedDevice{Device: p, Rule: auditRules[d.Rule], LastStep: d.LastStep})
+	}
+	return ev
 }

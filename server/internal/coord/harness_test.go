@@ -100,7 +100,8 @@ func newHarness(t *testing.T) *harness {
 	}
 	h.deps = Deps{Store: st, NC: nc, JS: js, Stream: stream, Blobs: bl, Sandbox: sb, Metrics: metrics.New(),
 		Log: slog.New(slog.DiscardHandler), Clock: h.clk, Rand: mrand.New(mrand.NewPCG(1, 2)), PaceWindow: time.Second,
-		Audit: h.audit, Audited: h.auditedClose, DeviceKey: h.deviceKey, RequireEnrollment: true}
+		Audit: h.audit, Audited: h.auditedClose, DeviceKey: h.deviceKey, RequireEnrollment: true,
+		Pseudonym: func(d string) (string, error) { return audit.PseudonymizeDevice([]byte("harness"), d), nil }}
 	h.restart()
 	return h
 }

@@ -111,11 +111,16 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	}
 	defer cc.Stop()
 
-	var parts map[string]int
-	if t.dp.maxRounds() > 0 {
+	var parts map[string]store.Participation
+	if t.dp.limitsParticipation() {
 		if parts, err = t.c.d.Store.Participations(ctx, t.id); err != nil {
 			return err
 		}
+		task, err := t.c.d.Store.Task(ctx, t.id)
+		if err != nil {
+			return err
+		}
+		r.step = uint64(task.TrainRounds) + 1
 	}
 	// The spans exist before check-ins can see the round.
 	t.traceRound(ctx, r)

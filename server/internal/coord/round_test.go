@@ -3,10 +3,13 @@ package coord
 import (
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/nats-io/nats.go"
@@ -168,6 +171,58 @@ func TestDPParticipationCapOnFakeClock(t *testing.T) {
 	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED ||
 		!containsAll(got.Reason, "2 devices checked in but had reached the task's cap of 1 rounds each") {
 		t.Fatalf("round 2: %v", got)
+	}
+}
+
+// TestDPMinSeparation: with a minimum separation of 2 training steps, the
+// devices of step 1 are refused at step 2 with the step they may return
+// at, and take part again at step 3; the audit log lists each refusal,
+// under the device's pseudonym, with the round's close.
+func TestDPMinSeparation(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.baseTask(func(t *pb.Task) {
+		t.CohortTarget, t.ReportGoal, t.RoundsTotal = 2, 2, 3
+		t.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 1,
+			TargetEpsilon: 1000, Delta: 1e-5, MinSeparation: 2}
+	}))
+	ev := h.watch(task.Id)
+	a, b, c, d := h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5), h.enroll("dev-d", 5)
+	train := func(round uint64, devs ...*device) {
+		t.Helper()
+		for _, dv := range devs {
+			dv.update(dv.join(), constant(8, 0.1), 5, nil)
+		}
+		if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Round != round {
+			t.Fatalf("round %d: %v", round, got)
+		}
+		if round < 3 {
+			h.awaitOpen(task.Id, round+1)
+		}
+	}
+	train(1, a, b)
+	for _, dv := range []*device{a, b} {
+		r := dv.checkIn().GetRetryAfter()
+		if r == nil || r.Reason != pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE ||
+			!containsAll(r.Detail, "took part in training step 1", "minimum separation of 2 steps", "from step 3", "this round is step 2") {
+			t.Fatalf("%s one step after its last: %v", dv.id, r)
+		}
+	}
+	train(2, c, d)
+	train(3, a, b) // two steps after step 1: welcome again
+	var refused []audit.ParticipationRefused
+	for _, p := range h.events(audit.TypeParticipationRefused) {
+		refused = append(refused, p.(audit.ParticipationRefused))
+	}
+	if len(refused) != 1 {
+		t.Fatalf("%d dp.participation_refused events, want 1 (round 2's): %+v", len(refused), refused)
+	}
+	pseudo := func(dv *device) string { p, _ := h.deps.Pseudonym(dv.id); return p }
+	want := audit.ParticipationRefused{Task: task.Id, Round: 2, Step: 2, MinSeparation: 2, Devices: []audit.RefusedDevice{
+		{Device: pseudo(a), Rule: audit.RuleMinSeparation, LastStep: 1}, {Device: pseudo(b), Rule: audit.RuleMinSeparation, LastStep: 1}}}
+	slices.SortFunc(want.Devices, func(x, y audit.RefusedDevice) int { return strings.Compare(x.Device, y.Device) })
+	slices.SortFunc(refused[0].Devices, func(x, y audit.RefusedDevice) int { return strings.Compare(x.Device, y.Device) })
+	if !reflect.DeepEqual(refused[0], want) {
+		t.Fatalf("recorded %+v, want %+v", refused[0], want)
 	}
 }
 

@@ -68,9 +68,9 @@ type taskRun struct {
 	rule    aggregator.Rule
 	module  *wasm.Module // for server-side evaluation
 	evalSet *data.Dataset
-	dp      *dpRun         // nil without differential privacy
-	parts   map[string]int // committed rounds per device, when DP caps participation
-	robust  Robustness     // resolved bounds on what one device can do
+	dp      *dpRun                         // nil without differential privacy
+	parts   map[string]store.Participation // per device, when DP limits participation
+	robust  Robustness                     // resolved bounds on what one device can do
 	// baseRecorded is the base model's evaluation once the audit log has
 	// it, so that a retried store write does not record it again.
 	baseRecorded map[string]float64
@@ -113,8 +113,11 @@ type roundRun struct {
 	// answeredSeq is the highest stream sequence of a report the runner
 	// has answered with a receipt; only the runner's goroutine sets it.
 	answeredSeq uint64
-	secure      *secureRun // secure aggregation state; nil for plaintext rounds
-	shard       *shardRun  // sharded intake (shard.go); nil when the runner reads reports
+	// step is the training step the round's commit would be: the task's
+	// committed training rounds plus one.
+	step   uint64
+	secure *secureRun // secure aggregation state; nil for plaintext rounds
+	shard  *shardRun  // sharded intake (shard.go); nil when the runner reads reports
 	// keys are the enrolled keys of the cohort's devices, looked up when
 	// they are selected (nil for devices not enrolled where that is allowed).
 	keys map[string]ed25519.PublicKey

@@ -93,7 +93,8 @@ func TestConcurrentClosesAndStates(t *testing.T) {
 				t.Errorf("task %s: %+v, %v", id, task, err)
 			}
 			p, err := s.Participations(ctx, id)
-			if want := map[string]int{"d-shared": rounds, "d-" + id: rounds}; err != nil || !maps.Equal(p, want) {
+			every := store.Participation{Rounds: rounds, LastStep: uint64(rounds)}
+			if want := map[string]store.Participation{"d-shared": every, "d-" + id: every}; err != nil || !maps.Equal(p, want) {
 				t.Errorf("participations of %s: %v, %v; want %v", id, p, err, want)
 			}
 			list, err := s.Rounds(ctx, id, 0, 100)

@@ -185,7 +185,7 @@ func TestCloseRound(t *testing.T) {
 				t.Fatalf("the refused close's model was stored: %v", err)
 			}
 			p, err := s.Participations(ctx, "t")
-			if want := map[string]int{"d-1": 2, "d-2": 1, "d-4": 1}; err != nil || !maps.Equal(p, want) {
+			if want := map[string]store.Participation{"d-1": {2, 2}, "d-2": {1, 1}, "d-4": {1, 2}}; err != nil || !maps.Equal(p, want) {
 				t.Fatalf("participations %v, %v; want %v", p, err, want)
 			}
 			if a, err := s.Assignments(ctx, "t", 1); err != nil || len(a) != 0 {

@@ -165,6 +165,10 @@ var migrations = []string{
 	`ALTER TABLE tasks ADD COLUMN short_rounds INTEGER NOT NULL DEFAULT 0`,
 	`ALTER TABLE tasks ADD COLUMN base_metrics BLOB`,
 	`ALTER TABLE models ADD COLUMN lineage BLOB`, // pb.PoolLineage of a pool-trained version
+	// The training step (the task's train_rounds after it) of the last
+	// committed training round a device contributed to, for DP's minimum
+	// separation; 0 for none.
+	`ALTER TABLE participations ADD COLUMN last_step INTEGER NOT NULL DEFAULT 0`,
 }
 
 // indexes came after their tables. A participant number is unique in its
@@ -673,6 +677,14 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 				ON CONFLICT (task_id, device_id) DO UPDATE SET rounds = participations.rounds + 1`, r.TaskID, d); err != nil {
 				return fmt.Errorf("store: participation: %w", err)
 			}
+			// A training commit is the task's next step: train_rounds
+			// counts it below, in this transaction.
+			if newModel != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE participations SET last_step = (SELECT train_rounds + 1 FROM tasks WHERE id = ?)
+					WHERE task_id = ? AND device_id = ?`, r.TaskID, r.TaskID, d); err != nil {
+					return fmt.Errorf("store: participation: %w", err)
+				}
+			}
 		}
 		if newModel != nil {
 			_, err = tx.ExecContext(ctx, `UPDATE tasks SET current_model = ?, train_rounds = train_rounds + 1, opt_state = ?, updated = ?
@@ -776,22 +788,32 @@ func cohortFailures(ctx context.Context, tx *sqldb.Tx, r *RoundRow) ([]byte, err
 	return b, nil
 }
 
-// Participations returns how many committed rounds of the task each device
-// contributed to.
-func (s *Store) Participations(ctx context.Context, task string) (map[string]int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT device_id, rounds FROM participations WHERE task_id = ?`, task)
+// Participation is what a task's committed rounds hold of one device.
+type Participation struct {
+	Rounds int // committed rounds it contributed to
+	// LastStep is the training step (the task's TrainRounds once that round
+	// committed) of the last training round it contributed to; 0 for none.
+	LastStep uint64
+}
+
+// Participations returns each device's participation in the task's
+// committed rounds.
+func (s *Store) Participations(ctx context.Context, task string) (map[string]Participation, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT device_id, rounds, last_step FROM participations WHERE task_id = ?`, task)
 	if err != nil {
 		return nil, fmt.Errorf("store: participations: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]int{}
+	out := map[string]Participation{}
 	for rows.Next() {
 		var d string
-		var n int
-		if err := rows.Scan(&d, &n); err != nil {
+		var p Participation
+		var step int64
+		if err := rows.Scan(&d, &p.Rounds, &step); err != nil {
 			return nil, err
 		}
-		out[d] = n
+		p.LastStep = uint64(step)
+		out[d] = p
 	}
 	return out, rows.Err()
 }
