@@ -81,3 +81,53 @@ func TestDPRejectsBadFlags(t *testing.T) {
 		t.Errorf("missing flags: %v", err)
 	}
 }
+
+// TestDPCorrelatedMechanisms: dp epsilon reproduces TF-Privacy's tree
+// figure, dp noise inverts dp epsilon for the tree and BLT mechanisms,
+// independent noise under a participation cap composes over the cap's
+// rounds, and flags that do not fit a mechanism are refused.
+func TestDPCorrelatedMechanisms(t *testing.T) {
+	out, err := run(t, "", "dp", "epsilon", "--mechanism", "tree", "--noise-multiplier", "1.13", "--rounds", "1600",
+		"--delta", "1e-6", "--orders", "opacus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lastField(t, out, "epsilon"); math.Abs(got-18.71)/18.71 > 1e-3 {
+		t.Errorf("tree, 1,600 rounds at noise 1.13: epsilon %v, want 18.71\n%s", got, out)
+	}
+	limits := []string{"--rounds", "1000", "--max-participations", "4", "--min-separation", "250", "--delta", "1e-6"}
+	for _, mech := range []string{"tree", "blt"} {
+		out, err := run(t, "", append([]string{"dp", "noise", "--mechanism", mech, "--target-epsilon", "2"}, limits...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		z := lastField(t, out, "noise-multiplier")
+		back, err := run(t, "", append([]string{"dp", "epsilon", "--mechanism", mech, "--noise-multiplier", strconv.FormatFloat(z, 'g', -1, 64)}, limits...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eps := lastField(t, back, "epsilon"); eps > 2 || eps < 1.99 {
+			t.Errorf("%s: noise %v gives epsilon %v\n%s%s", mech, z, eps, out, back)
+		}
+	}
+	// Independent noise with the same cap composes over 4 rounds only.
+	out, err = run(t, "", "dp", "epsilon", "--noise-multiplier", "4", "--q", "1", "--max-participations", "4", "--rounds", "1000", "--delta", "1e-6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: 4, Steps: 4}}, 1e-6)
+	if got := lastField(t, out, "epsilon"); err != nil || math.Abs(got-want) > 1e-9*want {
+		t.Errorf("gaussian with a cap of 4: epsilon %v, want %v (%v)", got, want, err)
+	}
+	for _, bad := range [][]string{
+		{"--mechanism", "tree", "--q", "0.5", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-6"},
+		{"--mechanism", "blt", "--noise-multiplier", "1", "--rounds", "10", "--max-participations", "4", "--min-separation", "5", "--delta", "1e-6"},
+		{"--mechanism", "laplace", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-6"},
+		{"--noise-multiplier", "1", "--q", "1", "--min-separation", "3", "--rounds", "10", "--delta", "1e-6"},
+		{"--mechanism", "tree", "--noise-multiplier", "1", "--delta", "1e-6"},
+	} {
+		if _, err := run(t, "", append([]string{"dp", "epsilon"}, bad...)...); !errors.Is(err, cli.ErrUsage) {
+			t.Errorf("%v: %v, want a usage error", bad, err)
+		}
+	}
+}
