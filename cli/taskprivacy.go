@@ -36,6 +36,7 @@ type privacyFlags struct {
 	sampling           float64
 	maxRoundsPerDevice uint32
 	minSeparation      uint32
+	noiseKind          string
 
 	// accounting is the accounting of the task the flags built, for the
 	// budget warning; nil without DP.
@@ -53,6 +54,10 @@ var dpMechanisms = map[string]pb.DPMechanism{
 
 const dpMechanismNames = "none|central|local|distributed|skellam"
 
+// dpNoises are the values of --dp-noise.
+var dpNoises = map[string]pb.DPNoise{"independent": pb.DPNoise_DP_NOISE_UNSPECIFIED, "tree": pb.DPNoise_DP_NOISE_TREE,
+	"blt": pb.DPNoise_DP_NOISE_BLT}
+
 // accountants are the values of --dp-accountant.
 var accountants = map[string]pb.Accountant{"rdp": pb.Accountant_ACCOUNTANT_RDP, "pld": pb.Accountant_ACCOUNTANT_PLD}
 
@@ -61,7 +66,7 @@ var (
 	secaggSubFlags = []string{"secagg-k", "secagg-threshold", "secagg-bits", "secagg-clip-range", "secagg-max-weight", "secagg-stage-timeout", "secagg-group-size"}
 	dpSubFlags     = []string{"dp-noise-multiplier", "dp-clip", "dp-target-unclipped-quantile", "dp-clip-lr", "dp-delta",
 		"dp-epsilon-budget", "dp-accountant", "dp-min-noise-contributors", "dp-sampling-rate", "dp-max-rounds-per-device",
-		"dp-min-separation"}
+		"dp-min-separation", "dp-noise"}
 )
 
 // Defaults of the DP flags. The noise multiplier is the usual DP-FedAvg
@@ -97,6 +102,10 @@ func (f *privacyFlags) register(cmd *cobra.Command) {
 	fl.Uint32Var(&f.contributors, "dp-min-noise-contributors", 0, "with --dp distributed or skellam, devices whose noise shares make up the noise; a round with fewer reports is abandoned; 0 picks --report-goal")
 	fl.Float64Var(&f.sampling, "dp-sampling-rate", 0, "with --dp central or local, the Poisson sampling rate the accountant may assume, in [0, 1]; 0 claims no amplification, the honest choice unless devices join rounds at random")
 	fl.Uint32Var(&f.maxRoundsPerDevice, "dp-max-rounds-per-device", 0, "with --dp, rounds one device may take part in over the task; 0 is no cap")
+	fl.StringVar(&f.noiseKind, "dp-noise", "independent", "with --dp central, how the server's noise relates across rounds: independent, "+
+		"tree (tree aggregation) or blt (a buffered linear Toeplitz factorization fitted to --rounds and the participation limits); "+
+		"tree and blt correlate the noise across rounds (DP-FTRL), need no sampling, and are accounted with --dp-max-rounds-per-device "+
+		"and --dp-min-separation ('fleetlearn dp epsilon --mechanism tree|blt' plans them)")
 	fl.Uint32Var(&f.minSeparation, "dp-min-separation", 0, "with --dp, training rounds that must pass between two a device takes part in "+
 		"(it may return b rounds after its last); the server refuses it at check-in before then, and the audit log records the refusal; 0 is none")
 }
@@ -145,6 +154,10 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 	if !ok {
 		return usage("--dp-accountant %q (want rdp or pld)", f.accountant)
 	}
+	noiseKind, ok := dpNoises[f.noiseKind]
+	if !ok {
+		return usage("--dp-noise %q (want independent, tree or blt)", f.noiseKind)
+	}
 	if f.secure {
 		t.Secagg = &pb.SecAggConfig{K: f.k, Threshold: f.threshold, Bits: f.bits, ClipRange: f.clipRange,
 			MaxWeight: f.maxWeight, StageTimeout: durationpb.New(f.stageTimeout), GroupSize: f.groupSize}
@@ -153,7 +166,7 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 		t.Dp = &pb.DPConfig{Mechanism: mech, ClipNorm: f.clip, TargetUnclippedQuantile: f.quantile,
 			ClipLearningRate: f.clipLR, NoiseMultiplier: f.noise, TargetEpsilon: f.budget, Delta: f.delta,
 			MinNoiseContributors: f.contributors, SamplingRate: f.sampling, MaxRoundsPerDevice: f.maxRoundsPerDevice,
-			MinSeparation: f.minSeparation}
+			MinSeparation: f.minSeparation, Noise: noiseKind}
 		if !distributed {
 			t.Dp.Accountant = acct
 		}
@@ -227,6 +240,8 @@ var taskFlagNames = map[string]string{
 	"dp.sampling_rate":             "--dp-sampling-rate",
 	"dp.max_rounds_per_device":     "--dp-max-rounds-per-device",
 	"dp.min_separation":            "--dp-min-separation",
+	"dp.noise":                     "--dp-noise",
+	"rounds_total":                 "--rounds",
 }
 
 // flagNames spells the API's refusals (privacyconf) in task create's flags.
@@ -251,6 +266,12 @@ func (flagNames) Value(v protoreflect.Enum) string {
 		}
 	case pb.UpdateEncoding:
 		return encodingFlag{&v}.String()
+	case pb.DPNoise:
+		for name, n := range dpNoises {
+			if n == v {
+				return name
+			}
+		}
 	}
 	return privacyconf.APINames.Value(v)
 }
@@ -325,6 +346,12 @@ func differentialPrivacy(t *pb.Task) string {
 	}
 	if n := c.GetMaxRoundsPerDevice(); n > 0 {
 		parts = append(parts, fmt.Sprintf("at most %s per device", plural(int(n), "round")))
+	}
+	switch c.GetNoise() {
+	case pb.DPNoise_DP_NOISE_TREE:
+		parts = append(parts, "noise correlated across rounds by tree aggregation")
+	case pb.DPNoise_DP_NOISE_BLT:
+		parts = append(parts, "noise correlated across rounds by a fitted BLT")
 	}
 	if b := c.GetMinSeparation(); b > 0 {
 		parts = append(parts, fmt.Sprintf("at least %s between a device's", plural(int(b), "training round")))

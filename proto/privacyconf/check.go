@@ -232,6 +232,56 @@ type Accounting struct {
 	// for central and local noise, and where the update's size was not
 	// known (NewAccounting with dim 0).
 	Distributed *dp.Distributed
+	// Correlated is the central noise's correlation across rounds (tree
+	// or BLT; nil for independent noise).
+	Correlated *Correlated
+}
+
+// Correlated is correlated central noise over a task's Rounds rounds, in
+// which a device contributes to at most Participations rounds, any two at
+// least Separation apart (it may return Separation rounds after its last).
+type Correlated struct {
+	Noise          pb.DPNoise // DP_NOISE_TREE or DP_NOISE_BLT
+	Rounds         int
+	Participations int
+	Separation     int
+	// BLT is the factorization fitted to Rounds, Participations and
+	// Separation (DP_NOISE_BLT).
+	BLT dp.BLT
+}
+
+// BLTBuffers is the buffers of a task's fitted BLT: more fit no better
+// (docs/DP.md).
+const BLTBuffers = 4
+
+// newCorrelated resolves the limits of correlated noise over rounds.
+func newCorrelated(cfg *pb.DPConfig, rounds int) (*Correlated, error) {
+	c := &Correlated{Noise: cfg.GetNoise(), Rounds: rounds, Separation: max(1, int(cfg.GetMinSeparation()))}
+	// A device fits at most ⌈T/b⌉ rounds b apart; a cap may lower that.
+	c.Participations = (rounds + c.Separation - 1) / c.Separation
+	if k := int(cfg.GetMaxRoundsPerDevice()); k > 0 && k < c.Participations {
+		c.Participations = k
+	}
+	if c.Noise == pb.DPNoise_DP_NOISE_BLT {
+		b, err := dp.FitBLT(rounds, c.Participations, c.Separation, BLTBuffers)
+		if err != nil {
+			return nil, err
+		}
+		c.BLT = b
+	}
+	if _, err := c.rho(1, rounds); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// rho is the ρ-zCDP of the first n rounds at noise multiplier z.
+func (c *Correlated) rho(z float64, n int) (float64, error) {
+	if c.Noise == pb.DPNoise_DP_NOISE_TREE {
+		// TF-Privacy counts the rounds between two participations.
+		return dp.TreeZCDP(z, n, c.Participations, c.Separation-1)
+	}
+	return c.BLT.ZCDP(z, n, c.Participations, c.Separation)
 }
 
 // ErrSizeUnknown is EpsilonAfter's error for a distributed mechanism whose
@@ -281,6 +331,22 @@ func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
 	case cfg.GetAccountant() != pb.Accountant_ACCOUNTANT_RDP && cfg.GetAccountant() != pb.Accountant_ACCOUNTANT_PLD:
 		return nil, fmt.Errorf("%s %s is not a known accountant; use %s or %s", names.Field("dp.accountant"), names.Value(cfg.GetAccountant()),
 			names.Value(pb.Accountant_ACCOUNTANT_RDP), names.Value(pb.Accountant_ACCOUNTANT_PLD))
+	case cfg.GetNoise() != pb.DPNoise_DP_NOISE_UNSPECIFIED && cfg.GetNoise() != pb.DPNoise_DP_NOISE_INDEPENDENT &&
+		cfg.GetNoise() != pb.DPNoise_DP_NOISE_TREE && cfg.GetNoise() != pb.DPNoise_DP_NOISE_BLT:
+		return nil, fmt.Errorf("%s %s is not a known noise; use %s, %s or %s", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+			names.Value(pb.DPNoise_DP_NOISE_INDEPENDENT), names.Value(pb.DPNoise_DP_NOISE_TREE), names.Value(pb.DPNoise_DP_NOISE_BLT))
+	case correlated(cfg) && mech != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN:
+		return nil, fmt.Errorf("%s %s is noise the server adds: it needs %s %s", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+			names.Field("dp.mechanism"), names.Value(pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN))
+	case correlated(cfg) && cfg.GetSamplingRate() > 0:
+		return nil, fmt.Errorf("%s %s assumes no sampling; leave %s at 0", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+			names.Field("dp.sampling_rate"))
+	case correlated(cfg) && cfg.GetAccountant() != pb.Accountant_ACCOUNTANT_RDP:
+		return nil, fmt.Errorf("%s %s is accounted in zCDP, converted as RDP: use %s %s", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+			names.Field("dp.accountant"), names.Value(pb.Accountant_ACCOUNTANT_RDP))
+	case correlated(cfg) && task.GetRoundsTotal() == 0:
+		return nil, fmt.Errorf("%s %s is laid out over the task's rounds: give %s", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+			names.Field("rounds_total"))
 	case isDistributed(mech) && task.GetCohortTarget() > 0 && cfg.GetMinNoiseContributors() > task.GetCohortTarget():
 		// The noise is calibrated for that many reports and a round with
 		// fewer is abandoned: no round could ever commit.
@@ -290,6 +356,15 @@ func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
 	a := &Accounting{Config: cfg, Q: 1}
 	if q := cfg.GetSamplingRate(); q > 0 {
 		a.Q = q
+	}
+	if correlated(cfg) {
+		c, err := newCorrelated(cfg, int(task.GetRoundsTotal()))
+		if err != nil {
+			return nil, fmt.Errorf("%s %s over %s %d with %s %d and %s %d: %w", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
+				names.Field("rounds_total"), task.GetRoundsTotal(), names.Field("dp.max_rounds_per_device"), cfg.GetMaxRoundsPerDevice(),
+				names.Field("dp.min_separation"), cfg.GetMinSeparation(), err)
+		}
+		a.Correlated = c
 	}
 	if dc, ok := Distributed(cfg); ok {
 		bits := toInt(task.GetSecagg().GetBits())
@@ -328,12 +403,27 @@ func (a *Accounting) EpsilonAfter(rounds int) (float64, error) {
 		}
 		return a.Distributed.Epsilon(rounds, a.Config.GetDelta())
 	}
+	if c := a.Correlated; c != nil {
+		// The prefix of the releases so far: past the task's rounds the
+		// noise is not laid out, and those rounds are accounted as its end.
+		rho, err := c.rho(a.Config.GetNoiseMultiplier(), min(rounds, c.Rounds))
+		if err != nil {
+			return 0, err
+		}
+		eps, _, err := dp.EpsilonFromZCDP(rho, a.Config.GetDelta(), nil)
+		return eps, err
+	}
 	acct := dp.RDP
 	if a.Config.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
 		acct = dp.PLD
 	}
 	return dp.Epsilon([]dp.Event{{Q: a.Q, NoiseMultiplier: a.Config.GetNoiseMultiplier(), Steps: rounds}}, a.Config.GetDelta(),
 		dp.WithAccountant(acct))
+}
+
+// correlated reports whether cfg's central noise is correlated across rounds.
+func correlated(cfg *pb.DPConfig) bool {
+	return cfg.GetNoise() == pb.DPNoise_DP_NOISE_TREE || cfg.GetNoise() == pb.DPNoise_DP_NOISE_BLT
 }
 
 func isDistributed(m pb.DPMechanism) bool {

@@ -65,6 +65,17 @@ func TestChecksNameSettings(t *testing.T) {
 		{"contributors beyond the cohort", func(t *pb.Task) {
 			t.Dp.Mechanism, t.Dp.MinNoiseContributors = pb.DPMechanism_DP_MECHANISM_SKELLAM, 11
 		}, "<DP.MIN_NOISE_CONTRIBUTORS> 11 is more than <COHORT_TARGET> 10: no round could ever have that many reports"},
+		{"unknown noise", func(t *pb.Task) { t.Dp.Noise = 9 }, "<DP.NOISE> <9> is not a known noise"},
+		{"tree with local noise", func(t *pb.Task) {
+			t.RoundsTotal, t.Dp.Noise, t.Dp.Mechanism = 10, pb.DPNoise_DP_NOISE_TREE, pb.DPMechanism_DP_MECHANISM_LOCAL
+		}, "<DP.NOISE> <DP_NOISE_TREE> is noise the server adds: it needs <DP.MECHANISM> <DP_MECHANISM_CENTRAL_GAUSSIAN>"},
+		{"blt with sampling", func(t *pb.Task) { t.RoundsTotal, t.Dp.Noise, t.Dp.SamplingRate = 10, pb.DPNoise_DP_NOISE_BLT, 0.1 },
+			"<DP.NOISE> <DP_NOISE_BLT> assumes no sampling; leave <DP.SAMPLING_RATE> at 0"},
+		{"tree with pld", func(t *pb.Task) {
+			t.RoundsTotal, t.Dp.Noise, t.Dp.Accountant = 10, pb.DPNoise_DP_NOISE_TREE, pb.Accountant_ACCOUNTANT_PLD
+		}, "<DP.NOISE> <DP_NOISE_TREE> is accounted in zCDP, converted as RDP: use <DP.ACCOUNTANT> <ACCOUNTANT_RDP>"},
+		{"blt without rounds", func(t *pb.Task) { t.Dp.Noise = pb.DPNoise_DP_NOISE_BLT },
+			"<DP.NOISE> <DP_NOISE_BLT> is laid out over the task's rounds: give <ROUNDS_TOTAL>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := privateTask()
@@ -183,5 +194,40 @@ func TestRoundSecAgg(t *testing.T) {
 	task.Secagg = nil
 	if got := privacyconf.RoundSecAgg(task); got != nil {
 		t.Errorf("without secure aggregation: %v", got)
+	}
+}
+
+// TestCorrelatedAccounting: tree and BLT noise account the rounds so far
+// with the participations the limits allow (⌈T/b⌉, or the cap below it),
+// and the same noise multiplier spends less on the limited device than
+// independent noise on one that takes part in every round.
+func TestCorrelatedAccounting(t *testing.T) {
+	for _, noise := range []pb.DPNoise{pb.DPNoise_DP_NOISE_TREE, pb.DPNoise_DP_NOISE_BLT} {
+		task := privateTask()
+		task.Secagg, task.RoundsTotal = nil, 100
+		task.Dp.Noise, task.Dp.MinSeparation, task.Dp.MaxRoundsPerDevice, task.Dp.NoiseMultiplier = noise, 10, 4, 2
+		a, err := privacyconf.NewAccounting(task, 100, privacyconf.APINames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := a.Correlated; c == nil || c.Participations != 4 || c.Separation != 10 || c.Rounds != 100 {
+			t.Fatalf("%v: %+v", noise, a.Correlated)
+		}
+		task.Dp.MaxRoundsPerDevice = 0
+		if a, err := privacyconf.NewAccounting(task, 100, privacyconf.APINames); err != nil || a.Correlated.Participations != 10 {
+			t.Fatalf("%v without a cap: %+v, %v; want ⌈100/10⌉ = 10 participations", noise, a.Correlated, err)
+		}
+		task.Dp.MaxRoundsPerDevice = 4
+		eps, err := a.EpsilonAfter(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		indep, err := dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: 2, Steps: 100}}, 1e-5)
+		if err != nil || !(eps > 0 && eps < indep) {
+			t.Errorf("%v: ε %v after 100 rounds, independent noise on every round %v (%v)", noise, eps, indep, err)
+		}
+		if early, err := a.EpsilonAfter(5); err != nil || !(early > 0 && early <= eps) {
+			t.Errorf("%v: ε %v after 5 rounds, %v after 100 (%v)", noise, early, eps, err)
+		}
 	}
 }

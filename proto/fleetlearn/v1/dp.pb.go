@@ -146,6 +146,66 @@ func (Accountant) EnumDescriptor() ([]byte, []int) {
 	return file_fleetlearn_v1_dp_proto_rawDescGZIP(), []int{1}
 }
 
+// DPNoise selects how the central mechanism's noise relates across rounds.
+type DPNoise int32
+
+const (
+	// Independent Gaussian noise each round (the default).
+	DPNoise_DP_NOISE_UNSPECIFIED DPNoise = 0
+	// Independent Gaussian noise each round.
+	DPNoise_DP_NOISE_INDEPENDENT DPNoise = 1
+	// Tree aggregation (DP-FTRL, Kairouz et al. 2021): noise correlated
+	// across the task's rounds; accounted with the participation limits, no
+	// sampling.
+	DPNoise_DP_NOISE_TREE DPNoise = 2
+	// A buffered linear Toeplitz factorization fitted to the task's rounds
+	// and participation limits (Dvijotham, McMahan et al. 2024).
+	DPNoise_DP_NOISE_BLT DPNoise = 3
+)
+
+// Enum value maps for DPNoise.
+var (
+	DPNoise_name = map[int32]string{
+		0: "DP_NOISE_UNSPECIFIED",
+		1: "DP_NOISE_INDEPENDENT",
+		2: "DP_NOISE_TREE",
+		3: "DP_NOISE_BLT",
+	}
+	DPNoise_value = map[string]int32{
+		"DP_NOISE_UNSPECIFIED": 0,
+		"DP_NOISE_INDEPENDENT": 1,
+		"DP_NOISE_TREE":        2,
+		"DP_NOISE_BLT":         3,
+	}
+)
+
+func (x DPNoise) Enum() *DPNoise {
+	p := new(DPNoise)
+	*p = x
+	return p
+}
+
+func (x DPNoise) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DPNoise) Descriptor() protoreflect.EnumDescriptor {
+	return file_fleetlearn_v1_dp_proto_enumTypes[2].Descriptor()
+}
+
+func (DPNoise) Type() protoreflect.EnumType {
+	return &file_fleetlearn_v1_dp_proto_enumTypes[2]
+}
+
+func (x DPNoise) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DPNoise.Descriptor instead.
+func (DPNoise) EnumDescriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_dp_proto_rawDescGZIP(), []int{2}
+}
+
 // DPConfig configures user-level differential privacy for a task. Every
 // device update is clipped to clip_norm in L2 norm before noise is added, so
 // one device changes the aggregate by at most clip_norm.
@@ -194,6 +254,11 @@ type DPConfig struct {
 	// and the audit log records whom it refused and why. Correlated-noise
 	// accounting (tree aggregation, BLT) assumes it.
 	MinSeparation uint32 `protobuf:"varint,12,opt,name=min_separation,json=minSeparation,proto3" json:"min_separation,omitempty"`
+	// How the central mechanism's noise relates across rounds. Tree and BLT
+	// need DP_MECHANISM_CENTRAL_GAUSSIAN, the RDP accountant and no sampling
+	// rate; a device takes part in at most max_rounds_per_device rounds
+	// (default: as many as min_separation allows), min_separation apart.
+	Noise         DPNoise `protobuf:"varint,13,opt,name=noise,proto3,enum=fleetlearn.v1.DPNoise" json:"noise,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,11 +377,18 @@ func (x *DPConfig) GetMinSeparation() uint32 {
 	return 0
 }
 
+func (x *DPConfig) GetNoise() DPNoise {
+	if x != nil {
+		return x.Noise
+	}
+	return DPNoise_DP_NOISE_UNSPECIFIED
+}
+
 var File_fleetlearn_v1_dp_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\n" +
-	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xa3\x04\n" +
+	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xd1\x04\n" +
 	"\bDPConfig\x128\n" +
 	"\tmechanism\x18\x01 \x01(\x0e2\x1a.fleetlearn.v1.DPMechanismR\tmechanism\x12\x1b\n" +
 	"\tclip_norm\x18\x02 \x01(\x01R\bclipNorm\x12:\n" +
@@ -332,7 +404,8 @@ const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\rsampling_rate\x18\n" +
 	" \x01(\x01R\fsamplingRate\x121\n" +
 	"\x15max_rounds_per_device\x18\v \x01(\rR\x12maxRoundsPerDevice\x12%\n" +
-	"\x0emin_separation\x18\f \x01(\rR\rminSeparation*\xc7\x01\n" +
+	"\x0emin_separation\x18\f \x01(\rR\rminSeparation\x12,\n" +
+	"\x05noise\x18\r \x01(\x0e2\x16.fleetlearn.v1.DPNoiseR\x05noise*\xc7\x01\n" +
 	"\vDPMechanism\x12\x1c\n" +
 	"\x18DP_MECHANISM_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DP_MECHANISM_NONE\x10\x01\x12!\n" +
@@ -344,7 +417,12 @@ const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"Accountant\x12\x1a\n" +
 	"\x16ACCOUNTANT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eACCOUNTANT_RDP\x10\x01\x12\x12\n" +
-	"\x0eACCOUNTANT_PLD\x10\x02BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
+	"\x0eACCOUNTANT_PLD\x10\x02*b\n" +
+	"\aDPNoise\x12\x18\n" +
+	"\x14DP_NOISE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14DP_NOISE_INDEPENDENT\x10\x01\x12\x11\n" +
+	"\rDP_NOISE_TREE\x10\x02\x12\x10\n" +
+	"\fDP_NOISE_BLT\x10\x03BCZAgithub.com/fleetlearn/fleetlearn/proto/fleetlearn/v1;fleetlearnv1b\x06proto3"
 
 var (
 	file_fleetlearn_v1_dp_proto_rawDescOnce sync.Once
@@ -358,21 +436,23 @@ func file_fleetlearn_v1_dp_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_dp_proto_rawDescData
 }
 
-var file_fleetlearn_v1_dp_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_fleetlearn_v1_dp_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_fleetlearn_v1_dp_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_fleetlearn_v1_dp_proto_goTypes = []any{
 	(DPMechanism)(0), // 0: fleetlearn.v1.DPMechanism
 	(Accountant)(0),  // 1: fleetlearn.v1.Accountant
-	(*DPConfig)(nil), // 2: fleetlearn.v1.DPConfig
+	(DPNoise)(0),     // 2: fleetlearn.v1.DPNoise
+	(*DPConfig)(nil), // 3: fleetlearn.v1.DPConfig
 }
 var file_fleetlearn_v1_dp_proto_depIdxs = []int32{
 	0, // 0: fleetlearn.v1.DPConfig.mechanism:type_name -> fleetlearn.v1.DPMechanism
 	1, // 1: fleetlearn.v1.DPConfig.accountant:type_name -> fleetlearn.v1.Accountant
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 2: fleetlearn.v1.DPConfig.noise:type_name -> fleetlearn.v1.DPNoise
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_dp_proto_init() }
@@ -385,7 +465,7 @@ func file_fleetlearn_v1_dp_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_dp_proto_rawDesc), len(file_fleetlearn_v1_dp_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,

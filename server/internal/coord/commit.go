@@ -135,6 +135,7 @@ func (t *taskRun) resumePending(ctx context.Context, round uint64) (done bool, e
 	if next != nil {
 		t.global = next
 		t.holdModel()
+		t.committedNoise(p.Row.NoiseState)
 	}
 	t.log().Info("round close recorded before a restart committed", "round", round, "state", p.Row.State)
 	outcome := "committed"
@@ -218,7 +219,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	metrics := mm.means(prefix)
 	var newRow *store.ModelRow
 	var srvMetrics map[string]float64 // the server's held-out measures of the new model
-	var optState []byte
+	var optState, noiseState []byte
 	next := t.global
 	// Apply advances the optimizer state; until the round is durably
 	// closed, restore holds the state to go back to.
@@ -256,7 +257,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		if why := t.checkAggregate(delta, slack); why != "" {
 			return t.abandon(ctx, r, why)
 		}
-		if err := t.addCentralNoise(delta, col.TotalWeight()); err != nil {
+		if noiseState, err = t.addCentralNoise(delta, col.TotalWeight()); err != nil {
 			return t.abandon(ctx, r, fmt.Sprintf("central DP: %v", err))
 		}
 		// The step goes into the current model's trained tensors in place:
@@ -302,7 +303,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	startCommit()
 	row := t.closeRow(r, pb.RoundState_ROUND_STATE_COMMITTED, metrics, reason)
 	if newRow != nil {
-		row.Model = newRow.Version
+		row.Model, row.NoiseState = newRow.Version, noiseState
 	}
 	t.mu.Lock()
 	row.Participants = r.cohort.ReportedDevices()
@@ -334,6 +335,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 		return err
 	}
 	t.global, restore = next, nil
+	t.committedNoise(row.NoiseState)
 	t.log().Info("round committed", "round", row.Round, "kind", row.Kind, "reports", row.Reported, "dropped", row.Dropped,
 		"model", row.Model, "metrics", metrics, "reason", reason)
 	if t.dp != nil && newRow != nil {

@@ -18,6 +18,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -89,6 +90,9 @@ type Deps struct {
 	Memory *memlimit.Limit
 	// Tracer records each round as a trace (tracing.go); nil records nothing.
 	Tracer trace.TracerProvider
+	// SecretReader supplies a task's secret for correlated DP noise when it
+	// has none yet (default crypto/rand; tests fix it to compare runs).
+	SecretReader io.Reader
 	// Pseudonym names a device as the audit log does (its pseudonym); nil
 	// leaves devices out of the audit events that would list them.
 	Pseudonym func(device string) (string, error)

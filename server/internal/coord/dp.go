@@ -21,6 +21,10 @@ type dpRun struct {
 	dist *dp.Distributed
 	src  *dp.Source
 	acct *privacyconf.Accounting
+	// secret and noiseState are correlated noise's (noise.go): the secret
+	// its Gaussians derive from and the stream's state after the last
+	// committed training round (nil before the first).
+	secret, noiseState []byte
 
 	// eps holds the accountant's recent answers by round count: a round's
 	// budget check at open asks for ε after n and n+1 rounds and its commit
@@ -159,13 +163,18 @@ func (t *taskRun) checkBudget(ctx context.Context, trainRounds uint32, nextRound
 // addCentralNoise adds the central mechanism's noise to a round's mean
 // update (no-op for other mechanisms). The mechanism is noise N(0, (zC)²)
 // on the sum of clipped updates; the mean is that sum over the total weight
-// (the count, since DP weighs every update 1), so its noise is zC/W.
-func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) error {
+// (the count, since DP weighs every update 1), so its noise is zC/W. With
+// correlated noise it returns the noise stream's state after the round,
+// for the commit to store.
+func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) (noiseState []byte, err error) {
 	if t.dp == nil || t.dp.cfg.GetMechanism() != pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN {
-		return nil
+		return nil, nil
 	}
 	if !(totalWeight > 0) {
-		return fmt.Errorf("total weight %v", totalWeight)
+		return nil, fmt.Errorf("total weight %v", totalWeight)
+	}
+	if t.dp.acct.Correlated != nil {
+		return t.addCorrelatedNoise(mean, totalWeight)
 	}
 	// The source draws one normal per element in order, so a block at a
 	// time draws the noise a whole vector would, without a second model.
@@ -174,13 +183,13 @@ func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) error {
 		block := noise[:min(len(noise), len(mean)-off)]
 		clear(block)
 		if err := dp.AddCentralNoise(block, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src); err != nil {
-			return err
+			return nil, err
 		}
 		for i, v := range block {
 			mean[off+i] += float32(v / totalWeight)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // spentEvent is a committed training round's privacy cost, for the audit log.

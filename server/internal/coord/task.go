@@ -230,6 +230,9 @@ func (t *taskRun) load(ctx context.Context) error {
 	if t.dp, err = newDPRun(t.spec, t.ulayout.Size()); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
+	if err := t.loadNoise(ctx); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
 	if len(row.OptState) > 0 {
 		if err := t.rule.UnmarshalBinary(row.OptState); err != nil {
 			return fmt.Errorf("task %s: optimizer state: %w", t.id, err)

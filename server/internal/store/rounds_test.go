@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -124,6 +125,7 @@ func TestCloseRound(t *testing.T) {
 		r.Metrics, r.Model, r.Reason, r.Epsilon = map[string]float64{"train_loss": 0.25, "examples": 20}, "m1", "", 0.75
 		r.Failures = map[string]string{"d-3": "timeout"}
 		r.Participants = []string{"d-1", "d-2"}
+		r.NoiseState = []byte("noise after step 1")
 		m1 := &store.ModelRow{Version: "m1", Name: "n", Parent: "m0", TaskID: "t", Round: 1, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
 			Tensors: 4, Params: 1000, Size: 4096, Created: closeTime}
 		if err := s.CloseRound(ctx, r, m1, []byte("opt-1"), closeTime); err != nil {
@@ -188,6 +190,11 @@ func TestCloseRound(t *testing.T) {
 			if want := map[string]store.Participation{"d-1": {2, 2}, "d-2": {1, 1}, "d-4": {1, 2}}; err != nil || !maps.Equal(p, want) {
 				t.Fatalf("participations %v, %v; want %v", p, err, want)
 			}
+			// Round 2 carried no noise state, round 3 was abandoned: the
+			// task's is still round 1's.
+			if ns, err := s.NoiseState(ctx, "t"); err != nil || string(ns) != "noise after step 1" {
+				t.Fatalf("noise state %q, %v", ns, err)
+			}
 			if a, err := s.Assignments(ctx, "t", 1); err != nil || len(a) != 0 {
 				t.Fatalf("assignments of a closed round %v, %v", a, err)
 			}
@@ -202,6 +209,29 @@ func TestCloseRound(t *testing.T) {
 		check(s2)
 		if p, err := s2.Participations(ctx, "other"); err != nil || len(p) != 0 {
 			t.Fatalf("participations of another task %v, %v", p, err)
+		}
+	})
+}
+
+// A task's DP secret is the first one stored: a second replica's, or a
+// restarted server's, fresh secret does not replace it.
+func TestDPSecret(t *testing.T) {
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, _ := open(t)
+		openRound(t, s, "t", "d-1")
+		first := bytes.Repeat([]byte{1}, 32)
+		if got, err := s.DPSecret(ctx, "t", first); err != nil || !bytes.Equal(got, first) {
+			t.Fatalf("first secret %x, %v", got, err)
+		}
+		if got, err := s.DPSecret(ctx, "t", bytes.Repeat([]byte{2}, 32)); err != nil || !bytes.Equal(got, first) {
+			t.Fatalf("second call: %x, %v; want the first secret", got, err)
+		}
+		if _, err := s.DPSecret(ctx, "no-such-task", first); !errors.Is(err, backend.ErrNotFound) {
+			t.Fatalf("unknown task: %v", err)
+		}
+		if ns, err := s.NoiseState(ctx, "t"); err != nil || ns != nil {
+			t.Fatalf("noise state before any commit %q, %v", ns, err)
 		}
 	})
 }

@@ -169,6 +169,10 @@ var migrations = []string{
 	// committed training round a device contributed to, for DP's minimum
 	// separation; 0 for none.
 	`ALTER TABLE participations ADD COLUMN last_step INTEGER NOT NULL DEFAULT 0`,
+	// The secret correlated DP noise is derived from, and the noise
+	// stream's state after the last committed training round.
+	`ALTER TABLE tasks ADD COLUMN dp_secret BLOB`,
+	`ALTER TABLE tasks ADD COLUMN noise_state BLOB`,
 }
 
 // indexes came after their tables. A participant number is unique in its
@@ -544,6 +548,10 @@ type RoundRow struct {
 	// than it needed. CloseRound counts it in the task's ShortRounds (and
 	// resets them for any other close). Not stored in the row.
 	Short bool
+	// NoiseState is, for a committed training round with correlated DP
+	// noise, the noise stream's state after it: CloseRound stores it as the
+	// task's, with the new model. Not stored in the row.
+	NoiseState []byte
 }
 
 // Proto renders the row for the API.
@@ -692,6 +700,11 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 			if err != nil {
 				return fmt.Errorf("store: task progress: %w", err)
 			}
+			if r.NoiseState != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE tasks SET noise_state = ? WHERE id = ?`, r.NoiseState, r.TaskID); err != nil {
+					return fmt.Errorf("store: task noise state: %w", err)
+				}
+			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE tasks SET short_rounds = CASE WHEN ? THEN short_rounds + 1 ELSE 0 END WHERE id = ?`,
 			r.Short, r.TaskID); err != nil {
@@ -786,6 +799,36 @@ func cohortFailures(ctx context.Context, tx *sqldb.Tx, r *RoundRow) ([]byte, err
 		return nil, fmt.Errorf("store: round failures: %w", err)
 	}
 	return b, nil
+}
+
+// DPSecret returns the task's secret for correlated DP noise, storing
+// fresh as it if the task has none yet: the first caller's is kept, so
+// every replica and every restart derives the same noise.
+func (s *Store) DPSecret(ctx context.Context, task string, fresh []byte) ([]byte, error) {
+	if _, err := s.exec(ctx, `UPDATE tasks SET dp_secret = ? WHERE id = ? AND dp_secret IS NULL`, fresh, task); err != nil {
+		return nil, fmt.Errorf("store: dp secret: %w", err)
+	}
+	var secret []byte
+	if err := s.db.QueryRowContext(ctx, `SELECT dp_secret FROM tasks WHERE id = ?`, task).Scan(&secret); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("store: dp secret: task %q: %w", task, backend.ErrNotFound)
+		}
+		return nil, fmt.Errorf("store: dp secret: %w", err)
+	}
+	return secret, nil
+}
+
+// NoiseState returns the state of the task's correlated DP noise after its
+// last committed training round (nil before the first).
+func (s *Store) NoiseState(ctx context.Context, task string) ([]byte, error) {
+	var state []byte
+	if err := s.db.QueryRowContext(ctx, `SELECT noise_state FROM tasks WHERE id = ?`, task).Scan(&state); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("store: noise state: task %q: %w", task, backend.ErrNotFound)
+		}
+		return nil, fmt.Errorf("store: noise state: %w", err)
+	}
+	return state, nil
 }
 
 // Participation is what a task's committed rounds hold of one device.
