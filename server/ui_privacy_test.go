@@ -36,6 +36,10 @@ func TestDashboardPrivacySettings(t *testing.T) {
 	centralTask.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1,
 		NoiseMultiplier: 1, TargetEpsilon: 8, Delta: 1e-5, SamplingRate: 0.05}
 	centralID := h.CreateTask(t, centralTask).Id
+	ftrl := task("ftrl")
+	ftrl.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 2,
+		TargetEpsilon: 8, Delta: 1e-6, MinSeparation: 2, Noise: pb.DPNoise_DP_NOISE_BLT}
+	ftrlID := h.CreateTask(t, ftrl).Id
 	plainID := h.CreateTask(t, task("plain")).Id
 	grouped := task("grouped")
 	grouped.Secagg = &pb.SecAggConfig{GroupSize: 10}
@@ -74,6 +78,10 @@ func TestDashboardPrivacySettings(t *testing.T) {
 	check(centralID, page(centralID), []string{
 		"This task runs without secure aggregation", `id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate<`,
 		`id="dp-accountant">rdp<`, `id="dp-sampling-rate">0.05 assumed<`,
+	})
+	check(ftrlID, page(ftrlID), []string{
+		`id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate, correlated across rounds by a fitted BLT (DP-FTRL)<`,
+		`id="dp-min-separation">at least 2 training rounds apart for a device<`,
 	})
 	// 13 slots in groups of at most 10: two groups, of 7 and 6, each a
 	// complete graph.

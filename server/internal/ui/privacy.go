@@ -53,6 +53,7 @@ type dpView struct {
 	NoiseMultiplier, ClipNorm    float64
 	SamplingRate                 float64
 	Contributors, MaxRounds      uint32
+	MinSeparation                uint32
 }
 
 func dpViewOf(t *pb.Task) *dpView {
@@ -62,10 +63,16 @@ func dpViewOf(t *pb.Task) *dpView {
 	}
 	v := &dpView{Mechanism: enum(c.GetMechanism(), "DP_MECHANISM_"), NoiseMultiplier: c.GetNoiseMultiplier(),
 		ClipNorm: c.GetClipNorm(), SamplingRate: c.GetSamplingRate(), MaxRounds: c.GetMaxRoundsPerDevice(),
-		Accountant: enum(c.GetAccountant(), "ACCOUNTANT_")}
+		MinSeparation: c.GetMinSeparation(), Accountant: enum(c.GetAccountant(), "ACCOUNTANT_")}
 	switch c.GetMechanism() {
 	case pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN:
 		v.Noise = "the server adds Gaussian noise to the aggregate"
+		switch c.GetNoise() {
+		case pb.DPNoise_DP_NOISE_TREE:
+			v.Noise += ", correlated across rounds by tree aggregation (DP-FTRL)"
+		case pb.DPNoise_DP_NOISE_BLT:
+			v.Noise += ", correlated across rounds by a fitted BLT (DP-FTRL)"
+		}
 	case pb.DPMechanism_DP_MECHANISM_LOCAL:
 		v.Noise = "each device adds Gaussian noise to its own update"
 	case pb.DPMechanism_DP_MECHANISM_DISTRIBUTED_DISCRETE_GAUSSIAN:
