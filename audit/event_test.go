@@ -165,6 +165,8 @@ func TestPayloadValidation(t *testing.T) {
 		ModelEvaluated{Model: hexA},
 		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Epsilon: math.Inf(1)},
 		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Delta: -1},
+		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Noise: "fft"},
+		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Noise: "tree", NoiseStateSHA256: "xyz"},
 		BudgetRefused{Task: "t", Round: 1, EpsilonBudget: math.NaN()},
 		DeviceEnrolled{Device: "device-1"},
 		DeviceRevoked{Device: "pd-" + hexA[:10]},

@@ -548,6 +548,13 @@ type PrivacySpent struct {
 	Epsilon           float64 `json:"epsilon"`            // spent by this round
 	CumulativeEpsilon float64 `json:"cumulative_epsilon"` // spent by the task so far
 	EpsilonBudget     float64 `json:"epsilon_budget"`
+	// Noise is "tree" or "blt" for noise correlated across rounds, and
+	// NoiseStateSHA256 the digest of the noise stream's state after the
+	// round as the server stored it: an auditor sees the stream advance
+	// once a training round, never rewind. Both are omitted when empty, so
+	// older events keep their encoding.
+	Noise            string `json:"noise,omitempty"`
+	NoiseStateSHA256 string `json:"noise_state_sha256,omitempty"`
 }
 
 func (PrivacySpent) EventType() EventType { return TypePrivacySpent }
@@ -565,6 +572,10 @@ func (p PrivacySpent) validate() error {
 	c.finite("epsilon", p.Epsilon, true)
 	c.finite("cumulative_epsilon", p.CumulativeEpsilon, true)
 	c.finite("epsilon_budget", p.EpsilonBudget, true)
+	if p.Noise != "" {
+		c.oneOf("noise", p.Noise, "tree", "blt")
+	}
+	c.hex("noise_state_sha256", p.NoiseStateSHA256, false)
 	return c.err
 }
 func (p PrivacySpent) encode(o *canon.Object) {
@@ -579,6 +590,12 @@ func (p PrivacySpent) encode(o *canon.Object) {
 	o.Float("epsilon", p.Epsilon)
 	o.Float("cumulative_epsilon", p.CumulativeEpsilon)
 	o.Float("epsilon_budget", p.EpsilonBudget)
+	if p.Noise != "" {
+		o.String("noise", p.Noise)
+	}
+	if p.NoiseStateSHA256 != "" {
+		o.String("noise_state_sha256", p.NoiseStateSHA256)
+	}
 }
 
 // MaxRefusedListed bounds the devices one ParticipationRefused names; the

@@ -405,7 +405,7 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv})
 	}
 	if t.dp != nil && newRow != nil {
-		evs = append(evs, t.spentEvent(row.Round, epsBefore, row.Epsilon))
+		evs = append(evs, t.spentEvent(row.Round, epsBefore, row.Epsilon, row.NoiseState))
 	}
 	return evs
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
 )
 
@@ -193,11 +194,18 @@ func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) (noiseSta
 }
 
 // spentEvent is a committed training round's privacy cost, for the audit log.
-func (t *taskRun) spentEvent(round uint64, before, after float64) audit.PrivacySpent {
-	return audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
+// noiseState is the correlated noise stream's state after the round (nil
+// for independent noise).
+func (t *taskRun) spentEvent(round uint64, before, after float64, noiseState []byte) audit.PrivacySpent {
+	ev := audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
 		Accountant: t.accountantName(), ClipNorm: t.dp.cfg.GetClipNorm(), NoiseMultiplier: t.dp.cfg.GetNoiseMultiplier(),
 		SamplingRate: t.dp.q, Delta: t.dp.cfg.GetDelta(), Epsilon: after - before, CumulativeEpsilon: after,
 		EpsilonBudget: t.dp.cfg.GetTargetEpsilon()}
+	if c := t.dp.acct.Correlated; c != nil && noiseState != nil {
+		ev.Noise = map[pb.DPNoise]string{pb.DPNoise_DP_NOISE_TREE: "tree", pb.DPNoise_DP_NOISE_BLT: "blt"}[c.Noise]
+		ev.NoiseStateSHA256 = wire.SHA256(noiseState)
+	}
+	return ev
 }
 
 func (t *taskRun) accountantName() string {

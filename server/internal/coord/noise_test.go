@@ -6,6 +6,7 @@ import (
 	mrand "math/rand/v2"
 	"testing"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
@@ -43,6 +44,19 @@ func correlatedRun(t *testing.T, noise pb.DPNoise, restartAfter uint64) ([]float
 		if round < 4 {
 			h.awaitOpen(task.Id, round+1)
 		}
+	}
+	// Each round's dp.spent names the noise and a state of its own.
+	seen := map[string]bool{}
+	for _, p := range h.events(audit.TypePrivacySpent) {
+		ev := p.(audit.PrivacySpent)
+		if want := map[pb.DPNoise]string{pb.DPNoise_DP_NOISE_TREE: "tree", pb.DPNoise_DP_NOISE_BLT: "blt"}[noise]; ev.Noise != want ||
+			len(ev.NoiseStateSHA256) != 64 || seen[ev.NoiseStateSHA256] {
+			t.Fatalf("round %d: dp.spent noise %q, state digest %q (seen before: %v)", ev.Round, ev.Noise, ev.NoiseStateSHA256, seen[ev.NoiseStateSHA256])
+		}
+		seen[ev.NoiseStateSHA256] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("%d noise states in dp.spent events, want 4", len(seen))
 	}
 	return h.current(task.Id).Flatten(), eps
 }
