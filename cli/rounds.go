@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -32,7 +33,7 @@ func listRounds(ctx context.Context, c apiv1.TaskServiceClient, id string) ([]*p
 // sortRounds orders rounds newest first, as task rounds prints them,
 // whatever order the server sent.
 func sortRounds(rounds []*pb.RoundSummary) {
-	slices.SortStableFunc(rounds, func(a, b *pb.RoundSummary) int { return cmpRound(b.GetRound(), a.GetRound()) })
+	slices.SortStableFunc(rounds, func(a, b *pb.RoundSummary) int { return cmp.Compare(b.GetRound(), a.GetRound()) })
 }
 
 // printRounds prints one row per round, with its metrics and why it was

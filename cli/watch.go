@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -197,7 +198,7 @@ func (p *progress) fill(ctx context.Context, c apiv1.TaskServiceClient, id strin
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(rounds, func(a, b *pb.RoundSummary) int { return cmpRound(a.GetRound(), b.GetRound()) })
+	slices.SortFunc(rounds, func(a, b *pb.RoundSummary) int { return cmp.Compare(a.GetRound(), b.GetRound()) })
 	for _, r := range rounds {
 		if before != 0 && r.GetRound() >= before {
 			break
@@ -205,16 +206,6 @@ func (p *progress) fill(ctx context.Context, c apiv1.TaskServiceClient, id strin
 		p.event(summaryEvent(r))
 	}
 	return nil
-}
-
-func cmpRound(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // summaryEvent renders a recorded round as the event that left it in its

@@ -2,33 +2,15 @@ package demo_test
 
 import (
 	"context"
-	"errors"
 	"math"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/demo"
 )
-
-// loadMNISTOrSkip returns MNIST, skipping the test where it is absent.
-func loadMNISTOrSkip(t *testing.T) (train, test *data.Dataset) {
-	t.Helper()
-	dir, err := data.MNISTDir()
-	if errors.Is(err, data.ErrMNISTNotFound) {
-		t.Skipf("MNIST not in the module cache: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	train, test, err = data.LoadMNIST(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return train, test
-}
 
 func firstN(n int) []int {
 	idx := make([]int, n)
@@ -42,7 +24,7 @@ func firstN(n int) []int {
 // to the ε target, outputs, accuracy ranges, that noise costs accuracy,
 // and that parallelism does not change the result.
 func TestDPFTRLSmall(t *testing.T) {
-	trainSet, testSet := loadMNISTOrSkip(t)
+	trainSet, testSet := datatest.MNIST(t)
 	cfg := demo.DPFTRLDefaults
 	cfg.Train, cfg.Test = trainSet.Subset(firstN(6000)), testSet.Subset(firstN(2000))
 	cfg.Population, cfg.Cohort, cfg.Rounds, cfg.EvalEvery = 200, 20, 10, 5
@@ -114,7 +96,7 @@ func TestDPFTRLFull(t *testing.T) {
 	if os.Getenv("FLEETLEARN_DPFTRL") != "1" {
 		t.Skip("the full DP-FTRL comparison takes minutes; set FLEETLEARN_DPFTRL=1 to run it")
 	}
-	loadMNISTOrSkip(t)
+	datatest.MNIST(t)
 	cfg := demo.DPFTRLDefaults
 	cfg.OutDir = os.Getenv("FLEETLEARN_DPFTRL_OUT")
 	if cfg.OutDir == "" {

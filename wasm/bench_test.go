@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -19,7 +20,7 @@ import (
 // runtime, "wasm") and through the same MLP written in Go ("go-wasm"). The
 // sandbox always runs with deadline enforcement (WithCloseOnContextDone) on.
 func BenchmarkEpoch(b *testing.B) {
-	tr, _ := mnist(b)
+	tr, _ := datatest.MNIST(b)
 	d := head(tr, 6000)
 	init, _ := train.InitMLP([]int{784, 128, 10}, 1)
 	h := sgd.Hyper{Epochs: 1, BatchSize: 32, LearningRate: 0.1, EvalBatchSize: 512}
@@ -180,7 +181,7 @@ func BenchmarkCall(b *testing.B) {
 // same machine. mlp is BenchmarkEpoch's epoch through the shipped module,
 // lm BenchmarkLMEpoch's through the lm module.
 func BenchmarkWASMOverNative(b *testing.B) {
-	tr, _ := mnist(b)
+	tr, _ := datatest.MNIST(b)
 	mlp, err := train.InitMLP([]int{784, 128, 10}, 1)
 	if err != nil {
 		b.Fatal(err)

@@ -3,33 +3,17 @@ package wasm_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"math"
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/wasm"
 	"github.com/fleetlearn/fleetlearn/wasm/wasmtest"
 )
-
-func mnist(t testing.TB) (tr, te *data.Dataset) {
-	t.Helper()
-	dir, err := data.MNISTDir()
-	if errors.Is(err, data.ErrMNISTNotFound) {
-		t.Skipf("MNIST not in the module cache: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, te, err = data.LoadMNIST(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr, te
-}
 
 func head(d *data.Dataset, n int) *data.Dataset {
 	idx := make([]int, n)
@@ -76,7 +60,7 @@ func maxAbsDiff(t *testing.T, a, b *model.Model) float64 {
 // the same weights, data, seed and hyper-parameters must give the same weights
 // (to 1e-4) and metrics after an epoch.
 func TestMatchesNative(t *testing.T) {
-	tr, _ := mnist(t)
+	tr, _ := datatest.MNIST(t)
 	d := head(tr, 3000)
 	s := newSandbox(t)
 	for _, tc := range []struct {
@@ -130,7 +114,7 @@ func TestMNISTThroughWASM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains on all of MNIST twice")
 	}
-	tr, te := mnist(t)
+	tr, te := datatest.MNIST(t)
 	s := newSandbox(t)
 	mod := load(t, s, wasmtest.MLP)
 	init, _ := train.InitMLP([]int{784, 128, 10}, 1)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
@@ -65,7 +66,7 @@ func sameBits(t *testing.T, what string, got, want *model.Model) {
 // every GEMM kernel the CPU has (the SIMD ones and pure Go), on one thread and
 // on four: every run must give the same weights, bit for bit.
 func TestEveryKernelSameWeights(t *testing.T) {
-	tr, _ := mnist(t)
+	tr, _ := datatest.MNIST(t)
 	d := head(tr, 256)
 	init, err := train.InitMLP([]int{784, 128, 10}, 3)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/data"
+	"github.com/fleetlearn/fleetlearn/data/datatest"
 	"github.com/fleetlearn/fleetlearn/internal/floats"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/sgd"
@@ -28,7 +29,7 @@ import (
 // layers (two-digit names), hyper-parameters left to their defaults and a
 // learning rate written as a decimal that float32 cannot hold exactly.
 func TestMLPAsmSameAsGoModule(t *testing.T) {
-	tr, _ := mnist(t)
+	tr, _ := datatest.MNIST(t)
 	d := head(tr, 700)
 	s := newSandbox(t)
 	asm, gomod := load(t, s, wasmtest.MLPAsm), load(t, s, wasmtest.MLP)
@@ -116,7 +117,7 @@ func TestMLPAsmSameAsGoModule(t *testing.T) {
 // example order each fail the call with a message naming the rule, as the
 // Go module refuses them, and no call panics the host.
 func TestMLPAsmRefuses(t *testing.T) {
-	tr, _ := mnist(t)
+	tr, _ := datatest.MNIST(t)
 	d := head(tr, 300)
 	s := newSandbox(t)
 	asm, gomod := load(t, s, wasmtest.MLPAsm), load(t, s, wasmtest.MLP)
@@ -187,7 +188,7 @@ func TestMLPAsmRefuses(t *testing.T) {
 // TestMLPAsmMetricsNames: the assembled module's result carries exactly the
 // Go module's metric names, and both modules are listed in the embedded set.
 func TestMLPAsmMetricsNames(t *testing.T) {
-	tr, _ := mnist(t)
+	tr, _ := datatest.MNIST(t)
 	m, err := train.InitMLP([]int{784, 8, 10}, 1)
 	if err != nil {
 		t.Fatal(err)

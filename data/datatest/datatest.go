@@ -1,7 +1,30 @@
 // Package datatest makes small datasets for tests.
 package datatest
 
-import "github.com/fleetlearn/fleetlearn/data"
+import (
+	"errors"
+	"testing"
+
+	"github.com/fleetlearn/fleetlearn/data"
+)
+
+// MNIST returns MNIST's training and test sets from the module cache, and
+// skips the test, saying why, where they are absent.
+func MNIST(t testing.TB) (train, test *data.Dataset) {
+	t.Helper()
+	dir, err := data.MNISTDir()
+	if errors.Is(err, data.ErrMNISTNotFound) {
+		t.Skipf("MNIST not in the module cache: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	train, test, err = data.LoadMNIST(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return train, test
+}
 
 // Synthetic is a small learnable dataset of n examples with dim features in
 // [0, 1) from a fixed generator: the label is the arg-max of the first

@@ -12,29 +12,13 @@ import (
 	"github.com/fleetlearn/fleetlearn/model/train"
 )
 
-func mnist(t testing.TB) (tr, te *data.Dataset) {
-	t.Helper()
-	dir, err := data.MNISTDir()
-	if errors.Is(err, data.ErrMNISTNotFound) {
-		t.Skipf("MNIST not in the module cache: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, te, err = data.LoadMNIST(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr, te
-}
-
 // TestMNISTAccuracy is the reference result the WASM module is checked against:
 // 784-128-10 on all 60k training images, evaluated on the 10k test set.
 func TestMNISTAccuracy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains on all of MNIST")
 	}
-	tr, te := mnist(t)
+	tr, te := datatest.MNIST(t)
 	m, err := train.InitMLP([]int{784, 128, 10}, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package dp
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -155,7 +156,7 @@ func bltMerge(theta, omega []float64) ([]float64, []float64) {
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortStableFunc(idx, func(a, b int) int { return bltCmp(theta[a], theta[b]) })
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(theta[a], theta[b]) })
 	var th, om []float64
 	for _, i := range idx {
 		if n := len(th); n > 0 && th[n-1] == theta[i] {
@@ -624,7 +625,7 @@ func FitBLT(T, k, b, buffers int) (BLT, error) {
 		for i, x := range starts {
 			vals[i], order[i] = loss(x), i
 		}
-		slices.SortStableFunc(order, func(a, b int) int { return bltCmp(vals[a], vals[b]) })
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(vals[a], vals[b]) })
 		best = nil
 		bestLoss := math.Inf(1)
 		for _, i := range order[:min(bltFitRuns, len(order))] {
@@ -651,7 +652,7 @@ func FitBLT(T, k, b, buffers int) (BLT, error) {
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortStableFunc(idx, func(a, b int) int { return bltCmp(out.Theta[b], out.Theta[a]) })
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(out.Theta[b], out.Theta[a]) })
 	sorted := BLT{Theta: make([]float64, d), Omega: make([]float64, d)}
 	for j, i := range idx {
 		sorted.Theta[j], sorted.Omega[j] = out.Theta[i], out.Omega[i]
@@ -742,16 +743,6 @@ func bltFitGrow(x []float64, T int) [][]float64 {
 		out = append(out, y)
 	}
 	return out
-}
-
-func bltCmp(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func bltSoftplus(y float64) float64 {
@@ -884,7 +875,7 @@ func bltNelderMead(f func([]float64) float64, x0 []float64, step float64, maxEva
 		for i := range order {
 			order[i] = i
 		}
-		slices.SortStableFunc(order, func(a, b int) int { return bltCmp(vals[a], vals[b]) })
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(vals[a], vals[b]) })
 		best, worst, second := order[0], order[n], order[n-1]
 		if vals[worst]-vals[best] <= bltFitTolerance*(1+math.Abs(vals[best])) {
 			break
