@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
 // dpFlags are the accounting flags shared by the dp commands.
@@ -75,6 +76,9 @@ func (f *dpFlags) check(cmd *cobra.Command) error {
 		}
 		if changed("accountant") && f.accountant != "rdp" {
 			return fmt.Errorf("%w: --mechanism %s accounts in zCDP, converted as RDP: drop --accountant", ErrUsage, f.mechanism)
+		}
+		if f.steps > privacyconf.MaxCorrelatedRounds {
+			return fmt.Errorf("%w: --mechanism %s is laid out over at most %d rounds, as tasks are", ErrUsage, f.mechanism, privacyconf.MaxCorrelatedRounds)
 		}
 		if f.maxParts < 1 || f.minSep < 1 {
 			return fmt.Errorf("%w: --max-participations and --min-separation must be at least 1", ErrUsage)

@@ -254,6 +254,11 @@ type Correlated struct {
 // (docs/DP.md).
 const BLTBuffers = 4
 
+// MaxCorrelatedRounds bounds the rounds correlated noise is laid out over:
+// fitting a BLT takes time linear in them (about 1.7 s for 20,000 rounds on
+// one core), and task creation and every task load fit it.
+const MaxCorrelatedRounds = 20000
+
 // newCorrelated resolves the limits of correlated noise over rounds.
 func newCorrelated(cfg *pb.DPConfig, rounds int) (*Correlated, error) {
 	c := &Correlated{Noise: cfg.GetNoise(), Rounds: rounds, Separation: max(1, int(cfg.GetMinSeparation()))}
@@ -347,6 +352,9 @@ func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
 	case correlated(cfg) && task.GetRoundsTotal() == 0:
 		return nil, fmt.Errorf("%s %s is laid out over the task's rounds: give %s", names.Field("dp.noise"), names.Value(cfg.GetNoise()),
 			names.Field("rounds_total"))
+	case correlated(cfg) && task.GetRoundsTotal() > MaxCorrelatedRounds:
+		return nil, fmt.Errorf("%s %s is laid out over at most %d rounds, not %s %d: run fewer rounds, or independent noise",
+			names.Field("dp.noise"), names.Value(cfg.GetNoise()), MaxCorrelatedRounds, names.Field("rounds_total"), task.GetRoundsTotal())
 	case isDistributed(mech) && task.GetCohortTarget() > 0 && cfg.GetMinNoiseContributors() > task.GetCohortTarget():
 		// The noise is calibrated for that many reports and a round with
 		// fewer is abandoned: no round could ever commit.

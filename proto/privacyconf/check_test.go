@@ -76,6 +76,8 @@ func TestChecksNameSettings(t *testing.T) {
 		}, "<DP.NOISE> <DP_NOISE_TREE> is accounted in zCDP, converted as RDP: use <DP.ACCOUNTANT> <ACCOUNTANT_RDP>"},
 		{"blt without rounds", func(t *pb.Task) { t.Dp.Noise = pb.DPNoise_DP_NOISE_BLT },
 			"<DP.NOISE> <DP_NOISE_BLT> is laid out over the task's rounds: give <ROUNDS_TOTAL>"},
+		{"blt over too many rounds", func(t *pb.Task) { t.Dp.Noise, t.RoundsTotal = pb.DPNoise_DP_NOISE_BLT, 1_000_000 },
+			"<DP.NOISE> <DP_NOISE_BLT> is laid out over at most 20000 rounds, not <ROUNDS_TOTAL> 1000000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := privateTask()
