@@ -259,17 +259,16 @@ func awaitMidRound(t *testing.T, c *cluster, id string, stored <-chan uint64, fi
 	}
 }
 
-// midRound fails t unless round of task id is open or closed after broke:
-// whatever was broken at broke was broken mid-round.
-func midRound(t *testing.T, c *cluster, id string, round uint64, broke time.Time) {
+// struck returns the round of task id a break at broke struck: round, seen
+// open with a report stored just before the break, unless its last report
+// came in the instants between and it closed before the break; then the
+// next round, which ran under the break. It waits for round to close.
+func struck(t *testing.T, c *cluster, id string, round uint64, broke time.Time) uint64 {
 	t.Helper()
-	resp, err := apiv1.NewTaskServiceClient(c.conn).ListRounds(context.Background(), &pb.ListRoundsRequest{TaskId: id, PageSize: 1000})
-	if err != nil {
-		t.Fatal(err)
+	if r := waitClosed(t, c, id, round); r.GetCloseTime().AsTime().Before(broke) {
+		t.Logf("round %d closed at %v, just before the break at %v: the break struck round %d", round,
+			r.GetCloseTime().AsTime(), broke, round+1)
+		return round + 1
 	}
-	for _, r := range resp.Rounds {
-		if r.Round == round && r.State != pb.RoundState_ROUND_STATE_OPEN && r.GetCloseTime().AsTime().Before(broke) {
-			t.Fatalf("round %d closed at %v, before the break at %v: not mid-round", round, r.GetCloseTime().AsTime(), broke)
-		}
-	}
+	return round
 }

@@ -68,7 +68,6 @@ func TestMultiHostFailures(t *testing.T) {
 	t.Logf("round %d: agg-a partitioned from PostgreSQL", r1)
 	d.awaitLeader(1)
 	t.Logf("from the partition to agg-b leading and ready: %.1f s", time.Since(cut).Seconds())
-	midRound(t, c, id, r1, cut)
 	// The old leader finds out at its next renewal and stops its rounds;
 	// then the partition heals, and the old leader, once it has exited,
 	// is started again as the standby.
@@ -82,6 +81,7 @@ func TestMultiHostFailures(t *testing.T) {
 	t.Logf("from the partition to agg-a exiting: %.1f s", a.end.Sub(cut).Seconds())
 	d.replica(0, "agg-a")
 	d.awaitStandby(0, "agg-b")
+	t.Logf("the partition struck round %d", struck(t, c, id, r1, cut))
 
 	// The leader is killed.
 	r2 := awaitMidRound(t, c, id, stored, r1+1)
@@ -90,20 +90,20 @@ func TestMultiHostFailures(t *testing.T) {
 	t.Logf("round %d: kill -9 the leader agg-b", r2)
 	d.awaitLeader(0)
 	t.Logf("from the kill to agg-a leading and ready: %.1f s", time.Since(killed).Seconds())
+	r2 = struck(t, c, id, r2, killed)
 	if r := waitClosed(t, c, id, r2); r.State != pb.RoundState_ROUND_STATE_COMMITTED {
 		t.Fatalf("round %d, whose leader was killed: %v (%s)", r2, r.State, r.Reason)
 	}
 	t.Logf("from the kill to round %d committed: %.1f s", r2, time.Since(killed).Seconds())
-	midRound(t, c, id, r2, killed)
 
 	// A NATS node drops off the network.
 	r3 := awaitMidRound(t, c, id, stored, r2+1)
 	natsHosts[2].cut()
 	cut = time.Now()
 	t.Logf("round %d: nats-3 cut off", r3)
+	r3 = struck(t, c, id, r3, cut)
 	r := waitClosed(t, c, id, r3)
 	t.Logf("from cutting nats-3 to round %d closed (%v): %.1f s", r3, r.State, time.Since(cut).Seconds())
-	midRound(t, c, id, r3, cut)
 	natsHosts[2].heal()
 	checkRoundsOnce(t, c, id, rounds, cut, pin, func(round uint64) bool { return round >= r3 })
 }
