@@ -74,45 +74,47 @@ func (t *taskRun) loadNoise(ctx context.Context) error {
 }
 
 // noiseStream rebuilds the task's noise stream as it stood after the last
-// committed training round.
-func (t *taskRun) noiseStream() (noiseStream, error) {
+// committed training round, with the envelope that names it (its state
+// left for the caller to fill in).
+func (t *taskRun) noiseStream() (noiseStream, noiseEnvelope, error) {
 	c := t.dp.acct.Correlated
 	dim, std := t.ulayout.Size(), t.dp.cfg.GetNoiseMultiplier()*t.dp.cfg.GetClipNorm()
 	var env noiseEnvelope
 	if t.dp.noiseState != nil {
 		if err := json.Unmarshal(t.dp.noiseState, &env); err != nil {
-			return nil, fmt.Errorf("stored noise state: %w", err)
+			return nil, env, fmt.Errorf("stored noise state: %w", err)
 		}
 	}
+	stored := env.State
 	var s noiseStream
 	var err error
 	switch c.Noise {
 	case pb.DPNoise_DP_NOISE_TREE:
 		if env.Noise != "" && env.Noise != "tree" {
-			return nil, fmt.Errorf("stored noise state is %q, the task's noise tree", env.Noise)
+			return nil, env, fmt.Errorf("stored noise state is %q, the task's noise tree", env.Noise)
 		}
+		env = noiseEnvelope{Noise: "tree"}
 		s, err = dp.NewTreeNoise(t.dp.secret, dim, std, 0)
 	case pb.DPNoise_DP_NOISE_BLT:
-		b := c.BLT
-		if env.Noise != "" {
-			if env.Noise != "blt" {
-				return nil, fmt.Errorf("stored noise state is %q, the task's noise blt", env.Noise)
-			}
-			b = dp.BLT{Theta: env.Theta, Omega: env.Omega}
+		if env.Noise == "" {
+			env = noiseEnvelope{Noise: "blt", Theta: c.BLT.Theta, Omega: c.BLT.Omega}
+		} else if env.Noise != "blt" {
+			return nil, env, fmt.Errorf("stored noise state is %q, the task's noise blt", env.Noise)
 		}
-		s, err = dp.NewBLTNoise(b, t.dp.secret, dim, std)
+		env.State = nil
+		s, err = dp.NewBLTNoise(dp.BLT{Theta: env.Theta, Omega: env.Omega}, t.dp.secret, dim, std)
 	default:
-		return nil, fmt.Errorf("noise %v is not correlated", c.Noise)
+		return nil, env, fmt.Errorf("noise %v is not correlated", c.Noise)
 	}
 	if err != nil {
-		return nil, err
+		return nil, env, err
 	}
-	if env.State != nil {
-		if err := s.UnmarshalBinary(env.State); err != nil {
-			return nil, fmt.Errorf("stored noise state: %w", err)
+	if stored != nil {
+		if err := s.UnmarshalBinary(stored); err != nil {
+			return nil, env, fmt.Errorf("stored noise state: %w", err)
 		}
 	}
-	return s, nil
+	return s, env, nil
 }
 
 // addCorrelatedNoise adds the next term of the task's noise stream, over
@@ -121,7 +123,7 @@ func (t *taskRun) noiseStream() (noiseStream, error) {
 // (committedNoise): a round that does not commit leaves the stream where
 // it was.
 func (t *taskRun) addCorrelatedNoise(mean []float32, totalWeight float64) ([]byte, error) {
-	s, err := t.noiseStream()
+	s, env, err := t.noiseStream()
 	if err != nil {
 		return nil, err
 	}
@@ -132,19 +134,8 @@ func (t *taskRun) addCorrelatedNoise(mean []float32, totalWeight float64) ([]byt
 	for i, v := range noise {
 		mean[i] += float32(v / totalWeight)
 	}
-	state, err := s.MarshalBinary()
-	if err != nil {
+	if env.State, err = s.MarshalBinary(); err != nil {
 		return nil, err
-	}
-	env := noiseEnvelope{Noise: "tree", State: state}
-	if c := t.dp.acct.Correlated; c.Noise == pb.DPNoise_DP_NOISE_BLT {
-		env.Noise, env.Theta, env.Omega = "blt", c.BLT.Theta, c.BLT.Omega
-		if t.dp.noiseState != nil {
-			var old noiseEnvelope
-			if err := json.Unmarshal(t.dp.noiseState, &old); err == nil && old.Noise == "blt" {
-				env.Theta, env.Omega = old.Theta, old.Omega
-			}
-		}
 	}
 	return json.Marshal(env)
 }
