@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
@@ -32,9 +33,6 @@ const (
 	mechGaussian = "gaussian"
 	mechTree     = "tree"
 	mechBLT      = "blt"
-	// bltBuffers is the buffers a fitted BLT has: more fit no better
-	// (docs/DP.md).
-	bltBuffers = 4
 )
 
 func (f *dpFlags) register(cmd *cobra.Command) {
@@ -93,24 +91,20 @@ func (f *dpFlags) check(cmd *cobra.Command) error {
 }
 
 // correlatedRho is the ρ-zCDP of the tree or blt mechanism at noise
-// multiplier 1 (ρ scales as 1/z²), with a line describing it.
+// multiplier 1 (ρ scales as 1/z²), with a line describing it: a task's
+// accounting (privacyconf.Correlated) for these limits.
 func (f *dpFlags) correlatedRho() (float64, string, error) {
-	if f.mechanism == mechTree {
-		// TF-Privacy counts the rounds between two participations, not
-		// the distance: one less.
-		rho, err := dp.TreeZCDP(1, f.steps, f.maxParts, f.minSep-1)
+	noise := map[string]pb.DPNoise{mechTree: pb.DPNoise_DP_NOISE_TREE, mechBLT: pb.DPNoise_DP_NOISE_BLT}[f.mechanism]
+	c, err := privacyconf.NewCorrelated(noise, f.steps, f.maxParts, f.minSep)
+	if err != nil {
+		return 0, "", err
+	}
+	rho, err := c.Rho(1, f.steps)
+	if err != nil || f.mechanism == mechTree {
 		return rho, "tree aggregation", err
 	}
-	c, err := dp.FitBLT(f.steps, f.maxParts, f.minSep, bltBuffers)
-	if err != nil {
-		return 0, "", err
-	}
-	rho, err := c.ZCDP(1, f.steps, f.maxParts, f.minSep)
-	if err != nil {
-		return 0, "", err
-	}
-	sens, err := c.Sensitivity(f.steps, f.maxParts, f.minSep)
-	return rho, fmt.Sprintf("a fitted %d-buffer BLT (sensitivity %.4g)", bltBuffers, sens), err
+	sens, err := c.BLT.Sensitivity(f.steps, f.maxParts, f.minSep)
+	return rho, fmt.Sprintf("a fitted %d-buffer BLT (sensitivity %.4g)", privacyconf.BLTBuffers, sens), err
 }
 
 // correlatedEpsilon is ε at noise multiplier z of the tree or blt mechanism.

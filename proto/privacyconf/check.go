@@ -261,11 +261,22 @@ const MaxCorrelatedRounds = 20000
 
 // newCorrelated resolves the limits of correlated noise over rounds.
 func newCorrelated(cfg *pb.DPConfig, rounds int) (*Correlated, error) {
-	c := &Correlated{Noise: cfg.GetNoise(), Rounds: rounds, Separation: max(1, int(cfg.GetMinSeparation()))}
+	b := max(1, int(cfg.GetMinSeparation()))
 	// A device fits at most ⌈T/b⌉ rounds b apart; a cap may lower that.
-	c.Participations = (rounds + c.Separation - 1) / c.Separation
-	if k := int(cfg.GetMaxRoundsPerDevice()); k > 0 && k < c.Participations {
-		c.Participations = k
+	k := (rounds + b - 1) / b
+	if cap := int(cfg.GetMaxRoundsPerDevice()); cap > 0 && cap < k {
+		k = cap
+	}
+	return NewCorrelated(cfg.GetNoise(), rounds, k, b)
+}
+
+// NewCorrelated is noise (DP_NOISE_TREE or DP_NOISE_BLT) over rounds in
+// which a device takes part at most participations times, separation
+// rounds apart; a BLT is fitted to them.
+func NewCorrelated(noise pb.DPNoise, rounds, participations, separation int) (*Correlated, error) {
+	c := &Correlated{Noise: noise, Rounds: rounds, Participations: participations, Separation: separation}
+	if c.Noise != pb.DPNoise_DP_NOISE_TREE && c.Noise != pb.DPNoise_DP_NOISE_BLT {
+		return nil, fmt.Errorf("noise %v is not correlated", noise)
 	}
 	if c.Noise == pb.DPNoise_DP_NOISE_BLT {
 		b, err := dp.FitBLT(rounds, c.Participations, c.Separation, BLTBuffers)
@@ -274,14 +285,14 @@ func newCorrelated(cfg *pb.DPConfig, rounds int) (*Correlated, error) {
 		}
 		c.BLT = b
 	}
-	if _, err := c.rho(1, rounds); err != nil {
+	if _, err := c.Rho(1, rounds); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// rho is the ρ-zCDP of the first n rounds at noise multiplier z.
-func (c *Correlated) rho(z float64, n int) (float64, error) {
+// Rho is the ρ-zCDP of the first n rounds at noise multiplier z.
+func (c *Correlated) Rho(z float64, n int) (float64, error) {
 	if c.Noise == pb.DPNoise_DP_NOISE_TREE {
 		// TF-Privacy counts the rounds between two participations.
 		return dp.TreeZCDP(z, n, c.Participations, c.Separation-1)
@@ -414,7 +425,7 @@ func (a *Accounting) EpsilonAfter(rounds int) (float64, error) {
 	if c := a.Correlated; c != nil {
 		// The prefix of the releases so far: past the task's rounds the
 		// noise is not laid out, and those rounds are accounted as its end.
-		rho, err := c.rho(a.Config.GetNoiseMultiplier(), min(rounds, c.Rounds))
+		rho, err := c.Rho(a.Config.GetNoiseMultiplier(), min(rounds, c.Rounds))
 		if err != nil {
 			return 0, err
 		}
