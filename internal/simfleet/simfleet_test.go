@@ -153,7 +153,10 @@ func TestFleetUploadConnections(t *testing.T) {
 	}
 	f.Stop()
 	st := f.Stats()
-	if st.Reports < 6 || st.Refused != 0 || st.Failures != 0 {
+	// Four devices for a goal of three: the round may close before the
+	// fourth report, which is then refused as late; every round still
+	// needed three accepted.
+	if st.Accepted < 6 || st.Failures != 0 {
 		t.Fatalf("stats %+v: %s", st, f.LastFailure())
 	}
 	conns := f.ConnStats()
