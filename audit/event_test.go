@@ -149,6 +149,36 @@ func TestParseEventRejects(t *testing.T) {
 	}
 }
 
+// Adaptive clipping's fields read back as written, a noised fraction
+// outside [0, 1] included.
+func TestPrivacySpentAdaptiveClipping(t *testing.T) {
+	p := PrivacySpent{Task: "t", Round: 3, Mechanism: "central-gaussian", Accountant: "rdp", ClipNorm: 0.8, NoiseMultiplier: 1,
+		Delta: 1e-6, Epsilon: 0.1, CumulativeEpsilon: 0.3, EpsilonBudget: 8, UnclippedFraction: new(-0.0625), NextClipNorm: 0.9}
+	ev, err := NewEvent(Operator("a"), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Time = t0
+	b, err := ev.MarshalCanonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"unclipped_fraction":-0.0625,"next_clip_norm":0.9`) {
+		t.Fatalf("encoding %s", b)
+	}
+	back, err := ParseEvent(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := back.DecodePayload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := got.(PrivacySpent); q.UnclippedFraction == nil || *q.UnclippedFraction != -0.0625 || q.NextClipNorm != 0.9 {
+		t.Fatalf("read back %+v", q)
+	}
+}
+
 func TestPayloadValidation(t *testing.T) {
 	for _, p := range []Payload{
 		TaskCreated{Task: "t", BaseModel: "v1", Module: hexB, AggregationRule: "fedavg"},
@@ -167,6 +197,9 @@ func TestPayloadValidation(t *testing.T) {
 		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Delta: -1},
 		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Noise: "fft"},
 		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", Noise: "tree", NoiseStateSHA256: "xyz"},
+		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", NextClipNorm: 1},
+		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", UnclippedFraction: new(0.5)},
+		PrivacySpent{Task: "t", Round: 1, Mechanism: "gaussian", UnclippedFraction: new(math.NaN()), NextClipNorm: 1},
 		BudgetRefused{Task: "t", Round: 1, EpsilonBudget: math.NaN()},
 		DeviceEnrolled{Device: "device-1"},
 		DeviceRevoked{Device: "pd-" + hexA[:10]},

@@ -555,6 +555,13 @@ type PrivacySpent struct {
 	// older events keep their encoding.
 	Noise            string `json:"noise,omitempty"`
 	NoiseStateSHA256 string `json:"noise_state_sha256,omitempty"`
+	// With adaptive clipping, UnclippedFraction is the round's noised
+	// fraction b̄ of updates that were within ClipNorm (a release of the
+	// mechanism: it may fall outside [0, 1]) and NextClipNorm the bound it
+	// sets for the next training round, ClipNorm·exp(−η·(b̄ − target)).
+	// Both are omitted without adaptive clipping.
+	UnclippedFraction *float64 `json:"unclipped_fraction,omitempty"`
+	NextClipNorm      float64  `json:"next_clip_norm,omitempty"`
 }
 
 func (PrivacySpent) EventType() EventType { return TypePrivacySpent }
@@ -576,6 +583,16 @@ func (p PrivacySpent) validate() error {
 		c.oneOf("noise", p.Noise, "tree", "blt")
 	}
 	c.hex("noise_state_sha256", p.NoiseStateSHA256, false)
+	if p.UnclippedFraction != nil || p.NextClipNorm != 0 {
+		if p.UnclippedFraction == nil || !(p.NextClipNorm > 0) {
+			if c.err == nil {
+				c.err = fmt.Errorf("unclipped_fraction and a positive next_clip_norm go together: %w", ErrInvalidEvent)
+			}
+		} else {
+			c.finite("unclipped_fraction", *p.UnclippedFraction, false)
+			c.finite("next_clip_norm", p.NextClipNorm, true)
+		}
+	}
 	return c.err
 }
 func (p PrivacySpent) encode(o *canon.Object) {
@@ -595,6 +612,10 @@ func (p PrivacySpent) encode(o *canon.Object) {
 	}
 	if p.NoiseStateSHA256 != "" {
 		o.String("noise_state_sha256", p.NoiseStateSHA256)
+	}
+	if p.UnclippedFraction != nil {
+		o.Float("unclipped_fraction", *p.UnclippedFraction)
+		o.Float("next_clip_norm", p.NextClipNorm)
 	}
 }
 

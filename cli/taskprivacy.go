@@ -30,6 +30,7 @@ type privacyFlags struct {
 	dp                 string
 	noise, clip        float64
 	quantile, clipLR   float64
+	countStddev        float64
 	delta, budget      float64
 	accountant         string
 	contributors       uint32
@@ -66,7 +67,7 @@ var (
 	secaggSubFlags = []string{"secagg-k", "secagg-threshold", "secagg-bits", "secagg-clip-range", "secagg-max-weight", "secagg-stage-timeout", "secagg-group-size"}
 	dpSubFlags     = []string{"dp-noise-multiplier", "dp-clip", "dp-target-unclipped-quantile", "dp-clip-lr", "dp-delta",
 		"dp-epsilon-budget", "dp-accountant", "dp-min-noise-contributors", "dp-sampling-rate", "dp-max-rounds-per-device",
-		"dp-min-separation", "dp-noise"}
+		"dp-min-separation", "dp-noise", "dp-clip-count-stddev"}
 )
 
 // Defaults of the DP flags. The noise multiplier is the usual DP-FedAvg
@@ -94,8 +95,10 @@ func (f *privacyFlags) register(cmd *cobra.Command) {
 		"distributed or skellam (devices add discrete Gaussian or Skellam noise under --secure-aggregation)")
 	fl.Float64Var(&f.noise, "dp-noise-multiplier", defaultDPNoise, "with --dp, noise standard deviation over the clip norm")
 	fl.Float64Var(&f.clip, "dp-clip", defaultDPClip, "with --dp, L2 norm bound of each device's update")
-	fl.Float64Var(&f.quantile, "dp-target-unclipped-quantile", 0, "with --dp, adaptive clipping's target fraction of unclipped updates (the server runs fixed clipping only and refuses it today)")
-	fl.Float64Var(&f.clipLR, "dp-clip-lr", 0, "with --dp-target-unclipped-quantile, adaptive clipping's geometric learning rate")
+	fl.Float64Var(&f.quantile, "dp-target-unclipped-quantile", 0, "with --dp central, distributed or skellam, adaptive clipping: the fraction of updates to leave unclipped, in (0, 1); --dp-clip is then the first round's bound")
+	fl.Float64Var(&f.clipLR, "dp-clip-lr", 0, "with --dp-target-unclipped-quantile, adaptive clipping's geometric learning rate (0: 0.2)")
+	fl.Float64Var(&f.countStddev, "dp-clip-count-stddev", 0, "with --dp-target-unclipped-quantile, the noise on each round's count of unclipped updates, in devices "+
+		"(0: the larger of --report-goal/20 and --dp-noise-multiplier); above --dp-noise-multiplier/2")
 	fl.Float64Var(&f.delta, "dp-delta", defaultDPDelta, "with --dp, delta of the (epsilon, delta) guarantee, well below 1/(number of devices)")
 	fl.Float64Var(&f.budget, "dp-epsilon-budget", 0, "with --dp (required), the epsilon the task may spend at --dp-delta; the server stops it before a round would exceed it")
 	fl.StringVar(&f.accountant, "dp-accountant", "rdp", "with --dp central or local, how epsilon is accounted: rdp or pld (distributed mechanisms account their own noise)")
@@ -144,6 +147,8 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 				f.dp, f.delta, f.noise, t.GetRoundsTotal(), f.delta, t.GetRoundsTotal())
 		case changed("dp-clip-lr") && !changed("dp-target-unclipped-quantile"):
 			return usage("--dp-clip-lr applies to adaptive clipping; add --dp-target-unclipped-quantile")
+		case changed("dp-clip-count-stddev") && !changed("dp-target-unclipped-quantile"):
+			return usage("--dp-clip-count-stddev applies to adaptive clipping; add --dp-target-unclipped-quantile")
 		case changed("dp-min-noise-contributors") && !distributed:
 			return usage("--dp-min-noise-contributors applies to device-side noise; use --dp distributed or skellam, or drop it")
 		case changed("dp-accountant") && distributed:
@@ -164,7 +169,7 @@ func (f *privacyFlags) apply(cmd *cobra.Command, t *pb.Task) error {
 	}
 	if mech != pb.DPMechanism_DP_MECHANISM_UNSPECIFIED {
 		t.Dp = &pb.DPConfig{Mechanism: mech, ClipNorm: f.clip, TargetUnclippedQuantile: f.quantile,
-			ClipLearningRate: f.clipLR, NoiseMultiplier: f.noise, TargetEpsilon: f.budget, Delta: f.delta,
+			ClipLearningRate: f.clipLR, ClipCountStddev: f.countStddev, NoiseMultiplier: f.noise, TargetEpsilon: f.budget, Delta: f.delta,
 			MinNoiseContributors: f.contributors, SamplingRate: f.sampling, MaxRoundsPerDevice: f.maxRoundsPerDevice,
 			MinSeparation: f.minSeparation, Noise: noiseKind}
 		if !distributed {
@@ -232,6 +237,7 @@ var taskFlagNames = map[string]string{
 	"dp.clip_norm":                 "--dp-clip",
 	"dp.target_unclipped_quantile": "--dp-target-unclipped-quantile",
 	"dp.clip_learning_rate":        "--dp-clip-lr",
+	"dp.clip_count_stddev":         "--dp-clip-count-stddev",
 	"dp.noise_multiplier":          "--dp-noise-multiplier",
 	"dp.target_epsilon":            "--dp-epsilon-budget",
 	"dp.delta":                     "--dp-delta",
@@ -330,7 +336,8 @@ func differentialPrivacy(t *pb.Task) string {
 	}[mech],
 		fmt.Sprintf("noise multiplier %g", c.GetNoiseMultiplier()), fmt.Sprintf("clip norm %g", c.GetClipNorm())}
 	if q := c.GetTargetUnclippedQuantile(); q != 0 {
-		parts = append(parts, fmt.Sprintf("adaptive clipping to quantile %g at rate %g", q, c.GetClipLearningRate()))
+		parts = append(parts, fmt.Sprintf("adaptive clipping to quantile %g at rate %g, count noise %g (updates noised at multiplier %.4g)",
+			q, c.GetClipLearningRate(), c.GetClipCountStddev(), privacyconf.UpdateNoiseMultiplier(c)))
 	}
 	parts = append(parts, fmt.Sprintf("delta %g", c.GetDelta()))
 	if distributed {

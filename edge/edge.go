@@ -483,7 +483,7 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 				ef.fb.Reset()
 			}
 		}
-		delta, err := a.privatize(a.scratch.delta, plan)
+		delta, bit, err := a.privatize(a.scratch.delta, plan)
 		if err != nil {
 			return err
 		}
@@ -497,7 +497,7 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 		}
 		rep := &pb.UpdateReport{TaskId: plan.TaskId, Round: plan.Round, DeviceId: a.cfg.DeviceID,
 			ModelVersion: plan.GetModel().GetVersion(), ModuleSha256: plan.GetModule().GetSha256(),
-			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}, KeyId: a.key.ID()}
+			NumExamples: uint64(res.NumExamples), Metrics: &pb.Metrics{Values: res.Metrics}, KeyId: a.key.ID(), ClipBit: bit}
 		var sent []float32
 		if ef == nil {
 			a.scratch.values = wire.AppendDense(a.scratch.values[:0], delta)

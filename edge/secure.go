@@ -251,7 +251,17 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (
 			return nil, err
 		}
 		return func(delta []float32, _ int) ([]uint32, func(), error) {
-			v, err := enc.Encode(delta)
+			if !dist.Counts() {
+				v, err := enc.Encode(delta)
+				return v, func() {}, err
+			}
+			// The encoder clips the rotated update, whose norm is the
+			// update's: the bit is whether that clip leaves it as it is.
+			norm, err := dp.L2Norm(delta)
+			if err != nil {
+				return nil, nil, err
+			}
+			v, err := enc.EncodeCounted(delta, norm <= dc.ClipNorm)
 			return v, func() {}, err
 		}, nil
 	}
@@ -272,7 +282,7 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (
 				ef.fb.Reset()
 			}
 		}
-		delta, err := a.privatize(delta, plan)
+		delta, bit, err := a.privatize(delta, plan)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -288,12 +298,31 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (
 			return nil, nil, err
 		}
 		rng := mrand.New(mrand.NewChaCha8(seed))
+		// Adaptive clipping's bit follows the weight, through the same
+		// secure sum: the server learns how many were unclipped, not whose.
+		withBit := func(v []uint32) ([]uint32, error) {
+			if bit == pb.ClipBit_CLIP_BIT_UNSPECIFIED {
+				return v, nil
+			}
+			unclipped := 0.0
+			if bit == pb.ClipBit_CLIP_BIT_UNCLIPPED {
+				unclipped = 1
+			}
+			c, err := quant.QuantizeCount(unclipped, rng)
+			return append(v, c), err
+		}
 		if ef == nil {
 			v, err := quant.Quantize(delta, weight, rng)
+			if err == nil {
+				v, err = withBit(v)
+			}
 			return v, func() {}, err
 		}
 		residual := make([]float32, len(delta))
 		v, err := quant.QuantizeResidual(delta, weight, rng, residual)
+		if err == nil {
+			v, err = withBit(v)
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -320,23 +349,31 @@ func (a *Agent) secureInput(ctx context.Context, plan *pb.RoundPlan, mod *wasm.M
 }
 
 // privatize clips an update to the plan's norm bound and, under local DP,
-// adds the device's Gaussian noise.
-func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) ([]float32, error) {
+// adds the device's Gaussian noise. bit is adaptive clipping's bit for
+// the update (unset when the plan's DP does not clip adaptively).
+func (a *Agent) privatize(delta []float32, plan *pb.RoundPlan) (_ []float32, bit pb.ClipBit, _ error) {
 	if bound := plan.GetMaxUpdateNorm(); bound > 0 {
-		if _, err := dp.ClipL2(delta, bound); err != nil {
-			return nil, fmt.Errorf("clip update: %w", err)
+		norm, err := dp.ClipL2(delta, bound)
+		if err != nil {
+			return nil, 0, fmt.Errorf("clip update: %w", err)
+		}
+		if privacyconf.Adaptive(plan.GetDp()) {
+			bit = pb.ClipBit_CLIP_BIT_CLIPPED
+			if norm <= bound {
+				bit = pb.ClipBit_CLIP_BIT_UNCLIPPED
+			}
 		}
 	}
 	if d := plan.GetDp(); d.GetMechanism() == pb.DPMechanism_DP_MECHANISM_LOCAL {
 		src, err := dp.NewSource(crand.Reader)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if err := dp.AddLocalNoise(delta, d.GetClipNorm(), d.GetNoiseMultiplier(), src); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return delta, nil
+	return delta, bit, nil
 }
 
 // updateOf writes the trained model minus the round's model, flattened, over

@@ -37,13 +37,18 @@ type ReportStatement struct {
 	// MetricsSHA256 is wire.MetricsSHA256 of the report's metrics: they
 	// reach the round's summary and the audit log.
 	MetricsSHA256 string
+	// ClipBit is an update report's adaptive clipping bit (0: none, the
+	// only value of every other report). It moves the task's clip bound,
+	// so it is signed like the weight; encoded only when set, so that
+	// statements without one encode as they always have.
+	ClipBit pb.ClipBit
 }
 
 // UpdateStatement is what an update report claims, as its device signs it.
 func UpdateStatement(r *pb.UpdateReport) ReportStatement {
 	return ReportStatement{Kind: ReportUpdate, Task: r.GetTaskId(), Round: r.GetRound(), Device: r.GetDeviceId(),
 		ModelVersion: r.GetModelVersion(), ModuleSHA256: r.GetModuleSha256(), PayloadSHA256: r.GetPayloadSha256(),
-		NumExamples: r.GetNumExamples(), MetricsSHA256: wire.MetricsSHA256(r.GetMetrics().GetValues())}
+		NumExamples: r.GetNumExamples(), MetricsSHA256: wire.MetricsSHA256(r.GetMetrics().GetValues()), ClipBit: r.GetClipBit()}
 }
 
 // EvalStatement is what an evaluation report claims, as its device signs it.
@@ -91,6 +96,12 @@ func (s ReportStatement) Bytes() ([]byte, error) {
 	str(s.PayloadSHA256)
 	b = binary.BigEndian.AppendUint64(b, s.NumExamples)
 	str(s.MetricsSHA256)
+	if s.ClipBit != pb.ClipBit_CLIP_BIT_UNSPECIFIED {
+		if s.Kind != ReportUpdate || (s.ClipBit != pb.ClipBit_CLIP_BIT_UNCLIPPED && s.ClipBit != pb.ClipBit_CLIP_BIT_CLIPPED) {
+			return nil, fmt.Errorf("%s: %w: clip bit %v in a %s report", op, ErrBadInput, s.ClipBit, s.Kind)
+		}
+		b = binary.BigEndian.AppendUint64(b, uint64(s.ClipBit))
+	}
 	return b, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
@@ -47,6 +48,7 @@ func TestReportSignatures(t *testing.T) {
 		"metrics": func(s *identity.ReportStatement) {
 			s.MetricsSHA256 = wire.MetricsSHA256(map[string]float64{"loss": 0.4})
 		},
+		"clip bit": func(s *identity.ReportStatement) { s.ClipBit = pb.ClipBit_CLIP_BIT_CLIPPED },
 	} {
 		m := statement()
 		mut(&m)
@@ -72,6 +74,22 @@ func TestReportSignatures(t *testing.T) {
 }
 
 func TestReportStatementUnambiguous(t *testing.T) {
+	// The two bits sign differently from each other and from no bit.
+	var seen [][]byte
+	for _, bit := range []pb.ClipBit{pb.ClipBit_CLIP_BIT_UNSPECIFIED, pb.ClipBit_CLIP_BIT_UNCLIPPED, pb.ClipBit_CLIP_BIT_CLIPPED} {
+		s := statement()
+		s.ClipBit = bit
+		b, err := s.Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range seen {
+			if bytes.Equal(o, b) {
+				t.Fatalf("clip bit %v encodes like another", bit)
+			}
+		}
+		seen = append(seen, b)
+	}
 	a, b := statement(), statement()
 	a.Task, a.Device = "ab", "c"
 	b.Task, b.Device = "a", "bc"
@@ -84,13 +102,17 @@ func TestReportStatementUnambiguous(t *testing.T) {
 
 func TestReportStatementBadInput(t *testing.T) {
 	for name, mut := range map[string]func(*identity.ReportStatement){
-		"kind":    func(s *identity.ReportStatement) { s.Kind = "x" },
-		"task":    func(s *identity.ReportStatement) { s.Task = "a.b" },
-		"device":  func(s *identity.ReportStatement) { s.Device = "" },
-		"model":   func(s *identity.ReportStatement) { s.ModelVersion = "" },
-		"long":    func(s *identity.ReportStatement) { s.ModelVersion = strings.Repeat("v", 257) },
-		"module":  func(s *identity.ReportStatement) { s.ModuleSHA256 = "ABCD" },
-		"payload": func(s *identity.ReportStatement) { s.PayloadSHA256 = strings.ToUpper(wire.SHA256(nil)) },
+		"kind":     func(s *identity.ReportStatement) { s.Kind = "x" },
+		"task":     func(s *identity.ReportStatement) { s.Task = "a.b" },
+		"device":   func(s *identity.ReportStatement) { s.Device = "" },
+		"model":    func(s *identity.ReportStatement) { s.ModelVersion = "" },
+		"long":     func(s *identity.ReportStatement) { s.ModelVersion = strings.Repeat("v", 257) },
+		"module":   func(s *identity.ReportStatement) { s.ModuleSHA256 = "ABCD" },
+		"payload":  func(s *identity.ReportStatement) { s.PayloadSHA256 = strings.ToUpper(wire.SHA256(nil)) },
+		"clip bit": func(s *identity.ReportStatement) { s.ClipBit = 7 },
+		"eval clip bit": func(s *identity.ReportStatement) {
+			s.Kind, s.ClipBit = identity.ReportEval, pb.ClipBit_CLIP_BIT_UNCLIPPED
+		},
 	} {
 		s := statement()
 		mut(&s)

@@ -18,6 +18,10 @@ type DistributedConfig struct {
 	// NoiseMultiplier is z: the noise of Contributors devices adds up to a
 	// standard deviation of z·C.
 	NoiseMultiplier float64
+	// CountStddev, when positive, appends adaptive clipping's bit to each
+	// vector (WithCount): the noise of the devices' bits sums to about this
+	// standard deviation, in devices.
+	CountStddev float64
 }
 
 // Validate reports whether c describes a distributed mechanism: a known
@@ -33,6 +37,11 @@ func (c DistributedConfig) Validate() error {
 	if err := checkPositive("clip norm", c.ClipNorm); err != nil {
 		return err
 	}
+	if c.CountStddev != 0 {
+		if err := checkPositive("count noise stddev", c.CountStddev); err != nil {
+			return err
+		}
+	}
 	return checkPositive("noise multiplier", c.NoiseMultiplier)
 }
 
@@ -40,5 +49,9 @@ func (c DistributedConfig) Validate() error {
 // summed in Z_{2^bits}. The server and every device of a round derive the
 // same parameters from the same configuration.
 func DistributedFor(c DistributedConfig, dim, bits int) (*Distributed, error) {
-	return NewDistributed(c.Mechanism, dim, bits, c.Contributors, c.ClipNorm, c.NoiseMultiplier)
+	var count DistributedOption
+	if c.CountStddev > 0 {
+		count = WithCount(c.CountStddev)
+	}
+	return NewDistributed(c.Mechanism, dim, bits, c.Contributors, c.ClipNorm, c.NoiseMultiplier, count)
 }

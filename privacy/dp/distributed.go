@@ -48,6 +48,7 @@ const (
 
 type distConfig struct {
 	beta, k, scale float64
+	count          float64
 }
 
 // DistributedOption configures NewDistributed.
@@ -63,6 +64,19 @@ func WithKStddevs(k float64) DistributedOption { return func(c *distConfig) { c.
 
 // WithScale sets the scale factor directly instead of by the heuristic.
 func WithScale(s float64) DistributedOption { return func(c *distConfig) { c.scale = s } }
+
+// WithCount appends one coordinate to every encoded vector for adaptive
+// clipping's bit (Andrew et al. 2021), noised so that the decoded count of
+// unclipped devices has noise of standard deviation countStddev (σ_b). A
+// device encodes its bit b as h·(2b − 1), for the integer
+// h = ⌈2√n/σ_b⌉ (n the contributors), and adds integer noise of variance
+// (2hσ_b)²/n, at least 16, so that the sum of n devices' noise is as
+// close to a continuous Gaussian as the update's (τ of Epsilon negligible).
+// The coordinate is a second mechanism of the same kind, sensitivity h,
+// and Epsilon composes the two.
+func WithCount(countStddev float64) DistributedOption {
+	return func(c *distConfig) { c.count = countStddev }
+}
 
 // Distributed holds the parameters of one distributed DP configuration:
 // the pipeline of TFF's DistributedDpSumFactory. A device flattens its
@@ -87,6 +101,10 @@ type Distributed struct {
 	localVar    float64 // σ_local², scaled units
 	normBound   float64 // L2 bound after rounding, scaled units
 	mask, half  uint64
+	// countHalf is h of WithCount: a bit encodes as ±h; 0 without a
+	// count. countVar is the count coordinate's σ_local², countStddev σ_b.
+	countHalf             int64
+	countVar, countStddev float64
 }
 
 // NewDistributed returns the parameters for dim-element updates summed by
@@ -117,6 +135,8 @@ func NewDistributed(m Mechanism, dim, bits, clients int, clipNorm, z float64, op
 		return bad("k stddevs %v", c.k)
 	case c.scale != 0 && (!(c.scale > 0) || math.IsInf(c.scale, 0)):
 		return bad("scale %v", c.scale)
+	case c.count != 0 && (!(c.count > 0) || math.IsInf(c.count, 0)):
+		return bad("count stddev %v", c.count)
 	}
 	d := &Distributed{mech: m, dim: dim, padded: hadamard.PaddedDim(dim), bits: bits, n: clients,
 		clip: clipNorm, z: z, beta: c.beta, k: c.k, scale: c.scale,
@@ -138,7 +158,44 @@ func NewDistributed(m Mechanism, dim, bits, clients int, clipNorm, z float64, op
 		return bad("local noise variance %v too large for integer noise", d.localVar)
 	}
 	d.normBound = roundedNormBound(d.scale*clipNorm, c.beta, d.padded)
+	if c.count > 0 {
+		h := math.Ceil(2 * math.Sqrt(n) / c.count)
+		d.countHalf, d.countStddev = int64(h), c.count
+		d.countVar = 4 * h * h * c.count * c.count / n
+		if !d.CountFits(clients) {
+			return bad("%d bits cannot hold the clipping bits of %d clients with count noise %v", bits, clients, c.count)
+		}
+	}
 	return d, nil
+}
+
+// CountFits reports whether the count coordinate of a sum of devices
+// vectors stays within the modulus: their bits and k standard deviations
+// of its noise. A round of more devices than fit must not be summed.
+func (d *Distributed) CountFits(devices int) bool {
+	if d.countHalf == 0 {
+		return true
+	}
+	h := float64(d.countHalf)
+	return float64(devices)*h+d.k*2*h*d.countStddev < float64(d.half)
+}
+
+// Counts reports whether encoded vectors carry adaptive clipping's bit.
+func (d *Distributed) Counts() bool { return d.countHalf > 0 }
+
+// CountStddev returns the standard deviation of the noise on the decoded
+// count of unclipped devices (WithCount); 0 without a count.
+func (d *Distributed) CountStddev() float64 {
+	return d.countStddev
+}
+
+// EncodedDim returns the length of encoded vectors: PaddedDim, and one
+// more with a count.
+func (d *Distributed) EncodedDim() int {
+	if d.countHalf > 0 {
+		return d.padded + 1
+	}
+	return d.padded
 }
 
 // roundedNormBound is the L2 norm bound of a vector of norm c in d
@@ -158,8 +215,9 @@ func roundedNormBound(c, beta float64, d int) float64 {
 // Scale returns the scale factor s applied before rounding.
 func (d *Distributed) Scale() float64 { return d.scale }
 
-// PaddedDim returns the length of encoded vectors: dim rounded up to a
-// power of two for the Hadamard transform.
+// PaddedDim returns the length of the rotated update: dim rounded up to a
+// power of two for the Hadamard transform. Encoded vectors have EncodedDim
+// values.
 func (d *Distributed) PaddedDim() int { return d.padded }
 
 // LocalStddev returns σ_local, each device's noise standard deviation in
@@ -206,32 +264,41 @@ func (d *Distributed) Epsilon(rounds int, delta float64) (float64, error) {
 	curve := make([]float64, len(orders))
 	l2 := d.normBound
 	l1 := l2 * min(math.Sqrt(float64(d.padded)), l2)
-	n := float64(d.n)
-	dim := float64(d.padded)
 	for i, a := range orders {
-		var e float64
-		switch d.mech {
-		case DiscreteGaussian:
-			// τ bounds how far a sum of n discrete Gaussians is from one.
-			tau := 0.0
-			for k := 1; k < d.n; k++ {
-				fk := float64(k)
-				tau += math.Exp(-2 * math.Pi * math.Pi * d.localVar * fk / (fk + 1))
-			}
-			tau *= 10
-			sd := math.Sqrt(n * d.localVar)
-			s2, s1 := l2/sd, l1/sd
-			e = min(a/2*s2*s2+tau*dim,
-				a/2*(s2*s2+2*s1*tau+tau*tau*dim),
-				a/2*(s2+math.Sqrt(dim)*tau)*(s2+math.Sqrt(dim)*tau))
-		case Skellam:
-			mu := n * d.localVar
-			e = a*l2*l2/(2*mu) + min(((2*a-1)*l2*l2+6*l1)/(4*mu*mu), 3*l1/(2*mu))
+		e := d.rdp(a, l2, l1, float64(d.padded), d.localVar)
+		if h := float64(d.countHalf); h > 0 {
+			// Adding or removing a device moves the count by h.
+			e += d.rdp(a, h, h, 1, d.countVar)
 		}
 		curve[i] = float64(rounds) * e
 	}
 	eps, _ := rdp.Epsilon(orders, curve, delta)
 	return eps, nil
+}
+
+// rdp is the order-a RDP of one sum of n devices' noise of variance
+// localVar each over dim coordinates, for sensitivities l2 and l1.
+func (d *Distributed) rdp(a, l2, l1, dim, localVar float64) float64 {
+	n := float64(d.n)
+	switch d.mech {
+	case DiscreteGaussian:
+		// τ bounds how far a sum of n discrete Gaussians is from one.
+		tau := 0.0
+		for k := 1; k < d.n; k++ {
+			fk := float64(k)
+			tau += math.Exp(-2 * math.Pi * math.Pi * localVar * fk / (fk + 1))
+		}
+		tau *= 10
+		sd := math.Sqrt(n * localVar)
+		s2, s1 := l2/sd, l1/sd
+		return min(a/2*s2*s2+tau*dim,
+			a/2*(s2*s2+2*s1*tau+tau*tau*dim),
+			a/2*(s2+math.Sqrt(dim)*tau)*(s2+math.Sqrt(dim)*tau))
+	case Skellam:
+		mu := n * localVar
+		return a*l2*l2/(2*mu) + min(((2*a-1)*l2*l2+6*l1)/(4*mu*mu), 3*l1/(2*mu))
+	}
+	return math.Inf(1)
 }
 
 // Encoder turns one device's float update into its secure aggregation
@@ -243,6 +310,7 @@ type Encoder struct {
 	dg    *sample.DiscreteGaussian
 	buf   []float64
 	ints  []int64
+	cdg   *sample.DiscreteGaussian // the count coordinate's
 }
 
 // NewEncoder returns a device's encoder. seed fixes the round's rotation
@@ -256,22 +324,63 @@ func (d *Distributed) NewEncoder(seed [32]byte, src *Source) (*Encoder, error) {
 		buf: make([]float64, d.padded), ints: make([]int64, d.padded)}
 	if d.mech == DiscreteGaussian {
 		e.dg = sample.NewDiscreteGaussian(d.localVar)
+		if d.countHalf > 0 {
+			e.cdg = sample.NewDiscreteGaussian(d.countVar)
+		}
 	}
 	return e, nil
 }
 
 // Encode rotates, clips, scales, rounds and noises update and returns it
-// mod 2^bits, PaddedDim values.
+// mod 2^bits, PaddedDim values. A mechanism with a count (WithCount)
+// needs EncodeCounted.
 func (e *Encoder) Encode(update []float32) ([]uint32, error) {
+	if e.d.countHalf > 0 {
+		return nil, fmt.Errorf("dp: encode: %w: the mechanism counts clipping bits; use EncodeCounted", ErrInvalid)
+	}
+	return e.encode(update, false)
+}
+
+// EncodeCounted is Encode for a mechanism with a count: it appends the bit
+// unclipped (whether update's norm was at most the clip norm), noised like
+// every other coordinate; EncodedDim values.
+func (e *Encoder) EncodeCounted(update []float32, unclipped bool) ([]uint32, error) {
+	if e.d.countHalf == 0 {
+		return nil, fmt.Errorf("dp: encode: %w: the mechanism has no count", ErrInvalid)
+	}
+	return e.encode(update, unclipped)
+}
+
+func (e *Encoder) encode(update []float32, unclipped bool) ([]uint32, error) {
 	v, err := e.encodeInts(update)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint32, len(v))
+	out := make([]uint32, len(v), e.d.EncodedDim())
 	for i, x := range v {
 		out[i] = uint32(uint64(x) & e.d.mask)
 	}
+	if h := e.d.countHalf; h > 0 {
+		c := -h
+		if unclipped {
+			c = h
+		}
+		if e.cdg != nil {
+			c += e.cdg.Sample(e.src)
+		} else {
+			c += sample.Skellam(e.src, e.d.countVar)
+		}
+		out = append(out, uint32(uint64(c)&e.d.mask))
+	}
 	return out, nil
+}
+
+// noise draws one coordinate's integer noise.
+func (e *Encoder) noise() int64 {
+	if e.d.mech == DiscreteGaussian {
+		return e.dg.Sample(e.src)
+	}
+	return sample.Skellam(e.src, e.d.localVar)
 }
 
 // encodeInts is Encode before the modular reduction.
@@ -306,12 +415,7 @@ func (e *Encoder) encodeInts(update []float32) ([]int64, error) {
 		return nil, err
 	}
 	for i := range e.ints {
-		switch d.mech {
-		case DiscreteGaussian:
-			e.ints[i] += e.dg.Sample(e.src)
-		case Skellam:
-			e.ints[i] += sample.Skellam(e.src, d.localVar)
-		}
+		e.ints[i] += e.noise()
 	}
 	return e.ints, nil
 }
@@ -354,23 +458,56 @@ func (d *Distributed) NewDecoder(seed [32]byte) *Decoder {
 
 // Decode maps sum, the element-wise sum mod 2^bits of the devices' encoded
 // vectors, to signed values, unscales and unrotates them and returns the
-// first dim elements.
+// first dim elements. A mechanism with a count needs DecodeCounted.
 func (dec *Decoder) Decode(sum []uint32) ([]float64, error) {
+	if dec.d.countHalf > 0 {
+		return nil, fmt.Errorf("dp: decode: %w: the mechanism counts clipping bits; use DecodeCounted", ErrInvalid)
+	}
+	return dec.decode(sum)
+}
+
+// DecodeCounted is Decode for a mechanism with a count, from the sum of
+// devices vectors (CountFits(devices)): it also returns the noised number
+// of devices whose bit was set (its noise of standard deviation
+// CountStddev; not clamped, so it may fall outside [0, devices]).
+func (dec *Decoder) DecodeCounted(sum []uint32, devices int) ([]float64, float64, error) {
 	d := dec.d
-	if len(sum) != d.padded {
-		return nil, fmt.Errorf("dp: decode: %w: %d values, want %d", ErrInvalid, len(sum), d.padded)
+	if d.countHalf == 0 {
+		return nil, 0, fmt.Errorf("dp: decode: %w: the mechanism has no count", ErrInvalid)
+	}
+	if devices < 1 || !d.CountFits(devices) {
+		return nil, 0, fmt.Errorf("dp: decode: %w: the count of %d devices does not fit in %d bits", ErrInvalid, devices, d.bits)
+	}
+	x, err := dec.decode(sum)
+	if err != nil {
+		return nil, 0, err
+	}
+	// Σ h·(2bᵢ − 1) + noise = h·(2·count − devices) + noise.
+	s := float64(d.signed(sum[d.padded]))
+	return x, (s/float64(d.countHalf) + float64(devices)) / 2, nil
+}
+
+func (d *Distributed) signed(v uint32) int64 {
+	s := int64(v)
+	if uint64(v) >= d.half {
+		s -= int64(d.mask) + 1
+	}
+	return s
+}
+
+func (dec *Decoder) decode(sum []uint32) ([]float64, error) {
+	d := dec.d
+	if len(sum) != d.EncodedDim() {
+		return nil, fmt.Errorf("dp: decode: %w: %d values, want %d", ErrInvalid, len(sum), d.EncodedDim())
 	}
 	x := make([]float64, d.padded)
 	for i, v := range sum {
-		u := uint64(v)
-		if u > d.mask {
+		if uint64(v) > d.mask {
 			return nil, fmt.Errorf("dp: decode: %w: value %d = %d is not below 2^%d", ErrInvalid, i, v, d.bits)
 		}
-		s := int64(u)
-		if u >= d.half {
-			s -= int64(d.mask) + 1
+		if i < d.padded {
+			x[i] = float64(d.signed(v)) / d.scale
 		}
-		x[i] = float64(s) / d.scale
 	}
 	hadamard.Unrotate(x, dec.signs)
 	return x[:d.dim], nil

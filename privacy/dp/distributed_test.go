@@ -1,8 +1,10 @@
 package dp_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
@@ -177,4 +179,113 @@ func TestDistributedRejectsBadInput(t *testing.T) {
 	if _, err := d.Epsilon(1, 2); !errors.Is(err, dp.ErrInvalid) {
 		t.Errorf("delta 2: %v", err)
 	}
+}
+
+// With a count, n devices' bits decode to the number of unclipped ones
+// plus noise of standard deviation CountStddev, the update decodes as
+// without, and the ε composes the update's mechanism with the count's, a
+// Gaussian of multiplier 2σ_b for sensitivity ½ (sum of bits, centred).
+func TestDistributedCount(t *testing.T) {
+	for _, mech := range []dp.Mechanism{dp.DiscreteGaussian, dp.Skellam} {
+		t.Run(mech.String(), func(t *testing.T) {
+			const dim, n, bits, clip, z, sigmaB = 64, 30, 24, 1.0, 4.0, 3.0
+			d, err := dp.NewDistributed(mech, dim, bits, n, clip, z, dp.WithCount(sigmaB))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Counts() || d.EncodedDim() != d.PaddedDim()+1 || d.CountStddev() != sigmaB {
+				t.Fatalf("counts %v, encoded %d of %d, stddev %v", d.Counts(), d.EncodedDim(), d.PaddedDim(), d.CountStddev())
+			}
+			seed := [32]byte{9}
+			mask := uint32(1)<<bits - 1
+			var errs []float64
+			for trial := range 200 {
+				sum := make([]uint32, d.EncodedDim())
+				unclipped := 0
+				for i := range n {
+					enc, err := d.NewEncoder(seed, seededSource(t, uint64(trial*n+i)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					bit := (i+trial)%3 != 0
+					if bit {
+						unclipped++
+					}
+					v, err := enc.EncodeCounted(make([]float32, dim), bit)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for j, x := range v {
+						sum[j] = (sum[j] + x) & mask
+					}
+				}
+				_, count, err := d.NewDecoder(seed).DecodeCounted(sum, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				errs = append(errs, count-float64(unclipped))
+			}
+			var mean, sq float64
+			for _, e := range errs {
+				mean += e
+				sq += e * e
+			}
+			mean /= float64(len(errs))
+			sd := math.Sqrt(sq/float64(len(errs)) - mean*mean)
+			if math.Abs(mean) > 4*sigmaB/math.Sqrt(float64(len(errs))) || math.Abs(sd-sigmaB) > 0.15*sigmaB {
+				t.Errorf("count error mean %v sd %v, want 0 and %v", mean, sd, sigmaB)
+			}
+			// Encode and Decode refuse a counting mechanism, and the
+			// counted forms one without.
+			enc, _ := d.NewEncoder(seed, testSource(t, 1))
+			if _, err := enc.Encode(make([]float32, dim)); !errors.Is(err, dp.ErrInvalid) {
+				t.Errorf("Encode with a count: %v", err)
+			}
+			if _, err := d.NewDecoder(seed).Decode(make([]uint32, d.EncodedDim())); !errors.Is(err, dp.ErrInvalid) {
+				t.Errorf("Decode with a count: %v", err)
+			}
+			if _, _, err := d.NewDecoder(seed).DecodeCounted(make([]uint32, d.EncodedDim()), 1<<30); !errors.Is(err, dp.ErrInvalid) {
+				t.Errorf("a count that cannot fit: %v", err)
+			}
+			plain, err := dp.NewDistributed(mech, dim, bits, n, clip, z)
+			if err != nil {
+				t.Fatal(err)
+			}
+			penc, _ := plain.NewEncoder(seed, testSource(t, 1))
+			if _, err := penc.EncodeCounted(make([]float32, dim), true); !errors.Is(err, dp.ErrInvalid) {
+				t.Errorf("EncodeCounted without a count: %v", err)
+			}
+			// ε: above the update's alone, and the count's share is about
+			// what a Gaussian count of multiplier 2σ_b costs.
+			with, err := d.Epsilon(50, 1e-6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			without, err := plain.Epsilon(50, 1e-6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			zUpd := math.Sqrt(float64(n)) * d.LocalStddev() / d.NormBound()
+			joint := 1 / math.Sqrt(1/(zUpd*zUpd)+1/(4*sigmaB*sigmaB))
+			gauss, err := dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: joint, Steps: 50}}, 1e-6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !(with > without) || with < 0.98*gauss || with > 1.05*gauss {
+				t.Errorf("ε with the count %v, without %v; a Gaussian of the joint multiplier %v has %v", with, without, joint, gauss)
+			}
+		})
+	}
+}
+
+// seededSource is a deterministic source for any number of devices.
+func seededSource(t testing.TB, seed uint64) *dp.Source {
+	t.Helper()
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	src, err := dp.NewSource(rand.NewChaCha8(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }

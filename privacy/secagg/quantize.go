@@ -138,3 +138,31 @@ func (q *Quantizer) Dequantize(sum []uint32) (weightedSum []float64, totalWeight
 	}
 	return out, total, nil
 }
+
+// QuantizeCount encodes c ∈ [0, maxWeight] as Quantize encodes the weight,
+// as one more element after the weight: adaptive clipping's bit (0 or 1,
+// weights being 1 under DP) goes through the secure sum this way, so the
+// server learns the number of unclipped updates and not whose.
+func (q *Quantizer) QuantizeCount(c float64, rng *rand.Rand) (uint32, error) {
+	if rng == nil {
+		return 0, fmt.Errorf("secagg: quantize count: %w: nil rng", ErrConfig)
+	}
+	if !(c >= 0) || c > q.maxW {
+		return 0, fmt.Errorf("secagg: quantize count: %w: %v, want [0, %v]", ErrRange, c, q.maxW)
+	}
+	return q.encode(stochasticRound(c*q.wscale, rng)), nil
+}
+
+// DequantizeCount decodes the secure sum of at most n QuantizeCount
+// elements: their total, exact up to n/scale_w (below 1 unless the weight
+// bound is near the ring's capacity).
+func (q *Quantizer) DequantizeCount(sum uint32) (float64, error) {
+	if sum > q.mask {
+		return 0, fmt.Errorf("secagg: dequantize count: %w: %d is not below 2^%d", ErrRange, sum, q.bits)
+	}
+	c := q.decode(sum) / q.wscale
+	if c < -1 || c > float64(q.n)*q.maxW+1 {
+		return 0, fmt.Errorf("secagg: dequantize count: %w: %v for %d participants", ErrRange, c, q.n)
+	}
+	return c, nil
+}

@@ -167,3 +167,40 @@ func TestQuantizeBadInput(t *testing.T) {
 		t.Errorf("value beyond 2^8: %v", err)
 	}
 }
+
+// Bits of a cohort sum through the ring to their count, even in a small
+// ring where the scale of a count is not an integer.
+func TestQuantizeCount(t *testing.T) {
+	for _, bits := range []int{12, 32} {
+		const n = 300
+		q, err := secagg.NewQuantizer(bits, 1, n, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(bits)))
+		var sum uint32
+		ones := 0
+		for i := range n {
+			c := float64(i % 3 / 2) // a third of them set
+			ones += int(c)
+			v, err := q.QuantizeCount(c, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum = (sum + v) & uint32(1<<bits-1)
+		}
+		got, err := q.DequantizeCount(sum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Round(got) != float64(ones) {
+			t.Errorf("%d bits: count %v, want %d", bits, got, ones)
+		}
+		if _, err := q.QuantizeCount(2, rng); !errors.Is(err, secagg.ErrRange) {
+			t.Errorf("a count above the weight bound: %v", err)
+		}
+		if _, err := q.QuantizeCount(math.NaN(), rng); !errors.Is(err, secagg.ErrRange) {
+			t.Errorf("NaN: %v", err)
+		}
+	}
+}

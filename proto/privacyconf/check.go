@@ -217,8 +217,22 @@ func ResolveDP(task *pb.Task) *pb.DPConfig {
 	if isDistributed(out.Mechanism) && out.MinNoiseContributors == 0 {
 		out.MinNoiseContributors = task.GetReportGoal()
 	}
+	if Adaptive(out) {
+		if out.ClipLearningRate == 0 {
+			out.ClipLearningRate = DefaultClipLearningRate
+		}
+		if out.ClipCountStddev == 0 {
+			// Andrew et al.: σ_b = (devices a round) / 20; at least z, so
+			// that the bits take at most a quarter of the budget.
+			out.ClipCountStddev = max(float64(task.GetReportGoal())/20, out.NoiseMultiplier)
+		}
+	}
 	return out
 }
+
+// DefaultClipLearningRate is adaptive clipping's geometric learning rate η
+// when a task gives none (Andrew et al. 2021).
+const DefaultClipLearningRate = 0.2
 
 // Accounting is how a task's committed training rounds spend its privacy
 // budget.
@@ -334,9 +348,20 @@ func NewAccounting(task *pb.Task, dim int, names Names) (*Accounting, error) {
 		return nil, fmt.Errorf("%s %v must be in (0, 1), well below 1/(number of devices)", names.Field("dp.delta"), cfg.GetDelta())
 	case !(cfg.GetSamplingRate() >= 0 && cfg.GetSamplingRate() <= 1):
 		return nil, fmt.Errorf("%s %v must be in [0, 1]", names.Field("dp.sampling_rate"), cfg.GetSamplingRate())
-	case cfg.GetTargetUnclippedQuantile() != 0:
-		return nil, fmt.Errorf("adaptive clipping (%s) is not supported in rounds; set a fixed %s",
-			names.Field("dp.target_unclipped_quantile"), names.Field("dp.clip_norm"))
+	case Adaptive(cfg) && !(cfg.GetTargetUnclippedQuantile() > 0 && cfg.GetTargetUnclippedQuantile() < 1):
+		return nil, fmt.Errorf("%s %v must be in (0, 1): the fraction of updates to leave unclipped",
+			names.Field("dp.target_unclipped_quantile"), cfg.GetTargetUnclippedQuantile())
+	case Adaptive(cfg) && (!(cfg.GetClipLearningRate() > 0) || math.IsInf(cfg.GetClipLearningRate(), 0)):
+		return nil, fmt.Errorf("%s %v must be positive and finite", names.Field("dp.clip_learning_rate"), cfg.GetClipLearningRate())
+	case !Adaptive(cfg) && cfg.GetClipCountStddev() != 0:
+		return nil, fmt.Errorf("%s applies to adaptive clipping: set %s, or leave it at 0", names.Field("dp.clip_count_stddev"),
+			names.Field("dp.target_unclipped_quantile"))
+	case Adaptive(cfg) && (!(cfg.GetClipCountStddev() > cfg.GetNoiseMultiplier()/2) || math.IsInf(cfg.GetClipCountStddev(), 0)):
+		return nil, fmt.Errorf("%s %v must be finite and above %s / 2 = %v: the clipping bits alone would spend the whole budget",
+			names.Field("dp.clip_count_stddev"), cfg.GetClipCountStddev(), names.Field("dp.noise_multiplier"), cfg.GetNoiseMultiplier()/2)
+	case Adaptive(cfg) && mech == pb.DPMechanism_DP_MECHANISM_LOCAL:
+		return nil, fmt.Errorf("adaptive clipping (%s) needs a central or distributed %s: local noise leaves no count to noise once",
+			names.Field("dp.target_unclipped_quantile"), names.Field("dp.mechanism"))
 	case isDistributed(mech) && task.GetSecagg() == nil:
 		return nil, fmt.Errorf("%s %s adds noise on the devices and needs secure aggregation (%s)",
 			names.Field("dp.mechanism"), names.Value(mech), names.Field("secagg"))
@@ -425,13 +450,26 @@ func (a *Accounting) EpsilonAfter(rounds int) (float64, error) {
 	if c := a.Correlated; c != nil {
 		// The prefix of the releases so far: past the task's rounds the
 		// noise is not laid out, and those rounds are accounted as its end.
-		rho, err := c.Rho(a.Config.GetNoiseMultiplier(), min(rounds, c.Rounds))
+		n := min(rounds, c.Rounds)
+		rho, err := c.Rho(UpdateNoiseMultiplier(a.Config), n)
 		if err != nil {
 			return 0, err
+		}
+		if Adaptive(a.Config) {
+			// Each of a device's rounds releases its bit in a count with
+			// independent noise σ_b: sensitivity ½ (the sum of centred
+			// bits), ρ = (½)²/(2σ_b²) each.
+			p := min(c.Participations, (n+c.Separation-1)/c.Separation)
+			sb := a.Config.GetClipCountStddev()
+			rho += float64(p) / (8 * sb * sb)
 		}
 		eps, _, err := dp.EpsilonFromZCDP(rho, a.Config.GetDelta(), nil)
 		return eps, err
 	}
+	// With adaptive clipping the update noise is z_Δ and the bits' is σ_b:
+	// together one Gaussian mechanism of multiplier z on the vector
+	// (update/z_Δ, bit/(2σ_b)) (Andrew et al. 2021, Theorem 1), so z is
+	// the exact account.
 	acct := dp.RDP
 	if a.Config.GetAccountant() == pb.Accountant_ACCOUNTANT_PLD {
 		acct = dp.PLD

@@ -2,6 +2,7 @@ package privacyconf_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,17 @@ func TestChecksNameSettings(t *testing.T) {
 			"<DP.NOISE> <DP_NOISE_BLT> is laid out over the task's rounds: give <ROUNDS_TOTAL>"},
 		{"blt over too many rounds", func(t *pb.Task) { t.Dp.Noise, t.RoundsTotal = pb.DPNoise_DP_NOISE_BLT, 1_000_000 },
 			"<DP.NOISE> <DP_NOISE_BLT> is laid out over at most 20000 rounds, not <ROUNDS_TOTAL> 1000000"},
+		{"quantile", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile = 1 },
+			"<DP.TARGET_UNCLIPPED_QUANTILE> 1 must be in (0, 1): the fraction of updates to leave unclipped"},
+		{"clip learning rate", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile, t.Dp.ClipLearningRate = 0.5, -1 },
+			"<DP.CLIP_LEARNING_RATE> -1 must be positive and finite"},
+		{"count noise without adaptive clipping", func(t *pb.Task) { t.Dp.ClipCountStddev = 3 },
+			"<DP.CLIP_COUNT_STDDEV> applies to adaptive clipping: set <DP.TARGET_UNCLIPPED_QUANTILE>, or leave it at 0"},
+		{"count noise too small", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile, t.Dp.ClipCountStddev = 0.5, 0.5 },
+			"<DP.CLIP_COUNT_STDDEV> 0.5 must be finite and above <DP.NOISE_MULTIPLIER> / 2 = 0.5"},
+		{"adaptive local", func(t *pb.Task) {
+			t.Dp.TargetUnclippedQuantile, t.Dp.Mechanism = 0.5, pb.DPMechanism_DP_MECHANISM_LOCAL
+		}, "adaptive clipping (<DP.TARGET_UNCLIPPED_QUANTILE>) needs a central or distributed <DP.MECHANISM>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := privateTask()
@@ -231,5 +243,76 @@ func TestCorrelatedAccounting(t *testing.T) {
 		if early, err := a.EpsilonAfter(5); err != nil || !(early > 0 && early <= eps) {
 			t.Errorf("%v: ε %v after 5 rounds, %v after 100 (%v)", noise, early, eps, err)
 		}
+	}
+}
+
+// Adaptive clipping: defaults after Andrew et al.; the updates' noise is
+// z_Δ, and ε is z's for independent noise, and grows by the bits' share
+// for correlated noise and distributed noise.
+func TestAdaptiveClippingAccounting(t *testing.T) {
+	task := privateTask()
+	task.Secagg, task.ReportGoal = nil, 100
+	task.Dp.NoiseMultiplier, task.Dp.TargetUnclippedQuantile = 1, 0.5
+	cfg := privacyconf.ResolveDP(task)
+	if cfg.GetClipLearningRate() != privacyconf.DefaultClipLearningRate || cfg.GetClipCountStddev() != 5 {
+		t.Fatalf("defaults: rate %v, count stddev %v; want 0.2 and 100/20", cfg.GetClipLearningRate(), cfg.GetClipCountStddev())
+	}
+	want := 1 / math.Sqrt(1-1/(4*25.0))
+	if got := privacyconf.UpdateNoiseMultiplier(cfg); math.Abs(got-want) > 1e-12 {
+		t.Errorf("update noise multiplier %v, want %v", got, want)
+	}
+	if small := privacyconf.ResolveDP(&pb.Task{ReportGoal: 3, Dp: &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN,
+		NoiseMultiplier: 2, TargetUnclippedQuantile: 0.5}}); small.GetClipCountStddev() != 2 {
+		t.Errorf("a small cohort's count stddev %v, want z = 2", small.GetClipCountStddev())
+	}
+	a, err := privacyconf.NewAccounting(task, 100, privacyconf.APINames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := privateTask()
+	fixed.Secagg, fixed.ReportGoal = nil, 100
+	b, err := privacyconf.NewAccounting(fixed, 100, privacyconf.APINames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea, _ := a.EpsilonAfter(20)
+	eb, _ := b.EpsilonAfter(20)
+	if ea != eb {
+		t.Errorf("independent noise: ε %v with adaptive clipping, %v without; want equal", ea, eb)
+	}
+	// Correlated: ρ(z_Δ) plus p/(8σ_b²) for p participations.
+	task.RoundsTotal, task.Dp.Noise, task.Dp.MinSeparation = 40, pb.DPNoise_DP_NOISE_BLT, 10
+	a, err = privacyconf.NewAccounting(task, 100, privacyconf.APINames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rho, err := a.Correlated.Rho(want, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEps, _, _ := dp.EpsilonFromZCDP(rho+4/(8*25.0), task.Dp.Delta, nil)
+	if got, err := a.EpsilonAfter(40); err != nil || math.Abs(got-wantEps) > 1e-9*wantEps {
+		t.Errorf("correlated: ε %v (%v), want %v", got, err, wantEps)
+	}
+	// Distributed: the vectors carry the count, and ε is above the same
+	// mechanism's without it.
+	dist := privateTask()
+	dist.Dp.Mechanism, dist.Dp.TargetUnclippedQuantile, dist.Secagg.Bits = pb.DPMechanism_DP_MECHANISM_SKELLAM, 0.5, 20
+	a, err = privacyconf.NewAccounting(dist, 1000, privacyconf.APINames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Distributed.Counts() {
+		t.Fatal("distributed mechanism without the count")
+	}
+	dist.Dp.TargetUnclippedQuantile = 0
+	b, err = privacyconf.NewAccounting(dist, 1000, privacyconf.APINames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea, _ = a.EpsilonAfter(10)
+	eb, _ = b.EpsilonAfter(10)
+	if !(ea > eb) || ea > 1.1*eb {
+		t.Errorf("distributed: ε %v with adaptive clipping, %v without", ea, eb)
 	}
 }

@@ -65,7 +65,9 @@ func Mechanism(m pb.DPMechanism) (mech dp.Mechanism, ok bool) {
 }
 
 // Distributed returns the distributed DP settings c carries: its mechanism,
-// min_noise_contributors, clip_norm and noise_multiplier. ok is false when
+// min_noise_contributors, clip_norm and noise multiplier for updates
+// (UpdateNoiseMultiplier), and with adaptive clipping the count's noise
+// (clip_count_stddev). ok is false when
 // c is nil or its mechanism is not distributed. Validation is
 // dp.DistributedFor's.
 func Distributed(c *pb.DPConfig) (cfg dp.DistributedConfig, ok bool) {
@@ -73,12 +75,36 @@ func Distributed(c *pb.DPConfig) (cfg dp.DistributedConfig, ok bool) {
 	if !ok {
 		return dp.DistributedConfig{}, false
 	}
-	return dp.DistributedConfig{
+	cfg = dp.DistributedConfig{
 		Mechanism:       mech,
 		Contributors:    toInt(c.GetMinNoiseContributors()),
 		ClipNorm:        c.GetClipNorm(),
-		NoiseMultiplier: c.GetNoiseMultiplier(),
-	}, true
+		NoiseMultiplier: UpdateNoiseMultiplier(c),
+	}
+	if Adaptive(c) {
+		cfg.CountStddev = c.GetClipCountStddev()
+	}
+	return cfg, true
+}
+
+// Adaptive reports whether c clips adaptively (target_unclipped_quantile).
+func Adaptive(c *pb.DPConfig) bool { return c.GetTargetUnclippedQuantile() != 0 }
+
+// UpdateNoiseMultiplier is the multiplier of the noise on updates: the
+// task's noise_multiplier z, or with adaptive clipping the z_Δ at which
+// updates and clipping bits together cost what z alone would
+// (dp.AdjustedNoiseMultiplier with clip_count_stddev). NaN where c's
+// settings admit none; task creation refuses those.
+func UpdateNoiseMultiplier(c *pb.DPConfig) float64 {
+	z := c.GetNoiseMultiplier()
+	if !Adaptive(c) {
+		return z
+	}
+	zd, err := dp.AdjustedNoiseMultiplier(z, c.GetClipCountStddev())
+	if err != nil {
+		return math.NaN()
+	}
+	return zd
 }
 
 // toInt clamps instead of wrapping where int is 32 bits, so a count too

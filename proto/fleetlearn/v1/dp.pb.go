@@ -217,9 +217,14 @@ type DPConfig struct {
 	// this is the initial bound for the first round.
 	ClipNorm float64 `protobuf:"fixed64,2,opt,name=clip_norm,json=clipNorm,proto3" json:"clip_norm,omitempty"`
 	// Target fraction of updates left unclipped for adaptive clipping
-	// (Andrew et al. 2021), in (0, 1). Zero keeps clip_norm fixed.
+	// (Andrew et al. 2021), in (0, 1). Zero keeps clip_norm fixed. Each
+	// device tells whether its update was within the round's bound (one bit;
+	// under secure aggregation through the secure sum), the server noises
+	// the count and moves the bound geometrically toward the quantile.
+	// Central and distributed mechanisms only.
 	TargetUnclippedQuantile float64 `protobuf:"fixed64,3,opt,name=target_unclipped_quantile,json=targetUnclippedQuantile,proto3" json:"target_unclipped_quantile,omitempty"`
-	// Geometric learning rate for the adaptive clip-norm update. Ignored when
+	// Geometric learning rate η for the adaptive clip-norm update,
+	// C ← C·exp(−η·(b̄ − target)); zero picks 0.2. Ignored when
 	// target_unclipped_quantile is zero.
 	ClipLearningRate float64 `protobuf:"fixed64,4,opt,name=clip_learning_rate,json=clipLearningRate,proto3" json:"clip_learning_rate,omitempty"`
 	// Noise standard deviation divided by the clip norm, for the whole
@@ -258,9 +263,16 @@ type DPConfig struct {
 	// need DP_MECHANISM_CENTRAL_GAUSSIAN, the RDP accountant and no sampling
 	// rate; a device takes part in at most max_rounds_per_device rounds
 	// (default: as many as min_separation allows), min_separation apart.
-	Noise         DPNoise `protobuf:"varint,13,opt,name=noise,proto3,enum=fleetlearn.v1.DPNoise" json:"noise,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Noise DPNoise `protobuf:"varint,13,opt,name=noise,proto3,enum=fleetlearn.v1.DPNoise" json:"noise,omitempty"`
+	// For adaptive clipping, the standard deviation σ_b of the Gaussian noise
+	// on each round's count of devices whose update was within the bound (in
+	// devices). Zero picks max(report_goal / 20, noise_multiplier), after
+	// Andrew et al. The update noise multiplier is then reduced to
+	// (z⁻² − (2σ_b)⁻²)^(−1/2), so that updates and bits together cost what
+	// noise_multiplier alone would; it must exceed noise_multiplier / 2.
+	ClipCountStddev float64 `protobuf:"fixed64,14,opt,name=clip_count_stddev,json=clipCountStddev,proto3" json:"clip_count_stddev,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DPConfig) Reset() {
@@ -384,11 +396,18 @@ func (x *DPConfig) GetNoise() DPNoise {
 	return DPNoise_DP_NOISE_UNSPECIFIED
 }
 
+func (x *DPConfig) GetClipCountStddev() float64 {
+	if x != nil {
+		return x.ClipCountStddev
+	}
+	return 0
+}
+
 var File_fleetlearn_v1_dp_proto protoreflect.FileDescriptor
 
 const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	"\n" +
-	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xd1\x04\n" +
+	"\x16fleetlearn/v1/dp.proto\x12\rfleetlearn.v1\"\xfd\x04\n" +
 	"\bDPConfig\x128\n" +
 	"\tmechanism\x18\x01 \x01(\x0e2\x1a.fleetlearn.v1.DPMechanismR\tmechanism\x12\x1b\n" +
 	"\tclip_norm\x18\x02 \x01(\x01R\bclipNorm\x12:\n" +
@@ -405,7 +424,8 @@ const file_fleetlearn_v1_dp_proto_rawDesc = "" +
 	" \x01(\x01R\fsamplingRate\x121\n" +
 	"\x15max_rounds_per_device\x18\v \x01(\rR\x12maxRoundsPerDevice\x12%\n" +
 	"\x0emin_separation\x18\f \x01(\rR\rminSeparation\x12,\n" +
-	"\x05noise\x18\r \x01(\x0e2\x16.fleetlearn.v1.DPNoiseR\x05noise*\xc7\x01\n" +
+	"\x05noise\x18\r \x01(\x0e2\x16.fleetlearn.v1.DPNoiseR\x05noise\x12*\n" +
+	"\x11clip_count_stddev\x18\x0e \x01(\x01R\x0fclipCountStddev*\xc7\x01\n" +
 	"\vDPMechanism\x12\x1c\n" +
 	"\x18DP_MECHANISM_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DP_MECHANISM_NONE\x10\x01\x12!\n" +

@@ -198,6 +198,58 @@ func (UpdateEncoding) EnumDescriptor() ([]byte, []int) {
 	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
 }
 
+// ClipBit is a device's adaptive clipping bit.
+type ClipBit int32
+
+const (
+	ClipBit_CLIP_BIT_UNSPECIFIED ClipBit = 0
+	// The update's norm was at most the round's clip bound.
+	ClipBit_CLIP_BIT_UNCLIPPED ClipBit = 1
+	// The update was clipped to the bound.
+	ClipBit_CLIP_BIT_CLIPPED ClipBit = 2
+)
+
+// Enum value maps for ClipBit.
+var (
+	ClipBit_name = map[int32]string{
+		0: "CLIP_BIT_UNSPECIFIED",
+		1: "CLIP_BIT_UNCLIPPED",
+		2: "CLIP_BIT_CLIPPED",
+	}
+	ClipBit_value = map[string]int32{
+		"CLIP_BIT_UNSPECIFIED": 0,
+		"CLIP_BIT_UNCLIPPED":   1,
+		"CLIP_BIT_CLIPPED":     2,
+	}
+)
+
+func (x ClipBit) Enum() *ClipBit {
+	p := new(ClipBit)
+	*p = x
+	return p
+}
+
+func (x ClipBit) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClipBit) Descriptor() protoreflect.EnumDescriptor {
+	return file_fleetlearn_v1_round_proto_enumTypes[3].Descriptor()
+}
+
+func (ClipBit) Type() protoreflect.EnumType {
+	return &file_fleetlearn_v1_round_proto_enumTypes[3]
+}
+
+func (x ClipBit) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClipBit.Descriptor instead.
+func (ClipBit) EnumDescriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+}
+
 // RoundEventType is a round lifecycle transition.
 type RoundEventType int32
 
@@ -244,11 +296,11 @@ func (x RoundEventType) String() string {
 }
 
 func (RoundEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[3].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[4].Descriptor()
 }
 
 func (RoundEventType) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[3]
+	return &file_fleetlearn_v1_round_proto_enumTypes[4]
 }
 
 func (x RoundEventType) Number() protoreflect.EnumNumber {
@@ -257,7 +309,7 @@ func (x RoundEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RoundEventType.Descriptor instead.
 func (RoundEventType) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
 }
 
 // DeviceAttributes describes a device's current state for eligibility
@@ -1061,10 +1113,16 @@ type UpdateReport struct {
 	PayloadSha256 string `protobuf:"bytes,10,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
 	// Ed25519 signature by the device's enrolled key over the report statement
 	// (identity.ReportStatement: kind, task, round, device, model version,
-	// module sha256, payload sha256, example count; docs/SECURITY.md).
+	// module sha256, payload sha256, example count, metrics, clip bit;
+	// docs/SECURITY.md).
 	Signature []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Identifier of the device key that produced signature.
-	KeyId         string `protobuf:"bytes,12,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	KeyId string `protobuf:"bytes,12,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// In a plaintext training round with adaptive clipping (the plan's
+	// dp.target_unclipped_quantile), whether the update's norm was within
+	// the round's clip bound before clipping; signed with the report. Unset
+	// in every other report: a secure round's bit goes through the secure sum.
+	ClipBit       ClipBit `protobuf:"varint,14,opt,name=clip_bit,json=clipBit,proto3,enum=fleetlearn.v1.ClipBit" json:"clip_bit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1203,6 +1261,13 @@ func (x *UpdateReport) GetKeyId() string {
 	return ""
 }
 
+func (x *UpdateReport) GetClipBit() ClipBit {
+	if x != nil {
+		return x.ClipBit
+	}
+	return ClipBit_CLIP_BIT_UNSPECIFIED
+}
+
 type isUpdateReport_Payload interface {
 	isUpdateReport_Payload()
 }
@@ -1248,7 +1313,8 @@ type EvaluationReport struct {
 	Metrics *Metrics `protobuf:"bytes,7,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	// Ed25519 signature by the device's enrolled key over the report statement
 	// (identity.ReportStatement: kind, task, round, device, model version,
-	// module sha256, payload sha256, example count; docs/SECURITY.md).
+	// module sha256, payload sha256, example count, metrics, clip bit;
+	// docs/SECURITY.md).
 	Signature []byte `protobuf:"bytes,8,opt,name=signature,proto3" json:"signature,omitempty"`
 	// Identifier of the device key that produced signature.
 	KeyId         string `protobuf:"bytes,9,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
@@ -1892,7 +1958,7 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x06layout\x18\x03 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"X\n" +
 	"\vDenseUpdate\x12\x16\n" +
 	"\x06values\x18\x01 \x01(\fR\x06values\x121\n" +
-	"\x06layout\x18\x02 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"\x8b\x04\n" +
+	"\x06layout\x18\x02 \x03(\v2\x19.fleetlearn.v1.TensorSpecR\x06layout\"\xbe\x04\n" +
 	"\fUpdateReport\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
@@ -1907,7 +1973,8 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x0epayload_sha256\x18\n" +
 	" \x01(\tR\rpayloadSha256\x12\x1c\n" +
 	"\tsignature\x18\v \x01(\fR\tsignature\x12\x15\n" +
-	"\x06key_id\x18\f \x01(\tR\x05keyIdB\t\n" +
+	"\x06key_id\x18\f \x01(\tR\x05keyId\x121\n" +
+	"\bclip_bit\x18\x0e \x01(\x0e2\x16.fleetlearn.v1.ClipBitR\aclipBitB\t\n" +
 	"\apayload\"\xb2\x02\n" +
 	"\x10EvaluationReport\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -1975,7 +2042,11 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x0eUpdateEncoding\x12\x1f\n" +
 	"\x1bUPDATE_ENCODING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14UPDATE_ENCODING_INT8\x10\x01\x12\x18\n" +
-	"\x14UPDATE_ENCODING_INT4\x10\x02*\xac\x01\n" +
+	"\x14UPDATE_ENCODING_INT4\x10\x02*Q\n" +
+	"\aClipBit\x12\x18\n" +
+	"\x14CLIP_BIT_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12CLIP_BIT_UNCLIPPED\x10\x01\x12\x14\n" +
+	"\x10CLIP_BIT_CLIPPED\x10\x02*\xac\x01\n" +
 	"\x0eRoundEventType\x12 \n" +
 	"\x1cROUND_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ROUND_EVENT_TYPE_OPENED\x10\x01\x12\x1b\n" +
@@ -1995,74 +2066,76 @@ func file_fleetlearn_v1_round_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_round_proto_rawDescData
 }
 
-var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fleetlearn_v1_round_proto_goTypes = []any{
 	(RetryReason)(0),              // 0: fleetlearn.v1.RetryReason
 	(RoundKind)(0),                // 1: fleetlearn.v1.RoundKind
 	(UpdateEncoding)(0),           // 2: fleetlearn.v1.UpdateEncoding
-	(RoundEventType)(0),           // 3: fleetlearn.v1.RoundEventType
-	(*DeviceAttributes)(nil),      // 4: fleetlearn.v1.DeviceAttributes
-	(*CheckIn)(nil),               // 5: fleetlearn.v1.CheckIn
-	(*PlanFailure)(nil),           // 6: fleetlearn.v1.PlanFailure
-	(*PlanFailureAck)(nil),        // 7: fleetlearn.v1.PlanFailureAck
-	(*RetryAfter)(nil),            // 8: fleetlearn.v1.RetryAfter
-	(*CheckInResponse)(nil),       // 9: fleetlearn.v1.CheckInResponse
-	(*RoundPlan)(nil),             // 10: fleetlearn.v1.RoundPlan
-	(*QuantizedUpdate)(nil),       // 11: fleetlearn.v1.QuantizedUpdate
-	(*DenseUpdate)(nil),           // 12: fleetlearn.v1.DenseUpdate
-	(*UpdateReport)(nil),          // 13: fleetlearn.v1.UpdateReport
-	(*EvaluationReport)(nil),      // 14: fleetlearn.v1.EvaluationReport
-	(*RoundEvent)(nil),            // 15: fleetlearn.v1.RoundEvent
-	(*ReportReceipt)(nil),         // 16: fleetlearn.v1.ReportReceipt
-	(*RoundAnnouncement)(nil),     // 17: fleetlearn.v1.RoundAnnouncement
-	(*ReportChunk)(nil),           // 18: fleetlearn.v1.ReportChunk
-	(*ReportManifest)(nil),        // 19: fleetlearn.v1.ReportManifest
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*ModelRef)(nil),              // 21: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 22: fleetlearn.v1.ModuleRef
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(*Limits)(nil),                // 24: fleetlearn.v1.Limits
-	(*SecAggConfig)(nil),          // 25: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 26: fleetlearn.v1.DPConfig
-	(*TensorSpec)(nil),            // 27: fleetlearn.v1.TensorSpec
-	(*Metrics)(nil),               // 28: fleetlearn.v1.Metrics
-	(*MaskedUpdate)(nil),          // 29: fleetlearn.v1.MaskedUpdate
+	(ClipBit)(0),                  // 3: fleetlearn.v1.ClipBit
+	(RoundEventType)(0),           // 4: fleetlearn.v1.RoundEventType
+	(*DeviceAttributes)(nil),      // 5: fleetlearn.v1.DeviceAttributes
+	(*CheckIn)(nil),               // 6: fleetlearn.v1.CheckIn
+	(*PlanFailure)(nil),           // 7: fleetlearn.v1.PlanFailure
+	(*PlanFailureAck)(nil),        // 8: fleetlearn.v1.PlanFailureAck
+	(*RetryAfter)(nil),            // 9: fleetlearn.v1.RetryAfter
+	(*CheckInResponse)(nil),       // 10: fleetlearn.v1.CheckInResponse
+	(*RoundPlan)(nil),             // 11: fleetlearn.v1.RoundPlan
+	(*QuantizedUpdate)(nil),       // 12: fleetlearn.v1.QuantizedUpdate
+	(*DenseUpdate)(nil),           // 13: fleetlearn.v1.DenseUpdate
+	(*UpdateReport)(nil),          // 14: fleetlearn.v1.UpdateReport
+	(*EvaluationReport)(nil),      // 15: fleetlearn.v1.EvaluationReport
+	(*RoundEvent)(nil),            // 16: fleetlearn.v1.RoundEvent
+	(*ReportReceipt)(nil),         // 17: fleetlearn.v1.ReportReceipt
+	(*RoundAnnouncement)(nil),     // 18: fleetlearn.v1.RoundAnnouncement
+	(*ReportChunk)(nil),           // 19: fleetlearn.v1.ReportChunk
+	(*ReportManifest)(nil),        // 20: fleetlearn.v1.ReportManifest
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*ModelRef)(nil),              // 22: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 23: fleetlearn.v1.ModuleRef
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*Limits)(nil),                // 25: fleetlearn.v1.Limits
+	(*SecAggConfig)(nil),          // 26: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 27: fleetlearn.v1.DPConfig
+	(*TensorSpec)(nil),            // 28: fleetlearn.v1.TensorSpec
+	(*Metrics)(nil),               // 29: fleetlearn.v1.Metrics
+	(*MaskedUpdate)(nil),          // 30: fleetlearn.v1.MaskedUpdate
 }
 var file_fleetlearn_v1_round_proto_depIdxs = []int32{
-	4,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
-	20, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
+	5,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
+	21, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
 	0,  // 2: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
-	10, // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
-	8,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
+	11, // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
+	9,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
 	1,  // 5: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
-	21, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
-	22, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
-	23, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
-	24, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
-	25, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	26, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
+	22, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
+	23, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
+	24, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
+	25, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
+	26, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	27, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
 	2,  // 12: fleetlearn.v1.RoundPlan.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
 	2,  // 13: fleetlearn.v1.QuantizedUpdate.encoding:type_name -> fleetlearn.v1.UpdateEncoding
-	27, // 14: fleetlearn.v1.QuantizedUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	27, // 15: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	28, // 16: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
-	12, // 17: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
-	29, // 18: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
-	11, // 19: fleetlearn.v1.UpdateReport.quantized:type_name -> fleetlearn.v1.QuantizedUpdate
-	28, // 20: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
-	3,  // 21: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
-	1,  // 22: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
-	23, // 23: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
-	28, // 24: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
-	21, // 25: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
-	1,  // 26: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
-	20, // 27: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	28, // 14: fleetlearn.v1.QuantizedUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	28, // 15: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	29, // 16: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
+	13, // 17: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
+	30, // 18: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
+	12, // 19: fleetlearn.v1.UpdateReport.quantized:type_name -> fleetlearn.v1.QuantizedUpdate
+	3,  // 20: fleetlearn.v1.UpdateReport.clip_bit:type_name -> fleetlearn.v1.ClipBit
+	29, // 21: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
+	4,  // 22: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
+	1,  // 23: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
+	24, // 24: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
+	29, // 25: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
+	22, // 26: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
+	1,  // 27: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
+	21, // 28: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_round_proto_init() }
@@ -2087,7 +2160,7 @@ func file_fleetlearn_v1_round_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_round_proto_rawDesc), len(file_fleetlearn_v1_round_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -136,6 +136,7 @@ func (t *taskRun) resumePending(ctx context.Context, round uint64) (done bool, e
 		t.global = next
 		t.holdModel()
 		t.committedNoise(p.Row.NoiseState)
+		t.committedClip(p.Row.ClipNorm)
 	}
 	t.log().Info("round close recorded before a restart committed", "round", round, "state", p.Row.State)
 	outcome := "committed"
@@ -308,6 +309,14 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	t.mu.Lock()
 	row.Participants = r.cohort.ReportedDevices()
 	t.mu.Unlock()
+	var clip clipStep
+	if newRow != nil {
+		var err error
+		if clip, err = t.clipStep(r, row.Participants); err != nil {
+			return t.abandon(ctx, r, err.Error())
+		}
+		row.ClipNorm = clip.next
+	}
 	var epsBefore float64
 	if t.dp != nil {
 		task, err := t.c.d.Store.Task(ctx, t.id)
@@ -324,7 +333,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 			}
 		}
 	}
-	events := t.commitEvents(row, newRow, mm, fedMetrics, srvMetrics, epsBefore)
+	events := t.commitEvents(row, newRow, mm, fedMetrics, srvMetrics, epsBefore, clip)
 	if ev := t.refusedEvent(r); ev != nil {
 		events = append(events, ev)
 	}
@@ -336,6 +345,7 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	}
 	t.global, restore = next, nil
 	t.committedNoise(row.NoiseState)
+	t.committedClip(row.ClipNorm)
 	t.log().Info("round committed", "round", row.Round, "kind", row.Kind, "reports", row.Reported, "dropped", row.Dropped,
 		"model", row.Model, "metrics", metrics, "reason", reason)
 	if t.dp != nil && newRow != nil {
@@ -378,7 +388,7 @@ func (t *taskRun) checkAggregate(delta []float32, slack float64) string {
 // batch: its close, the model version it produced, the metrics it measured
 // (federated ones from the devices' reports, server_ ones on the server's
 // held-out set) and its privacy cost.
-func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, fed, srv map[string]float64, epsBefore float64) []audit.Payload {
+func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *metricMean, fed, srv map[string]float64, epsBefore float64, clip clipStep) []audit.Payload {
 	evs := []audit.Payload{audit.RoundClosed{Task: t.id, Round: row.Round, Outcome: audit.RoundCommitted, Reports: uint64(row.Reported),
 		Dropouts: uint64(row.Dropped), AggregationRule: t.spec.GetAggregation().GetRule().String(), Reason: row.Reason}}
 	evaluated := row.BaseModel
@@ -405,7 +415,7 @@ func (t *taskRun) commitEvents(row *store.RoundRow, newRow *store.ModelRow, mm *
 			Dataset: "server:" + filepath.Base(t.spec.GetServerEvalDataset()), Samples: uint64(t.evalSet.Len()), Metrics: srv})
 	}
 	if t.dp != nil && newRow != nil {
-		evs = append(evs, t.spentEvent(row.Round, epsBefore, row.Epsilon, row.NoiseState))
+		evs = append(evs, t.spentEvent(row.Round, epsBefore, row.Epsilon, row.NoiseState, clip))
 	}
 	return evs
 }

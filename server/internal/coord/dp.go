@@ -26,6 +26,10 @@ type dpRun struct {
 	// its Gaussians derive from and the stream's state after the last
 	// committed training round (nil before the first).
 	secret, noiseState []byte
+	// clip is the clip bound of the task's open or next training round:
+	// dp.clip_norm, or with adaptive clipping the bound the last committed
+	// training round set (clip.go).
+	clip float64
 
 	// eps holds the accountant's recent answers by round count: a round's
 	// budget check at open asks for ε after n and n+1 rounds and its commit
@@ -65,7 +69,7 @@ func newDPRun(task *pb.Task, dim int) (*dpRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &dpRun{cfg: acct.Config, q: acct.Q, dist: acct.Distributed, src: src, acct: acct}, nil
+	return &dpRun{cfg: acct.Config, q: acct.Q, dist: acct.Distributed, src: src, acct: acct, clip: acct.Config.GetClipNorm()}, nil
 }
 
 // epsilonAfter is the task's ε at its δ after rounds committed training rounds.
@@ -164,7 +168,9 @@ func (t *taskRun) checkBudget(ctx context.Context, trainRounds uint32, nextRound
 // addCentralNoise adds the central mechanism's noise to a round's mean
 // update (no-op for other mechanisms). The mechanism is noise N(0, (zC)²)
 // on the sum of clipped updates; the mean is that sum over the total weight
-// (the count, since DP weighs every update 1), so its noise is zC/W. With
+// (the count, since DP weighs every update 1), so its noise is zC/W. C is
+// the round's clip bound and z the update's multiplier (with adaptive
+// clipping less than the task's; privacyconf.UpdateNoiseMultiplier). With
 // correlated noise it returns the noise stream's state after the round,
 // for the commit to store.
 func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) (noiseState []byte, err error) {
@@ -183,7 +189,7 @@ func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) (noiseSta
 	for off := 0; off < len(mean); off += len(noise) {
 		block := noise[:min(len(noise), len(mean)-off)]
 		clear(block)
-		if err := dp.AddCentralNoise(block, t.dp.cfg.GetClipNorm(), t.dp.cfg.GetNoiseMultiplier(), t.dp.src); err != nil {
+		if err := dp.AddCentralNoise(block, t.dp.clip, privacyconf.UpdateNoiseMultiplier(t.dp.cfg), t.dp.src); err != nil {
 			return nil, err
 		}
 		for i, v := range block {
@@ -196,14 +202,17 @@ func (t *taskRun) addCentralNoise(mean []float32, totalWeight float64) (noiseSta
 // spentEvent is a committed training round's privacy cost, for the audit log.
 // noiseState is the correlated noise stream's state after the round (nil
 // for independent noise).
-func (t *taskRun) spentEvent(round uint64, before, after float64, noiseState []byte) audit.PrivacySpent {
+func (t *taskRun) spentEvent(round uint64, before, after float64, noiseState []byte, clip clipStep) audit.PrivacySpent {
 	ev := audit.PrivacySpent{Task: t.id, Round: round, Mechanism: t.dp.mechanismName(),
-		Accountant: t.accountantName(), ClipNorm: t.dp.cfg.GetClipNorm(), NoiseMultiplier: t.dp.cfg.GetNoiseMultiplier(),
+		Accountant: t.accountantName(), ClipNorm: t.dp.clip, NoiseMultiplier: t.dp.cfg.GetNoiseMultiplier(),
 		SamplingRate: t.dp.q, Delta: t.dp.cfg.GetDelta(), Epsilon: after - before, CumulativeEpsilon: after,
 		EpsilonBudget: t.dp.cfg.GetTargetEpsilon()}
 	if c := t.dp.acct.Correlated; c != nil && noiseState != nil {
 		ev.Noise = map[pb.DPNoise]string{pb.DPNoise_DP_NOISE_TREE: "tree", pb.DPNoise_DP_NOISE_BLT: "blt"}[c.Noise]
 		ev.NoiseStateSHA256 = wire.SHA256(noiseState)
+	}
+	if clip.next > 0 {
+		ev.UnclippedFraction, ev.NextClipNorm = new(clip.fraction), clip.next
 	}
 	return ev
 }

@@ -26,7 +26,9 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	"github.com/fleetlearn/fleetlearn/internal/testwait"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/internal/blobs"
 	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
@@ -390,6 +392,13 @@ func (d *device) signedUpdate(plan *pb.RoundPlan, delta []float32, examples uint
 		ModuleSha256: plan.GetModule().GetSha256(), NumExamples: examples, Metrics: &pb.Metrics{Values: metrics},
 		Payload:       &pb.UpdateReport_Dense{Dense: &pb.DenseUpdate{Values: values, Layout: layout}},
 		PayloadSha256: wire.SHA256(values)}
+	if privacyconf.Adaptive(plan.GetDp()) {
+		// An honest device's bit; the update is the test's as given.
+		rep.ClipBit = pb.ClipBit_CLIP_BIT_CLIPPED
+		if n, _ := dp.L2Norm(delta); n <= plan.GetMaxUpdateNorm() {
+			rep.ClipBit = pb.ClipBit_CLIP_BIT_UNCLIPPED
+		}
+	}
 	sig, err := identity.SignReport(d.key, identity.UpdateStatement(rep))
 	if err != nil {
 		d.h.t.Fatal(err)

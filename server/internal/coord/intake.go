@@ -47,7 +47,9 @@ type updateIntake struct {
 	maxReport uint64 // the largest report the round admits (maxReportBytes)
 	// enrollment: a report must be signed with the key its device enrolled.
 	enrollment bool
-	read       chunkReader
+	// adaptive: the round clips adaptively, and a report carries its bit.
+	adaptive bool
+	read     chunkReader
 	// kept holds a one-message report's values between its check and its
 	// add, reused from report to report by its one reader.
 	kept *[]float32
@@ -57,7 +59,7 @@ type updateIntake struct {
 func (t *taskRun) intake(r *roundRun) *updateIntake {
 	return &updateIntake{spec: t.roundSpec(r), encoding: t.spec.GetUpdateEncoding(), layout: t.ulayout, trained: t.trained,
 		influence: t.influence(), maxReport: t.maxReportBytes(r), enrollment: t.c.d.RequireEnrollment,
-		read: t.readStored, kept: &t.kept}
+		adaptive: t.adaptive(), read: t.readStored, kept: &t.kept}
 }
 
 // reportMsg is a stored report message: one the round's consumer delivered
@@ -322,6 +324,7 @@ func (t *taskRun) acceptUpdate(r *roundRun, col aggregator.Collector, mm *metric
 		return device, err
 	}
 	mm.add(got.metrics, got.weight)
+	r.noteClipBit(device, got.clip)
 	t.mu.Lock()
 	r.cohort.Report(device)
 	t.mu.Unlock()
@@ -336,7 +339,8 @@ var errPartlyAdded = errors.New("the report could not be read again")
 type folded struct {
 	metrics map[string]float64
 	weight  float64
-	chunked int // the bytes its chunks held, read in the first pass
+	chunked int        // the bytes its chunks held, read in the first pass
+	clip    pb.ClipBit // its adaptive clipping bit
 }
 
 // fold checks a plaintext update report of device, which holds seat and
@@ -380,6 +384,9 @@ func (in *updateIntake) fold(device string, seat round.Seat, key ed25519.PublicK
 	if err := in.checkHeader(device, rep.TaskId, rep.Round, rep.DeviceId, rep.ModelVersion, rep.ModuleSha256); err != nil {
 		return got, err
 	}
+	if err := in.checkClipBit(rep.ClipBit); err != nil {
+		return got, err
+	}
 	if err := in.checkSignature(key, rep.Signature, rep.KeyId, identity.UpdateStatement(rep)); err != nil {
 		return got, err
 	}
@@ -420,8 +427,23 @@ func (in *updateIntake) fold(device string, seat round.Seat, key ed25519.PublicK
 	if err != nil {
 		return got, fmt.Errorf("%w: %v", errPartlyAdded, err)
 	}
-	got.metrics = rep.GetMetrics().GetValues()
+	got.metrics, got.clip = rep.GetMetrics().GetValues(), rep.ClipBit
 	return got, nil
+}
+
+// checkClipBit refuses a report without the bit its round's adaptive
+// clipping needs, with one its round does not use, or with an unknown one.
+// The bit is the device's word, like its update: it moves the bound by one
+// device's share at most, as much as under secure aggregation, where no
+// one can check it.
+func (in *updateIntake) checkClipBit(bit pb.ClipBit) error {
+	switch {
+	case in.adaptive && bit != pb.ClipBit_CLIP_BIT_UNCLIPPED && bit != pb.ClipBit_CLIP_BIT_CLIPPED:
+		return refuseAs(metrics.RefusedPayload, "the round clips adaptively and the report carries no clip bit (%v); update the agent", bit)
+	case !in.adaptive && bit != pb.ClipBit_CLIP_BIT_UNSPECIFIED:
+		return refuseAs(metrics.RefusedPayload, "a clip bit (%v) in a round without adaptive clipping", bit)
+	}
+	return nil
 }
 
 // checkLayout checks an update's tensor layout against the trained tensors.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
 )
 
 // Correlated central noise (docs/DP.md, "Correlated noise"). A task with
@@ -79,6 +80,13 @@ func (t *taskRun) loadNoise(ctx context.Context) error {
 func (t *taskRun) noiseStream() (noiseStream, noiseEnvelope, error) {
 	c := t.dp.acct.Correlated
 	dim, std := t.ulayout.Size(), t.dp.cfg.GetNoiseMultiplier()*t.dp.cfg.GetClipNorm()
+	if t.adaptive() {
+		// The bound changes from round to round: the stream is of unit
+		// Gaussians, each round's term scaled by its own z_Δ·C
+		// (addCorrelatedNoise), as the mechanism over updates divided by
+		// their round's bound is.
+		std = 1
+	}
 	var env noiseEnvelope
 	if t.dp.noiseState != nil {
 		if err := json.Unmarshal(t.dp.noiseState, &env); err != nil {
@@ -131,8 +139,12 @@ func (t *taskRun) addCorrelatedNoise(mean []float32, totalWeight float64) ([]byt
 	if err := s.Next(noise); err != nil {
 		return nil, err
 	}
+	scale := 1.0
+	if t.adaptive() {
+		scale = privacyconf.UpdateNoiseMultiplier(t.dp.cfg) * t.dp.clip
+	}
 	for i, v := range noise {
-		mean[i] += float32(v / totalWeight)
+		mean[i] += float32(v * scale / totalWeight)
 	}
 	if env.State, err = s.MarshalBinary(); err != nil {
 		return nil, err

@@ -154,7 +154,7 @@ func (t *taskRun) open(ctx context.Context, round uint64, kind pb.RoundKind) (*s
 func (t *taskRun) influence() round.Influence {
 	i := round.Influence{MaxUpdateNorm: t.robust.MaxUpdateNorm, MaxExamples: t.robust.MaxExamples}
 	if t.dp != nil {
-		i.DP, i.ClipNorm = true, t.dp.cfg.GetClipNorm()
+		i.DP, i.ClipNorm = true, t.dp.clip
 		i.LocalDP = t.dp.cfg.GetMechanism() == pb.DPMechanism_DP_MECHANISM_LOCAL
 	}
 	return i
@@ -193,8 +193,13 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 		p.Trainable = planTrainable(t.train)
 	}
 	if t.dp != nil && rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
-		// Devices clip to the DP bound; evaluation rounds release metrics only.
-		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.cfg.GetClipNorm()
+		// Devices clip to the round's DP bound; evaluation rounds release
+		// metrics only.
+		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.clip
+		if t.dp.clip != t.dp.cfg.GetClipNorm() {
+			p.Dp = proto.CloneOf(t.dp.cfg)
+			p.Dp.ClipNorm = t.dp.clip
+		}
 	}
 	return p
 }

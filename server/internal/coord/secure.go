@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/aggregator"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/clock"
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	"github.com/fleetlearn/fleetlearn/privacy/secagg"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
@@ -64,8 +65,10 @@ type secureRun struct {
 	sizes  []int
 	groups []*secGroup
 	// decode turns the unmasked sum into Σ wₖ·Δₖ and Σ wₖ, given the number
-	// of updates in it.
-	decode func(sum []uint32, count int) ([]float64, float64, error)
+	// of updates in it; with adaptive clipping it also returns the count
+	// of unclipped updates the sum carries (noised under distributed DP),
+	// otherwise NaN.
+	decode func(sum []uint32, count int) (weighted []float64, total, unclipped float64, err error)
 	// slack bounds how far decoding can move the mean of count updates of
 	// total weight in L2 (+Inf where device noise is part of the sum).
 	slack func(count int, total float64) float64
@@ -772,9 +775,12 @@ func (t *taskRun) finishSecure(ctx context.Context, r *roundRun, col aggregator.
 		return t.abandon(ctx, r, fmt.Sprintf("distributed DP: %d updates in the sum, fewer than the %d noise contributors",
 			len(devices), t.dp.cfg.GetMinNoiseContributors()))
 	}
-	weighted, total, err := sec.decode(sum, len(devices))
+	weighted, total, unclipped, err := sec.decode(sum, len(devices))
 	if err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
+	}
+	if !math.IsNaN(unclipped) {
+		r.noteClipCount(unclipped)
 	}
 	if err := col.AddSum(weighted, total, len(devices)); err != nil {
 		return t.abandon(ctx, r, fmt.Sprintf("secure aggregation: %v", err))
@@ -818,12 +824,28 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 	inputDim := dim + 1 // the update and its weight
 	if t.dp != nil && t.dp.dist != nil {
 		// Distributed DP: devices send their encoded, noised updates; every
-		// update has weight 1.
-		inputDim = t.dp.dist.PaddedDim()
-		dec := t.dp.dist.NewDecoder(wire.RotationSeed(t.id, roundNum, seed))
-		sec.decode = func(sum []uint32, count int) ([]float64, float64, error) {
-			v, err := dec.Decode(sum)
-			return v, float64(count), err
+		// update has weight 1. The round's bound may be adaptive
+		// clipping's, so the mechanism is the task's at that bound.
+		dist := t.dp.dist
+		if t.dp.clip != t.dp.cfg.GetClipNorm() {
+			dc, _ := privacyconf.Distributed(t.dp.cfg)
+			dc.ClipNorm = t.dp.clip
+			if dist, err = dp.DistributedFor(dc, dim, rounds[0].Bits()); err != nil {
+				return nil, err
+			}
+		}
+		if !dist.CountFits(n) {
+			return nil, fmt.Errorf("distributed DP: the clipping bits of %d participants do not fit in the %d-bit ring", n, rounds[0].Bits())
+		}
+		inputDim = dist.EncodedDim()
+		dec := dist.NewDecoder(wire.RotationSeed(t.id, roundNum, seed))
+		sec.decode = func(sum []uint32, count int) ([]float64, float64, float64, error) {
+			if !dist.Counts() {
+				v, err := dec.Decode(sum)
+				return v, float64(count), math.NaN(), err
+			}
+			v, unclipped, err := dec.DecodeCounted(sum, count)
+			return v, float64(count), unclipped, err
 		}
 		sec.slack = func(int, float64) float64 { return math.Inf(1) }
 	} else {
@@ -833,7 +855,26 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 		if err != nil {
 			return nil, err
 		}
-		sec.decode = func(sum []uint32, _ int) ([]float64, float64, error) { return quant.Dequantize(sum) }
+		counts := t.adaptive()
+		if counts {
+			inputDim++ // adaptive clipping's bit follows the weight
+		}
+		sec.decode = func(sum []uint32, _ int) ([]float64, float64, float64, error) {
+			if !counts {
+				v, total, err := quant.Dequantize(sum)
+				return v, total, math.NaN(), err
+			}
+			if len(sum) < 3 {
+				return nil, 0, 0, fmt.Errorf("a sum of %d values", len(sum))
+			}
+			unclipped, err := quant.DequantizeCount(sum[len(sum)-1])
+			if err != nil {
+				return nil, 0, 0, err
+			}
+			v, total, err := quant.Dequantize(sum[:len(sum)-1])
+			// Rounding moves a count of bits by under one.
+			return v, total, math.Round(unclipped), err
+		}
 		// Each update's weighted elements decode within ±Step.
 		sec.slack = func(count int, total float64) float64 {
 			return math.Sqrt(float64(dim)) * float64(count) * quant.Step() / total

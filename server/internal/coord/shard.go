@@ -68,6 +68,7 @@ type shardTerms struct {
 	Influence  round.Influence
 	MaxReport  uint64
 	Enrollment bool
+	Adaptive   bool
 }
 
 // shardWork hands one report to the queue group.
@@ -88,7 +89,8 @@ type shardAnswer struct {
 	Refused, Class, Failed string
 	Metrics                map[string]float64
 	Weight                 float64
-	Chunked                int // the bytes its chunks held
+	Chunked                int        // the bytes its chunks held
+	Clip                   pb.ClipBit // the report's adaptive clipping bit
 }
 
 // shardCollect asks a worker for a page of its partial sum.
@@ -197,7 +199,7 @@ func (t *taskRun) dispatch(ctx context.Context, r *roundRun, col aggregator.Coll
 	if err == nil {
 		work, err = json.Marshal(shardWork{Run: sh.run, Seq: md.Sequence.Stream, Device: device, Examples: seat.Examples, Key: key,
 			Terms: shardTerms{Spec: in.spec, Encoding: in.encoding, Trained: in.trained, Influence: in.influence,
-				MaxReport: in.maxReport, Enrollment: in.enrollment}})
+				MaxReport: in.maxReport, Enrollment: in.enrollment, Adaptive: in.adaptive}})
 	}
 	if err != nil {
 		// Not a stream message: no worker could read it by sequence.
@@ -258,6 +260,7 @@ func (t *taskRun) settleShard(ctx context.Context, r *roundRun, col aggregator.C
 			}
 			sh.credited[a.Worker] = append(sh.credited[a.Worker], shardCredit{seq: rep.seq, device: p.device, seat: p.seat})
 			mm.add(a.Metrics, a.Weight)
+			r.noteClipBit(p.device, a.Clip)
 			t.mu.Lock()
 			r.cohort.Report(p.device)
 			t.mu.Unlock()
@@ -362,11 +365,12 @@ func (t *taskRun) reread(r *roundRun, col aggregator.Collector, credits []shardC
 			return fmt.Errorf("reading again the report of %s (stream sequence %d): %w", c.device, c.seq, err)
 		}
 		t.startReading(c.device)
-		_, err = in.fold(c.device, c.seat, r.keys[c.device], rawMsg{raw}, col.Begin)
+		got, err := in.fold(c.device, c.seat, r.keys[c.device], rawMsg{raw}, col.Begin)
 		t.stopReading(c.device)
 		if err != nil {
 			return fmt.Errorf("reading again the report of %s (stream sequence %d): %w", c.device, c.seq, err)
 		}
+		r.noteClipBit(c.device, got.clip)
 	}
 	return nil
 }

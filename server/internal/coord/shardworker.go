@@ -180,7 +180,7 @@ func (sw *shardWorker) handle(data []byte) shardAnswer {
 	}
 	in := &updateIntake{spec: job.Terms.Spec, encoding: job.Terms.Encoding, layout: layout, trained: job.Terms.Trained,
 		influence: job.Terms.Influence, maxReport: job.Terms.MaxReport, enrollment: job.Terms.Enrollment,
-		read: func(seq uint64) (string, []byte, error) {
+		adaptive: job.Terms.Adaptive, read: func(seq uint64) (string, []byte, error) {
 			raw, err := sw.w.read(seq)
 			if err != nil {
 				return "", nil, err
@@ -201,7 +201,7 @@ func (sw *shardWorker) handle(data []byte) shardAnswer {
 		return shardAnswer{Failed: err.Error(), Chunked: got.chunked}
 	}
 	p.seqs = append(p.seqs, job.Seq)
-	return shardAnswer{Metrics: got.metrics, Weight: got.weight, Chunked: got.chunked}
+	return shardAnswer{Metrics: got.metrics, Weight: got.weight, Chunked: got.chunked, Clip: got.clip}
 }
 
 // partial is run's partial sum, made (and the least recently used one

@@ -133,6 +133,11 @@ type roundRun struct {
 	// held seats and stayed silent: its report deadline, or a secure stage's
 	// timeout. Those devices then sit rounds out (noshow.go).
 	waitedOut bool
+	// With adaptive clipping (clip.go): the bits of accepted plaintext
+	// reports by device, or a secure sum's decoded count.
+	clipBits    map[string]bool
+	clipCount   float64
+	clipCounted bool
 }
 
 func (r *roundRun) poke() {
@@ -231,6 +236,9 @@ func (t *taskRun) load(ctx context.Context) error {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
 	if err := t.loadNoise(ctx); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	if err := t.loadClip(ctx); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
 	if len(row.OptState) > 0 {

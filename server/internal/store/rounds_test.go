@@ -125,7 +125,7 @@ func TestCloseRound(t *testing.T) {
 		r.Metrics, r.Model, r.Reason, r.Epsilon = map[string]float64{"train_loss": 0.25, "examples": 20}, "m1", "", 0.75
 		r.Failures = map[string]string{"d-3": "timeout"}
 		r.Participants = []string{"d-1", "d-2"}
-		r.NoiseState = []byte("noise after step 1")
+		r.NoiseState, r.ClipNorm = []byte("noise after step 1"), 0.75
 		m1 := &store.ModelRow{Version: "m1", Name: "n", Parent: "m0", TaskID: "t", Round: 1, Source: pb.ModelSource_MODEL_SOURCE_FEDERATED,
 			Tensors: 4, Params: 1000, Size: 4096, Created: closeTime}
 		if err := s.CloseRound(ctx, r, m1, []byte("opt-1"), closeTime); err != nil {
@@ -195,6 +195,9 @@ func TestCloseRound(t *testing.T) {
 			if ns, err := s.NoiseState(ctx, "t"); err != nil || string(ns) != "noise after step 1" {
 				t.Fatalf("noise state %q, %v", ns, err)
 			}
+			if c, err := s.ClipNorm(ctx, "t"); err != nil || c != 0.75 {
+				t.Fatalf("clip norm %v, %v; want round 1's 0.75", c, err)
+			}
 			if a, err := s.Assignments(ctx, "t", 1); err != nil || len(a) != 0 {
 				t.Fatalf("assignments of a closed round %v, %v", a, err)
 			}
@@ -232,6 +235,12 @@ func TestDPSecret(t *testing.T) {
 		}
 		if ns, err := s.NoiseState(ctx, "t"); err != nil || ns != nil {
 			t.Fatalf("noise state before any commit %q, %v", ns, err)
+		}
+		if c, err := s.ClipNorm(ctx, "t"); err != nil || c != 0 {
+			t.Fatalf("clip norm before any commit %v, %v", c, err)
+		}
+		if _, err := s.ClipNorm(ctx, "no-such-task"); !errors.Is(err, backend.ErrNotFound) {
+			t.Fatalf("clip norm of an unknown task: %v", err)
 		}
 	})
 }

@@ -173,6 +173,9 @@ var migrations = []string{
 	// stream's state after the last committed training round.
 	`ALTER TABLE tasks ADD COLUMN dp_secret BLOB`,
 	`ALTER TABLE tasks ADD COLUMN noise_state BLOB`,
+	// Adaptive clipping's bound for the next training round; 0 before the
+	// first commit (the task's dp.clip_norm).
+	`ALTER TABLE tasks ADD COLUMN clip_norm REAL NOT NULL DEFAULT 0`,
 }
 
 // indexes came after their tables. A participant number is unique in its
@@ -552,6 +555,11 @@ type RoundRow struct {
 	// noise, the noise stream's state after it: CloseRound stores it as the
 	// task's, with the new model. Not stored in the row.
 	NoiseState []byte
+	// ClipNorm is, for a committed training round with adaptive clipping,
+	// the clip bound of the task's next training round: CloseRound stores
+	// it as the task's (Store.ClipNorm), with the new model. Not stored in
+	// the row.
+	ClipNorm float64
 }
 
 // Proto renders the row for the API.
@@ -705,6 +713,11 @@ func (s *Store) CloseRound(ctx context.Context, r *RoundRow, newModel *ModelRow,
 					return fmt.Errorf("store: task noise state: %w", err)
 				}
 			}
+			if r.ClipNorm > 0 {
+				if _, err := tx.ExecContext(ctx, `UPDATE tasks SET clip_norm = ? WHERE id = ?`, r.ClipNorm, r.TaskID); err != nil {
+					return fmt.Errorf("store: task clip norm: %w", err)
+				}
+			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE tasks SET short_rounds = CASE WHEN ? THEN short_rounds + 1 ELSE 0 END WHERE id = ?`,
 			r.Short, r.TaskID); err != nil {
@@ -829,6 +842,19 @@ func (s *Store) NoiseState(ctx context.Context, task string) ([]byte, error) {
 		return nil, fmt.Errorf("store: noise state: %w", err)
 	}
 	return state, nil
+}
+
+// ClipNorm returns the clip bound adaptive clipping set for the task's
+// next training round; 0 before its first committed training round.
+func (s *Store) ClipNorm(ctx context.Context, task string) (float64, error) {
+	var c float64
+	if err := s.db.QueryRowContext(ctx, `SELECT clip_norm FROM tasks WHERE id = ?`, task).Scan(&c); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, fmt.Errorf("store: clip norm: task %q: %w", task, backend.ErrNotFound)
+		}
+		return 0, fmt.Errorf("store: clip norm: %w", err)
+	}
+	return c, nil
 }
 
 // Participation is what a task's committed rounds hold of one device.

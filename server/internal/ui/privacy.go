@@ -54,6 +54,9 @@ type dpView struct {
 	SamplingRate                 float64
 	Contributors, MaxRounds      uint32
 	MinSeparation                uint32
+	// Adaptive clipping: the target quantile (0 without), its rate and
+	// count noise, and the multiplier the updates are noised at.
+	Quantile, ClipRate, CountStddev, UpdateNoise float64
 }
 
 func dpViewOf(t *pb.Task) *dpView {
@@ -64,6 +67,10 @@ func dpViewOf(t *pb.Task) *dpView {
 	v := &dpView{Mechanism: enum(c.GetMechanism(), "DP_MECHANISM_"), NoiseMultiplier: c.GetNoiseMultiplier(),
 		ClipNorm: c.GetClipNorm(), SamplingRate: c.GetSamplingRate(), MaxRounds: c.GetMaxRoundsPerDevice(),
 		MinSeparation: c.GetMinSeparation(), Accountant: enum(c.GetAccountant(), "ACCOUNTANT_")}
+	if privacyconf.Adaptive(c) {
+		v.Quantile, v.ClipRate, v.CountStddev = c.GetTargetUnclippedQuantile(), c.GetClipLearningRate(), c.GetClipCountStddev()
+		v.UpdateNoise = privacyconf.UpdateNoiseMultiplier(c)
+	}
 	switch c.GetMechanism() {
 	case pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN:
 		v.Noise = "the server adds Gaussian noise to the aggregate"

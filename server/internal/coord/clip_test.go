@@ -1,0 +1,110 @@
+package coord
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	"github.com/fleetlearn/fleetlearn/identity"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+)
+
+func adaptiveTask(h *harness) *pb.Task {
+	return h.baseTask(func(t *pb.Task) {
+		t.CohortTarget, t.ReportGoal, t.RoundsTotal = 2, 2, 3
+		t.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 0.5,
+			TargetEpsilon: 1000, Delta: 1e-6, TargetUnclippedQuantile: 0.5, ClipLearningRate: 0.4, ClipCountStddev: 0.3}
+	})
+}
+
+// TestAdaptiveClipAfterRestart: the bound a committed round sets is the
+// next round's, in its plans, after a restart too.
+func TestAdaptiveClipAfterRestart(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(adaptiveTask(h))
+	ev := h.watch(task.Id)
+	devs := []*device{h.enroll("dev-a", 5), h.enroll("dev-b", 5)}
+	bound := 1.0
+	for round := uint64(1); round <= 3; round++ {
+		for _, d := range devs {
+			plan := d.join()
+			if plan.GetMaxUpdateNorm() != bound || plan.GetDp().GetClipNorm() != bound {
+				t.Fatalf("round %d: plan's bound %v (dp %v), want %v", round, plan.GetMaxUpdateNorm(), plan.GetDp().GetClipNorm(), bound)
+			}
+			// An update clipped to the bound, as the device says.
+			rep := d.signedUpdate(plan, constant(8, float32(0.999*bound/math.Sqrt(8))), 5, nil)
+			rep.ClipBit = pb.ClipBit_CLIP_BIT_CLIPPED
+			var err error
+			if rep.Signature, err = identity.SignReport(d.key, identity.UpdateStatement(rep)); err != nil {
+				t.Fatal(err)
+			}
+			d.send(rep)
+		}
+		if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED {
+			t.Fatalf("round %d: %v", round, got)
+		}
+		spent := h.events(audit.TypePrivacySpent)
+		last := spent[len(spent)-1].(audit.PrivacySpent)
+		if last.Round != round || last.ClipNorm != bound || last.UnclippedFraction == nil || !(last.NextClipNorm > bound) {
+			t.Fatalf("round %d: dp.spent %+v after a bound of %v with every update clipped", round, last, bound)
+		}
+		bound = last.NextClipNorm
+		if round == 1 {
+			h.c.Shutdown()
+			h.restart()
+			ev = h.watch(task.Id)
+		}
+		if round < 3 {
+			h.awaitOpen(task.Id, round+1)
+		}
+	}
+	if want := math.Exp(3 * 0.4 * 0.5); bound < 0.9*want {
+		t.Fatalf("bound after three rounds of b̄ ≈ 0: %v, want about %v", bound, want)
+	}
+}
+
+// TestClipBitRefusals: in a round that clips adaptively, a report without
+// the bit is refused, with what to do; in one that does not, a report with
+// a bit is refused. Neither touches the round.
+func TestClipBitRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		adaptive bool
+		bit      pb.ClipBit
+		want     string
+	}{
+		{"missing", true, pb.ClipBit_CLIP_BIT_UNSPECIFIED, "carries no clip bit"},
+		{"unknown", true, 9, "carries no clip bit"},
+		{"unasked", false, pb.ClipBit_CLIP_BIT_UNCLIPPED, "a clip bit (CLIP_BIT_UNCLIPPED) in a round without adaptive clipping"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			spec := adaptiveTask(h)
+			if !tc.adaptive {
+				spec.Dp.TargetUnclippedQuantile, spec.Dp.ClipLearningRate, spec.Dp.ClipCountStddev = 0, 0, 0
+			}
+			spec.CohortTarget = 3
+			task := h.start(spec)
+			ev := h.watch(task.Id)
+			a, b, c := h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)
+			plan := a.join()
+			rep := a.signedUpdate(plan, constant(8, 0.1), 5, nil)
+			rep.ClipBit = tc.bit
+			var err error
+			if rep.Signature, err = identity.SignReport(a.key, identity.UpdateStatement(rep)); err != nil && tc.bit != 9 {
+				t.Fatal(err)
+			}
+			a.send(rep)
+			if r := a.receipt(); r.Accepted || !strings.Contains(r.Reason, tc.want) {
+				t.Fatalf("receipt %v, want a refusal saying %q", r, tc.want)
+			}
+			// The round goes on: the honest reports commit it.
+			b.update(b.join(), constant(8, 0.1), 5, nil)
+			c.update(c.join(), constant(8, 0.1), 5, nil)
+			if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 2 {
+				t.Fatalf("round 1: %v", got)
+			}
+		})
+	}
+}
