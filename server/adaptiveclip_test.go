@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
-	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 )
 
