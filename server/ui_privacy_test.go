@@ -81,7 +81,20 @@ func TestDashboardPrivacySettings(t *testing.T) {
 	})
 	check(ftrlID, page(ftrlID), []string{
 		`id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate, correlated across rounds by a fitted BLT (DP-FTRL)<`,
-		`id="dp-min-separation">at least 2 training rounds apart for a device<`,
+		`id="dp-min-separation">at least 2 training rounds apart for a device<`, `id="epsilon-chart"`,
+	})
+	// ε against rounds for the chosen mechanism: the BLT task's plan and
+	// budget are drawn before any round has run.
+	if code, svg := b.get("/tasks/" + ftrlID + "/privacy/chart"); code != 200 || !strings.Contains(svg, "<svg") ||
+		!strings.Contains(svg, "planned") || !strings.Contains(svg, "budget") {
+		t.Errorf("privacy chart: %d %.300s", code, svg)
+	}
+	adaptive := task("adaptive")
+	adaptive.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 1,
+		TargetEpsilon: 8, Delta: 1e-6, TargetUnclippedQuantile: 0.5}
+	adaptiveID := h.CreateTask(t, adaptive).Id
+	check(adaptiveID, page(adaptiveID), []string{
+		`id="dp-clip-norm">1 in the first round, then adaptive: toward the 0.5 quantile of update norms at rate 0.2, count noise 1, updates noised at 1.1547 (`,
 	})
 	// 13 slots in groups of at most 10: two groups, of 7 and 6, each a
 	// complete graph.

@@ -94,6 +94,7 @@ type Handler struct {
 	mux     *http.ServeMux
 	csrfKey []byte
 	streams *streamGate
+	plans   planCache // ε plans for the privacy chart (epsilon.go)
 }
 
 const (
@@ -156,6 +157,7 @@ func (h *Handler) routes() {
 	m.Handle("POST /devices/{id}/revoke", h.action(h.revokeDevice))
 	m.Handle("GET /tasks/{id}", h.page(h.taskPage))
 	m.Handle("GET /tasks/{id}/charts/{metric}", h.session(h.taskChart))
+	m.Handle("GET /tasks/{id}/privacy/chart", h.session(h.taskEpsilonChart))
 	m.Handle("GET /tasks/{id}/events", h.session(h.taskEvents))
 	m.Handle("POST /tasks/{id}/stop", h.action(h.stopTask))
 	m.Handle("POST /tasks/{id}/resume", h.action(h.resumeTask))
@@ -222,7 +224,8 @@ func (h *Handler) viewerOf(w http.ResponseWriter, r *http.Request) *viewer {
 }
 
 func (h *Handler) toLogin(w http.ResponseWriter, r *http.Request, msg string) {
-	if r.Method != http.MethodGet || strings.HasSuffix(r.URL.Path, "/events") || strings.Contains(r.URL.Path, "/charts/") {
+	if r.Method != http.MethodGet || strings.HasSuffix(r.URL.Path, "/events") || strings.Contains(r.URL.Path, "/charts/") ||
+		strings.HasSuffix(r.URL.Path, "/privacy/chart") {
 		http.Error(w, "not signed in: open /login and sign in with an API token", http.StatusUnauthorized)
 		return
 	}

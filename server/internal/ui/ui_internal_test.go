@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
 
@@ -162,5 +165,56 @@ func TestPagesEscapePeerText(t *testing.T) {
 		if w.Code != http.StatusOK || strings.Contains(w.Body.String(), "<script>alert") {
 			t.Errorf("%s: %d, raw script in the page: %v", name, w.Code, strings.Contains(w.Body.String(), "<script>alert"))
 		}
+	}
+}
+
+// TestEpsilonChart: the spent ε is one dot per committed training round
+// (evaluation and abandoned rounds spend none), the plan is the task's
+// accountant's over rounds_total at no more than maxPlanPoints rounds, and
+// a distributed mechanism has none.
+func TestEpsilonChart(t *testing.T) {
+	rs := []*pb.RoundSummary{
+		{Round: 1, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_COMMITTED, EpsilonSpent: 0.5},
+		{Round: 2, Kind: pb.RoundKind_ROUND_KIND_EVALUATE, State: pb.RoundState_ROUND_STATE_COMMITTED, EpsilonSpent: 0.5},
+		{Round: 3, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_ABANDONED, EpsilonSpent: 0.5},
+		{Round: 4, Kind: pb.RoundKind_ROUND_KIND_TRAIN, State: pb.RoundState_ROUND_STATE_COMMITTED, EpsilonSpent: 0.8},
+	}
+	spent := epsilonSpent(rs)
+	if len(spent) != 2 || spent[1] != (point{2, 0.8}) {
+		t.Fatalf("spent %v", spent)
+	}
+	task := &pb.Task{RoundsTotal: 200, ReportGoal: 10, Dp: &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN,
+		ClipNorm: 1, NoiseMultiplier: 1, TargetEpsilon: 8, Delta: 1e-5}}
+	plan := epsilonPlan(task)
+	if len(plan) == 0 || len(plan) > maxPlanPoints || plan[len(plan)-1].Round != 200 {
+		t.Fatalf("plan of %d points ending at %v", len(plan), plan[len(plan)-1])
+	}
+	want, err := dp.Epsilon([]dp.Event{{Q: 1, NoiseMultiplier: 1, Steps: 200}}, 1e-5)
+	if err != nil || plan[len(plan)-1].Value != want {
+		t.Fatalf("ε after 200 rounds planned %v, accountant %v (%v)", plan[len(plan)-1].Value, want, err)
+	}
+	for i := 1; i < len(plan); i++ {
+		if plan[i].Value < plan[i-1].Value {
+			t.Fatalf("plan falls at %v", plan[i])
+		}
+	}
+	var c planCache
+	if again := c.plan(task); len(again) != len(plan) || c.plan(task)[0] != plan[0] {
+		t.Fatalf("cached plan %v", again)
+	}
+	dist := proto.CloneOf(task)
+	dist.Secagg, dist.Dp.Mechanism = &pb.SecAggConfig{}, pb.DPMechanism_DP_MECHANISM_SKELLAM
+	if p := epsilonPlan(dist); p != nil {
+		t.Fatalf("a distributed mechanism's plan without the model's size: %v", p)
+	}
+	svg, err := epsilonChartSVG(spent, plan, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(strings.ToUpper(string(svg)), "FILL:#1F6FB4"); got != len(spent)+1 { // and the legend's glyph
+		t.Errorf("%d spent rounds drawn as %d dots", len(spent), got)
+	}
+	if _, err := epsilonChartSVG(nil, nil, 0); err != nil {
+		t.Fatalf("an empty chart: %v", err)
 	}
 }
