@@ -108,3 +108,41 @@ func TestClipBitRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestShardedAdaptiveClipping: aggregation workers pass each report's bit
+// to the leader, which counts it: with every update within the bound, the
+// noised fraction is about 1 and the bound falls; a report without its bit
+// is refused by the worker.
+func TestShardedAdaptiveClipping(t *testing.T) {
+	h, _ := newShardHarness(t, 2)
+	spec := adaptiveTask(h)
+	spec.CohortTarget, spec.Dp.ClipCountStddev = 3, 0.3
+	task := h.start(spec)
+	ev := h.watch(task.Id)
+	a, b, c := h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)
+	plan := a.join()
+	rep := a.signedUpdate(plan, constant(8, 0.1), 5, nil)
+	rep.ClipBit = pb.ClipBit_CLIP_BIT_UNSPECIFIED
+	var err error
+	if rep.Signature, err = identity.SignReport(a.key, identity.UpdateStatement(rep)); err != nil {
+		t.Fatal(err)
+	}
+	a.send(rep)
+	if r := a.receipt(); r.Accepted || !strings.Contains(r.Reason, "carries no clip bit") {
+		t.Fatalf("a report without its bit: %v", r)
+	}
+	for _, d := range []*device{b, c} {
+		d.update(d.join(), constant(8, 0.1), 5, nil) // norm 0.28, within 1
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 2 {
+		t.Fatalf("round 1: %v", got)
+	}
+	if w := h.shardReports("worker"); w != 3 {
+		t.Errorf("%v reports read by workers, want 3", w)
+	}
+	spent := h.events(audit.TypePrivacySpent)
+	ev1 := spent[len(spent)-1].(audit.PrivacySpent)
+	if ev1.UnclippedFraction == nil || math.Abs(*ev1.UnclippedFraction-1) > 6*0.3/2 || !(ev1.NextClipNorm < 1) {
+		t.Fatalf("dp.spent %+v: want a fraction of about 1 and a falling bound", ev1)
+	}
+}
