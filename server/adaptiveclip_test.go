@@ -8,7 +8,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlearn/fleetlearn/audit"
-	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
 )
@@ -88,26 +87,8 @@ func TestAdaptiveClipping(t *testing.T) {
 // privacySpent is the task's dp.spent events, verified, in log order.
 func privacySpent(t *testing.T, h *servertest.Harness, task string) []audit.PrivacySpent {
 	t.Helper()
-	c := apiv1.NewAuditServiceClient(h.Conn)
-	keys, err := c.GetPublicKeys(t.Context(), &pb.GetPublicKeysRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.QueryEntries(t.Context(), &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{TaskId: task,
-		EventType: string(audit.TypePrivacySpent)}, PageSize: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []audit.PrivacySpent
-	for _, pe := range res.GetEntries() {
-		ev, err := audit.VerifyEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, entryKey)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range h.AuditEvents(t, &pb.AuditFilter{TaskId: task, EventType: string(audit.TypePrivacySpent)}) {
 		p, err := ev.DecodePayload()
 		if err != nil {
 			t.Fatal(err)

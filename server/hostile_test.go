@@ -25,7 +25,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/train"
-	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/server/servertest"
@@ -136,26 +135,8 @@ func (d *scripted) signEval(t testing.TB, r *pb.EvaluationReport) *pb.Evaluation
 // each verified against the log's entry key.
 func evaluations(t testing.TB, h *servertest.Harness, task string) map[uint64][]audit.ModelEvaluated {
 	t.Helper()
-	c := apiv1.NewAuditServiceClient(h.Conn)
-	keys, err := c.GetPublicKeys(context.Background(), &pb.GetPublicKeysRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.QueryEntries(context.Background(), &pb.QueryEntriesRequest{PageSize: 1000,
-		Filter: &pb.AuditFilter{TaskId: task, EventType: string(audit.TypeModelEvaluated)}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[uint64][]audit.ModelEvaluated{}
-	for _, pe := range res.GetEntries() {
-		ev, err := audit.VerifyEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, entryKey)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range h.AuditEvents(t, &pb.AuditFilter{TaskId: task, EventType: string(audit.TypeModelEvaluated)}) {
 		p, err := ev.DecodePayload()
 		if err != nil {
 			t.Fatal(err)

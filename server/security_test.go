@@ -503,26 +503,5 @@ func readEnrollKey(t *testing.T, dir string) ed25519.PrivateKey {
 // auditEvents are the verified events of type typ in h's log.
 func auditEvents(t *testing.T, h *servertest.Harness, typ audit.EventType) []audit.Event {
 	t.Helper()
-	c := apiv1.NewAuditServiceClient(h.Conn)
-	keys, err := c.GetPublicKeys(t.Context(), &pb.GetPublicKeysRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.QueryEntries(t.Context(), &pb.QueryEntriesRequest{Filter: &pb.AuditFilter{EventType: string(typ)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []audit.Event
-	for _, pe := range res.GetEntries() {
-		ev, err := audit.VerifyEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, entryKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, ev)
-	}
-	return out
+	return h.AuditEvents(t, &pb.AuditFilter{EventType: string(typ)})
 }

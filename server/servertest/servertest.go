@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/client"
 	"github.com/fleetlearn/fleetlearn/identity"
 	"github.com/fleetlearn/fleetlearn/internal/freeport"
@@ -229,6 +230,34 @@ func (h *Harness) Rounds(t testing.TB, id string) []*pb.RoundSummary {
 		t.Fatal(err)
 	}
 	return resp.Rounds
+}
+
+// AuditEvents returns the audit log's entries that match f (at most
+// 1,000, oldest first), each verified against the log's entry key.
+func (h *Harness) AuditEvents(t testing.TB, f *pb.AuditFilter) []audit.Event {
+	t.Helper()
+	c := apiv1.NewAuditServiceClient(h.Conn)
+	keys, err := c.GetPublicKeys(context.Background(), &pb.GetPublicKeysRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.QueryEntries(context.Background(), &pb.QueryEntriesRequest{Filter: f, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []audit.Event
+	for _, pe := range res.GetEntries() {
+		ev, err := audit.VerifyEntry(audit.Entry{Index: pe.GetIndex(), Data: pe.GetJws()}, entryKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
 }
 
 // EnrollKeys enrolls devices with the given ids, each with a fresh key,

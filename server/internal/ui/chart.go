@@ -129,6 +129,11 @@ func (h *Handler) taskChart(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	b, err := chartSVG(metric, series(rs, metric))
+	h.writeSVG(w, r, v, b, err)
+}
+
+// writeSVG answers with a chart, or with err.
+func (h *Handler) writeSVG(w http.ResponseWriter, r *http.Request, v *viewer, b []byte, err error) {
 	if err != nil {
 		h.fail(w, r, v, err)
 		return

@@ -192,11 +192,5 @@ func (h *Handler) taskEpsilonChart(w http.ResponseWriter, r *http.Request, v *vi
 		return
 	}
 	b, err := epsilonChartSVG(epsilonSpent(rs), h.plans.plan(t.GetTask()), t.GetTask().GetDp().GetTargetEpsilon())
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
-	w.Header().Set("Content-Type", "image/svg+xml")
-	w.Write(b)
+	h.writeSVG(w, r, v, b, err)
 }
