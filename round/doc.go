@@ -16,6 +16,10 @@
 //     does a secure round's stage close or wait, and until when
 //     (Stages, by StageTiming and StageCap).
 //
+// A task trained asynchronously (FedBuff) has Async instead of rounds:
+// seats up to a concurrency, reports weighted by staleness into a buffer,
+// a server step every buffer, stale reports refused.
+//
 // The device's side is here too (Devices): what an agent does with a plan
 // it is handed and after each attempt at it (work, retry after a back-off,
 // give up once and say why, wait for the next round), which the agent's

@@ -26,6 +26,7 @@ const (
 	ClassPayload   Class = "payload"   // encoding, digest, layout or shape of the update is wrong
 	ClassAggregate Class = "aggregate" // the update is outside the task's bounds (its norm)
 	ClassSecAgg    Class = "secagg"    // a masked report that breaks the secure round's rules
+	ClassStale     Class = "stale"     // an async report trained on a version too far behind the current
 )
 
 // Refusal is a refused report: its class and what the device is told.
