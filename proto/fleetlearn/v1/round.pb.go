@@ -202,6 +202,7 @@ func (UpdateEncoding) EnumDescriptor() ([]byte, []int) {
 type ClipBit int32
 
 const (
+	// No bit: every report outside a plaintext round with adaptive clipping.
 	ClipBit_CLIP_BIT_UNSPECIFIED ClipBit = 0
 	// The update's norm was at most the round's clip bound.
 	ClipBit_CLIP_BIT_UNCLIPPED ClipBit = 1
