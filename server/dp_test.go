@@ -193,7 +193,12 @@ func TestDPTaskRefused(t *testing.T) {
 		{"no delta", func(t *pb.Task) { t.Dp.Delta = 0 }, "delta"},
 		{"no target", func(t *pb.Task) { t.Dp.TargetEpsilon = -1 }, "target_epsilon"},
 		{"sampling rate above 1", func(t *pb.Task) { t.Dp.SamplingRate = 1.5 }, "sampling_rate"},
-		{"adaptive clipping", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile = 0.5 }, "adaptive"},
+		{"adaptive clipping with local noise", func(t *pb.Task) {
+			t.Dp.TargetUnclippedQuantile, t.Dp.Mechanism = 0.5, pb.DPMechanism_DP_MECHANISM_LOCAL
+		}, "adaptive clipping"},
+		{"adaptive clipping's quantile", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile = 1 }, "target_unclipped_quantile"},
+		{"adaptive clipping's count noise", func(t *pb.Task) { t.Dp.TargetUnclippedQuantile, t.Dp.ClipCountStddev = 0.5, 0.01 },
+			"clip_count_stddev"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := &pb.Task{Name: "dp", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
