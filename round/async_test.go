@@ -4,13 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/seeds"
 	"github.com/fleetlearn/fleetlearn/round"
 )
 
@@ -237,14 +236,7 @@ func TestAsyncState(t *testing.T) {
 // to itself or are refused with ErrState. Seeds: testdata/async (each
 // must restore: TestAsyncSeeds).
 func FuzzAsyncState(f *testing.F) {
-	seeds, _ := filepath.Glob(filepath.Join("testdata", "async", "*.json"))
-	for _, p := range seeds {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
+	seeds.AddTo(f, "async", "*.json")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cfg := round.AsyncConfig{Concurrency: 4, Buffer: 2, MaxStaleness: 3}
 		a, err := round.NewAsync(cfg, 0)
@@ -273,17 +265,9 @@ func FuzzAsyncState(f *testing.F) {
 }
 
 func TestAsyncSeeds(t *testing.T) {
-	seeds, _ := filepath.Glob(filepath.Join("testdata", "async", "*.json"))
-	if len(seeds) == 0 {
-		t.Fatal("no seeds in testdata/async")
-	}
-	for _, p := range seeds {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for name, b := range seeds.Read(t, "async", "*.json") {
 		if err := newAsync(t, round.AsyncConfig{Concurrency: 4, Buffer: 2, MaxStaleness: 3}).UnmarshalBinary(b); err != nil {
-			t.Errorf("%s: %v", p, err)
+			t.Errorf("%s: %v", name, err)
 		}
 	}
 }

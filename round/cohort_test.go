@@ -4,13 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/seeds"
 	"github.com/fleetlearn/fleetlearn/round"
 )
 
@@ -414,14 +413,7 @@ func TestCohortStateRefused(t *testing.T) {
 func FuzzCohortState(f *testing.F) {
 	good, _ := busyCohort().MarshalBinary()
 	f.Add(good)
-	seeds, _ := filepath.Glob(filepath.Join("testdata", "cohort", "*.json"))
-	for _, p := range seeds {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
+	seeds.AddTo(f, "cohort", "*.json")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var c round.Cohort
 		if err := c.UnmarshalBinary(b); err != nil {

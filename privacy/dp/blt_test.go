@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlearn/fleetlearn/internal/seeds"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 )
 
@@ -661,19 +662,7 @@ func bltFuzzNoise(t testing.TB) *dp.BLTNoise {
 
 func bltStateFiles(t testing.TB) map[string][]byte {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join("testdata", "blt", "*.state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[filepath.Base(p)] = data
-	}
-	return files
+	return seeds.Read(t, "blt", "*.state")
 }
 
 // Valid states in testdata/blt still decode (the format is stable) and

@@ -7,11 +7,10 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/fleetlearn/fleetlearn/internal/seeds"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 )
 
@@ -591,19 +590,7 @@ func TestTreeNoiseInvalid(t *testing.T) {
 // when they decode and bad-* when they must not.
 func treeSeeds(t testing.TB) map[string][]byte {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join("testdata", "tree", "*.bin"))
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no seeds in testdata/tree: %v", err)
-	}
-	seeds := map[string][]byte{}
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seeds[filepath.Base(p)] = b
-	}
-	return seeds
+	return seeds.Read(t, "tree", "*.bin")
 }
 
 // TestTreeNoiseSeeds: the stored states decode (or are refused) as their

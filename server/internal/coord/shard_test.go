@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fleetlearn/fleetlearn/identity"
+	"github.com/fleetlearn/fleetlearn/internal/seeds"
 	"github.com/fleetlearn/fleetlearn/internal/testwait"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -255,14 +254,7 @@ func TestShardLayoutBounds(t *testing.T) {
 func FuzzPartialPage(f *testing.F) {
 	f.Add(encodePartialPage(shardPartialMeta{Count: 2, Weight: 3, Seqs: []uint64{1, 2}, Dim: 3}, []float64{1, -2, math.Pi}))
 	f.Add(encodePartialPage(shardPartialMeta{Broken: "torn"}, nil))
-	seeds, _ := filepath.Glob(filepath.Join("testdata", "partialpage", "*"))
-	for _, s := range seeds {
-		b, err := os.ReadFile(s)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
+	seeds.AddTo(f, "partialpage", "*")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		meta, vals, err := decodePartialPage(b)
 		if err != nil {
