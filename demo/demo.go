@@ -171,11 +171,7 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	pr.printf("Fleetlearn demo: %d edge agents, %d rounds of %d reports, MNIST split Dirichlet(α=%g); results go to %s",
 		cfg.Edges, cfg.Rounds, cfg.Cohort, cfg.Alpha, cfg.OutDir)
 	ph := pr.start("loading MNIST", 1, "loading MNIST")
-	dir, err := data.MNISTDir()
-	if err != nil {
-		return nil, err
-	}
-	trainSet, testSet, err := data.LoadMNIST(dir)
+	trainSet, testSet, err := orMNIST(nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -506,4 +502,17 @@ func writeResults(dir string, res *Result) error {
 		return err
 	}
 	return plotAccuracy(filepath.Join(dir, "accuracy.png"), res)
+}
+
+// orMNIST returns train and test, or MNIST's training and test sets when
+// train is nil (the experiments' tests give small datasets of their own).
+func orMNIST(train, test *data.Dataset) (*data.Dataset, *data.Dataset, error) {
+	if train != nil {
+		return train, test, nil
+	}
+	dir, err := data.MNISTDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	return data.LoadMNIST(dir)
 }

@@ -153,15 +153,9 @@ func dpftrl(ctx context.Context, cfg DPFTRLConfig) ([]DPFTRLRun, error) {
 	if cfg.Mechanisms == nil {
 		cfg.Mechanisms = []Mechanism{Independent, Tree, BLT}
 	}
-	trainSet, testSet := cfg.Train, cfg.Test
-	if trainSet == nil {
-		dir, err := data.MNISTDir()
-		if err != nil {
-			return nil, err
-		}
-		if trainSet, testSet, err = data.LoadMNIST(dir); err != nil {
-			return nil, err
-		}
+	trainSet, testSet, err := orMNIST(cfg.Train, cfg.Test)
+	if err != nil {
+		return nil, err
 	}
 	sim, err := newFedSim(cfg, trainSet, testSet)
 	if err != nil {

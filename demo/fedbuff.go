@@ -235,15 +235,9 @@ func fedBuff(ctx context.Context, cfg FedBuffConfig) (*FedBuffResult, error) {
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
 	}
-	trainSet, testSet := cfg.Train, cfg.Test
-	if trainSet == nil {
-		dir, err := data.MNISTDir()
-		if err != nil {
-			return nil, err
-		}
-		if trainSet, testSet, err = data.LoadMNIST(dir); err != nil {
-			return nil, err
-		}
+	trainSet, testSet, err := orMNIST(cfg.Train, cfg.Test)
+	if err != nil {
+		return nil, err
 	}
 	fl, err := newFleet(cfg, trainSet, testSet)
 	if err != nil {
@@ -445,6 +439,20 @@ func (f *fleet) snapshot(n int, global []float32) (*version, error) {
 	return &version{f: f, n: n, global: slices.Clone(global), model: m}, nil
 }
 
+// begin starts a mode's run from the initial model: the vector it steps,
+// and version 0, evaluated.
+func (f *fleet) begin(s *runState) ([]float32, *version, error) {
+	global := slices.Clone(f.init)
+	cur, err := f.snapshot(0, global)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.evaluate(cur, 0); err != nil {
+		return nil, nil, err
+	}
+	return global, cur, nil
+}
+
 // runState is one mode's bookkeeping: the counters of FedBuffRun, each
 // device's trainings and bytes.
 type runState struct {
@@ -560,12 +568,8 @@ func (f *fleet) runSync(ctx context.Context, s *runState, p *trainPool) (FedBuff
 	if err != nil {
 		return FedBuffRun{}, err
 	}
-	global := slices.Clone(f.init)
-	cur, err := f.snapshot(0, global)
+	global, cur, err := f.begin(s)
 	if err != nil {
-		return FedBuffRun{}, err
-	}
-	if err := s.evaluate(cur, 0); err != nil {
 		return FedBuffRun{}, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x73796e63))
@@ -728,12 +732,8 @@ func (f *fleet) runAsync(ctx context.Context, s *runState, p *trainPool) (FedBuf
 	if err != nil {
 		return FedBuffRun{}, err
 	}
-	global := slices.Clone(f.init)
-	cur, err := f.snapshot(0, global)
+	global, cur, err := f.begin(s)
 	if err != nil {
-		return FedBuffRun{}, err
-	}
-	if err := s.evaluate(cur, 0); err != nil {
 		return FedBuffRun{}, err
 	}
 	// Virtual time t is the instant epoch+t for the engine.
