@@ -20,6 +20,21 @@ func adaptiveTask(h *harness) *pb.Task {
 	})
 }
 
+// withClipBit is rep with its clip bit set to bit and signed again by d;
+// a bit no statement encodes keeps the signature rep had.
+func (d *device) withClipBit(rep *pb.UpdateReport, bit pb.ClipBit) *pb.UpdateReport {
+	d.h.t.Helper()
+	rep.ClipBit = bit
+	sig, err := identity.SignReport(d.key, identity.UpdateStatement(rep))
+	switch {
+	case err == nil:
+		rep.Signature = sig
+	case bit == pb.ClipBit_CLIP_BIT_UNSPECIFIED || bit == pb.ClipBit_CLIP_BIT_UNCLIPPED || bit == pb.ClipBit_CLIP_BIT_CLIPPED:
+		d.h.t.Fatal(err)
+	}
+	return rep
+}
+
 // TestAdaptiveClipAfterRestart: the bound a committed round sets is the
 // next round's, in its plans, after a restart too.
 func TestAdaptiveClipAfterRestart(t *testing.T) {
@@ -36,12 +51,7 @@ func TestAdaptiveClipAfterRestart(t *testing.T) {
 			}
 			// An update clipped to the bound, as the device says.
 			rep := d.signedUpdate(plan, constant(8, float32(0.999*bound/math.Sqrt(8))), 5, nil)
-			rep.ClipBit = pb.ClipBit_CLIP_BIT_CLIPPED
-			var err error
-			if rep.Signature, err = identity.SignReport(d.key, identity.UpdateStatement(rep)); err != nil {
-				t.Fatal(err)
-			}
-			d.send(rep)
+			d.send(d.withClipBit(rep, pb.ClipBit_CLIP_BIT_CLIPPED))
 		}
 		if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED {
 			t.Fatalf("round %d: %v", round, got)
@@ -92,13 +102,7 @@ func TestClipBitRefusals(t *testing.T) {
 			ev := h.watch(task.Id)
 			a, b, c := h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)
 			plan := a.join()
-			rep := a.signedUpdate(plan, constant(8, 0.1), 5, nil)
-			rep.ClipBit = tc.bit
-			var err error
-			if rep.Signature, err = identity.SignReport(a.key, identity.UpdateStatement(rep)); err != nil && tc.bit != 9 {
-				t.Fatal(err)
-			}
-			a.send(rep)
+			a.send(a.withClipBit(a.signedUpdate(plan, constant(8, 0.1), 5, nil), tc.bit))
 			if r := a.receipt(); r.Accepted || !strings.Contains(r.Reason, tc.want) {
 				t.Fatalf("receipt %v, want a refusal saying %q", r, tc.want)
 			}
@@ -124,13 +128,7 @@ func TestShardedAdaptiveClipping(t *testing.T) {
 	ev := h.watch(task.Id)
 	a, b, c := h.enroll("dev-a", 5), h.enroll("dev-b", 5), h.enroll("dev-c", 5)
 	plan := a.join()
-	rep := a.signedUpdate(plan, constant(8, 0.1), 5, nil)
-	rep.ClipBit = pb.ClipBit_CLIP_BIT_UNSPECIFIED
-	var err error
-	if rep.Signature, err = identity.SignReport(a.key, identity.UpdateStatement(rep)); err != nil {
-		t.Fatal(err)
-	}
-	a.send(rep)
+	a.send(a.withClipBit(a.signedUpdate(plan, constant(8, 0.1), 5, nil), pb.ClipBit_CLIP_BIT_UNSPECIFIED))
 	if r := a.receipt(); r.Accepted || !strings.Contains(r.Reason, "carries no clip bit") {
 		t.Fatalf("a report without its bit: %v", r)
 	}

@@ -78,13 +78,23 @@ func chartSVG(metric string, pts []point) ([]byte, error) {
 		}
 		p.Y.Min, p.Y.Max = ymin-pad, ymax+pad
 	}
+	b, err := drawSVG(p)
+	if err != nil {
+		return nil, fmt.Errorf("ui: chart %s: %w", metric, err)
+	}
+	return b, nil
+}
+
+// drawSVG draws a chart by rounds (whole-round ticks on x, precise labels
+// on y) at the dashboard's size.
+func drawSVG(p *plot.Plot) ([]byte, error) {
 	p.X.Tick.Marker = roundTicks{}
 	p.Y.Tick.Marker = precise{}
 	c := vgsvg.New(6*vg.Inch, 2.6*vg.Inch)
 	p.Draw(draw.New(c))
 	var b bytes.Buffer
 	if _, err := c.WriteTo(&b); err != nil {
-		return nil, fmt.Errorf("ui: chart %s: %w", metric, err)
+		return nil, err
 	}
 	return b.Bytes(), nil
 }

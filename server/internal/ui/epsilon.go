@@ -1,7 +1,6 @@
 package ui
 
 import (
-	"bytes"
 	"fmt"
 	"image/color"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgsvg"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetlearn/fleetlearn/internal/lru"
@@ -168,15 +166,11 @@ func epsilonChartSVG(spent, plan []point, budget float64) ([]byte, error) {
 	p.Legend.XOffs, p.Legend.YOffs = vg.Points(40), -vg.Points(6)
 	p.X.Min, p.X.Max = 0, xmax+0.5
 	p.Y.Min, p.Y.Max = 0, 1.12*max(ymax, 1e-3)
-	p.X.Tick.Marker = roundTicks{}
-	p.Y.Tick.Marker = precise{}
-	c := vgsvg.New(6*vg.Inch, 2.6*vg.Inch)
-	p.Draw(draw.New(c))
-	var b bytes.Buffer
-	if _, err := c.WriteTo(&b); err != nil {
+	b, err := drawSVG(p)
+	if err != nil {
 		return nil, fmt.Errorf("ui: epsilon chart: %w", err)
 	}
-	return b.Bytes(), nil
+	return b, nil
 }
 
 func (h *Handler) taskEpsilonChart(w http.ResponseWriter, r *http.Request, v *viewer) {
