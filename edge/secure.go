@@ -251,17 +251,12 @@ func (a *Agent) secureEncoder(plan *pb.RoundPlan, m *model.Model, bits, n int) (
 			return nil, err
 		}
 		return func(delta []float32, _ int) ([]uint32, func(), error) {
-			if !dist.Counts() {
-				v, err := enc.Encode(delta)
-				return v, func() {}, err
+			encode := enc.Encode
+			if dist.Counts() {
+				// Adaptive clipping: the encoder appends the bit of its clip.
+				encode = enc.EncodeCounted
 			}
-			// The encoder clips the rotated update, whose norm is the
-			// update's: the bit is whether that clip leaves it as it is.
-			norm, err := dp.L2Norm(delta)
-			if err != nil {
-				return nil, nil, err
-			}
-			v, err := enc.EncodeCounted(delta, norm <= dc.ClipNorm)
+			v, err := encode(delta)
 			return v, func() {}, err
 		}, nil
 	}

@@ -338,21 +338,22 @@ func (e *Encoder) Encode(update []float32) ([]uint32, error) {
 	if e.d.countHalf > 0 {
 		return nil, fmt.Errorf("dp: encode: %w: the mechanism counts clipping bits; use EncodeCounted", ErrInvalid)
 	}
-	return e.encode(update, false)
+	return e.encode(update)
 }
 
 // EncodeCounted is Encode for a mechanism with a count: it appends the bit
-// unclipped (whether update's norm was at most the clip norm), noised like
-// every other coordinate; EncodedDim values.
-func (e *Encoder) EncodeCounted(update []float32, unclipped bool) ([]uint32, error) {
+// of the clip it applied (whether the update's norm was at most the clip
+// norm, so that it was left as it was), with its own noise; EncodedDim
+// values.
+func (e *Encoder) EncodeCounted(update []float32) ([]uint32, error) {
 	if e.d.countHalf == 0 {
 		return nil, fmt.Errorf("dp: encode: %w: the mechanism has no count", ErrInvalid)
 	}
-	return e.encode(update, unclipped)
+	return e.encode(update)
 }
 
-func (e *Encoder) encode(update []float32, unclipped bool) ([]uint32, error) {
-	v, err := e.encodeInts(update)
+func (e *Encoder) encode(update []float32) ([]uint32, error) {
+	v, unclipped, err := e.encodeInts(update)
 	if err != nil {
 		return nil, err
 	}
@@ -383,17 +384,18 @@ func (e *Encoder) noise() int64 {
 	return sample.Skellam(e.src, e.d.localVar)
 }
 
-// encodeInts is Encode before the modular reduction.
-func (e *Encoder) encodeInts(update []float32) ([]int64, error) {
+// encodeInts is Encode before the modular reduction; unclipped reports
+// that the clip left the update as it was.
+func (e *Encoder) encodeInts(update []float32) (_ []int64, unclipped bool, _ error) {
 	d := e.d
 	if len(update) != d.dim {
-		return nil, fmt.Errorf("dp: encode: %w: %d elements, want %d", ErrInvalid, len(update), d.dim)
+		return nil, false, fmt.Errorf("dp: encode: %w: %d elements, want %d", ErrInvalid, len(update), d.dim)
 	}
 	x := e.buf
 	for i, u := range update {
 		f := float64(u)
 		if math.IsNaN(f) || math.IsInf(f, 0) {
-			return nil, fmt.Errorf("dp: encode: %w: element %d is %v", ErrInvalid, i, f)
+			return nil, false, fmt.Errorf("dp: encode: %w: element %d is %v", ErrInvalid, i, f)
 		}
 		x[i] = f
 	}
@@ -405,19 +407,20 @@ func (e *Encoder) encodeInts(update []float32) ([]int64, error) {
 	}
 	norm = math.Sqrt(norm)
 	f := d.scale
-	if norm > d.clip {
+	unclipped = norm <= d.clip
+	if !unclipped {
 		f *= d.clip / norm
 	}
 	for i := range x {
 		x[i] *= f
 	}
 	if err := e.round(x); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for i := range e.ints {
 		e.ints[i] += e.noise()
 	}
-	return e.ints, nil
+	return e.ints, unclipped, nil
 }
 
 // round applies conditional randomized rounding: each coordinate goes to

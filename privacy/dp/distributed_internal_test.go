@@ -43,7 +43,7 @@ func TestWrapFrequencyMatchesHeuristic(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, err := enc.encodeInts(update)
+			v, _, err := enc.encodeInts(update)
 			if err != nil {
 				t.Fatal(err)
 			}

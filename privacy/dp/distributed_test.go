@@ -181,9 +181,9 @@ func TestDistributedRejectsBadInput(t *testing.T) {
 	}
 }
 
-// With a count, n devices' bits decode to the number of unclipped ones
-// plus noise of standard deviation CountStddev, the update decodes as
-// without, and the ε composes the update's mechanism with the count's, a
+// With a count, n devices' bits, each the clip the encoder applied, decode
+// to the number of unclipped ones plus noise of standard deviation
+// CountStddev, and the ε composes the update's mechanism with the count's, a
 // Gaussian of multiplier 2σ_b for sensitivity ½ (sum of bits, centred).
 func TestDistributedCount(t *testing.T) {
 	for _, mech := range []dp.Mechanism{dp.DiscreteGaussian, dp.Skellam} {
@@ -207,11 +207,17 @@ func TestDistributedCount(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					bit := (i+trial)%3 != 0
-					if bit {
+					// Two devices in three are within the clip norm (a zero
+					// update); the third is three times over it.
+					update := make([]float32, dim)
+					if (i+trial)%3 != 0 {
 						unclipped++
+					} else {
+						for j := range update {
+							update[j] = float32(3 * clip / math.Sqrt(dim))
+						}
 					}
-					v, err := enc.EncodeCounted(make([]float32, dim), bit)
+					v, err := enc.EncodeCounted(update)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -252,7 +258,7 @@ func TestDistributedCount(t *testing.T) {
 				t.Fatal(err)
 			}
 			penc, _ := plain.NewEncoder(seed, testSource(t, 1))
-			if _, err := penc.EncodeCounted(make([]float32, dim), true); !errors.Is(err, dp.ErrInvalid) {
+			if _, err := penc.EncodeCounted(make([]float32, dim)); !errors.Is(err, dp.ErrInvalid) {
 				t.Errorf("EncodeCounted without a count: %v", err)
 			}
 			// ε: above the update's alone, and the count's share is about
