@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/fleetlearn/fleetlearn/audit"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
@@ -94,6 +96,17 @@ func (d *dpRun) epsilonAfter(rounds int) (float64, error) {
 	}
 	d.eps[rounds] = e
 	return e, nil
+}
+
+// roundConfig is the DP settings the open or next training round runs
+// and its plans carry: the task's, at the round's clip bound.
+func (d *dpRun) roundConfig() *pb.DPConfig {
+	if d.clip == d.cfg.GetClipNorm() {
+		return d.cfg
+	}
+	c := proto.CloneOf(d.cfg)
+	c.ClipNorm = d.clip
+	return c
 }
 
 // maxRounds is the per-device participation cap; 0 without DP or cap.

@@ -195,11 +195,7 @@ func (t *taskRun) plan(rr *store.RoundRow) *pb.RoundPlan {
 	if t.dp != nil && rr.Kind == pb.RoundKind_ROUND_KIND_TRAIN {
 		// Devices clip to the round's DP bound; evaluation rounds release
 		// metrics only.
-		p.Dp, p.MaxUpdateNorm = t.dp.cfg, t.dp.clip
-		if t.dp.clip != t.dp.cfg.GetClipNorm() {
-			p.Dp = proto.CloneOf(t.dp.cfg)
-			p.Dp.ClipNorm = t.dp.clip
-		}
+		p.Dp, p.MaxUpdateNorm = t.dp.roundConfig(), t.dp.clip
 	}
 	return p
 }

@@ -824,15 +824,13 @@ func (t *taskRun) newSecureRun(roundNum, seed uint64, n, dim int) (*secureRun, e
 	inputDim := dim + 1 // the update and its weight
 	if t.dp != nil && t.dp.dist != nil {
 		// Distributed DP: devices send their encoded, noised updates; every
-		// update has weight 1. The round's bound may be adaptive
-		// clipping's, so the mechanism is the task's at that bound.
-		dist := t.dp.dist
-		if t.dp.clip != t.dp.cfg.GetClipNorm() {
-			dc, _ := privacyconf.Distributed(t.dp.cfg)
-			dc.ClipNorm = t.dp.clip
-			if dist, err = dp.DistributedFor(dc, dim, rounds[0].Bits()); err != nil {
-				return nil, err
-			}
+		// update has weight 1. The mechanism is derived as the devices
+		// derive it, from the round's settings (its bound may be adaptive
+		// clipping's).
+		dc, _ := privacyconf.Distributed(t.dp.roundConfig())
+		dist, err := dp.DistributedFor(dc, dim, rounds[0].Bits())
+		if err != nil {
+			return nil, err
 		}
 		if !dist.CountFits(n) {
 			return nil, fmt.Errorf("distributed DP: the clipping bits of %d participants do not fit in the %d-bit ring", n, rounds[0].Bits())
