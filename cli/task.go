@@ -114,15 +114,19 @@ type createFlags struct {
 	trainable                []string
 	serverLR, momentum, trim float64
 	maxUpdateNorm            float64
-	unboundedUpdates         bool
-	maxExamples              uint64
-	minExamples              uint64
-	charging, idle, metered  bool
-	serverEvalDataset        string
-	memoryPages              uint32
-	callTimeout              time.Duration
-	format                   string
-	privacy                  privacyFlags
+	// --mode async: FedBuff's concurrency, buffer and staleness bound.
+	mode                    string
+	concurrency, buffer     uint32
+	maxStaleness            uint32
+	unboundedUpdates        bool
+	maxExamples             uint64
+	minExamples             uint64
+	charging, idle, metered bool
+	serverEvalDataset       string
+	memoryPages             uint32
+	callTimeout             time.Duration
+	format                  string
+	privacy                 privacyFlags
 }
 
 func newTaskCreateCommand(a *app) *cobra.Command {
@@ -177,6 +181,10 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 	fl.StringVar(&f.module, "module", "", "SHA-256 of the registered WASM module (required)")
 	fl.StringVar(&f.hyper, "hyper", "", "module hyperparameters as a JSON object")
 	fl.StringVar(&f.hyperFile, "hyper-file", "", "file holding the hyperparameters JSON object")
+	fl.StringVar(&f.mode, "mode", "sync", "sync: rounds that each wait for their cohort; async: devices train continuously and every --buffer reports commit a version (FedBuff)")
+	fl.Uint32Var(&f.concurrency, "concurrency", 100, "with --mode async, the most devices training at once")
+	fl.Uint32Var(&f.buffer, "buffer", 10, "with --mode async, the reports each server step takes (K)")
+	fl.Uint32Var(&f.maxStaleness, "max-staleness", 20, "with --mode async, refuse reports trained more than this many versions before the current one")
 	fl.Uint32Var(&f.cohort, "cohort", 10, "reports each round aims for")
 	fl.Float64Var(&f.overSelection, "over-selection", 1.3, "devices selected per cohort slot, to absorb dropouts (1.3 selects 30% more)")
 	fl.Uint32Var(&f.reportGoal, "report-goal", 0, "minimum reports for a round to commit; 0 means 80% of --cohort (8 of 10)")
@@ -250,6 +258,29 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 	if goal == 0 {
 		goal = uint32((uint64(f.cohort)*4 + 4) / 5) // 80%, rounded up
 	}
+	var async *pb.AsyncConfig
+	switch f.mode {
+	case "sync":
+		for _, n := range []string{"concurrency", "buffer", "max-staleness"} {
+			if changed(n) {
+				return nil, usage("--%s applies to --mode async", n)
+			}
+		}
+	case "async":
+		for _, n := range []string{"cohort", "report-goal", "over-selection", "eval-every", "selection-timeout"} {
+			if changed(n) {
+				return nil, usage("--%s applies to rounds (--mode sync); an async task's steps take --buffer reports each", n)
+			}
+		}
+		async = &pb.AsyncConfig{Concurrency: f.concurrency, Buffer: f.buffer, MaxStaleness: f.maxStaleness}
+		cfg := round.AsyncConfig{Concurrency: int(f.concurrency), Buffer: int(f.buffer), MaxStaleness: uint64(f.maxStaleness)}
+		if err := cfg.Validate(); err != nil {
+			return nil, usage("--concurrency, --buffer, --max-staleness: %v", err)
+		}
+		f.cohort, goal, f.overSelection = f.buffer, f.buffer, 1
+	default:
+		return nil, usage("--mode %q (want sync or async)", f.mode)
+	}
 	switch {
 	case f.cohort == 0:
 		return nil, usage("--cohort must be at least 1")
@@ -304,6 +335,7 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 		ServerEvalDataset: f.serverEvalDataset,
 		UpdateEncoding:    encoding,
 		Trainable:         f.trainable,
+		Async:             async,
 	}
 	if f.minExamples > 0 || f.charging || f.idle || f.metered {
 		t.Eligibility = &pb.Eligibility{MinExamples: f.minExamples, RequireCharging: f.charging,
@@ -615,8 +647,13 @@ func printTask(w io.Writer, format string, t *pb.Task, p taskProgress) error {
 	tw.row("MODEL", modelRef(t.GetModel()))
 	tw.row("CURRENT MODEL", modelRef(t.GetCurrentModel()))
 	tw.row("MODULE", moduleRef(t.GetModule()))
-	tw.row("COHORT", fmt.Sprintf("%d, report goal %d, over-selection %.2gx",
-		t.GetCohortTarget(), t.GetReportGoal(), 1+t.GetOverSelection()))
+	if a := t.GetAsync(); a != nil {
+		tw.row("MODE", fmt.Sprintf("async: %d training at once, a version every %d reports, reports at most %d versions stale (weight 1/sqrt(1+staleness))",
+			a.GetConcurrency(), a.GetBuffer(), a.GetMaxStaleness()))
+	} else {
+		tw.row("COHORT", fmt.Sprintf("%d, report goal %d, over-selection %.2gx",
+			t.GetCohortTarget(), t.GetReportGoal(), 1+t.GetOverSelection()))
+	}
 	tw.row("TIMEOUTS", fmt.Sprintf("selection %v, report %v",
 		t.GetSelectionTimeout().AsDuration(), t.GetReportTimeout().AsDuration()))
 	tw.row("AGGREGATION", aggregation(t.GetAggregation()))

@@ -103,6 +103,9 @@ func NewAsync(cfg AsyncConfig, version uint64) (*Async, error) {
 	return &Async{cfg: cfg, version: version, seats: map[string]AsyncSeat{}, reported: map[string]bool{}}, nil
 }
 
+// Config is the configuration a was made with.
+func (a *Async) Config() AsyncConfig { return a.cfg }
+
 // Version is the current model version: the server steps committed.
 func (a *Async) Version() uint64 { return a.version }
 
@@ -152,6 +155,14 @@ func (a *Async) Offer(device string, examples uint64, now time.Time) AsyncOffer 
 	return AsyncOffer{Action: Reserve, Seat: s}
 }
 
+// Abandon empties the buffer without a step: the service lost its sum (a
+// failed step, a restart). The version stays; the buffer's devices may
+// train again.
+func (a *Async) Abandon() {
+	a.buffer = a.buffer[:0]
+	clear(a.reported)
+}
+
 // Release gives up device's seat: recording it failed, the device said it
 // cannot train, or it held the seat past the timeout (Expired).
 func (a *Async) Release(device string) { delete(a.seats, device) }
@@ -196,12 +207,22 @@ func (a *Async) Check(device string, version uint64) (Buffered, error) {
 	case version > a.version:
 		return Buffered{}, refuse(ClassHeader, "version %d is ahead of the task's %d", version, a.version)
 	}
+	if err := a.Stale(version); err != nil {
+		return Buffered{}, err
+	}
 	st := a.version - version
-	if st > a.cfg.MaxStaleness {
-		return Buffered{}, refuse(ClassStale, "the report trained on version %d, %d versions behind the current %d; the task takes reports at most %d behind",
+	return Buffered{Device: device, Version: version, Staleness: st, Weight: StalenessWeight(st)}, nil
+}
+
+// Stale refuses, with ClassStale, a report trained on version if that is
+// more than MaxStaleness versions behind the current one: also the report
+// of a seat that Step gave up.
+func (a *Async) Stale(version uint64) error {
+	if st := a.version - min(version, a.version); st > a.cfg.MaxStaleness {
+		return refuse(ClassStale, "the report trained on version %d, %d versions behind the current %d; the task takes reports at most %d behind",
 			version, st, a.version, a.cfg.MaxStaleness)
 	}
-	return Buffered{Device: device, Version: version, Staleness: st, Weight: StalenessWeight(st)}, nil
+	return nil
 }
 
 // Report folds device's report on version into the buffer (Check first)

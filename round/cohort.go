@@ -130,6 +130,24 @@ func (e Eligibility) separatedUntil(last uint64) uint64 {
 	return last + uint64(e.MinSeparation)
 }
 
+// Admit applies the task's device rules (Check) and its participation
+// rules to cand: why the task does not take it now ("" when it does), and
+// the participation rule that turned it away (RuleMaxRounds,
+// RuleMinSeparation; "" for the device rules).
+func (e Eligibility) Admit(cand Candidate) (why string, reason Reason, rule string) {
+	if why, reason := e.Check(cand.Attributes); why != "" {
+		return why, reason, ""
+	}
+	if e.MaxRounds > 0 && cand.Rounds >= e.MaxRounds {
+		return fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", e.MaxRounds), ReasonNotEligible, RuleMaxRounds
+	}
+	if e.MinSeparation > 0 && cand.LastStep > 0 && e.Step < e.separatedUntil(cand.LastStep) {
+		return fmt.Sprintf("device took part in training step %d; the task's minimum separation of %d steps lets it take part again from step %d, and this round is step %d (differential privacy)",
+			cand.LastStep, e.MinSeparation, e.separatedUntil(cand.LastStep), e.Step), ReasonNotEligible, RuleMinSeparation
+	}
+	return "", 0, ""
+}
+
 // Check says why the task does not take a device with attributes a, or ""
 // when it does.
 func (e Eligibility) Check(a Attributes) (string, Reason) {
@@ -195,20 +213,15 @@ type Candidate struct {
 // close (at most 10 pace windows); otherwise a seat is reserved.
 func (c *Cohort) Offer(now time.Time, e Eligibility, cand Candidate) Offer {
 	long := 10 * c.pace
-	if why, reason := e.Check(cand.Attributes); why != "" {
-		return Offer{Action: Defer, Wait: long, Reason: reason, Detail: why}
-	}
 	d := cand.Device
-	if e.MaxRounds > 0 && cand.Rounds >= e.MaxRounds {
-		c.capped[d] = true
-		return Offer{Action: Defer, Wait: long, Reason: ReasonNotEligible,
-			Detail: fmt.Sprintf("device reached the task's cap of %d rounds (differential privacy)", e.MaxRounds)}
-	}
-	if e.MinSeparation > 0 && cand.LastStep > 0 && e.Step < e.separatedUntil(cand.LastStep) {
-		c.separated[d] = cand.LastStep
-		return Offer{Action: Defer, Wait: long, Reason: ReasonNotEligible,
-			Detail: fmt.Sprintf("device took part in training step %d; the task's minimum separation of %d steps lets it take part again from step %d, and this round is step %d (differential privacy)",
-				cand.LastStep, e.MinSeparation, e.separatedUntil(cand.LastStep), e.Step)}
+	if why, reason, rule := e.Admit(cand); why != "" {
+		switch rule {
+		case RuleMaxRounds:
+			c.capped[d] = true
+		case RuleMinSeparation:
+			c.separated[d] = cand.LastStep
+		}
+		return Offer{Action: Defer, Wait: long, Reason: reason, Detail: why}
 	}
 	if s, ok := c.seats[d]; ok && !c.reported[d] {
 		return Offer{Action: Replan, Seat: s}
@@ -233,6 +246,13 @@ func (c *Cohort) Seat(device string, s Seat) bool {
 	delete(c.reserved, device)
 	c.seats[device] = s
 	return true
+}
+
+// Join seats device without an offer: an asynchronous buffer's cohort is
+// the devices whose reports it took (Async), each seated as its report is.
+func (c *Cohort) Join(device string, s Seat) {
+	delete(c.reserved, device)
+	c.seats[device] = s
 }
 
 // Release gives up device's reservation: recording the seat failed.

@@ -88,6 +88,13 @@ func taskCreatedEvent(t *pb.Task) (audit.TaskCreated, error) {
 	if h := t.GetHyperparameters(); len(h) > 0 {
 		settings["hyperparameters"] = string(h)
 	}
+	if a := t.GetAsync(); a != nil {
+		settings["mode"] = "async"
+		settings["async_concurrency"] = strconv.FormatUint(uint64(a.GetConcurrency()), 10)
+		settings["async_buffer"] = strconv.FormatUint(uint64(a.GetBuffer()), 10)
+		settings["async_max_staleness"] = strconv.FormatUint(uint64(a.GetMaxStaleness()), 10)
+		settings["async_staleness_weight"] = "1/sqrt(1+s)"
+	}
 	if n := t.GetAggregation().GetMaxUpdateNorm(); n > 0 {
 		settings["max_update_norm"] = strconv.FormatFloat(n, 'g', -1, 64)
 	}
@@ -142,6 +149,10 @@ func (v *service) newTaskID() string {
 func (v *service) checkTask(ctx context.Context, t *pb.Task) error {
 	if err := checkName("task", t.GetName()); err != nil {
 		return err
+	}
+	// Before everything that reads the cohort: an async task's is its buffer.
+	if err := coord.CheckAsync(t); err != nil {
+		return invalid("%v", err)
 	}
 	if t.GetCohortTarget() < 1 || t.GetCohortTarget() > 100000 {
 		return invalid("cohort_target %d not in [1,100000]", t.GetCohortTarget())

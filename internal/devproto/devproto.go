@@ -231,12 +231,16 @@ func SubscribeReceipts(nc *nats.Conn, device string, f func(*pb.ReportReceipt)) 
 }
 
 // Announce tells the device a round opened: work on an earlier round of the
-// same task stops, and a waiting device checks in soon.
+// same task stops, unless the task is asynchronous (its server takes the
+// report of an earlier round's plan until it is stale), and a waiting
+// device checks in soon.
 func (d *Device) Announce(ann *pb.RoundAnnouncement) {
 	if len(d.filter) > 0 && !slices.Contains(d.filter, ann.GetTaskId()) {
 		return
 	}
-	d.supersede(ann.GetTaskId(), ann.GetRound())
+	if !ann.GetAsync() {
+		d.supersede(ann.GetTaskId(), ann.GetRound())
+	}
 	spread := ann.GetCheckInSpread().AsDuration()
 	if spread <= 0 || spread > time.Minute {
 		spread = time.Second

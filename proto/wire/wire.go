@@ -156,6 +156,11 @@ func RoundFilters(task string, round uint64) []string {
 	return []string{"fl.report." + task + "." + r + ".*", "fl.eval." + task + "." + r + ".*"}
 }
 
+// TaskReportFilter matches the update reports of every round of task: an
+// asynchronous task's buffer takes reports trained on the plans of earlier
+// rounds.
+func TaskReportFilter(task string) string { return "fl.report." + task + ".*.*" }
+
 // SubjectSecAggUp is what the server subscribes to for devices' SecAggUp
 // requests: fl.secagg.up.<task>.<round>.<device>.
 const SubjectSecAggUp = "fl.secagg.up.>"

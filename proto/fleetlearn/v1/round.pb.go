@@ -1660,6 +1660,9 @@ type RoundAnnouncement struct {
 	// Devices woken by this announcement check in at a uniformly random point
 	// of this window, so that they do not arrive as one burst.
 	CheckInSpread *durationpb.Duration `protobuf:"bytes,5,opt,name=check_in_spread,json=checkInSpread,proto3" json:"check_in_spread,omitempty"`
+	// The task trains asynchronously: the new round does not end work on an
+	// earlier one, whose report the server still takes unless it is stale.
+	Async         bool `protobuf:"varint,6,opt,name=async,proto3" json:"async,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1727,6 +1730,13 @@ func (x *RoundAnnouncement) GetCheckInSpread() *durationpb.Duration {
 		return x.CheckInSpread
 	}
 	return nil
+}
+
+func (x *RoundAnnouncement) GetAsync() bool {
+	if x != nil {
+		return x.Async
+	}
+	return false
 }
 
 // ReportChunk is one piece of a report too large for one NATS message
@@ -2007,13 +2017,14 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
 	"\tdevice_id\x18\x03 \x01(\tR\bdeviceId\x12\x1a\n" +
 	"\baccepted\x18\x04 \x01(\bR\baccepted\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xcb\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xe1\x01\n" +
 	"\x11RoundAnnouncement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x18.fleetlearn.v1.RoundKindR\x04kind\x12\x16\n" +
 	"\x06wanted\x18\x04 \x01(\rR\x06wanted\x12A\n" +
-	"\x0fcheck_in_spread\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rcheckInSpread\"\x93\x01\n" +
+	"\x0fcheck_in_spread\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rcheckInSpread\x12\x14\n" +
+	"\x05async\x18\x06 \x01(\bR\x05async\"\x93\x01\n" +
 	"\vReportChunk\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1d\n" +

@@ -534,7 +534,12 @@ type Task struct {
 	// ("blocks.3.*", "lm_head.weight"), or "lora" for every LoRA adapter
 	// tensor (*.lora_a, *.lora_b); each must match at least one tensor.
 	// Empty trains every parameter. Needs a module of ABI 2 or later.
-	Trainable     []string `protobuf:"bytes,27,rep,name=trainable,proto3" json:"trainable,omitempty"`
+	Trainable []string `protobuf:"bytes,27,rep,name=trainable,proto3" json:"trainable,omitempty"`
+	// Set: the task trains asynchronously with buffered aggregation (FedBuff,
+	// docs/ROUND.md, Asynchronous buffers) instead of in synchronous rounds.
+	// Each of its rounds is one buffer: it commits one model version once
+	// buffer reports are in.
+	Async         *AsyncConfig `protobuf:"bytes,28,opt,name=async,proto3" json:"async,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -758,6 +763,78 @@ func (x *Task) GetTrainable() []string {
 	return nil
 }
 
+func (x *Task) GetAsync() *AsyncConfig {
+	if x != nil {
+		return x.Async
+	}
+	return nil
+}
+
+// AsyncConfig sizes an asynchronous task.
+type AsyncConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most devices training at once, from 1 to 100000.
+	Concurrency uint32 `protobuf:"varint,1,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	// Reports one server step takes (K), from 1 to concurrency and 10000.
+	Buffer uint32 `protobuf:"varint,2,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	// A report trained on a version more than this many versions behind the
+	// current one is refused as stale; at most 1000.
+	MaxStaleness  uint32 `protobuf:"varint,3,opt,name=max_staleness,json=maxStaleness,proto3" json:"max_staleness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AsyncConfig) Reset() {
+	*x = AsyncConfig{}
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AsyncConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AsyncConfig) ProtoMessage() {}
+
+func (x *AsyncConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AsyncConfig.ProtoReflect.Descriptor instead.
+func (*AsyncConfig) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AsyncConfig) GetConcurrency() uint32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+func (x *AsyncConfig) GetBuffer() uint32 {
+	if x != nil {
+		return x.Buffer
+	}
+	return 0
+}
+
+func (x *AsyncConfig) GetMaxStaleness() uint32 {
+	if x != nil {
+		return x.MaxStaleness
+	}
+	return 0
+}
+
 // RoundSummary is the record of one round of a task.
 type RoundSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -796,7 +873,7 @@ type RoundSummary struct {
 
 func (x *RoundSummary) Reset() {
 	*x = RoundSummary{}
-	mi := &file_fleetlearn_v1_task_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +885,7 @@ func (x *RoundSummary) String() string {
 func (*RoundSummary) ProtoMessage() {}
 
 func (x *RoundSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +898,7 @@ func (x *RoundSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundSummary.ProtoReflect.Descriptor instead.
 func (*RoundSummary) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RoundSummary) GetTaskId() string {
@@ -935,7 +1012,7 @@ type DeviceFailure struct {
 
 func (x *DeviceFailure) Reset() {
 	*x = DeviceFailure{}
-	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1024,7 @@ func (x *DeviceFailure) String() string {
 func (*DeviceFailure) ProtoMessage() {}
 
 func (x *DeviceFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_task_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_task_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1037,7 @@ func (x *DeviceFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceFailure.ProtoReflect.Descriptor instead.
 func (*DeviceFailure) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_task_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeviceFailure) GetDeviceId() string {
@@ -999,7 +1076,8 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x0fmax_update_norm\x18\b \x01(\x01R\rmaxUpdateNorm\x12+\n" +
 	"\x11unbounded_updates\x18\t \x01(\bR\x10unboundedUpdates\x125\n" +
 	"\x17max_examples_per_report\x18\n" +
-	" \x01(\x04R\x14maxExamplesPerReport\"\xfe\t\n" +
+	" \x01(\x04R\x14maxExamplesPerReport\"\xb0\n" +
+	"\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -1032,7 +1110,12 @@ const file_fleetlearn_v1_task_proto_rawDesc = "" +
 	"\x13server_eval_dataset\x18\x18 \x01(\tR\x11serverEvalDataset\x129\n" +
 	"\fbase_metrics\x18\x19 \x01(\v2\x16.fleetlearn.v1.MetricsR\vbaseMetrics\x12F\n" +
 	"\x0fupdate_encoding\x18\x1a \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\x0eupdateEncoding\x12\x1c\n" +
-	"\ttrainable\x18\x1b \x03(\tR\ttrainable\"\xba\x04\n" +
+	"\ttrainable\x18\x1b \x03(\tR\ttrainable\x120\n" +
+	"\x05async\x18\x1c \x01(\v2\x1a.fleetlearn.v1.AsyncConfigR\x05async\"l\n" +
+	"\vAsyncConfig\x12 \n" +
+	"\vconcurrency\x18\x01 \x01(\rR\vconcurrency\x12\x16\n" +
+	"\x06buffer\x18\x02 \x01(\rR\x06buffer\x12#\n" +
+	"\rmax_staleness\x18\x03 \x01(\rR\fmaxStaleness\"\xba\x04\n" +
 	"\fRoundSummary\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1091,7 +1174,7 @@ func file_fleetlearn_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fleetlearn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_fleetlearn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                // 0: fleetlearn.v1.TaskState
 	(AggregationRule)(0),          // 1: fleetlearn.v1.AggregationRule
@@ -1099,48 +1182,50 @@ var file_fleetlearn_v1_task_proto_goTypes = []any{
 	(*Eligibility)(nil),           // 3: fleetlearn.v1.Eligibility
 	(*AggregationConfig)(nil),     // 4: fleetlearn.v1.AggregationConfig
 	(*Task)(nil),                  // 5: fleetlearn.v1.Task
-	(*RoundSummary)(nil),          // 6: fleetlearn.v1.RoundSummary
-	(*DeviceFailure)(nil),         // 7: fleetlearn.v1.DeviceFailure
-	(*ModelRef)(nil),              // 8: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 9: fleetlearn.v1.ModuleRef
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*SecAggConfig)(nil),          // 11: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 12: fleetlearn.v1.DPConfig
-	(*Limits)(nil),                // 13: fleetlearn.v1.Limits
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*Metrics)(nil),               // 15: fleetlearn.v1.Metrics
-	(UpdateEncoding)(0),           // 16: fleetlearn.v1.UpdateEncoding
-	(RoundKind)(0),                // 17: fleetlearn.v1.RoundKind
+	(*AsyncConfig)(nil),           // 6: fleetlearn.v1.AsyncConfig
+	(*RoundSummary)(nil),          // 7: fleetlearn.v1.RoundSummary
+	(*DeviceFailure)(nil),         // 8: fleetlearn.v1.DeviceFailure
+	(*ModelRef)(nil),              // 9: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 10: fleetlearn.v1.ModuleRef
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*SecAggConfig)(nil),          // 12: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 13: fleetlearn.v1.DPConfig
+	(*Limits)(nil),                // 14: fleetlearn.v1.Limits
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Metrics)(nil),               // 16: fleetlearn.v1.Metrics
+	(UpdateEncoding)(0),           // 17: fleetlearn.v1.UpdateEncoding
+	(RoundKind)(0),                // 18: fleetlearn.v1.RoundKind
 }
 var file_fleetlearn_v1_task_proto_depIdxs = []int32{
 	1,  // 0: fleetlearn.v1.AggregationConfig.rule:type_name -> fleetlearn.v1.AggregationRule
 	0,  // 1: fleetlearn.v1.Task.state:type_name -> fleetlearn.v1.TaskState
-	8,  // 2: fleetlearn.v1.Task.model:type_name -> fleetlearn.v1.ModelRef
-	9,  // 3: fleetlearn.v1.Task.module:type_name -> fleetlearn.v1.ModuleRef
-	10, // 4: fleetlearn.v1.Task.selection_timeout:type_name -> google.protobuf.Duration
-	10, // 5: fleetlearn.v1.Task.report_timeout:type_name -> google.protobuf.Duration
+	9,  // 2: fleetlearn.v1.Task.model:type_name -> fleetlearn.v1.ModelRef
+	10, // 3: fleetlearn.v1.Task.module:type_name -> fleetlearn.v1.ModuleRef
+	11, // 4: fleetlearn.v1.Task.selection_timeout:type_name -> google.protobuf.Duration
+	11, // 5: fleetlearn.v1.Task.report_timeout:type_name -> google.protobuf.Duration
 	3,  // 6: fleetlearn.v1.Task.eligibility:type_name -> fleetlearn.v1.Eligibility
 	4,  // 7: fleetlearn.v1.Task.aggregation:type_name -> fleetlearn.v1.AggregationConfig
-	11, // 8: fleetlearn.v1.Task.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	12, // 9: fleetlearn.v1.Task.dp:type_name -> fleetlearn.v1.DPConfig
-	13, // 10: fleetlearn.v1.Task.limits:type_name -> fleetlearn.v1.Limits
-	8,  // 11: fleetlearn.v1.Task.current_model:type_name -> fleetlearn.v1.ModelRef
-	14, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	14, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	15, // 14: fleetlearn.v1.Task.base_metrics:type_name -> fleetlearn.v1.Metrics
-	16, // 15: fleetlearn.v1.Task.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
-	17, // 16: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
-	2,  // 17: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
-	14, // 18: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
-	14, // 19: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
-	15, // 20: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
-	8,  // 21: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
-	7,  // 22: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	12, // 8: fleetlearn.v1.Task.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	13, // 9: fleetlearn.v1.Task.dp:type_name -> fleetlearn.v1.DPConfig
+	14, // 10: fleetlearn.v1.Task.limits:type_name -> fleetlearn.v1.Limits
+	9,  // 11: fleetlearn.v1.Task.current_model:type_name -> fleetlearn.v1.ModelRef
+	15, // 12: fleetlearn.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	15, // 13: fleetlearn.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	16, // 14: fleetlearn.v1.Task.base_metrics:type_name -> fleetlearn.v1.Metrics
+	17, // 15: fleetlearn.v1.Task.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	6,  // 16: fleetlearn.v1.Task.async:type_name -> fleetlearn.v1.AsyncConfig
+	18, // 17: fleetlearn.v1.RoundSummary.kind:type_name -> fleetlearn.v1.RoundKind
+	2,  // 18: fleetlearn.v1.RoundSummary.state:type_name -> fleetlearn.v1.RoundState
+	15, // 19: fleetlearn.v1.RoundSummary.open_time:type_name -> google.protobuf.Timestamp
+	15, // 20: fleetlearn.v1.RoundSummary.close_time:type_name -> google.protobuf.Timestamp
+	16, // 21: fleetlearn.v1.RoundSummary.metrics:type_name -> fleetlearn.v1.Metrics
+	9,  // 22: fleetlearn.v1.RoundSummary.model:type_name -> fleetlearn.v1.ModelRef
+	8,  // 23: fleetlearn.v1.RoundSummary.failures:type_name -> fleetlearn.v1.DeviceFailure
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_task_proto_init() }
@@ -1158,7 +1243,7 @@ func file_fleetlearn_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_task_proto_rawDesc), len(file_fleetlearn_v1_task_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -226,6 +226,10 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 		t.mu.Unlock()
 		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
+	if t.async != nil {
+		t.mu.Unlock()
+		return t.offerAsync(ci, now, r)
+	}
 	var benched string
 	if ns, ok := t.noShows[device]; ok {
 		benched = ns.Benched(r.row.Round)

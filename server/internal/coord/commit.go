@@ -202,7 +202,11 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 	t.c.d.Metrics.Rounds.WithLabelValues(kind, outcome).Inc()
 	t.c.d.Metrics.RoundDuration.WithLabelValues(kind).Observe(row.Close.Sub(row.Open).Seconds())
 	t.c.d.Metrics.Dropouts.Add(float64(row.Dropped))
-	t.c.purgeRound(t.id, row.Round)
+	if t.async == nil {
+		// An async round's subject holds the reports of plans still
+		// training: its buffers purge each report they answer (async.go).
+		t.c.purgeRound(t.id, row.Round)
+	}
 }
 
 // commit turns a round's aggregation result into its close. col holds the
@@ -301,6 +305,12 @@ func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collec
 	}
 	fedMetrics := metrics
 	metrics = withServerMetrics(fedMetrics, srvMetrics)
+	for k, v := range r.extraMetrics {
+		if metrics == nil {
+			metrics = map[string]float64{}
+		}
+		metrics[k] = v
+	}
 	startCommit()
 	row := t.closeRow(r, pb.RoundState_ROUND_STATE_COMMITTED, metrics, reason)
 	if newRow != nil {

@@ -39,6 +39,19 @@ func (c *Coordinator) handleFailure(m *nats.Msg) {
 		reply(why)
 		return
 	}
+	c.mu.Lock()
+	async := c.tasks[task]
+	c.mu.Unlock()
+	if async != nil && async.isAsync() {
+		if !async.asyncFailure(rnd, device) {
+			reply(fmt.Sprintf("device %q holds no seat on round %d of task %q", device, rnd, task))
+			return
+		}
+		c.d.Metrics.PlanFailures.Inc()
+		async.log().Info("device could not carry out its plan; its seat is free", "round", rnd, "device", device, "reason", f.Reason)
+		reply("")
+		return
+	}
 	tr, r := c.openRound(task, rnd)
 	if r == nil {
 		reply(fmt.Sprintf("round %d of task %q is not open", rnd, task))

@@ -69,16 +69,19 @@ func (t *taskRun) chargeStored(subj string, rnd uint64, device string, n notice)
 	if r != nil && r.row.Round != rnd {
 		r = nil
 	}
-	if t.quota == nil || t.quota.round != rnd {
-		t.quota = &storeQuota{round: rnd, devices: map[string]*round.Storage{}}
-	}
+	q := t.quotaFor(rnd)
 	quota := t.storeQuotaBytes(r)
-	d := t.quota.devices[device]
+	d := q.devices[device]
 	if d == nil {
 		d = &round.Storage{}
-		t.quota.devices[device] = d
+		q.devices[device] = d
 	}
-	act := d.Charge(n.Stored, quota, r == nil || r.seated(device))
+	seated := r == nil || r.seated(device)
+	if t.async != nil {
+		p, ok := t.async.plans[device]
+		seated = ok && p.round == rnd
+	}
+	act := d.Charge(n.Stored, quota, seated)
 	t.mu.Unlock()
 	later := func(f func()) { t.afterRead(device, f) }
 
@@ -107,6 +110,18 @@ func (t *taskRun) chargeStored(subj string, rnd uint64, device string, n notice)
 		c.d.Metrics.QuotaPurges.Inc()
 		later(func() { c.purgeStored(subj, 0) })
 	}
+}
+
+// quotaFor is the storage accounting of round rnd: the one round's a
+// synchronous task keeps, or the async round's. t.mu is held.
+func (t *taskRun) quotaFor(rnd uint64) *storeQuota {
+	if t.async != nil {
+		return t.async.quota(rnd)
+	}
+	if t.quota == nil || t.quota.round != rnd {
+		t.quota = &storeQuota{round: rnd, devices: map[string]*round.Storage{}}
+	}
+	return t.quota
 }
 
 // startReading marks device's report as being read: purges of its messages

@@ -38,18 +38,27 @@ const (
 // round's: its workers read the bytes, and the leader only when it must,
 // by sequence: fullMsg).
 func (t *taskRun) reportConsumer(ctx context.Context, round uint64, headersOnly bool) (jetstream.Consumer, func(), error) {
+	return t.consumeReports(ctx, round, wire.RoundFilters(t.id, round), 0, headersOnly)
+}
+
+// consumeReports creates a consumer of round's reports on filters, from
+// stream sequence from (0: the start of the stream), as reportConsumer.
+func (t *taskRun) consumeReports(ctx context.Context, round uint64, filters []string, from uint64, headersOnly bool) (jetstream.Consumer, func(), error) {
 	var id [6]byte
 	rand.Read(id[:])
 	name := fmt.Sprintf("fl-%s-r%d-%s", t.id, round, hex.EncodeToString(id[:]))
 	cfg := jetstream.ConsumerConfig{
 		Durable:           name,
 		Description:       fmt.Sprintf("reports of task %s round %d", t.id, round),
-		FilterSubjects:    wire.RoundFilters(t.id, round),
+		FilterSubjects:    filters,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: consumerInactive,
 		Replicas:          t.c.d.Stream.CachedInfo().Config.Replicas,
 		HeadersOnly:       headersOnly,
+	}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
 	b := backoff.New(250*time.Millisecond, 5*time.Second, t.c.jitter)
 	for {

@@ -32,6 +32,9 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		t.global = m
 		t.holdModel()
 	}
+	if t.async != nil {
+		return t.runAsync(ctx, row)
+	}
 	assigned, err := t.c.d.Store.Assignments(ctx, t.id, row.Round)
 	if err != nil {
 		return err
@@ -277,6 +280,12 @@ func (t *taskRun) handleReport(ctx context.Context, r *roundRun, col aggregator.
 // receipt: accepted, or refused with accept's reason, which the round keeps
 // as the device's failure (its first).
 func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func() (string, error)) {
+	t.settleAt(r, m, kind, r.row.Round, accept)
+}
+
+// settleAt is settle for a report of round rnd: an asynchronous buffer
+// takes reports of the earlier rounds whose plans their devices trained.
+func (t *taskRun) settleAt(r *roundRun, m jetstream.Msg, kind string, rnd uint64, accept func() (string, error)) {
 	defer t.c.d.Memory.Refresh() // what else is live moves as reports stream through
 	t.c.d.Metrics.ReportBytes.Add(float64(storedSize(m)))
 	span := t.validation(r, kind, m.Headers())
@@ -288,11 +297,11 @@ func (t *taskRun) settle(r *roundRun, m jetstream.Msg, kind string, accept func(
 	if err != nil {
 		t.c.d.Metrics.Reports.WithLabelValues(kind, "refused").Inc()
 		t.c.d.Metrics.Refused(refusalReason(err))
-		t.log().Info("report refused", "round", r.row.Round, "device", device, "err", err)
-		t.c.receipt(t.id, r.row.Round, device, err.Error())
+		t.log().Info("report refused", "round", rnd, "device", device, "err", err)
+		t.c.receipt(t.id, rnd, device, err.Error())
 		t.noteFailure(r, device, "report refused: "+err.Error())
 		return
 	}
 	t.c.d.Metrics.Reports.WithLabelValues(kind, "accepted").Inc()
-	t.c.receipt(t.id, r.row.Round, device, "")
+	t.c.receipt(t.id, rnd, device, "")
 }

@@ -76,6 +76,9 @@ type taskRun struct {
 	baseRecorded map[string]float64
 	// span is the open round's root span (tracing.go); the runner's alone.
 	span trace.Span
+	// async is an async task's state across its rounds (async.go); nil for
+	// a task in synchronous rounds.
+	async *asyncRun
 }
 
 // closeRun ends r's being the open round, remembering what it answered;
@@ -99,6 +102,9 @@ func (t *taskRun) wasAnswered(round, seq uint64) bool {
 func (t *taskRun) isOpen(round uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.async != nil {
+		return t.loading || t.async.open(round)
+	}
 	return t.loading || (t.round != nil && t.round.row.Round == round)
 }
 
@@ -138,6 +144,9 @@ type roundRun struct {
 	clipBits    map[string]bool
 	clipCount   float64
 	clipCounted bool
+	// extraMetrics are the round's own measures that its commit adds to
+	// the reports' (an async buffer's staleness).
+	extraMetrics map[string]float64
 }
 
 func (r *roundRun) poke() {
@@ -240,6 +249,11 @@ func (t *taskRun) load(ctx context.Context) error {
 	}
 	if err := t.loadClip(ctx); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	if t.spec.GetAsync() != nil {
+		if t.async, err = newAsyncRun(t.spec, uint64(row.TrainRounds)); err != nil {
+			return fmt.Errorf("task %s: %w", t.id, err)
+		}
 	}
 	if len(row.OptState) > 0 {
 		if err := t.rule.UnmarshalBinary(row.OptState); err != nil {
@@ -348,6 +362,11 @@ func (t *taskRun) step(ctx context.Context) (done bool, err error) {
 		if rr, err = t.open(ctx, row.CurrentRound+1, kind); err != nil {
 			t.endRound(err)
 			return false, err
+		}
+		if t.async != nil {
+			t.mu.Lock()
+			t.async.opened = rr.Round
+			t.mu.Unlock()
 		}
 	} else {
 		ctx = t.startRound(ctx, rr.Round, rr.Kind, true)

@@ -28,6 +28,7 @@ type M struct {
 	ShardRereads  prometheus.Counter
 	CheckIns      *prometheus.CounterVec // by outcome
 	OpenRounds    prometheus.Gauge
+	AsyncTraining prometheus.Gauge
 	AuditFailures prometheus.Counter
 	// CommitFailures counts failed attempts to close a round durably, by
 	// step (audit, store); each is retried.
@@ -74,13 +75,14 @@ const (
 	RefusedChunks    = "chunks"                     // a chunked report cannot be reassembled
 	RefusedSecAgg    = string(round.ClassSecAgg)    // a masked report that breaks the SecAgg+ protocol
 	RefusedQuota     = string(round.ClassQuota)     // the device stored more than the round admits per device
+	RefusedStale     = string(round.ClassStale)     // an asynchronous task's report trained too many versions back
 	RefusedOther     = "other"                      // none of the above
 )
 
 // RefusalReasons lists every label value of fleetlearn_report_refusals_total.
 var RefusalReasons = []string{RefusedNotOpen, RefusedSubject, RefusedCohort, RefusedDuplicate, RefusedKind,
 	RefusedDecode, RefusedHeader, RefusedSignature, RefusedPayload, RefusedMetrics, RefusedExamples,
-	RefusedAggregate, RefusedChunks, RefusedSecAgg, RefusedQuota, RefusedOther}
+	RefusedAggregate, RefusedChunks, RefusedSecAgg, RefusedQuota, RefusedStale, RefusedOther}
 
 // Refused counts one refused report; a reason outside RefusalReasons counts
 // as RefusedOther.
@@ -144,6 +146,9 @@ func New() *M {
 	m.CheckIns = counterVec("fleetlearn_checkins_total", "Device check-ins, by outcome.", "outcome")
 	m.OpenRounds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_open_rounds", Help: "Rounds currently open."})
 	m.register("fleetlearn_open_rounds", m.OpenRounds)
+	m.AsyncTraining = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetlearn_async_training",
+		Help: "Devices holding a seat of an asynchronous task (the concurrency in use), as the last task to change it counted."})
+	m.register("fleetlearn_async_training", m.AsyncTraining)
 	m.AuditFailures = counter("fleetlearn_audit_failures_total",
 		"Events that could not be recorded in the audit log (each is also logged as an error).")
 	m.CommitFailures = counterVec("fleetlearn_round_close_failures_total",

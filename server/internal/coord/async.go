@@ -1,0 +1,534 @@
+package coord
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fleetlearn/fleetlearn/aggregator"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/privacyconf"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
+	"github.com/fleetlearn/fleetlearn/server/internal/metrics"
+	"github.com/fleetlearn/fleetlearn/server/internal/store"
+)
+
+// Asynchronous buffered training (docs/ROUND.md, Asynchronous buffers).
+// An async task's rounds are its buffers: round r opens on the current
+// model, and commits the next version once the task's buffer of reports is
+// in. Seats are the task's, not a round's (round.Async): a device checking
+// in gets the plan of the open round and trains on its model while later
+// rounds open and commit; it reports on its plan's round, and the open
+// buffer takes the report, weighted by its staleness, unless it is more
+// than max_staleness versions behind. No buffer waits for a device: a
+// silent one holds one seat of the concurrency until its report deadline.
+//
+// A buffer's consumer reads the reports of every round of the task from
+// the first stream sequence the previous buffer left unanswered; a report
+// is purged once answered (refused) or once its buffer closed (taken).
+// The buffer's sum lives in memory: a buffer that a restart or a failed
+// commit interrupts is abandoned, and the devices whose reports it held
+// train again.
+
+// asyncRun is an async task's state across its rounds; guarded by the
+// task's mu.
+type asyncRun struct {
+	eng *round.Async
+	// plans are the plans of the devices holding seats, by device.
+	plans map[string]asyncPlan
+	// rounds maps each round whose plans may still be reported to the
+	// version its plans train: reports of others are not open.
+	rounds map[uint64]uint64
+	// opened is the round this runner opened last: a round found open
+	// otherwise was left by a restart, with its buffer's sum lost.
+	opened uint64
+	// from is the stream sequence the next buffer's consumer starts at.
+	from uint64
+	// quotas are the storage quotas of the rounds in rounds.
+	quotas map[uint64]*storeQuota
+	// participant numbers the plans handed.
+	participant uint32
+}
+
+// asyncPlan is the plan a seated device trains.
+type asyncPlan struct {
+	round   uint64
+	version uint64
+	plan    *pb.RoundPlan
+	key     ed25519.PublicKey
+	// stale: the version moved more than max_staleness past the plan's,
+	// and the seat was given up. The plan is kept until its deadline, for
+	// its report to be refused as stale rather than as seatless.
+	stale bool
+}
+
+// asyncBuffer is the open buffer's bookkeeping beside its collector.
+type asyncBuffer struct {
+	// taken are the subjects of the reports the buffer took, purged when
+	// it closes.
+	taken []takenReport
+	// staleness sums and bounds the taken reports' staleness.
+	staleness, maxStale uint64
+}
+
+type takenReport struct {
+	round  uint64
+	device string
+}
+
+// newAsyncRun starts an async task's state at version, its committed
+// training rounds.
+func newAsyncRun(spec *pb.Task, version uint64) (*asyncRun, error) {
+	eng, err := round.NewAsync(AsyncConfig(spec.GetAsync()), version)
+	if err != nil {
+		return nil, err
+	}
+	return &asyncRun{eng: eng, plans: map[string]asyncPlan{}, rounds: map[uint64]uint64{}, quotas: map[uint64]*storeQuota{}}, nil
+}
+
+// AsyncConfig is the round engine's view of a task's async settings.
+func AsyncConfig(c *pb.AsyncConfig) round.AsyncConfig {
+	return round.AsyncConfig{Concurrency: int(c.GetConcurrency()), Buffer: int(c.GetBuffer()), MaxStaleness: uint64(c.GetMaxStaleness())}
+}
+
+// CheckAsync refuses async settings the service cannot honour: the
+// engine's bounds, and what needs a round's whole cohort in one place.
+// It makes the cohort the buffer, which is what DP accounting and the
+// participation rules count per step.
+func CheckAsync(t *pb.Task) error {
+	a := t.GetAsync()
+	if a == nil {
+		return nil
+	}
+	if err := AsyncConfig(a).Validate(); err != nil {
+		return err
+	}
+	switch {
+	case t.GetSecagg() != nil:
+		return errors.New("async: secure aggregation per buffer is not available: create the task without --secagg, or in rounds (--mode sync)")
+	case t.GetEvalEvery() > 0:
+		return errors.New("async: an async task has no federated evaluation rounds: drop --eval-every, and measure on the server with --server-eval-dataset")
+	case !aggregator.Kind(t.GetAggregation().GetRule()).Streaming() && t.GetAggregation().GetRule() != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED:
+		return fmt.Errorf("async: the %v rule needs every update of a step at once; async buffers take the streaming rules (fedavg, fedavgm, fedadam, fedyogi, fedadagrad)", t.GetAggregation().GetRule())
+	case privacyconf.Adaptive(t.GetDp()):
+		return errors.New("async: adaptive clipping moves the clip bound every step, and a stale report was clipped to an older one: set --dp-clip without --dp-target-unclipped-quantile")
+	}
+	t.CohortTarget, t.ReportGoal, t.OverSelection = a.GetBuffer(), a.GetBuffer(), 0
+	return nil
+}
+
+// isAsync reports whether the task trains asynchronously.
+func (t *taskRun) isAsync() bool { return t.async != nil }
+
+// asyncOpen reports whether reports of round are still taken; t.mu is held.
+func (a *asyncRun) open(round uint64) bool {
+	_, ok := a.rounds[round]
+	return ok
+}
+
+// quota is the storage quota of round; t.mu is held.
+func (a *asyncRun) quota(rnd uint64) *storeQuota {
+	q := a.quotas[rnd]
+	if q == nil {
+		q = &storeQuota{round: rnd, devices: map[string]*round.Storage{}}
+		a.quotas[rnd] = q
+	}
+	return q
+}
+
+// prune forgets the rounds whose plans can no longer be reported: every
+// one of a version more than max_staleness behind, and every one that is
+// neither the open round nor the plan of a seat. t.mu is held.
+func (a *asyncRun) prune(open uint64) {
+	live := map[uint64]bool{open: true}
+	for _, p := range a.plans {
+		live[p.round] = true
+	}
+	for r := range a.rounds {
+		if !live[r] {
+			delete(a.rounds, r)
+			delete(a.quotas, r)
+		}
+	}
+}
+
+// offerAsync answers a check-in to an async task whose round r is open:
+// a seat on r's plan while fewer than the concurrency train, or a wait.
+func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
+	pace := t.c.d.PaceWindow
+	device := ci.DeviceId
+	examples := ci.GetAttributes().GetExamplesAvailable()
+	a := t.async
+	t.mu.Lock()
+	e := t.eligibility()
+	e.Step = a.eng.Version() + 1
+	part := t.parts[device]
+	if why, reason, _ := e.Admit(round.Candidate{Device: device, Attributes: attributes(ci.Attributes),
+		Rounds: part.Rounds, LastStep: part.LastStep}); why != "" {
+		t.mu.Unlock()
+		return nil, nil, 10 * pace, retryReasons[reason], why
+	}
+	o := a.eng.Offer(device, examples, now)
+	switch o.Action {
+	case round.Defer:
+		t.mu.Unlock()
+		return nil, nil, pace, retryReasons[o.Reason], o.Detail
+	case round.Replan:
+		p := a.plans[device].plan
+		t.mu.Unlock()
+		return p, r.tr.header, 0, 0, ""
+	}
+	t.mu.Unlock()
+	key, err := t.c.deviceKey(t.c.ctx, device)
+	if errors.Is(err, ErrRevoked) || (key == nil && t.c.d.RequireEnrollment) {
+		t.mu.Lock()
+		a.eng.Release(device)
+		t.mu.Unlock()
+		why := "device is not enrolled"
+		if err != nil {
+			why = err.Error()
+		}
+		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.round != r {
+		// The round closed while the key was looked up: its plan trains a
+		// version that may be gone by the time the device reports.
+		a.eng.Release(device)
+		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
+	}
+	a.participant++
+	plan := withParticipant(r.plan, a.participant)
+	// The seat, not the round, bounds the device's time: it holds one of
+	// the concurrency's seats until this deadline at most.
+	plan.ReportDeadline = timestamppb.New(now.Add(t.reportTimeout()))
+	a.plans[device] = asyncPlan{round: r.row.Round, version: o.Seat.Version, plan: plan, key: key}
+	t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
+	r.planHanded(device, a.participant)
+	r.poke()
+	return plan, r.tr.header, 0, 0, ""
+}
+
+// asyncFailure releases the seat of a device that says it cannot carry out
+// its plan of round rnd; it reports whether the device held that seat.
+func (t *taskRun) asyncFailure(rnd uint64, device string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a := t.async
+	if p, ok := a.plans[device]; !ok || p.round != rnd {
+		return false
+	}
+	a.eng.Release(device)
+	delete(a.plans, device)
+	return true
+}
+
+// runAsync runs one buffer of an async task: it takes reports until the
+// buffer is full, then commits the step.
+func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
+	a := t.async
+	r := &roundRun{row: row, plan: t.plan(row), keys: map[string]ed25519.PublicKey{}, kick: make(chan struct{}, 1)}
+	r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: a.eng.Config().Buffer, SelectionEnd: row.Open,
+		Deadline: row.Deadline, Pace: t.c.d.PaceWindow}, t.c.now(), nil)
+	r.cohort.EndSelection()
+	t.mu.Lock()
+	resumed := a.opened != row.Round || len(a.eng.Buffer()) > 0
+	t.mu.Unlock()
+	if resumed {
+		// The buffer's sum was in memory: its reports are lost, and their
+		// devices may train again.
+		t.mu.Lock()
+		a.eng.Abandon()
+		t.mu.Unlock()
+		return t.abandon(ctx, r, "the server restarted or failed while the buffer was open; the reports it held are lost and their devices train again")
+	}
+	col, err := t.rule.NewCollector(t.normBound())
+	if err != nil {
+		return fmt.Errorf("round %d: %w", row.Round, err)
+	}
+	t.hold("round", 8*int64(t.ulayout.Size()))
+	defer t.hold("round", 0)
+	parts := t.parts
+	if t.dp.limitsParticipation() {
+		if parts, err = t.c.d.Store.Participations(ctx, t.id); err != nil {
+			return err
+		}
+	}
+	t.mu.Lock()
+	from := a.from
+	t.mu.Unlock()
+	cons, drop, err := t.consumeReports(ctx, row.Round, []string{wire.TaskReportFilter(t.id)}, from, false)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	msgs := make(chan jetstream.Msg, 64)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxBytes(8<<20), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		t.log().Debug("report consumer", "round", row.Round, "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("round %d: consume: %w", row.Round, err)
+	}
+	defer cc.Stop()
+
+	t.traceRound(ctx, r)
+	defer t.endSpans(r)
+	r.selectionDone(0)
+	t.mu.Lock()
+	t.round, t.loading, t.parts = r, false, parts
+	a.rounds[row.Round] = a.eng.Version()
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.closeRun(r)
+		t.mu.Unlock()
+	}()
+	t.c.d.Metrics.OpenRounds.Inc()
+	defer t.c.d.Metrics.OpenRounds.Dec()
+	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
+		Time: timestamppb.New(t.c.now())})
+	t.announceAsync(r)
+
+	buf := &asyncBuffer{}
+	sc := &stalenessCollector{Collector: col}
+	mm := newMetricMean()
+	expiry := t.clock().NewTimer(time.Hour)
+	defer expiry.Stop()
+	for {
+		t.mu.Lock()
+		now := t.c.now()
+		for _, d := range a.eng.Expired(now, t.reportTimeout()) {
+			a.eng.Release(d)
+			delete(a.plans, d)
+		}
+		for d, p := range a.plans {
+			if p.stale && now.After(p.plan.GetReportDeadline().AsTime()) {
+				delete(a.plans, d)
+			}
+		}
+		next := a.eng.NextExpiry(t.reportTimeout())
+		full := a.eng.Full()
+		t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
+		t.mu.Unlock()
+		if r.lost != "" {
+			t.mu.Lock()
+			a.eng.Abandon()
+			t.mu.Unlock()
+			return t.abandon(ctx, r, r.lost)
+		}
+		if full {
+			return t.stepAsync(ctx, r, sc, mm, buf)
+		}
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = max(0, next.Sub(t.c.now())) + time.Millisecond
+		}
+		expiry.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m := <-msgs:
+			t.handleAsync(r, sc, mm, buf, m)
+		case <-r.kick:
+		case <-expiry.C():
+		}
+	}
+}
+
+// handleAsync takes one report into the open buffer, or refuses it with a
+// receipt on its own round.
+func (t *taskRun) handleAsync(r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer, m jetstream.Msg) {
+	a := t.async
+	if md, err := m.Metadata(); err == nil {
+		t.mu.Lock()
+		a.from = max(a.from, md.Sequence.Stream+1)
+		t.mu.Unlock()
+	}
+	_, rnd, device, err := wire.ParseReportSubject(m.Subject())
+	if err != nil {
+		t.c.purgeStored(m.Subject(), 0)
+		return
+	}
+	taken := false
+	t.settleAt(r, m, "update", rnd, func() (string, error) {
+		var err error
+		taken, err = t.acceptAsync(r, sc, mm, buf, rnd, device, m)
+		return device, err
+	})
+	if !taken {
+		t.afterRead(device, func() { t.c.purgeDevice(t.id, rnd, device) })
+	}
+}
+
+// acceptAsync checks a report of device on its plan of round rnd and folds
+// it into the buffer with its staleness weight. taken is false when the
+// report was refused.
+func (t *taskRun) acceptAsync(r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer, rnd uint64, device string, m jetstream.Msg) (taken bool, err error) {
+	a := t.async
+	t.mu.Lock()
+	p, seated := a.plans[device]
+	examples := a.seatExamples(device)
+	var b round.Buffered
+	switch {
+	case !seated || p.round != rnd:
+		err = refuseAs(metrics.RefusedCohort, "%s holds no seat on round %d of this async task: check in for a plan", device, rnd)
+	case p.stale:
+		err = fromRound(a.eng.Stale(p.version))
+		delete(a.plans, device)
+	case a.quota(rnd).over(rnd, device):
+		err = refuseAs(metrics.RefusedQuota, "%s stored more than round %d admits per device", device, rnd)
+	default:
+		if b, err = a.eng.Check(device, p.version); err != nil {
+			err = fromRound(err)
+			if errors.Is(err, ErrReport) && refusalReason(err) == metrics.RefusedStale {
+				a.eng.Release(device)
+				delete(a.plans, device)
+			}
+		}
+	}
+	t.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	t.startReading(device)
+	defer t.stopReading(device)
+	in := t.intake(r)
+	in.spec.Round, in.spec.Model = rnd, p.plan.GetModel().GetVersion()
+	seat := round.Seat{Participant: p.plan.GetParticipantId(), Examples: examples}
+	var raw float64
+	got, err := in.fold(device, seat, p.key, m, func(w float64) (aggregator.Part, error) {
+		raw = w
+		return sc.Begin(w * b.Weight)
+	})
+	t.c.chargeChunkedBytes(m, got.chunked)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Taken or refused, the seat is spent: the device checks in again.
+	delete(a.plans, device)
+	if err != nil {
+		a.eng.Release(device)
+		if errors.Is(err, errPartlyAdded) {
+			r.lost = fmt.Sprintf("the sum holds part of the update of %s: %v", device, err)
+		}
+		return false, err
+	}
+	if _, err := a.eng.Report(device, p.version); err != nil {
+		// Check passed under the same state a moment ago; only a bug lands here.
+		r.lost = fmt.Sprintf("the buffer took the update of %s that its engine then refused: %v", device, err)
+		return true, err
+	}
+	sc.raw += raw
+	mm.add(got.metrics, raw)
+	r.cohort.Join(device, seat)
+	r.cohort.Report(device)
+	buf.taken = append(buf.taken, takenReport{round: rnd, device: device})
+	buf.staleness += b.Staleness
+	buf.maxStale = max(buf.maxStale, b.Staleness)
+	return true, nil
+}
+
+// seatExamples is what device said it had when it took its seat; t.mu is held.
+func (a *asyncRun) seatExamples(device string) uint64 {
+	s, _ := a.eng.Seat(device)
+	return s.Examples
+}
+
+// stepAsync commits the full buffer as the task's next version, then
+// advances the engine (or empties the buffer, if the step was abandoned)
+// and purges the reports the buffer took.
+func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer) error {
+	a := t.async
+	n := len(buf.taken)
+	t.mu.Lock()
+	training := a.eng.Training()
+	t.mu.Unlock()
+	r.extraMetrics = map[string]float64{
+		"async_staleness_mean": float64(buf.staleness) / float64(max(n, 1)),
+		"async_staleness_max":  float64(buf.maxStale),
+		"async_training":       float64(training),
+	}
+	err := t.commit(ctx, r, sc, mm, fmt.Sprintf("buffer of %d reports full", n), 0)
+	if err != nil {
+		// Left open: resumed, it is abandoned (runAsync), its sum being lost.
+		return err
+	}
+	row, err := t.c.d.Store.Round(ctx, t.id, r.row.Round)
+	t.mu.Lock()
+	if err == nil && row.State == pb.RoundState_ROUND_STATE_COMMITTED {
+		stale, _ := a.eng.Step()
+		for _, d := range stale {
+			p := a.plans[d]
+			p.stale = true
+			a.plans[d] = p
+		}
+	} else {
+		a.eng.Abandon()
+	}
+	a.prune(0)
+	t.mu.Unlock()
+	for _, tr := range buf.taken {
+		t.afterRead(tr.device, func() { t.c.purgeDevice(t.id, tr.round, tr.device) })
+	}
+	return nil
+}
+
+// announceAsync wakes idle devices while seats are free: an async task
+// wants devices whenever fewer than its concurrency train.
+func (t *taskRun) announceAsync(r *roundRun) {
+	t.mu.Lock()
+	left := t.async.eng.Config().Concurrency - t.async.eng.Training()
+	t.mu.Unlock()
+	if left <= 0 {
+		return
+	}
+	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
+		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.announceSpread()), Async: true})
+	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
+}
+
+// stalenessCollector is an async buffer's collector: reports go in weighted
+// by their example weight times their staleness weight, and the step is
+// FedBuff's, Σ sₖwₖuₖ / Σ wₖ: staleness shrinks a report's part of the
+// step instead of only its share against the buffer's others. The
+// denominator is the example weights' sum, so one device moves the step
+// by at most its clip norm over that sum, as in a synchronous round, and
+// central DP noise is scaled to it.
+type stalenessCollector struct {
+	aggregator.Collector
+	raw float64 // Σ wₖ
+}
+
+// Aggregate is the buffer's step.
+func (s *stalenessCollector) Aggregate() ([]float32, error) {
+	mean, err := s.Collector.Aggregate()
+	if err != nil {
+		return nil, err
+	}
+	if s.raw <= 0 || math.IsNaN(s.raw) {
+		return nil, fmt.Errorf("async: a buffer without weight")
+	}
+	f := s.Collector.TotalWeight() / s.raw
+	for i := range mean {
+		mean[i] = float32(float64(mean[i]) * f)
+	}
+	return mean, nil
+}
+
+// TotalWeight is Σ wₖ, the step's denominator.
+func (s *stalenessCollector) TotalWeight() float64 { return s.raw }
