@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"testing"
 	"time"
 
@@ -131,21 +130,6 @@ func TestAuditRoundEvents(t *testing.T) {
 		}
 	}
 
-	if err := h.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lg, err := audit.OpenReadOnly(ctx, h.Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lg.Close()
-	var export bytes.Buffer
-	if err := lg.Export(ctx, &export); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := audit.VerifyExport(&export, audit.WithEntryKey(entryKey), audit.WithVerifierKey(keys.GetCheckpointVerifierKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("export verified: %+v", rep)
+	rep := verifiedExport(t, h)
+	t.Logf("export verified: %d entries, %d rounds", rep.Entries, len(rep.Rounds))
 }

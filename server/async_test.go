@@ -1,0 +1,90 @@
+package server_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fleetlearn/fleetlearn/audit"
+	apiv1 "github.com/fleetlearn/fleetlearn/proto/fleetlearn/api/v1"
+	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/server/servertest"
+)
+
+// TestAsyncTaskWithCentralDP: an async task run by real agents, with
+// central DP, commits a version per buffer until its rounds are done: each
+// version records its buffer's staleness and the seats in use, each step
+// spends privacy once, and the audit log's export verifies offline.
+func TestAsyncTaskWithCentralDP(t *testing.T) {
+	const steps = 4
+	h, version, module, _ := dpHarness(t, 6)
+	task := h.CreateTask(t, &pb.Task{Name: "async", Model: &pb.ModelRef{Version: version}, Module: &pb.ModuleRef{Sha256: module},
+		RoundsTotal: steps, ReportTimeout: durationpb.New(20 * time.Second),
+		Async: &pb.AsyncConfig{Concurrency: 5, Buffer: 3, MaxStaleness: 2},
+		Dp: &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 0.1, NoiseMultiplier: 0.5,
+			TargetEpsilon: 1e6, Delta: 1e-6}})
+	if task.CohortTarget != 3 || task.ReportGoal != 3 {
+		t.Fatalf("async task's cohort %d, goal %d: want its buffer, 3", task.CohortTarget, task.ReportGoal)
+	}
+	done := h.WaitTask(t, task.Id, 3*time.Minute, pb.TaskState_TASK_STATE_COMPLETED, pb.TaskState_TASK_STATE_FAILED,
+		pb.TaskState_TASK_STATE_STOPPED)
+	if done.State != pb.TaskState_TASK_STATE_COMPLETED {
+		t.Fatalf("task %v: %s", done.State, done.StateReason)
+	}
+	committed := 0
+	for _, r := range h.Rounds(t, task.Id) {
+		if r.State != pb.RoundState_ROUND_STATE_COMMITTED {
+			t.Fatalf("round %d %v: %s", r.Round, r.State, r.Reason)
+		}
+		committed++
+		m := r.GetMetrics().GetValues()
+		if r.Reported != 3 || m["async_staleness_max"] > 2 || m["async_training"] > 5 {
+			t.Fatalf("round %d: %d reports, metrics %v", r.Round, r.Reported, m)
+		}
+		if _, ok := m["async_staleness_mean"]; !ok {
+			t.Fatalf("round %d: no staleness in %v", r.Round, m)
+		}
+	}
+	if committed != steps {
+		t.Fatalf("%d rounds committed, want %d", committed, steps)
+	}
+	if spent := privacySpent(t, h, task.Id); len(spent) != steps {
+		t.Fatalf("%d dp.spent events, want %d", len(spent), steps)
+	}
+	rep := verifiedExport(t, h)
+	t.Logf("export verified: %d entries, %d rounds", rep.Entries, len(rep.Rounds))
+}
+
+// verifiedExport shuts h down, exports its audit log and verifies the
+// export offline against the keys the service published.
+func verifiedExport(t *testing.T, h *servertest.Harness) audit.Report {
+	t.Helper()
+	ctx := t.Context()
+	keys, err := apiv1.NewAuditServiceClient(h.Conn).GetPublicKeys(ctx, &pb.GetPublicKeysRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryKey, err := audit.ParseJWKS(keys.GetEntryJwks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lg, err := audit.OpenReadOnly(ctx, h.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lg.Close()
+	var export bytes.Buffer
+	if err := lg.Export(ctx, &export); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := audit.VerifyExport(&export, audit.WithEntryKey(entryKey), audit.WithVerifierKey(keys.GetCheckpointVerifierKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
