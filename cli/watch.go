@@ -128,6 +128,7 @@ type progress struct {
 	tty     bool
 	total   uint32
 	cohort  uint32 // the task's cohort target, what an opened round selects
+	async   *pb.AsyncConfig
 	trained uint32
 	open    bool   // a redrawn line is pending its newline
 	pending uint64 // the round of that line
@@ -150,6 +151,7 @@ func newProgress(w io.Writer, tty bool) *progress {
 func (p *progress) begin(t *pb.Task) {
 	p.total = t.GetRoundsTotal()
 	p.cohort = t.GetCohortTarget()
+	p.async = t.GetAsync()
 	p.base = t.GetModel().GetVersion()
 	p.current = p.base
 	p.showBase(t)
@@ -326,7 +328,10 @@ func (p *progress) measure(ev *pb.RoundEvent) bool {
 //	round 4 train 3/20 committed [###-----------------] 8/10 reported, 2 dropped  train_accuracy=0.91 train_loss=0.23  model 3f2a9c1b7d0e
 //	round 5 evaluate committed [###-----------------] 9/10 reported, 1 dropped  eval_accuracy=0.93
 //
-// A round just opened has no counts yet: it is selecting its cohort.
+// A round just opened has no counts yet: it is selecting its cohort. An
+// async task's round is a buffer, and its line says so, for example
+//
+//	round 7 train 7/20 committed [#######-------------] 10 reports, staleness mean 2.4 max 6, 93/100 training  train_loss=0.31  model 3f2a9c1b7d0e
 func (p *progress) line(ev *pb.RoundEvent) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "round %d ", ev.GetRound())
@@ -341,7 +346,10 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 		b.WriteString(roundKind(ev.GetKind()) + " ")
 	}
 	fmt.Fprintf(&b, "%s %s ", p.outcome(ev.GetType()), bar(uint64(p.trained), uint64(p.total)))
-	if ev.GetType() == pb.RoundEventType_ROUND_EVENT_TYPE_OPENED && ev.GetAssigned() == 0 && ev.GetReported() == 0 && ev.GetDropped() == 0 {
+	m := ev.GetMetrics()
+	if a := p.async; a != nil {
+		m = asyncLine(&b, a, ev)
+	} else if ev.GetType() == pb.RoundEventType_ROUND_EVENT_TYPE_OPENED && ev.GetAssigned() == 0 && ev.GetReported() == 0 && ev.GetDropped() == 0 {
 		if p.cohort > 0 {
 			fmt.Fprintf(&b, "selecting a cohort of %d", p.cohort)
 		} else {
@@ -350,7 +358,7 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 	} else {
 		fmt.Fprintf(&b, "%d/%d reported, %d dropped", ev.GetReported(), ev.GetAssigned(), ev.GetDropped())
 	}
-	if m := ev.GetMetrics(); len(m.GetValues()) > 0 {
+	if len(m.GetValues()) > 0 {
 		b.WriteString("  " + metricsString(m))
 	}
 	if e := ev.GetEpsilonSpent(); e > 0 {
@@ -363,6 +371,29 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 		b.WriteString("  (" + printable(r) + ")")
 	}
 	return b.String()
+}
+
+// asyncLine writes what an async task's round did as a buffer: the reports
+// it took, their staleness and the seats in use when it stepped. It returns
+// the round's other metrics.
+func asyncLine(b *strings.Builder, a *pb.AsyncConfig, ev *pb.RoundEvent) *pb.Metrics {
+	vals := ev.GetMetrics().GetValues()
+	if ev.GetType() == pb.RoundEventType_ROUND_EVENT_TYPE_OPENED {
+		fmt.Fprintf(b, "buffering %d reports, up to %d devices training, staleness at most %d", a.GetBuffer(), a.GetConcurrency(), a.GetMaxStaleness())
+	} else {
+		fmt.Fprintf(b, "%d reports", ev.GetReported())
+		if mean, ok := vals["async_staleness_mean"]; ok {
+			fmt.Fprintf(b, ", staleness mean %s max %s, %s/%d training", formatFloat(mean), formatFloat(vals["async_staleness_max"]),
+				formatFloat(vals["async_training"]), a.GetConcurrency())
+		}
+	}
+	rest := map[string]float64{}
+	for k, v := range vals {
+		if !strings.HasPrefix(k, "async_") {
+			rest[k] = v
+		}
+	}
+	return &pb.Metrics{Values: rest}
 }
 
 func (p *progress) outcome(t pb.RoundEventType) string {

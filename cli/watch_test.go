@@ -67,6 +67,36 @@ func TestWatchPlain(t *testing.T) {
 	}
 }
 
+// TestWatchAsync: an async task's rounds are buffers; watch says what each
+// took, how stale it was and how many devices were training.
+func TestWatchAsync(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	task := f.addTask(&pb.Task{Name: "n", RoundsTotal: 2, CohortTarget: 10, State: pb.TaskState_TASK_STATE_RUNNING,
+		CurrentModel: &pb.ModelRef{Version: modelA}, Async: &pb.AsyncConfig{Concurrency: 100, Buffer: 10, MaxStaleness: 8}})
+	train := pb.RoundKind_ROUND_KIND_TRAIN
+	f.events[task.Id] = []*pb.RoundEvent{
+		{TaskId: task.Id, Round: 1, Kind: train, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED},
+		{TaskId: task.Id, Round: 1, Kind: train, Type: pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED, Assigned: 10, Reported: 10,
+			Metrics: &pb.Metrics{Values: map[string]float64{"train_loss": 0.25, "async_staleness_mean": 2.4, "async_staleness_max": 6,
+				"async_training": 93}}, Model: &pb.ModelRef{Version: modelB}},
+	}
+	f.final[task.Id] = pb.TaskState_TASK_STATE_COMPLETED
+	out, err := run(t, addr, "task", "watch", task.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"round 1 train 1/2 opened [--------------------] buffering 10 reports, up to 100 devices training, staleness at most 8",
+		"round 1 train 1/2 committed [##########----------] 10 reports, staleness mean 2.4 max 6, 93/100 training  train_loss=0.25  model b2b2b2b2b2b2",
+		"task task-1 completed after 1/2 training rounds, model b2b2b2b2b2b2",
+		"",
+	}, "\n")
+	if out != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out, want)
+	}
+}
+
 func TestWatchTerminal(t *testing.T) {
 	f := newFake()
 	addr := f.serve(t)

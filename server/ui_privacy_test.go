@@ -44,6 +44,9 @@ func TestDashboardPrivacySettings(t *testing.T) {
 	grouped := task("grouped")
 	grouped.Secagg = &pb.SecAggConfig{GroupSize: 10}
 	groupedID := h.CreateTask(t, grouped).Id
+	async := task("async")
+	async.Async = &pb.AsyncConfig{Concurrency: 20, Buffer: 5, MaxStaleness: 3}
+	asyncID := h.CreateTask(t, async).Id
 
 	tok, err := h.MintToken("olga", []identity.Role{identity.RoleOperator}, time.Hour)
 	if err != nil {
@@ -74,6 +77,10 @@ func TestDashboardPrivacySettings(t *testing.T) {
 		`id="dp-mechanism">distributed discrete gaussian: devices add shares of discrete Gaussian noise under secure aggregation<`,
 		`id="dp-noise-multiplier">1.2<`, `id="dp-clip-norm">0.5<`, `id="dp-accountant">rdp, of the distributed mechanism<`,
 		`id="dp-contributors">at least 8<`, `id="dp-max-rounds">at most 3<`, `id="epsilon-budget" data-value="40"`,
+	})
+	check(asyncID, page(asyncID), []string{
+		`id="task-async">asynchronous: up to 20 devices training at once, a version every 5 reports, each weighted 1/√(1+staleness); reports more than 3 versions stale are refused<`,
+		`id="task-async-last">none committed yet<`,
 	})
 	check(centralID, page(centralID), []string{
 		"This task runs without secure aggregation", `id="dp-mechanism">central gaussian: the server adds Gaussian noise to the aggregate<`,

@@ -340,6 +340,34 @@ type taskData struct {
 	// settings as its rounds run them; nil without.
 	SecAgg  *secAggView
 	Privacy *dpView
+	// Async is an async task's mode and its last committed buffer; nil
+	// for a task in rounds.
+	Async *asyncView
+}
+
+// asyncView is an async task's settings and what its last committed buffer
+// measured: the staleness of its reports and the devices training when it
+// stepped.
+type asyncView struct {
+	*pb.AsyncConfig
+	Last                          bool
+	Version                       uint64
+	StaleMean, StaleMax, Training float64
+}
+
+// asyncViewOf reads an async task's view from its rounds, oldest first.
+func asyncViewOf(t *pb.Task, rs []*pb.RoundSummary) *asyncView {
+	if t.GetAsync() == nil {
+		return nil
+	}
+	v := &asyncView{AsyncConfig: t.GetAsync()}
+	for _, r := range rs {
+		m := r.GetMetrics().GetValues()
+		if mean, ok := m["async_staleness_mean"]; ok && r.GetState() == pb.RoundState_ROUND_STATE_COMMITTED {
+			v.Last, v.Version, v.StaleMean, v.StaleMax, v.Training = true, r.GetRound(), mean, m["async_staleness_max"], m["async_training"]
+		}
+	}
+	return v
 }
 
 type roundRow struct {
@@ -421,6 +449,7 @@ func (h *Handler) task(ctx context.Context, id string) (*taskData, error) {
 		return d.Refusals[i].Count > d.Refusals[j].Count || d.Refusals[i].Count == d.Refusals[j].Count && d.Refusals[i].Reason < d.Refusals[j].Reason
 	})
 	d.roundCounts = countRounds(rs)
+	d.Async = asyncViewOf(d.Task, rs)
 	for _, m := range chartMetrics(rs) {
 		d.Charts = append(d.Charts, chartRef{Metric: m, Points: series(rs, m)})
 	}

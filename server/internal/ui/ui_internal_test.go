@@ -218,3 +218,25 @@ func TestEpsilonChart(t *testing.T) {
 		t.Fatalf("an empty chart: %v", err)
 	}
 }
+
+// TestAsyncView: an async task's card reads its last committed buffer; an
+// abandoned one after it, or a task in rounds, changes nothing.
+func TestAsyncView(t *testing.T) {
+	cfg := &pb.AsyncConfig{Concurrency: 50, Buffer: 10, MaxStaleness: 4}
+	committed := func(round uint64, mean, maxS, training float64) *pb.RoundSummary {
+		return &pb.RoundSummary{Round: round, State: pb.RoundState_ROUND_STATE_COMMITTED, Metrics: &pb.Metrics{Values: map[string]float64{
+			"async_staleness_mean": mean, "async_staleness_max": maxS, "async_training": training, "train_loss": 1}}}
+	}
+	rs := []*pb.RoundSummary{committed(1, 0.5, 2, 40), committed(2, 1.5, 3, 48),
+		{Round: 3, State: pb.RoundState_ROUND_STATE_ABANDONED, Reason: "restarted"}}
+	v := asyncViewOf(&pb.Task{Async: cfg}, rs)
+	if !v.Last || v.Version != 2 || v.StaleMean != 1.5 || v.StaleMax != 3 || v.Training != 48 || v.Buffer != 10 {
+		t.Fatalf("%+v", v)
+	}
+	if v := asyncViewOf(&pb.Task{Async: cfg}, nil); v == nil || v.Last {
+		t.Fatalf("no rounds: %+v", v)
+	}
+	if v := asyncViewOf(&pb.Task{}, rs); v != nil {
+		t.Fatalf("a task in rounds: %+v", v)
+	}
+}
