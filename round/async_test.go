@@ -271,3 +271,28 @@ func TestAsyncSeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestAsyncStale: Stale refuses exactly the versions more than
+// MaxStaleness behind, the seat's or one Step gave up.
+func TestAsyncStale(t *testing.T) {
+	a, err := round.NewAsync(round.AsyncConfig{Concurrency: 2, Buffer: 1, MaxStaleness: 2}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := uint64(0); v <= 6; v++ {
+		err := a.Stale(v)
+		if (v < 3) != (err != nil) {
+			t.Errorf("version %d of 5: %v", v, err)
+		}
+	}
+	refusedAs(t, "stale", a.Stale(2), round.ClassStale, "3 versions behind the current 5")
+	a.Offer("d", 1, time.Unix(0, 0))
+	a.Report("d", 5)
+	a.Abandon()
+	if len(a.Buffer()) != 0 || a.Version() != 5 {
+		t.Fatalf("after Abandon: %d buffered, version %d", len(a.Buffer()), a.Version())
+	}
+	if o := a.Offer("d", 1, time.Unix(0, 0)); o.Action != round.Reserve {
+		t.Fatalf("d after Abandon: %+v", o)
+	}
+}

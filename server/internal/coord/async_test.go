@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
 
 // asyncTask is the harness's task in async mode: concurrency 4, buffers of
@@ -69,6 +70,12 @@ func TestAsyncBuffers(t *testing.T) {
 		if r := dev.receipt(); !r.Accepted || r.Round != 1 {
 			t.Fatalf("%s: %v", dev.id, r)
 		}
+	}
+	// a sends its report again (another message id, past the stream's
+	// de-duplication): its seat is spent.
+	a.publish(wire.ReportSubject(task.Id, 1, a.id), a.signedUpdate(pa, constant(8, 0.1), 10, nil), "again")
+	if r := a.receipt(); r.Accepted || !strings.Contains(r.Reason, "holds no seat") {
+		t.Fatalf("a second report on a spent seat: %v", r)
 	}
 
 	// Version 2: c's report on version 0 is one step stale; a trains again
