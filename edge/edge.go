@@ -157,6 +157,10 @@ type Agent struct {
 		values  []byte
 		payload []byte
 	}
+	// held is the update of a secure async task's training plan, kept
+	// until its buffer's group masks it (async.go); the protocol
+	// goroutine's alone, like scratch.
+	held *heldUpdate
 
 	// feedbacks holds the error feedback of quantized updates, by task
 	// (feedback.go); under mu.
@@ -456,6 +460,8 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	call := wasm.Call{Model: m, Data: a.data, Hyper: plan.Hyperparameters, Seed: wire.DeviceSeed(plan.Seed, a.cfg.DeviceID),
 		Limits: lim, Trainable: train}
 	switch {
+	case plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_TRAIN:
+		return a.trainAndHold(ctx, r, mod, call)
 	case plan.Kind == pb.RoundKind_ROUND_KIND_TRAIN && plan.GetSecagg() != nil:
 		// A secure round's stages move on without the device: another
 		// attempt would find them closed.

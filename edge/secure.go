@@ -157,7 +157,11 @@ func (a *Agent) secureRound(ctx context.Context, r *devproto.Round, mod *wasm.Mo
 				return errDroppedOut
 			}
 		case *pb.SecAggDown_ForwardedShares:
-			values, keep, err := a.secureInput(ctx, r.Plan, mod, call, encode)
+			input := a.secureInput
+			if plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_AGGREGATE {
+				input = a.heldInput
+			}
+			values, keep, err := input(ctx, r.Plan, mod, call, encode)
 			if err != nil {
 				return err
 			}

@@ -157,9 +157,19 @@ type Device struct {
 
 	wake chan time.Duration // check-in spread of an announcement
 
+	base   *pb.CheckIn // what checkIn holds, to add ready to
+
 	mu     sync.Mutex
+	held   *held          // the update a Work holds (Round.Hold), if any
 	cur    *current       // the attempt in progress, if any
 	rounds *round.Devices // what to do with plans; Run's goroutine and Round.Publish
+}
+
+// held is the update of an async plan the device holds until its group's
+// plan comes.
+type held struct {
+	ready *pb.AsyncReady
+	until time.Time
 }
 
 // current is the attempt in progress, which a later round's announcement cancels.
@@ -182,7 +192,7 @@ func New(cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("devproto: check-in: %w", err)
 	}
-	d := &Device{id: id, checkIn: b, filter: slices.Clone(cfg.CheckIn.GetTaskIds()), work: cfg.Work,
+	d := &Device{id: id, checkIn: b, base: proto.Clone(cfg.CheckIn).(*pb.CheckIn), filter: slices.Clone(cfg.CheckIn.GetTaskIds()), work: cfg.Work,
 		clk: clock.Or(cfg.Clock), jitter: cfg.Jitter, log: cfg.Log, obs: cfg.Observer, chunkBytes: cfg.ChunkBytes,
 		wake: make(chan time.Duration, 1)}
 	if d.jitter == nil {
@@ -323,7 +333,7 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 	}
 	// Span times are the wall clock's, whatever clock times the protocol.
 	sent := time.Now()
-	ans, reply, err := checkIn(ctx, d.clk, nc, d.id, d.checkIn)
+	ans, reply, err := checkIn(ctx, d.clk, nc, d.id, d.checkInBytes())
 	if err != nil {
 		return 0, err
 	}
@@ -342,7 +352,17 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 		return 0, fmt.Errorf("check-in response: plan: %w", err)
 	}
 	p := round.Plan{Task: plan.TaskId, Round: plan.Round, Deadline: plan.GetReportDeadline().AsTime()}
+	if plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_AGGREGATE {
+		// A group's plan may be for the very round whose training plan the
+		// device is done with: its memory is another's.
+		p.Task += "/aggregate"
+	}
 	d.mu.Lock()
+	if h := d.held; h != nil && h.ready.TaskId == plan.TaskId &&
+		(plan.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_AGGREGATE || plan.GetTrainedRound() != h.ready.Round) {
+		// The server took the held update into no group: it gave up the seat.
+		d.held = nil
+	}
 	step := d.rounds.Planned(p, d.clk.Now())
 	d.mu.Unlock()
 	if !step.Work {
@@ -364,6 +384,12 @@ func (d *Device) cycle(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 	}
 	d.mu.Lock()
 	next := d.rounds.Attempted(p, d.clk.Now(), outcome)
+	if plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_AGGREGATE && (outcome != round.Failed || next.GiveUp) {
+		d.held = nil // the group had it, or never will
+	}
+	if h := d.held; h != nil && h.ready.TaskId == plan.TaskId && h.ready.Round == plan.Round && outcome == round.Done {
+		next.Wait = 0 // held: check in at once to join a group
+	}
 	d.mu.Unlock()
 	switch {
 	case outcome != round.Failed && outcome != round.Fatal:
@@ -464,6 +490,26 @@ func CheckIn(ctx context.Context, clk clock.Clock, nc *nats.Conn, ci *pb.CheckIn
 	}
 	resp, _, err := checkIn(ctx, clk, nc, ci.GetDeviceId(), b)
 	return resp, err
+}
+
+// checkInBytes is the device's check-in, saying which update it holds.
+func (d *Device) checkInBytes() []byte {
+	d.mu.Lock()
+	h := d.held
+	if h != nil && !d.clk.Now().Before(h.until) {
+		d.held, h = nil, nil
+	}
+	d.mu.Unlock()
+	if h == nil {
+		return d.checkIn
+	}
+	ci := proto.Clone(d.base).(*pb.CheckIn)
+	ci.Ready = h.ready
+	b, err := proto.Marshal(ci)
+	if err != nil {
+		return d.checkIn
+	}
+	return b
 }
 
 // checkIn returns the answer with the reply's headers, which carry the

@@ -37,6 +37,17 @@ func (r *Round) Conn() *nats.Conn { return r.nc }
 // JetStream is the device's JetStream context, for blobs and reports.
 func (r *Round) JetStream() jetstream.JetStream { return r.js }
 
+// Hold says that the Work holds the update its ASYNC_STAGE_TRAIN plan
+// trained instead of reporting it: the device checks in again at once with
+// CheckIn.ready, to join a buffer's secure aggregation group with it, and
+// keeps saying so until it gets that group's plan, a plan of the task
+// that is neither, or the plan's report deadline passes.
+func (r *Round) Hold() {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	r.d.held = &held{ready: &pb.AsyncReady{TaskId: r.Plan.TaskId, Round: r.Plan.Round}, until: r.Plan.GetReportDeadline().AsTime()}
+}
+
 // Publish stores the round's report (an UpdateReport for a training round,
 // an EvaluationReport for an evaluation round), as PublishReport does, until
 // the report deadline. A later round's announcement does not cancel it: the

@@ -23,6 +23,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AsyncStage is what a plan of a secure asynchronous task asks (docs/PROTOCOL.md,
+// Asynchronous tasks).
+type AsyncStage int32
+
+const (
+	// A plan of a synchronous task, or of a plaintext asynchronous one: train
+	// and report.
+	AsyncStage_ASYNC_STAGE_UNSPECIFIED AsyncStage = 0
+	// Train on the plan's model and hold the update; then check in with
+	// CheckIn.ready to join a buffer's secure aggregation group.
+	AsyncStage_ASYNC_STAGE_TRAIN AsyncStage = 1
+	// Join this round's secure aggregation group with the update held from
+	// the plan of trained_round, scaled by staleness_weight; do not train.
+	AsyncStage_ASYNC_STAGE_AGGREGATE AsyncStage = 2
+)
+
+// Enum value maps for AsyncStage.
+var (
+	AsyncStage_name = map[int32]string{
+		0: "ASYNC_STAGE_UNSPECIFIED",
+		1: "ASYNC_STAGE_TRAIN",
+		2: "ASYNC_STAGE_AGGREGATE",
+	}
+	AsyncStage_value = map[string]int32{
+		"ASYNC_STAGE_UNSPECIFIED": 0,
+		"ASYNC_STAGE_TRAIN":       1,
+		"ASYNC_STAGE_AGGREGATE":   2,
+	}
+)
+
+func (x AsyncStage) Enum() *AsyncStage {
+	p := new(AsyncStage)
+	*p = x
+	return p
+}
+
+func (x AsyncStage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AsyncStage) Descriptor() protoreflect.EnumDescriptor {
+	return file_fleetlearn_v1_round_proto_enumTypes[0].Descriptor()
+}
+
+func (AsyncStage) Type() protoreflect.EnumType {
+	return &file_fleetlearn_v1_round_proto_enumTypes[0]
+}
+
+func (x AsyncStage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AsyncStage.Descriptor instead.
+func (AsyncStage) EnumDescriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{0}
+}
+
 // RetryReason says why a device was not assigned work.
 type RetryReason int32
 
@@ -72,11 +129,11 @@ func (x RetryReason) String() string {
 }
 
 func (RetryReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[0].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[1].Descriptor()
 }
 
 func (RetryReason) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[0]
+	return &file_fleetlearn_v1_round_proto_enumTypes[1]
 }
 
 func (x RetryReason) Number() protoreflect.EnumNumber {
@@ -85,7 +142,7 @@ func (x RetryReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RetryReason.Descriptor instead.
 func (RetryReason) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{0}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{1}
 }
 
 // RoundKind distinguishes training rounds from evaluation rounds.
@@ -125,11 +182,11 @@ func (x RoundKind) String() string {
 }
 
 func (RoundKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[1].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[2].Descriptor()
 }
 
 func (RoundKind) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[1]
+	return &file_fleetlearn_v1_round_proto_enumTypes[2]
 }
 
 func (x RoundKind) Number() protoreflect.EnumNumber {
@@ -138,7 +195,7 @@ func (x RoundKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RoundKind.Descriptor instead.
 func (RoundKind) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{1}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
 }
 
 // UpdateEncoding is the wire form of a training update.
@@ -182,11 +239,11 @@ func (x UpdateEncoding) String() string {
 }
 
 func (UpdateEncoding) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[2].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[3].Descriptor()
 }
 
 func (UpdateEncoding) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[2]
+	return &file_fleetlearn_v1_round_proto_enumTypes[3]
 }
 
 func (x UpdateEncoding) Number() protoreflect.EnumNumber {
@@ -195,7 +252,7 @@ func (x UpdateEncoding) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use UpdateEncoding.Descriptor instead.
 func (UpdateEncoding) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
 }
 
 // ClipBit is a device's adaptive clipping bit.
@@ -235,11 +292,11 @@ func (x ClipBit) String() string {
 }
 
 func (ClipBit) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[3].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[4].Descriptor()
 }
 
 func (ClipBit) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[3]
+	return &file_fleetlearn_v1_round_proto_enumTypes[4]
 }
 
 func (x ClipBit) Number() protoreflect.EnumNumber {
@@ -248,7 +305,7 @@ func (x ClipBit) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClipBit.Descriptor instead.
 func (ClipBit) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
 }
 
 // RoundEventType is a round lifecycle transition.
@@ -297,11 +354,11 @@ func (x RoundEventType) String() string {
 }
 
 func (RoundEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_fleetlearn_v1_round_proto_enumTypes[4].Descriptor()
+	return file_fleetlearn_v1_round_proto_enumTypes[5].Descriptor()
 }
 
 func (RoundEventType) Type() protoreflect.EnumType {
-	return &file_fleetlearn_v1_round_proto_enumTypes[4]
+	return &file_fleetlearn_v1_round_proto_enumTypes[5]
 }
 
 func (x RoundEventType) Number() protoreflect.EnumNumber {
@@ -310,7 +367,7 @@ func (x RoundEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RoundEventType.Descriptor instead.
 func (RoundEventType) EnumDescriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{5}
 }
 
 // DeviceAttributes describes a device's current state for eligibility
@@ -425,7 +482,11 @@ type CheckIn struct {
 	// Restricts assignment to these tasks. Empty accepts any task.
 	TaskIds []string `protobuf:"bytes,2,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
 	// Current device state.
-	Attributes    *DeviceAttributes `protobuf:"bytes,3,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Attributes *DeviceAttributes `protobuf:"bytes,3,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// Set when the device holds the update of an asynchronous task's
+	// ASYNC_STAGE_TRAIN plan: it asks to join the open buffer's secure
+	// aggregation group with it.
+	Ready         *AsyncReady `protobuf:"bytes,4,opt,name=ready,proto3" json:"ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +542,68 @@ func (x *CheckIn) GetAttributes() *DeviceAttributes {
 	return nil
 }
 
+func (x *CheckIn) GetReady() *AsyncReady {
+	if x != nil {
+		return x.Ready
+	}
+	return nil
+}
+
+// AsyncReady names the plan whose trained update a device holds.
+type AsyncReady struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task of the plan.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Round of the plan.
+	Round         uint64 `protobuf:"varint,2,opt,name=round,proto3" json:"round,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AsyncReady) Reset() {
+	*x = AsyncReady{}
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AsyncReady) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AsyncReady) ProtoMessage() {}
+
+func (x *AsyncReady) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AsyncReady.ProtoReflect.Descriptor instead.
+func (*AsyncReady) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AsyncReady) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *AsyncReady) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
 // PlanFailure tells the aggregator, once per round, that a device could not
 // carry out the plan it was given (a blob could not be fetched, the module
 // failed, the report was too large), so the round can say why it dropped.
@@ -504,7 +627,7 @@ type PlanFailure struct {
 
 func (x *PlanFailure) Reset() {
 	*x = PlanFailure{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +639,7 @@ func (x *PlanFailure) String() string {
 func (*PlanFailure) ProtoMessage() {}
 
 func (x *PlanFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[2]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +652,7 @@ func (x *PlanFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanFailure.ProtoReflect.Descriptor instead.
 func (*PlanFailure) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{2}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PlanFailure) GetTaskId() string {
@@ -580,7 +703,7 @@ type PlanFailureAck struct {
 
 func (x *PlanFailureAck) Reset() {
 	*x = PlanFailureAck{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +715,7 @@ func (x *PlanFailureAck) String() string {
 func (*PlanFailureAck) ProtoMessage() {}
 
 func (x *PlanFailureAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[3]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +728,7 @@ func (x *PlanFailureAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanFailureAck.ProtoReflect.Descriptor instead.
 func (*PlanFailureAck) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{3}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PlanFailureAck) GetAccepted() bool {
@@ -638,7 +761,7 @@ type RetryAfter struct {
 
 func (x *RetryAfter) Reset() {
 	*x = RetryAfter{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +773,7 @@ func (x *RetryAfter) String() string {
 func (*RetryAfter) ProtoMessage() {}
 
 func (x *RetryAfter) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[4]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +786,7 @@ func (x *RetryAfter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfter.ProtoReflect.Descriptor instead.
 func (*RetryAfter) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{4}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RetryAfter) GetDuration() *durationpb.Duration {
@@ -703,7 +826,7 @@ type CheckInResponse struct {
 
 func (x *CheckInResponse) Reset() {
 	*x = CheckInResponse{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +838,7 @@ func (x *CheckInResponse) String() string {
 func (*CheckInResponse) ProtoMessage() {}
 
 func (x *CheckInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[5]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +851,7 @@ func (x *CheckInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckInResponse.ProtoReflect.Descriptor instead.
 func (*CheckInResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{5}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckInResponse) GetResult() isCheckInResponse_Result {
@@ -818,14 +941,22 @@ type RoundPlan struct {
 	// Ascending indices of the model tensors that train (Task.trainable
 	// resolved against the base model); the update holds exactly these
 	// tensors, in this order. Empty: every tensor.
-	Trainable     []uint32 `protobuf:"varint,15,rep,packed,name=trainable,proto3" json:"trainable,omitempty"`
+	Trainable []uint32 `protobuf:"varint,15,rep,packed,name=trainable,proto3" json:"trainable,omitempty"`
+	// For an asynchronous task's secure buffers: what the plan asks.
+	AsyncStage AsyncStage `protobuf:"varint,16,opt,name=async_stage,json=asyncStage,proto3,enum=fleetlearn.v1.AsyncStage" json:"async_stage,omitempty"`
+	// ASYNC_STAGE_AGGREGATE: the factor the held update is scaled by after
+	// clipping, 1/sqrt(1+s) for a staleness of s versions.
+	StalenessWeight float64 `protobuf:"fixed64,17,opt,name=staleness_weight,json=stalenessWeight,proto3" json:"staleness_weight,omitempty"`
+	// ASYNC_STAGE_AGGREGATE: the round of the ASYNC_STAGE_TRAIN plan whose
+	// update joins the group.
+	TrainedRound  uint64 `protobuf:"varint,18,opt,name=trained_round,json=trainedRound,proto3" json:"trained_round,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoundPlan) Reset() {
 	*x = RoundPlan{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +968,7 @@ func (x *RoundPlan) String() string {
 func (*RoundPlan) ProtoMessage() {}
 
 func (x *RoundPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[6]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +981,7 @@ func (x *RoundPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundPlan.ProtoReflect.Descriptor instead.
 func (*RoundPlan) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{6}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RoundPlan) GetTaskId() string {
@@ -958,6 +1089,27 @@ func (x *RoundPlan) GetTrainable() []uint32 {
 	return nil
 }
 
+func (x *RoundPlan) GetAsyncStage() AsyncStage {
+	if x != nil {
+		return x.AsyncStage
+	}
+	return AsyncStage_ASYNC_STAGE_UNSPECIFIED
+}
+
+func (x *RoundPlan) GetStalenessWeight() float64 {
+	if x != nil {
+		return x.StalenessWeight
+	}
+	return 0
+}
+
+func (x *RoundPlan) GetTrainedRound() uint64 {
+	if x != nil {
+		return x.TrainedRound
+	}
+	return 0
+}
+
 // QuantizedUpdate is a model delta as DenseUpdate but quantized with
 // stochastic rounding and the device's error feedback (the residual of
 // earlier rounds added before quantizing).
@@ -976,7 +1128,7 @@ type QuantizedUpdate struct {
 
 func (x *QuantizedUpdate) Reset() {
 	*x = QuantizedUpdate{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1140,7 @@ func (x *QuantizedUpdate) String() string {
 func (*QuantizedUpdate) ProtoMessage() {}
 
 func (x *QuantizedUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[7]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1153,7 @@ func (x *QuantizedUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuantizedUpdate.ProtoReflect.Descriptor instead.
 func (*QuantizedUpdate) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{7}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *QuantizedUpdate) GetEncoding() UpdateEncoding {
@@ -1040,7 +1192,7 @@ type DenseUpdate struct {
 
 func (x *DenseUpdate) Reset() {
 	*x = DenseUpdate{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1204,7 @@ func (x *DenseUpdate) String() string {
 func (*DenseUpdate) ProtoMessage() {}
 
 func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[8]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1217,7 @@ func (x *DenseUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenseUpdate.ProtoReflect.Descriptor instead.
 func (*DenseUpdate) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{8}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DenseUpdate) GetValues() []byte {
@@ -1130,7 +1282,7 @@ type UpdateReport struct {
 
 func (x *UpdateReport) Reset() {
 	*x = UpdateReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1294,7 @@ func (x *UpdateReport) String() string {
 func (*UpdateReport) ProtoMessage() {}
 
 func (x *UpdateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[9]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1307,7 @@ func (x *UpdateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateReport.ProtoReflect.Descriptor instead.
 func (*UpdateReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{9}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateReport) GetTaskId() string {
@@ -1325,7 +1477,7 @@ type EvaluationReport struct {
 
 func (x *EvaluationReport) Reset() {
 	*x = EvaluationReport{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1489,7 @@ func (x *EvaluationReport) String() string {
 func (*EvaluationReport) ProtoMessage() {}
 
 func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[10]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1502,7 @@ func (x *EvaluationReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluationReport.ProtoReflect.Descriptor instead.
 func (*EvaluationReport) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{10}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EvaluationReport) GetTaskId() string {
@@ -1449,7 +1601,7 @@ type RoundEvent struct {
 
 func (x *RoundEvent) Reset() {
 	*x = RoundEvent{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1613,7 @@ func (x *RoundEvent) String() string {
 func (*RoundEvent) ProtoMessage() {}
 
 func (x *RoundEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1626,7 @@ func (x *RoundEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundEvent.ProtoReflect.Descriptor instead.
 func (*RoundEvent) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RoundEvent) GetTaskId() string {
@@ -1582,7 +1734,7 @@ type ReportReceipt struct {
 
 func (x *ReportReceipt) Reset() {
 	*x = ReportReceipt{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1746,7 @@ func (x *ReportReceipt) String() string {
 func (*ReportReceipt) ProtoMessage() {}
 
 func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1759,7 @@ func (x *ReportReceipt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReceipt.ProtoReflect.Descriptor instead.
 func (*ReportReceipt) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{12}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReportReceipt) GetTaskId() string {
@@ -1669,7 +1821,7 @@ type RoundAnnouncement struct {
 
 func (x *RoundAnnouncement) Reset() {
 	*x = RoundAnnouncement{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1833,7 @@ func (x *RoundAnnouncement) String() string {
 func (*RoundAnnouncement) ProtoMessage() {}
 
 func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1846,7 @@ func (x *RoundAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundAnnouncement.ProtoReflect.Descriptor instead.
 func (*RoundAnnouncement) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{13}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RoundAnnouncement) GetTaskId() string {
@@ -1760,7 +1912,7 @@ type ReportChunk struct {
 
 func (x *ReportChunk) Reset() {
 	*x = ReportChunk{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1924,7 @@ func (x *ReportChunk) String() string {
 func (*ReportChunk) ProtoMessage() {}
 
 func (x *ReportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1937,7 @@ func (x *ReportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportChunk.ProtoReflect.Descriptor instead.
 func (*ReportChunk) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{14}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReportChunk) GetIndex() uint32 {
@@ -1845,7 +1997,7 @@ type ReportManifest struct {
 
 func (x *ReportManifest) Reset() {
 	*x = ReportManifest{}
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +2009,7 @@ func (x *ReportManifest) String() string {
 func (*ReportManifest) ProtoMessage() {}
 
 func (x *ReportManifest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_round_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_round_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +2022,7 @@ func (x *ReportManifest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportManifest.ProtoReflect.Descriptor instead.
 func (*ReportManifest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{15}
+	return file_fleetlearn_v1_round_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReportManifest) GetCount() uint32 {
@@ -1920,13 +2072,18 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x04idle\x18\x04 \x01(\bR\x04idle\x12\x1c\n" +
 	"\tunmetered\x18\x05 \x01(\bR\tunmetered\x12#\n" +
 	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\x124\n" +
-	"\x16supported_abi_versions\x18\a \x03(\rR\x14supportedAbiVersions\"\x82\x01\n" +
+	"\x16supported_abi_versions\x18\a \x03(\rR\x14supportedAbiVersions\"\xb3\x01\n" +
 	"\aCheckIn\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x12\x19\n" +
 	"\btask_ids\x18\x02 \x03(\tR\ataskIds\x12?\n" +
 	"\n" +
 	"attributes\x18\x03 \x01(\v2\x1f.fleetlearn.v1.DeviceAttributesR\n" +
-	"attributes\"\x8d\x01\n" +
+	"attributes\x12/\n" +
+	"\x05ready\x18\x04 \x01(\v2\x19.fleetlearn.v1.AsyncReadyR\x05ready\";\n" +
+	"\n" +
+	"AsyncReady\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05round\x18\x02 \x01(\x04R\x05round\"\x8d\x01\n" +
 	"\vPlanFailure\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1b\n" +
@@ -1945,7 +2102,7 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x04plan\x18\x01 \x01(\v2\x18.fleetlearn.v1.RoundPlanH\x00R\x04plan\x12<\n" +
 	"\vretry_after\x18\x02 \x01(\v2\x19.fleetlearn.v1.RetryAfterH\x00R\n" +
 	"retryAfterB\b\n" +
-	"\x06result\"\x8e\x05\n" +
+	"\x06result\"\x9a\x06\n" +
 	"\tRoundPlan\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12,\n" +
@@ -1962,7 +2119,11 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x0eparticipant_id\x18\f \x01(\rR\rparticipantId\x12&\n" +
 	"\x0fmax_update_norm\x18\r \x01(\x01R\rmaxUpdateNorm\x12F\n" +
 	"\x0fupdate_encoding\x18\x0e \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\x0eupdateEncoding\x12\x1c\n" +
-	"\ttrainable\x18\x0f \x03(\rR\ttrainable\"\x93\x01\n" +
+	"\ttrainable\x18\x0f \x03(\rR\ttrainable\x12:\n" +
+	"\vasync_stage\x18\x10 \x01(\x0e2\x19.fleetlearn.v1.AsyncStageR\n" +
+	"asyncStage\x12)\n" +
+	"\x10staleness_weight\x18\x11 \x01(\x01R\x0fstalenessWeight\x12#\n" +
+	"\rtrained_round\x18\x12 \x01(\x04R\ftrainedRound\"\x93\x01\n" +
 	"\x0fQuantizedUpdate\x129\n" +
 	"\bencoding\x18\x01 \x01(\x0e2\x1d.fleetlearn.v1.UpdateEncodingR\bencoding\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x121\n" +
@@ -2039,7 +2200,12 @@ const file_fleetlearn_v1_round_proto_rawDesc = "" +
 	"\x0epayload_sha256\x18\x03 \x01(\tR\rpayloadSha256\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x04 \x01(\x04R\tchunkSize\x12\x1c\n" +
-	"\tsequences\x18\x05 \x03(\x04R\tsequences*\xc0\x01\n" +
+	"\tsequences\x18\x05 \x03(\x04R\tsequences*[\n" +
+	"\n" +
+	"AsyncStage\x12\x1b\n" +
+	"\x17ASYNC_STAGE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ASYNC_STAGE_TRAIN\x10\x01\x12\x19\n" +
+	"\x15ASYNC_STAGE_AGGREGATE\x10\x02*\xc0\x01\n" +
 	"\vRetryReason\x12\x1c\n" +
 	"\x18RETRY_REASON_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRY_REASON_NO_TASK\x10\x01\x12\x1d\n" +
@@ -2078,76 +2244,80 @@ func file_fleetlearn_v1_round_proto_rawDescGZIP() []byte {
 	return file_fleetlearn_v1_round_proto_rawDescData
 }
 
-var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_fleetlearn_v1_round_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_fleetlearn_v1_round_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_fleetlearn_v1_round_proto_goTypes = []any{
-	(RetryReason)(0),              // 0: fleetlearn.v1.RetryReason
-	(RoundKind)(0),                // 1: fleetlearn.v1.RoundKind
-	(UpdateEncoding)(0),           // 2: fleetlearn.v1.UpdateEncoding
-	(ClipBit)(0),                  // 3: fleetlearn.v1.ClipBit
-	(RoundEventType)(0),           // 4: fleetlearn.v1.RoundEventType
-	(*DeviceAttributes)(nil),      // 5: fleetlearn.v1.DeviceAttributes
-	(*CheckIn)(nil),               // 6: fleetlearn.v1.CheckIn
-	(*PlanFailure)(nil),           // 7: fleetlearn.v1.PlanFailure
-	(*PlanFailureAck)(nil),        // 8: fleetlearn.v1.PlanFailureAck
-	(*RetryAfter)(nil),            // 9: fleetlearn.v1.RetryAfter
-	(*CheckInResponse)(nil),       // 10: fleetlearn.v1.CheckInResponse
-	(*RoundPlan)(nil),             // 11: fleetlearn.v1.RoundPlan
-	(*QuantizedUpdate)(nil),       // 12: fleetlearn.v1.QuantizedUpdate
-	(*DenseUpdate)(nil),           // 13: fleetlearn.v1.DenseUpdate
-	(*UpdateReport)(nil),          // 14: fleetlearn.v1.UpdateReport
-	(*EvaluationReport)(nil),      // 15: fleetlearn.v1.EvaluationReport
-	(*RoundEvent)(nil),            // 16: fleetlearn.v1.RoundEvent
-	(*ReportReceipt)(nil),         // 17: fleetlearn.v1.ReportReceipt
-	(*RoundAnnouncement)(nil),     // 18: fleetlearn.v1.RoundAnnouncement
-	(*ReportChunk)(nil),           // 19: fleetlearn.v1.ReportChunk
-	(*ReportManifest)(nil),        // 20: fleetlearn.v1.ReportManifest
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*ModelRef)(nil),              // 22: fleetlearn.v1.ModelRef
-	(*ModuleRef)(nil),             // 23: fleetlearn.v1.ModuleRef
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*Limits)(nil),                // 25: fleetlearn.v1.Limits
-	(*SecAggConfig)(nil),          // 26: fleetlearn.v1.SecAggConfig
-	(*DPConfig)(nil),              // 27: fleetlearn.v1.DPConfig
-	(*TensorSpec)(nil),            // 28: fleetlearn.v1.TensorSpec
-	(*Metrics)(nil),               // 29: fleetlearn.v1.Metrics
-	(*MaskedUpdate)(nil),          // 30: fleetlearn.v1.MaskedUpdate
+	(AsyncStage)(0),               // 0: fleetlearn.v1.AsyncStage
+	(RetryReason)(0),              // 1: fleetlearn.v1.RetryReason
+	(RoundKind)(0),                // 2: fleetlearn.v1.RoundKind
+	(UpdateEncoding)(0),           // 3: fleetlearn.v1.UpdateEncoding
+	(ClipBit)(0),                  // 4: fleetlearn.v1.ClipBit
+	(RoundEventType)(0),           // 5: fleetlearn.v1.RoundEventType
+	(*DeviceAttributes)(nil),      // 6: fleetlearn.v1.DeviceAttributes
+	(*CheckIn)(nil),               // 7: fleetlearn.v1.CheckIn
+	(*AsyncReady)(nil),            // 8: fleetlearn.v1.AsyncReady
+	(*PlanFailure)(nil),           // 9: fleetlearn.v1.PlanFailure
+	(*PlanFailureAck)(nil),        // 10: fleetlearn.v1.PlanFailureAck
+	(*RetryAfter)(nil),            // 11: fleetlearn.v1.RetryAfter
+	(*CheckInResponse)(nil),       // 12: fleetlearn.v1.CheckInResponse
+	(*RoundPlan)(nil),             // 13: fleetlearn.v1.RoundPlan
+	(*QuantizedUpdate)(nil),       // 14: fleetlearn.v1.QuantizedUpdate
+	(*DenseUpdate)(nil),           // 15: fleetlearn.v1.DenseUpdate
+	(*UpdateReport)(nil),          // 16: fleetlearn.v1.UpdateReport
+	(*EvaluationReport)(nil),      // 17: fleetlearn.v1.EvaluationReport
+	(*RoundEvent)(nil),            // 18: fleetlearn.v1.RoundEvent
+	(*ReportReceipt)(nil),         // 19: fleetlearn.v1.ReportReceipt
+	(*RoundAnnouncement)(nil),     // 20: fleetlearn.v1.RoundAnnouncement
+	(*ReportChunk)(nil),           // 21: fleetlearn.v1.ReportChunk
+	(*ReportManifest)(nil),        // 22: fleetlearn.v1.ReportManifest
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*ModelRef)(nil),              // 24: fleetlearn.v1.ModelRef
+	(*ModuleRef)(nil),             // 25: fleetlearn.v1.ModuleRef
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*Limits)(nil),                // 27: fleetlearn.v1.Limits
+	(*SecAggConfig)(nil),          // 28: fleetlearn.v1.SecAggConfig
+	(*DPConfig)(nil),              // 29: fleetlearn.v1.DPConfig
+	(*TensorSpec)(nil),            // 30: fleetlearn.v1.TensorSpec
+	(*Metrics)(nil),               // 31: fleetlearn.v1.Metrics
+	(*MaskedUpdate)(nil),          // 32: fleetlearn.v1.MaskedUpdate
 }
 var file_fleetlearn_v1_round_proto_depIdxs = []int32{
-	5,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
-	21, // 1: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
-	0,  // 2: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
-	11, // 3: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
-	9,  // 4: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
-	1,  // 5: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
-	22, // 6: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
-	23, // 7: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
-	24, // 8: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
-	25, // 9: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
-	26, // 10: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
-	27, // 11: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
-	2,  // 12: fleetlearn.v1.RoundPlan.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
-	2,  // 13: fleetlearn.v1.QuantizedUpdate.encoding:type_name -> fleetlearn.v1.UpdateEncoding
-	28, // 14: fleetlearn.v1.QuantizedUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	28, // 15: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
-	29, // 16: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
-	13, // 17: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
-	30, // 18: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
-	12, // 19: fleetlearn.v1.UpdateReport.quantized:type_name -> fleetlearn.v1.QuantizedUpdate
-	3,  // 20: fleetlearn.v1.UpdateReport.clip_bit:type_name -> fleetlearn.v1.ClipBit
-	29, // 21: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
-	4,  // 22: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
-	1,  // 23: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
-	24, // 24: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
-	29, // 25: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
-	22, // 26: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
-	1,  // 27: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
-	21, // 28: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	6,  // 0: fleetlearn.v1.CheckIn.attributes:type_name -> fleetlearn.v1.DeviceAttributes
+	8,  // 1: fleetlearn.v1.CheckIn.ready:type_name -> fleetlearn.v1.AsyncReady
+	23, // 2: fleetlearn.v1.RetryAfter.duration:type_name -> google.protobuf.Duration
+	1,  // 3: fleetlearn.v1.RetryAfter.reason:type_name -> fleetlearn.v1.RetryReason
+	13, // 4: fleetlearn.v1.CheckInResponse.plan:type_name -> fleetlearn.v1.RoundPlan
+	11, // 5: fleetlearn.v1.CheckInResponse.retry_after:type_name -> fleetlearn.v1.RetryAfter
+	2,  // 6: fleetlearn.v1.RoundPlan.kind:type_name -> fleetlearn.v1.RoundKind
+	24, // 7: fleetlearn.v1.RoundPlan.model:type_name -> fleetlearn.v1.ModelRef
+	25, // 8: fleetlearn.v1.RoundPlan.module:type_name -> fleetlearn.v1.ModuleRef
+	26, // 9: fleetlearn.v1.RoundPlan.report_deadline:type_name -> google.protobuf.Timestamp
+	27, // 10: fleetlearn.v1.RoundPlan.limits:type_name -> fleetlearn.v1.Limits
+	28, // 11: fleetlearn.v1.RoundPlan.secagg:type_name -> fleetlearn.v1.SecAggConfig
+	29, // 12: fleetlearn.v1.RoundPlan.dp:type_name -> fleetlearn.v1.DPConfig
+	3,  // 13: fleetlearn.v1.RoundPlan.update_encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	0,  // 14: fleetlearn.v1.RoundPlan.async_stage:type_name -> fleetlearn.v1.AsyncStage
+	3,  // 15: fleetlearn.v1.QuantizedUpdate.encoding:type_name -> fleetlearn.v1.UpdateEncoding
+	30, // 16: fleetlearn.v1.QuantizedUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	30, // 17: fleetlearn.v1.DenseUpdate.layout:type_name -> fleetlearn.v1.TensorSpec
+	31, // 18: fleetlearn.v1.UpdateReport.metrics:type_name -> fleetlearn.v1.Metrics
+	15, // 19: fleetlearn.v1.UpdateReport.dense:type_name -> fleetlearn.v1.DenseUpdate
+	32, // 20: fleetlearn.v1.UpdateReport.masked:type_name -> fleetlearn.v1.MaskedUpdate
+	14, // 21: fleetlearn.v1.UpdateReport.quantized:type_name -> fleetlearn.v1.QuantizedUpdate
+	4,  // 22: fleetlearn.v1.UpdateReport.clip_bit:type_name -> fleetlearn.v1.ClipBit
+	31, // 23: fleetlearn.v1.EvaluationReport.metrics:type_name -> fleetlearn.v1.Metrics
+	5,  // 24: fleetlearn.v1.RoundEvent.type:type_name -> fleetlearn.v1.RoundEventType
+	2,  // 25: fleetlearn.v1.RoundEvent.kind:type_name -> fleetlearn.v1.RoundKind
+	26, // 26: fleetlearn.v1.RoundEvent.time:type_name -> google.protobuf.Timestamp
+	31, // 27: fleetlearn.v1.RoundEvent.metrics:type_name -> fleetlearn.v1.Metrics
+	24, // 28: fleetlearn.v1.RoundEvent.model:type_name -> fleetlearn.v1.ModelRef
+	2,  // 29: fleetlearn.v1.RoundAnnouncement.kind:type_name -> fleetlearn.v1.RoundKind
+	23, // 30: fleetlearn.v1.RoundAnnouncement.check_in_spread:type_name -> google.protobuf.Duration
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_round_proto_init() }
@@ -2158,11 +2328,11 @@ func file_fleetlearn_v1_round_proto_init() {
 	file_fleetlearn_v1_common_proto_init()
 	file_fleetlearn_v1_dp_proto_init()
 	file_fleetlearn_v1_secagg_proto_init()
-	file_fleetlearn_v1_round_proto_msgTypes[5].OneofWrappers = []any{
+	file_fleetlearn_v1_round_proto_msgTypes[6].OneofWrappers = []any{
 		(*CheckInResponse_Plan)(nil),
 		(*CheckInResponse_RetryAfter)(nil),
 	}
-	file_fleetlearn_v1_round_proto_msgTypes[9].OneofWrappers = []any{
+	file_fleetlearn_v1_round_proto_msgTypes[10].OneofWrappers = []any{
 		(*UpdateReport_Dense)(nil),
 		(*UpdateReport_Masked)(nil),
 		(*UpdateReport_Quantized)(nil),
@@ -2172,8 +2342,8 @@ func file_fleetlearn_v1_round_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_round_proto_rawDesc), len(file_fleetlearn_v1_round_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   16,
+			NumEnums:      6,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

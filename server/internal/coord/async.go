@@ -58,6 +58,11 @@ type asyncRun struct {
 	quotas map[uint64]*storeQuota
 	// participant numbers the plans handed.
 	participant uint32
+	// swept is when seats past their deadline were last freed.
+	swept time.Time
+	// joined are the group plans of the devices the open secure buffer
+	// seated, by device, handed again to a device that asks again.
+	joined map[string]*pb.RoundPlan
 }
 
 // asyncPlan is the plan a seated device trains.
@@ -84,6 +89,7 @@ type asyncBuffer struct {
 type takenReport struct {
 	round  uint64
 	device string
+	seq    uint64 // the report's stream sequence
 }
 
 // newAsyncRun starts an async task's state at version, its committed
@@ -93,7 +99,8 @@ func newAsyncRun(spec *pb.Task, version uint64) (*asyncRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &asyncRun{eng: eng, plans: map[string]asyncPlan{}, rounds: map[uint64]uint64{}, quotas: map[uint64]*storeQuota{}}, nil
+	return &asyncRun{eng: eng, plans: map[string]asyncPlan{}, rounds: map[uint64]uint64{}, quotas: map[uint64]*storeQuota{},
+		joined: map[string]*pb.RoundPlan{}}, nil
 }
 
 // AsyncConfig is the round engine's view of a task's async settings.
@@ -114,8 +121,6 @@ func CheckAsync(t *pb.Task) error {
 		return err
 	}
 	switch {
-	case t.GetSecagg() != nil:
-		return errors.New("async: secure aggregation per buffer is not available: create the task without --secagg, or in rounds (--mode sync)")
 	case t.GetEvalEvery() > 0:
 		return errors.New("async: an async task has no federated evaluation rounds: drop --eval-every, and measure on the server with --server-eval-dataset")
 	case !aggregator.Kind(t.GetAggregation().GetRule()).Streaming() && t.GetAggregation().GetRule() != pb.AggregationRule_AGGREGATION_RULE_UNSPECIFIED:
@@ -170,6 +175,11 @@ func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.Ro
 	examples := ci.GetAttributes().GetExamplesAvailable()
 	a := t.async
 	t.mu.Lock()
+	if now.Sub(a.swept) >= time.Second {
+		// A secure buffer's runner waits on its stages, not on seats: the
+		// check-ins that want a seat free the expired ones.
+		a.sweep(now, t.reportTimeout())
+	}
 	e := t.eligibility()
 	e.Step = a.eng.Version() + 1
 	part := t.parts[device]
@@ -177,6 +187,18 @@ func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.Ro
 		Rounds: part.Rounds, LastStep: part.LastStep}); why != "" {
 		t.mu.Unlock()
 		return nil, nil, 10 * pace, retryReasons[reason], why
+	}
+	if secure := r.secure != nil; secure {
+		if p, ok := a.joined[device]; ok {
+			t.mu.Unlock()
+			return p, r.tr.header, 0, 0, ""
+		}
+		if ready := ci.GetReady(); ready != nil && ready.GetTaskId() == t.id {
+			if p, ok := a.plans[device]; ok && p.round == ready.GetRound() {
+				t.mu.Unlock()
+				return t.joinSecure(ci, now, r, p)
+			}
+		}
 	}
 	o := a.eng.Offer(device, examples, now)
 	switch o.Action {
@@ -213,11 +235,73 @@ func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.Ro
 	// The seat, not the round, bounds the device's time: it holds one of
 	// the concurrency's seats until this deadline at most.
 	plan.ReportDeadline = timestamppb.New(now.Add(t.reportTimeout()))
+	if r.secure != nil {
+		// Train now, aggregate later: the device holds its update until
+		// a buffer's group takes it (joinSecure).
+		plan.Secagg, plan.AsyncStage = nil, pb.AsyncStage_ASYNC_STAGE_TRAIN
+	}
 	a.plans[device] = asyncPlan{round: r.row.Round, version: o.Seat.Version, plan: plan, key: key}
 	t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
 	r.planHanded(device, a.participant)
 	r.poke()
 	return plan, r.tr.header, 0, 0, ""
+}
+
+// joinSecure seats a device that holds the update of its plan p in the
+// open secure buffer's group: a seat of the round's cohort, as in a
+// synchronous secure round, with a plan that names the held update and its
+// staleness weight. A stale update frees the seat, with a receipt on the
+// plan's round, and the device may train again.
+func (t *taskRun) joinSecure(ci *pb.CheckIn, now time.Time, r *roundRun, p asyncPlan) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
+	device, a := ci.DeviceId, t.async
+	t.mu.Lock()
+	var b round.Buffered
+	err := a.eng.Stale(p.version)
+	if err == nil && !p.stale {
+		b, err = a.eng.Check(device, p.version)
+	}
+	if err != nil {
+		a.eng.Release(device)
+		delete(a.plans, device)
+		t.mu.Unlock()
+		err = fromRound(err)
+		t.c.d.Metrics.Refused(refusalReason(err))
+		t.log().Info("held update refused", "round", p.round, "device", device, "err", err)
+		t.c.receipt(t.id, p.round, device, err.Error())
+		// The device may train again, on the current version.
+		fresh := proto.Clone(ci).(*pb.CheckIn)
+		fresh.Ready = nil
+		return t.offerAsync(fresh, now, r)
+	}
+	t.mu.Unlock()
+	plan, h, wait, reason, _ := t.offerCohort(ci, now, r)
+	if plan == nil {
+		// The group is full or forming no more: the device keeps its seat
+		// and its update for the next buffer.
+		return nil, nil, wait, reason, "the buffer's secure aggregation group is full; it takes held updates again after the step"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, err := a.eng.Report(device, p.version); err != nil {
+		// Nothing between the Check and here moves the version: the
+		// buffer's step needs this very group.
+		t.log().Error("async: a device seated in the secure group was refused by the buffer", "device", device, "err", err)
+	}
+	delete(a.plans, device)
+	plan = proto.Clone(plan).(*pb.RoundPlan)
+	plan.AsyncStage, plan.StalenessWeight, plan.TrainedRound = pb.AsyncStage_ASYNC_STAGE_AGGREGATE, b.Weight, p.round
+	a.joined[device] = plan
+	n := float64(len(a.joined))
+	m := r.extraMetrics
+	if m == nil {
+		m = map[string]float64{}
+		r.extraMetrics = m
+	}
+	m["async_staleness_mean"] += (float64(b.Staleness) - m["async_staleness_mean"]) / n
+	m["async_staleness_max"] = max(m["async_staleness_max"], float64(b.Staleness))
+	m["async_training"] = float64(a.eng.Training())
+	t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
+	return plan, h, 0, 0, ""
 }
 
 // asyncFailure releases the seat of a device that says it cannot carry out
@@ -251,7 +335,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 		t.mu.Lock()
 		a.eng.Abandon()
 		t.mu.Unlock()
-		return t.abandon(ctx, r, "the server restarted or failed while the buffer was open; the reports it held are lost and their devices train again")
+		return t.abandon(ctx, r, errBufferLost)
 	}
 	col, err := t.rule.NewCollector(t.normBound())
 	if err != nil {
@@ -312,16 +396,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	defer expiry.Stop()
 	for {
 		t.mu.Lock()
-		now := t.c.now()
-		for _, d := range a.eng.Expired(now, t.reportTimeout()) {
-			a.eng.Release(d)
-			delete(a.plans, d)
-		}
-		for d, p := range a.plans {
-			if p.stale && now.After(p.plan.GetReportDeadline().AsTime()) {
-				delete(a.plans, d)
-			}
-		}
+		a.sweep(t.c.now(), t.reportTimeout())
 		next := a.eng.NextExpiry(t.reportTimeout())
 		full := a.eng.Full()
 		t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
@@ -349,6 +424,52 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 		case <-expiry.C():
 		}
 	}
+}
+
+// errBufferLost is why a buffer found open by its runner is abandoned.
+const errBufferLost = "the server restarted or failed while the buffer was open; the reports it held are lost and their devices train again"
+
+// beginSecureBuffer readies the engine for secure buffer round rnd. lost
+// says the round was left open by a restart or a failed step, with the
+// group's updates: it can only be abandoned.
+func (t *taskRun) beginSecureBuffer(rnd uint64) (lost bool) {
+	a := t.async
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lost = a.opened != rnd || len(a.eng.Buffer()) > 0
+	if lost {
+		a.eng.Abandon()
+	}
+	clear(a.joined)
+	a.rounds[rnd] = a.eng.Version()
+	return lost
+}
+
+// endSecureBuffer steps the engine once secure buffer round rnd committed,
+// or empties its buffer if the round ended otherwise; the devices of an
+// abandoned group train again.
+func (t *taskRun) endSecureBuffer(ctx context.Context, rnd uint64) {
+	a := t.async
+	row, err := t.c.d.Store.Round(context.WithoutCancel(ctx), t.id, rnd)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(a.joined)
+	switch {
+	case err == nil && row.State == pb.RoundState_ROUND_STATE_OPEN:
+		// Left open (the runner stops, or the step is retried): resumed,
+		// it is abandoned.
+		return
+	case err == nil && row.State == pb.RoundState_ROUND_STATE_COMMITTED && a.eng.Full():
+		stale, _ := a.eng.Step()
+		for _, d := range stale {
+			p := a.plans[d]
+			p.stale = true
+			a.plans[d] = p
+		}
+	default:
+		a.eng.Abandon()
+	}
+	a.prune(0)
 }
 
 // handleAsync takes one report into the open buffer, or refuses it with a
@@ -437,10 +558,29 @@ func (t *taskRun) acceptAsync(r *roundRun, sc *stalenessCollector, mm *metricMea
 	mm.add(got.metrics, raw)
 	r.cohort.Join(device, seat)
 	r.cohort.Report(device)
-	buf.taken = append(buf.taken, takenReport{round: rnd, device: device})
+	var seq uint64
+	if md, err := m.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	buf.taken = append(buf.taken, takenReport{round: rnd, device: device, seq: seq})
 	buf.staleness += b.Staleness
 	buf.maxStale = max(buf.maxStale, b.Staleness)
 	return true, nil
+}
+
+// sweep frees the seats held past their deadline at now, and forgets the
+// plans of stale seats past theirs; t.mu is held.
+func (a *asyncRun) sweep(now time.Time, timeout time.Duration) {
+	a.swept = now
+	for _, d := range a.eng.Expired(now, timeout) {
+		a.eng.Release(d)
+		delete(a.plans, d)
+	}
+	for d, p := range a.plans {
+		if p.stale && now.After(p.plan.GetReportDeadline().AsTime()) {
+			delete(a.plans, d)
+		}
+	}
 }
 
 // seatExamples is what device said it had when it took its seat; t.mu is held.
@@ -483,7 +623,12 @@ func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *stalenessColle
 	a.prune(0)
 	t.mu.Unlock()
 	for _, tr := range buf.taken {
-		t.afterRead(tr.device, func() { t.c.purgeDevice(t.id, tr.round, tr.device) })
+		// The report itself, not its subject: the subject may hold a later
+		// message of the device, which the next buffer answers.
+		t.afterRead(tr.device, func() {
+			t.c.deleteStored(tr.seq)
+			t.c.purgeStored(wire.ChunkSubject(t.id, tr.round, tr.device), 0)
+		})
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -25,12 +27,15 @@ func (h *harness) asyncTask(rounds uint32) *pb.Task {
 
 // modelMoved checks that the current model is the harness's base model
 // plus delta everywhere.
-func (h *harness) modelMoved(task string, delta float64) {
+func (h *harness) modelMoved(task string, delta float64) { h.modelMovedWithin(task, delta, 1e-6) }
+
+// modelMovedWithin is modelMoved up to tol (a secure sum's quantization).
+func (h *harness) modelMovedWithin(task string, delta, tol float64) {
 	h.t.Helper()
 	got := h.current(task).Flatten()
 	base := h.model.Flatten()
 	for i := range got {
-		if want := float64(base[i]) + delta; math.Abs(float64(got[i])-want) > 1e-6 {
+		if want := float64(base[i]) + delta; math.Abs(float64(got[i])-want) > tol {
 			h.t.Fatalf("model[%d] = %v, want %v (base %v + %v)", i, got[i], want, base[i], delta)
 		}
 	}
@@ -187,7 +192,6 @@ func TestCheckAsync(t *testing.T) {
 		{func(t *pb.Task) { t.Async.MaxStaleness = 5000 }, "max staleness"},
 		{func(t *pb.Task) { t.Async.Concurrency = 0 }, "concurrency 0"},
 		{func(t *pb.Task) { t.EvalEvery = 2 }, "--server-eval-dataset"},
-		{func(t *pb.Task) { t.Secagg = &pb.SecAggConfig{} }, "secure aggregation"},
 		{func(t *pb.Task) {
 			t.Aggregation = &pb.AggregationConfig{Rule: pb.AggregationRule_AGGREGATION_RULE_MEDIAN}
 		}, "streaming rules"},
@@ -198,5 +202,93 @@ func TestCheckAsync(t *testing.T) {
 		if err := CheckAsync(base(tc.mod)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v", tc.want, err)
 		}
+	}
+}
+
+// readyCheckIn checks d in saying it holds the update of its plan of round.
+func (d *device) readyCheckIn(round uint64) *pb.CheckInResponse {
+	return d.checkInRaw(d.id, &pb.CheckIn{DeviceId: d.id, Attributes: d.attrs(),
+		Ready: &pb.AsyncReady{TaskId: "t-test", Round: round}})
+}
+
+// TestAsyncSecureBuffers: in a secure async task a device trains on a plan
+// without SecAgg settings and holds its update; checking in with it, it
+// joins the open buffer's SecAgg+ group (a seat of the round's cohort)
+// with a plan naming its training round and its staleness weight; the
+// buffer commits the group's unmasked sum. A full group turns a held
+// update away to the next buffer, and one more than max_staleness versions
+// old is refused with a receipt on its training round, its device handed a
+// new training plan.
+func TestAsyncSecureBuffers(t *testing.T) {
+	h := newHarness(t)
+	task := h.asyncTask(3)
+	task.Secagg = &pb.SecAggConfig{ClipRange: 1, MaxWeight: 10, StageTimeout: durationpb.New(5 * time.Second)}
+	task = h.start(task)
+	ev := h.watch(task.Id)
+	a, b, c, d := h.enroll("dev-a", 10), h.enroll("dev-b", 10), h.enroll("dev-c", 10), h.enroll("dev-d", 10)
+	train := map[*device]*pb.RoundPlan{}
+	for _, dev := range []*device{a, b, c, d} {
+		p := dev.join()
+		if p.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_TRAIN || p.GetSecagg() != nil || p.Round != 1 {
+			t.Fatalf("%s's training plan: stage %v, secagg %v, round %d", dev.id, p.GetAsyncStage(), p.GetSecagg(), p.Round)
+		}
+		train[dev] = p
+	}
+	join := func(dev *device, round uint64, weight float64) *pb.RoundPlan {
+		t.Helper()
+		p := dev.readyCheckIn(round).GetPlan()
+		if p.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_AGGREGATE || p.GetSecagg() == nil || p.GetTrainedRound() != round ||
+			math.Abs(p.GetStalenessWeight()-weight) > 1e-12 {
+			t.Fatalf("%s's group plan: %v", dev.id, p)
+		}
+		return p
+	}
+	acked := make(chan string, 64)
+	// Version 1: a and b form the group; c finds it full.
+	ga, gb := join(a, 1, 1), join(b, 1, 1)
+	if r := c.readyCheckIn(1).GetRetryAfter(); r == nil || !strings.Contains(r.Detail, "group is full") {
+		t.Fatalf("c with the group full: %v", r)
+	}
+	da, db := a.secure(ga, constant(8, 0.1), 1, "", acked), b.secure(gb, constant(8, 0.3), 1, "", acked)
+	for _, done := range []<-chan error{da, db} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Reported != 2 {
+		t.Fatalf("buffer 1: %v", got)
+	}
+	h.modelMoved(task.Id, 0.2)
+
+	// Version 2: c's update is one version stale and masked at 1/√2; a
+	// trains again on version 1.
+	h.awaitOpen(task.Id, 2)
+	gc := join(c, 1, 1/math.Sqrt2)
+	pa := a.join()
+	if pa.Round != 2 || pa.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_TRAIN {
+		t.Fatalf("a's second training plan: %v", pa)
+	}
+	ga = join(a, 2, 1)
+	// The device scales its clipped update by the weight before masking,
+	// as the agent does (edge heldInput).
+	dc, da := c.secure(gc, constant(8, float32(0.4/math.Sqrt2)), 1, "", acked), a.secure(ga, constant(8, 0.1), 1, "", acked)
+	for _, done := range []<-chan error{dc, da} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := h.next(ev)
+	if got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.GetMetrics().GetValues()["async_staleness_max"] != 1 {
+		t.Fatalf("buffer 2: %v", got)
+	}
+	h.modelMovedWithin(task.Id, 0.2+(0.4/math.Sqrt2+0.1)/2, 1e-3)
+
+	// Version 3: d trained on version 0, two behind.
+	h.awaitOpen(task.Id, 3)
+	if p := d.readyCheckIn(1).GetPlan(); p.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_TRAIN || p.Round != 3 {
+		t.Fatalf("d's stale update: not a new training plan but %v", p)
+	}
+	if r := d.receipt(); r.Accepted || r.Round != 1 || !strings.Contains(r.Reason, "2 versions behind the current 2") {
+		t.Fatalf("d's receipt: %v", r)
 	}
 }

@@ -217,7 +217,6 @@ var retryReasons = map[round.Reason]pb.RetryReason{
 // record a reserved seat in the store, or say how long to wait.
 func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
 	pace := t.c.d.PaceWindow
-	device := ci.DeviceId
 	// The task's settings (spec, dp) are written while the runner loads; an
 	// open round, seen under mu, means loading is over and they are fixed.
 	t.mu.Lock()
@@ -226,10 +225,18 @@ func (t *taskRun) offer(ci *pb.CheckIn, now time.Time) (*pb.RoundPlan, nats.Head
 		t.mu.Unlock()
 		return nil, nil, pace, pb.RetryReason_RETRY_REASON_ROUND_FULL, "between rounds"
 	}
+	t.mu.Unlock()
 	if t.async != nil {
-		t.mu.Unlock()
 		return t.offerAsync(ci, now, r)
 	}
+	return t.offerCohort(ci, now, r)
+}
+
+// offerCohort is offer to round r's cohort.
+func (t *taskRun) offerCohort(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.RoundPlan, nats.Header, time.Duration, pb.RetryReason, string) {
+	pace := t.c.d.PaceWindow
+	device := ci.DeviceId
+	t.mu.Lock()
 	var benched string
 	if ns, ok := t.noShows[device]; ok {
 		benched = ns.Benched(r.row.Round)

@@ -78,8 +78,10 @@ func (t *taskRun) chargeStored(subj string, rnd uint64, device string, n notice)
 	}
 	seated := r == nil || r.seated(device)
 	if t.async != nil {
+		// A device trains on its seat's plan, or sends its masked input as
+		// a member of a secure buffer's group.
 		p, ok := t.async.plans[device]
-		seated = ok && p.round == rnd
+		seated = ok && p.round == rnd || r != nil && r.seated(device)
 	}
 	act := d.Charge(n.Stored, quota, seated)
 	t.mu.Unlock()

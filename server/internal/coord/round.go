@@ -32,8 +32,19 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		t.global = m
 		t.holdModel()
 	}
-	if t.async != nil {
+	if t.async != nil && !t.secure(row.Kind) {
 		return t.runAsync(ctx, row)
+	}
+	if t.async != nil {
+		// A secure buffer runs as a secure round whose cohort is the
+		// devices holding trained updates (joinSecure); the engine steps
+		// with its commit.
+		if lost := t.beginSecureBuffer(row.Round); lost {
+			r := &roundRun{row: row, kick: make(chan struct{}, 1)}
+			r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: t.wanted(), Pace: t.c.d.PaceWindow}, t.c.now(), nil)
+			return t.abandon(ctx, r, errBufferLost)
+		}
+		defer t.endSecureBuffer(ctx, row.Round)
 	}
 	assigned, err := t.c.d.Store.Assignments(ctx, t.id, row.Round)
 	if err != nil {
@@ -52,6 +63,10 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	}
 	r := &roundRun{row: row, plan: t.plan(row), keys: keys,
 		selEnd: row.Open.Add(t.selectionTimeout()), kick: make(chan struct{}, 1)}
+	if t.async != nil {
+		// The group forms from devices that train first.
+		r.selEnd = r.selEnd.Add(t.reportTimeout())
+	}
 	r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: t.wanted(), SelectionEnd: r.selEnd,
 		Deadline: row.Deadline, Pace: t.c.d.PaceWindow}, now, seats)
 
@@ -140,7 +155,11 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	defer t.c.d.Metrics.OpenRounds.Dec()
 	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
 		Time: timestamppb.New(now), Assigned: uint32(len(assigned))})
-	t.announce(r)
+	if t.async != nil {
+		t.announceAsync(r)
+	} else {
+		t.announce(r)
+	}
 	if r.secure != nil {
 		return t.runSecure(ctx, r, col, msgs)
 	}

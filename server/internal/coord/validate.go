@@ -39,7 +39,7 @@ func (t *taskRun) sender(r *roundRun, subject string, kind round.Kind) (string, 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := r.cohort.Standing(device)
-	c.OverQuota = c.Seated && !c.Reported && t.quota.over(r.row.Round, device)
+	c.OverQuota = c.Seated && !c.Reported && t.quotaFor(r.row.Round).over(r.row.Round, device)
 	if err := fromRound(round.CheckSender(t.roundSpec(r), task, rnd, device, kind, c)); err != nil {
 		return device, c.Seat, nil, err
 	}
