@@ -157,7 +157,7 @@ type Device struct {
 
 	wake chan time.Duration // check-in spread of an announcement
 
-	base   *pb.CheckIn // what checkIn holds, to add ready to
+	base *pb.CheckIn // what checkIn holds, to add ready to
 
 	mu     sync.Mutex
 	held   *held          // the update a Work holds (Round.Hold), if any
