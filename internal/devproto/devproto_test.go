@@ -25,6 +25,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/natstest"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // bound is how long a test waits for something the device does in real
@@ -555,4 +556,77 @@ func TestLeftAndPermanent(t *testing.T) {
 		t.Fatalf("%d attempts, want one per round", n)
 	}
 	f.noFailure()
+}
+
+// TestHoldAndJoin: a Work that holds its training plan's update makes the
+// device check in again at once saying so, and again after a retry while
+// the group is full; the group's plan (of the same round, in another
+// memory) runs, and then the device says nothing more. An async round's
+// announcement does not stop work on an earlier round.
+func TestHoldAndJoin(t *testing.T) {
+	f := newFixture(t)
+	works := make(chan *pb.RoundPlan, 4)
+	release := make(chan struct{})
+	f.setAnswer(f.trainPlan(1, pb.AsyncStage_ASYNC_STAGE_TRAIN))
+	f.start(func(ctx context.Context, r *devproto.Round) error {
+		works <- r.Plan
+		if r.Plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_TRAIN {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			r.Hold()
+		}
+		return nil
+	}, "t-1")
+	if ci := f.checkIn(); ci.Ready != nil {
+		t.Fatalf("first check-in says it holds %v", ci.Ready)
+	}
+	recv(t, works, "the training plan")
+	f.setAnswer(retryAfter(time.Second))
+	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: "t-1", Round: 2, Async: true})
+	if err := f.srv.Publish(wire.SubjectAnnounce, b); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Flush()
+	close(release) // had the announcement superseded the work, Hold never ran
+	if ci := f.checkIn(); ci.GetReady().GetRound() != 1 || ci.GetReady().GetTaskId() != "t-1" {
+		t.Fatalf("check-in after holding: %v", ci.GetReady())
+	}
+	group := f.trainPlan(1, pb.AsyncStage_ASYNC_STAGE_AGGREGATE)
+	group.GetPlan().TrainedRound = 1
+	f.setAnswer(group)
+	// The retry's second, or less if the announcement woke the device
+	// only now.
+	for giveUp := time.After(bound); ; {
+		changed := f.clk.Changed()
+		if o := f.offsets(); len(o) == 1 && o[0] <= time.Second {
+			break
+		}
+		select {
+		case <-changed:
+		case <-giveUp:
+			t.Fatalf("pending timers at %v", f.offsets())
+		}
+	}
+	f.clk.Advance(time.Second)
+	if ci := f.checkIn(); ci.GetReady().GetRound() != 1 {
+		t.Fatalf("check-in after a retry: %v", ci.GetReady())
+	}
+	if p := recv(t, works, "the group plan"); p.GetAsyncStage() != pb.AsyncStage_ASYNC_STAGE_AGGREGATE {
+		t.Fatalf("second work: %v", p)
+	}
+	f.setAnswer(retryAfter(time.Second))
+	f.clk.Advance(round.MaxIdleWait + time.Second)
+	if ci := f.checkIn(); ci.Ready != nil {
+		t.Fatalf("check-in after the group's plan says it holds %v", ci.Ready)
+	}
+}
+
+// trainPlan is an async plan of t-1's round at stage.
+func (f *fixture) trainPlan(round uint64, stage pb.AsyncStage) *pb.CheckInResponse {
+	a := f.plan("t-1", round, time.Hour)
+	a.GetPlan().AsyncStage = stage
+	return a
 }
