@@ -97,10 +97,11 @@ type FedBuffConfig struct {
 	Concurrency, Buffer int
 	MaxStaleness        uint64
 	Timeout             time.Duration
-	// AsyncLR is the server learning rate η: each step adds η times the
-	// mean of the buffer's updates weighted by examples ×
-	// round.StalenessWeight. AsyncMomentum, when not 0, adds server
-	// momentum (FedAvgM on the buffer's mean); 0 is plain SGD.
+	// AsyncLR is the server learning rate η: each step adds η times
+	// FedBuff's step as the service takes it (aggregator.Staleness),
+	// Σ sₖwₖΔₖ / Σ wₖ, wₖ the examples and sₖ = round.StalenessWeight.
+	// AsyncMomentum, when not 0, adds server momentum (FedAvgM on that
+	// step); 0 is plain SGD.
 	AsyncLR, AsyncMomentum float64
 
 	// Target is the test accuracy whose first reach is timed.
@@ -728,10 +729,11 @@ func (f *fleet) runAsync(ctx context.Context, s *runState, p *trainPool) (FedBuf
 	if err != nil {
 		return FedBuffRun{}, err
 	}
-	coll, err := rule.NewCollector(0)
+	col, err := rule.NewCollector(0)
 	if err != nil {
 		return FedBuffRun{}, err
 	}
+	coll := aggregator.NewStaleness(col)
 	global, cur, err := f.begin(s)
 	if err != nil {
 		return FedBuffRun{}, err
@@ -820,7 +822,7 @@ func (f *fleet) runAsync(ctx context.Context, s *runState, p *trainPool) (FedBuf
 			if err != nil {
 				return FedBuffRun{}, err
 			}
-			if err := coll.Add(delta, float64(f.devices[e.dev].Len())*b.Weight); err != nil {
+			if err := coll.Add(delta, float64(f.devices[e.dev].Len()), b.Weight); err != nil {
 				return FedBuffRun{}, err
 			}
 			s.stSum += float64(b.Staleness)
@@ -844,9 +846,10 @@ func (f *fleet) runAsync(ctx context.Context, s *runState, p *trainPool) (FedBuf
 				s.run.Stale++
 			}
 			s.run.Used += cfg.Buffer
-			if coll, err = rule.NewCollector(0); err != nil {
+			if col, err = rule.NewCollector(0); err != nil {
 				return FedBuffRun{}, err
 			}
+			coll = aggregator.NewStaleness(col)
 			if cur, err = f.snapshot(cur.n+1, global); err != nil {
 				return FedBuffRun{}, err
 			}

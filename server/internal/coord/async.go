@@ -5,8 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"math"
-	"time"
+		"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -390,7 +389,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	t.announceAsync(r)
 
 	buf := &asyncBuffer{}
-	sc := &stalenessCollector{Collector: col}
+	sc := aggregator.NewStaleness(col)
 	mm := newMetricMean()
 	expiry := t.clock().NewTimer(time.Hour)
 	defer expiry.Stop()
@@ -474,7 +473,7 @@ func (t *taskRun) endSecureBuffer(ctx context.Context, rnd uint64) {
 
 // handleAsync takes one report into the open buffer, or refuses it with a
 // receipt on its own round.
-func (t *taskRun) handleAsync(r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer, m jetstream.Msg) {
+func (t *taskRun) handleAsync(r *roundRun, sc *aggregator.Staleness, mm *metricMean, buf *asyncBuffer, m jetstream.Msg) {
 	a := t.async
 	if md, err := m.Metadata(); err == nil {
 		t.mu.Lock()
@@ -500,7 +499,7 @@ func (t *taskRun) handleAsync(r *roundRun, sc *stalenessCollector, mm *metricMea
 // acceptAsync checks a report of device on its plan of round rnd and folds
 // it into the buffer with its staleness weight. taken is false when the
 // report was refused.
-func (t *taskRun) acceptAsync(r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer, rnd uint64, device string, m jetstream.Msg) (taken bool, err error) {
+func (t *taskRun) acceptAsync(r *roundRun, sc *aggregator.Staleness, mm *metricMean, buf *asyncBuffer, rnd uint64, device string, m jetstream.Msg) (taken bool, err error) {
 	a := t.async
 	t.mu.Lock()
 	p, seated := a.plans[device]
@@ -532,11 +531,7 @@ func (t *taskRun) acceptAsync(r *roundRun, sc *stalenessCollector, mm *metricMea
 	in := t.intake(r)
 	in.spec.Round, in.spec.Model = rnd, p.plan.GetModel().GetVersion()
 	seat := round.Seat{Participant: p.plan.GetParticipantId(), Examples: examples}
-	var raw float64
-	got, err := in.fold(device, seat, p.key, m, func(w float64) (aggregator.Part, error) {
-		raw = w
-		return sc.Begin(w * b.Weight)
-	})
+	got, err := in.fold(device, seat, p.key, m, func(w float64) (aggregator.Part, error) { return sc.Begin(w, b.Weight) })
 	t.c.chargeChunkedBytes(m, got.chunked)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -554,8 +549,7 @@ func (t *taskRun) acceptAsync(r *roundRun, sc *stalenessCollector, mm *metricMea
 		r.lost = fmt.Sprintf("the buffer took the update of %s that its engine then refused: %v", device, err)
 		return true, err
 	}
-	sc.raw += raw
-	mm.add(got.metrics, raw)
+	mm.add(got.metrics, got.weight)
 	r.cohort.Join(device, seat)
 	r.cohort.Report(device)
 	var seq uint64
@@ -592,7 +586,7 @@ func (a *asyncRun) seatExamples(device string) uint64 {
 // stepAsync commits the full buffer as the task's next version, then
 // advances the engine (or empties the buffer, if the step was abandoned)
 // and purges the reports the buffer took.
-func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *stalenessCollector, mm *metricMean, buf *asyncBuffer) error {
+func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *aggregator.Staleness, mm *metricMean, buf *asyncBuffer) error {
 	a := t.async
 	n := len(buf.taken)
 	t.mu.Lock()
@@ -646,34 +640,3 @@ func (t *taskRun) announceAsync(r *roundRun) {
 		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.announceSpread()), Async: true})
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)
 }
-
-// stalenessCollector is an async buffer's collector: reports go in weighted
-// by their example weight times their staleness weight, and the step is
-// FedBuff's, Σ sₖwₖuₖ / Σ wₖ: staleness shrinks a report's part of the
-// step instead of only its share against the buffer's others. The
-// denominator is the example weights' sum, so one device moves the step
-// by at most its clip norm over that sum, as in a synchronous round, and
-// central DP noise is scaled to it.
-type stalenessCollector struct {
-	aggregator.Collector
-	raw float64 // Σ wₖ
-}
-
-// Aggregate is the buffer's step.
-func (s *stalenessCollector) Aggregate() ([]float32, error) {
-	mean, err := s.Collector.Aggregate()
-	if err != nil {
-		return nil, err
-	}
-	if s.raw <= 0 || math.IsNaN(s.raw) {
-		return nil, fmt.Errorf("async: a buffer without weight")
-	}
-	f := s.Collector.TotalWeight() / s.raw
-	for i := range mean {
-		mean[i] = float32(float64(mean[i]) * f)
-	}
-	return mean, nil
-}
-
-// TotalWeight is Σ wₖ, the step's denominator.
-func (s *stalenessCollector) TotalWeight() float64 { return s.raw }

@@ -216,7 +216,14 @@ func (t *taskRun) finishRound(row *store.RoundRow, outcome string) {
 // device noise is part of the sum). The mean is checked against the bound,
 // noised once for central DP (std zC on the sum, so zC/W on the mean),
 // applied, and the new model checked before anything is written.
-func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregator.Collector, mm *metricMean, reason string, slack float64) error {
+// aggregate is what a commit needs of a round's sum: a collector's, or an
+// async buffer's (aggregator.Staleness).
+type aggregate interface {
+	Aggregate() ([]float32, error)
+	TotalWeight() float64
+}
+
+func (t *taskRun) commit(ctx context.Context, r *roundRun, col aggregate, mm *metricMean, reason string, slack float64) error {
 	prefix := "train_"
 	if r.row.Kind == pb.RoundKind_ROUND_KIND_EVALUATE {
 		prefix = "eval_"
