@@ -5,7 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-		"time"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
