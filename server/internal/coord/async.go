@@ -404,6 +404,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 			t.mu.Lock()
 			a.eng.Abandon()
 			t.mu.Unlock()
+			t.purgeTaken(buf)
 			return t.abandon(ctx, r, r.lost)
 		}
 		if full {
@@ -616,6 +617,12 @@ func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *aggregator.Sta
 	}
 	a.prune(0)
 	t.mu.Unlock()
+	t.purgeTaken(buf)
+	return nil
+}
+
+// purgeTaken removes the reports a closed buffer took from the stream.
+func (t *taskRun) purgeTaken(buf *asyncBuffer) {
 	for _, tr := range buf.taken {
 		// The report itself, not its subject: the subject may hold a later
 		// message of the device, which the next buffer answers.
@@ -624,7 +631,6 @@ func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *aggregator.Sta
 			t.c.purgeStored(wire.ChunkSubject(t.id, tr.round, tr.device), 0)
 		})
 	}
-	return nil
 }
 
 // announceAsync wakes idle devices while seats are free: an async task

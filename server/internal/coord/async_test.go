@@ -292,3 +292,39 @@ func TestAsyncSecureBuffers(t *testing.T) {
 		t.Fatalf("d's receipt: %v", r)
 	}
 }
+
+// TestAsyncRestart: a restart loses the open buffer's sum: the buffer is
+// abandoned with the reason, the seats are forgotten (a report of a plan
+// handed before answers "check in"), and the next buffer commits from new
+// check-ins on the same version.
+func TestAsyncRestart(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.asyncTask(1))
+	a, b, c := h.enroll("dev-a", 10), h.enroll("dev-b", 10), h.enroll("dev-c", 10)
+	pa, pb1 := a.join(), b.join()
+	a.update(pa, constant(8, 0.5), 10, nil)
+	if r := a.receipt(); !r.Accepted {
+		t.Fatalf("a: %v", r)
+	}
+	h.c.Shutdown()
+	h.restart()
+	h.awaitOpen(task.Id, 2)
+	if r := h.round(task.Id, 1); r.State != pb.RoundState_ROUND_STATE_ABANDONED || !strings.Contains(r.Reason, "reports it held are lost") {
+		t.Fatalf("round 1 after the restart: %v %q", r.State, r.Reason)
+	}
+	ev := h.watch(task.Id)
+	b.update(pb1, constant(8, 0.5), 10, nil)
+	if r := b.receipt(); r.Accepted {
+		t.Fatalf("b's report on a plan from before the restart: %v", r)
+	}
+	p2, p3 := b.join(), c.join()
+	if p2.Round != 2 || p2.GetModel().GetVersion() != pa.GetModel().GetVersion() {
+		t.Fatalf("b's plan after the restart: round %d on %s", p2.Round, p2.GetModel().GetVersion())
+	}
+	b.update(p2, constant(8, 0.1), 10, nil)
+	c.update(p3, constant(8, 0.3), 10, nil)
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.Round != 2 {
+		t.Fatalf("buffer 2: %v", got)
+	}
+	h.modelMoved(task.Id, 0.2)
+}
