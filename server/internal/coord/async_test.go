@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
 )
@@ -327,4 +328,36 @@ func TestAsyncRestart(t *testing.T) {
 		t.Fatalf("buffer 2: %v", got)
 	}
 	h.modelMoved(task.Id, 0.2)
+}
+
+// TestAsyncDPParticipation: an async task with central DP noises and
+// accounts every step, and its participation cap holds across buffers: a
+// device that contributed to its cap of steps gets no seat again.
+func TestAsyncDPParticipation(t *testing.T) {
+	h := newHarness(t)
+	task := h.asyncTask(2)
+	task.Dp = &pb.DPConfig{Mechanism: pb.DPMechanism_DP_MECHANISM_CENTRAL_GAUSSIAN, ClipNorm: 1, NoiseMultiplier: 1,
+		TargetEpsilon: 1000, Delta: 1e-5, MaxRoundsPerDevice: 1}
+	task = h.start(task)
+	ev := h.watch(task.Id)
+	a, b := h.enroll("dev-a", 5), h.enroll("dev-b", 5)
+	for _, d := range []*device{a, b} {
+		p := d.join()
+		if p.GetDp() == nil || p.GetMaxUpdateNorm() != 1 {
+			t.Fatalf("DP plan: %v", p)
+		}
+		d.update(p, constant(8, 0.1), 5, nil)
+	}
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED || got.EpsilonSpent <= 0 {
+		t.Fatalf("buffer 1: %v", got)
+	}
+	if n := len(h.events(audit.TypePrivacySpent)); n != 1 {
+		t.Fatalf("%d dp.spent events after one step", n)
+	}
+	h.awaitOpen(task.Id, 2)
+	for _, d := range []*device{a, b} {
+		if r := d.checkIn().GetRetryAfter(); r == nil || r.Reason != pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE || !containsAll(r.Detail, "cap of 1 rounds") {
+			t.Fatalf("%s at its cap: %v", d.id, r)
+		}
+	}
 }
