@@ -134,7 +134,7 @@ func CheckAsync(t *pb.Task) error {
 // isAsync reports whether the task trains asynchronously.
 func (t *taskRun) isAsync() bool { return t.async != nil }
 
-// asyncOpen reports whether reports of round are still taken; t.mu is held.
+// open reports whether reports of round are still taken; t.mu is held.
 func (a *asyncRun) open(round uint64) bool {
 	_, ok := a.rounds[round]
 	return ok
@@ -150,11 +150,12 @@ func (a *asyncRun) quota(rnd uint64) *storeQuota {
 	return q
 }
 
-// prune forgets the rounds whose plans can no longer be reported: every
-// one of a version more than max_staleness behind, and every one that is
-// neither the open round nor the plan of a seat. t.mu is held.
-func (a *asyncRun) prune(open uint64) {
-	live := map[uint64]bool{open: true}
+// prune forgets, once a buffer closed, the rounds whose plans can no
+// longer be reported: those no device holds a plan of (a stale seat's
+// plan counts until its deadline, for its report to be refused as
+// stale). t.mu is held.
+func (a *asyncRun) prune() {
+	live := map[uint64]bool{}
 	for _, p := range a.plans {
 		live[p.round] = true
 	}
@@ -469,7 +470,7 @@ func (t *taskRun) endSecureBuffer(ctx context.Context, rnd uint64) {
 	default:
 		a.eng.Abandon()
 	}
-	a.prune(0)
+	a.prune()
 }
 
 // handleAsync takes one report into the open buffer, or refuses it with a
@@ -615,7 +616,7 @@ func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *aggregator.Sta
 	} else {
 		a.eng.Abandon()
 	}
-	a.prune(0)
+	a.prune()
 	t.mu.Unlock()
 	t.purgeTaken(buf)
 	return nil
