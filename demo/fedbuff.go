@@ -137,7 +137,8 @@ type FedBuffConfig struct {
 // TestFedBuffGrid (docs/bench/fedbuff/README.md): sync seats M = 400,
 // closes at T = 200 reports (goal 160, deadline 90 s) and steps with
 // FedAvgM, η = 5, β = 0.9; async trains C = 130 at once, steps every K =
-// 20 reports with η = 1, S = 100, seats expiring after 5 min.
+// 10 reports with η = 2 on the service's FedBuff step, S = 100, seats
+// expiring after 15 min.
 var FedBuffDefaults = FedBuffConfig{
 	Population: 2000, Seed: 1,
 	Sizes:    []int{784, 128, 10},
@@ -147,8 +148,8 @@ var FedBuffDefaults = FedBuffConfig{
 	Budget: 40000,
 	Cohort: 400, CohortTarget: 200, ReportGoal: 160, Deadline: 90 * time.Second,
 	SyncLR: 5, SyncMomentum: 0.9,
-	Concurrency: 130, Buffer: 20, MaxStaleness: 100, Timeout: 5 * time.Minute,
-	AsyncLR: 1,
+	Concurrency: 130, Buffer: 10, MaxStaleness: 100, Timeout: 15 * time.Minute,
+	AsyncLR: 2,
 	Target:  0.96, EvalInterval: time.Minute,
 }
 

@@ -7,7 +7,10 @@ import (
 	"math"
 	"slices"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleetlearn/fleetlearn/internal/devproto"
+	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/privacy/dp"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -27,6 +30,9 @@ type heldUpdate struct {
 	round    uint64 // of the training plan
 	delta    []float32
 	examples int
+	// model is the one it trained: a group's plan needs only its layout,
+	// and the device need not download the buffer's model for that.
+	model *model.Model
 }
 
 // ErrNoHeldUpdate is the cause of an ASYNC_STAGE_AGGREGATE plan the agent
@@ -41,9 +47,20 @@ func (a *Agent) trainAndHold(ctx context.Context, r *devproto.Round, mod *wasm.M
 		return fmt.Errorf("train: %w", err)
 	}
 	a.scratch.delta = updateOf(a.scratch.delta, call.Model, res.Model, call.Trainable)
-	a.held = &heldUpdate{task: plan.TaskId, round: plan.Round, delta: slices.Clone(a.scratch.delta), examples: res.NumExamples}
+	a.held = &heldUpdate{task: plan.TaskId, round: plan.Round, delta: slices.Clone(a.scratch.delta), examples: res.NumExamples,
+		model: call.Model}
 	r.Hold()
 	return nil
+}
+
+// planModel is the model plan works on: fetched, or for a group's plan the
+// model its held update trained, whose layout is the update's.
+func (a *Agent) planModel(ctx context.Context, js jetstream.JetStream, plan *pb.RoundPlan) (*model.Model, error) {
+	if h := a.held; h != nil && plan.GetAsyncStage() == pb.AsyncStage_ASYNC_STAGE_AGGREGATE && h.task == plan.TaskId &&
+		h.round == plan.GetTrainedRound() {
+		return h.model, nil
+	}
+	return a.model(ctx, js, plan.GetModel().GetSha256())
 }
 
 // heldInput encodes the held update for an ASYNC_STAGE_AGGREGATE plan's

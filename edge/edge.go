@@ -445,7 +445,7 @@ func (a *Agent) participate(ctx context.Context, r *devproto.Round) error {
 	if err != nil {
 		return devproto.Permanent(fmt.Errorf("plan: %w", err))
 	}
-	m, err := a.model(ctx, js, plan.GetModel().GetSha256())
+	m, err := a.planModel(ctx, js, plan)
 	if err != nil {
 		return err
 	}

@@ -92,6 +92,10 @@ const (
 // alone. FLEETLEARN_BENCH_NATS=external runs nats-server as its own process
 // (as BenchmarkLargeModelRound does) and reports its CPU as
 // nats-cpu-s/round.
+// FLEETLEARN_BENCH_ASYNC=K runs the task in async mode instead: 1,000
+// devices training at once (the concurrency), a version every K reports;
+// each "round" is then a buffer of K reports, and reports-s/1k-reports and
+// server-cpu-s/1k-reports put both modes on the same scale.
 // FLEETLEARN_BENCH_PPROF=DIR builds the server with net/http/pprof and keeps
 // in DIR its heap profile at its largest heap in use over the measured
 // rounds, and a CPU profile of their first FLEETLEARN_BENCH_CPU_SECONDS
@@ -212,6 +216,11 @@ func BenchmarkFleetScale(b *testing.B) {
 
 	spec := benchTask(mdl.GetRef().GetVersion(), mod.GetRef().GetSha256(), scaleCohort)
 	spec.SelectionTimeout = durationpb.New(5 * time.Minute)
+	perRound := scaleCohort // the reports a round takes
+	if os.Getenv("FLEETLEARN_BENCH_ASYNC") != "" {
+		perRound = scaleEnvInt(b, "FLEETLEARN_BENCH_ASYNC", 0, 1, scaleCohort)
+		spec.Async = &pb.AsyncConfig{Concurrency: scaleCohort, Buffer: uint32(perRound), MaxStaleness: 1000}
+	}
 	task, err := tasks.CreateTask(ctx, &pb.CreateTaskRequest{Task: spec})
 	if err != nil {
 		b.Fatal(err)
@@ -280,22 +289,25 @@ func BenchmarkFleetScale(b *testing.B) {
 			}
 			natsTotal += n1 - n0
 		}
-		if int(r.reported) < scaleCohort {
-			b.Fatalf("round %d committed with %d reports, want %d", r.round, r.reported, scaleCohort)
+		if int(r.reported) < perRound {
+			b.Fatalf("round %d committed with %d reports, want %d", r.round, r.reported, perRound)
 		}
 		if r.open.IsZero() {
 			b.Fatalf("round %d: its OPENED event was missed", r.round)
+		}
+		peak = max(peak, kb)
+		cpu += c1 - c0
+		total += r.commit.Sub(r.open)
+		measured++
+		if spec.Async != nil {
+			continue // a buffer's reports come from plans of earlier rounds
 		}
 		tr, ok := fleet.Trace(task.GetTask().GetId(), r.round)
 		if !ok {
 			b.Fatalf("round %d: the fleet saw no plan", r.round)
 		}
-		peak = max(peak, kb)
-		cpu += c1 - c0
-		total += r.commit.Sub(r.open)
 		sel += tr.LastPlan.Sub(r.open)
 		rep += tr.LastReport.Sub(r.open)
-		measured++
 	}
 	b.StopTimer()
 	outcomes := scaleCheckIns(b, metricsAddr)
@@ -305,6 +317,9 @@ func BenchmarkFleetScale(b *testing.B) {
 	}
 	k := float64(measured)
 	b.ReportMetric(total.Seconds()/k, "s/round")
+	reports := k * float64(perRound) / 1000
+	b.ReportMetric(total.Seconds()/reports, "s/1k-reports")
+	b.ReportMetric(cpu.Seconds()/reports, "server-cpu-s/1k-reports")
 	b.ReportMetric(sel.Seconds()/k, "s-select/round")
 	b.ReportMetric(rep.Seconds()/k, "s-reports/round")
 	b.ReportMetric(float64(fs.CheckIns-checkIns0)/k, "checkins/round")
