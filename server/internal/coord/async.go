@@ -59,6 +59,10 @@ type asyncRun struct {
 	participant uint32
 	// swept is when seats past their deadline were last freed.
 	swept time.Time
+	// announced is when a round of the task was last announced; later is
+	// set while an announcement waits for the pace window to pass.
+	announced time.Time
+	later     bool
 	// joined are the group plans of the devices the open secure buffer
 	// seated, by device, handed again to a device that asks again.
 	joined map[string]*pb.RoundPlan
@@ -387,7 +391,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	defer t.c.d.Metrics.OpenRounds.Dec()
 	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
 		Time: timestamppb.New(t.c.now())})
-	t.announceAsync(r)
+	t.announceAsync()
 
 	buf := &asyncBuffer{}
 	sc := aggregator.NewStaleness(col)
@@ -635,14 +639,34 @@ func (t *taskRun) purgeTaken(buf *asyncBuffer) {
 }
 
 // announceAsync wakes idle devices while seats are free: an async task
-// wants devices whenever fewer than its concurrency train.
-func (t *taskRun) announceAsync(r *roundRun) {
+// wants devices whenever fewer than its concurrency train. Buffers may
+// commit many times a second, and every announcement wakes every idle
+// device listening: at most one goes out a pace window (which is also how
+// soon a deferred device checks in again), for the round open then.
+func (t *taskRun) announceAsync() {
+	now := t.c.now()
 	t.mu.Lock()
-	left := t.async.eng.Config().Concurrency - t.async.eng.Training()
-	t.mu.Unlock()
-	if left <= 0 {
+	a, r := t.async, t.round
+	left := a.eng.Config().Concurrency - a.eng.Training()
+	if r == nil || left <= 0 || a.later {
+		t.mu.Unlock()
 		return
 	}
+	if wait := a.announced.Add(t.c.d.PaceWindow).Sub(now); wait > 0 {
+		a.later = true
+		t.mu.Unlock()
+		t.clock().AfterFunc(wait, func() {
+			t.mu.Lock()
+			a.later = false
+			t.mu.Unlock()
+			if t.c.ctx.Err() == nil {
+				t.announceAsync()
+			}
+		})
+		return
+	}
+	a.announced = now
+	t.mu.Unlock()
 	b, _ := proto.Marshal(&pb.RoundAnnouncement{TaskId: t.id, Round: r.row.Round, Kind: r.row.Kind,
 		Wanted: uint32(left), CheckInSpread: durationpb.New(t.c.announceSpread()), Async: true})
 	t.c.d.NC.Publish(wire.SubjectAnnounce, b)

@@ -156,7 +156,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
 		Time: timestamppb.New(now), Assigned: uint32(len(assigned))})
 	if t.async != nil {
-		t.announceAsync(r)
+		t.announceAsync()
 	} else {
 		t.announce(r)
 	}
