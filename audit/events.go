@@ -823,8 +823,11 @@ type PoolJob struct {
 	// What the job used so far, over every attempt. Each is left out of
 	// the encoding when zero, so entries written before usage was recorded
 	// still verify.
-	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
-	GPUSeconds      float64 `json:"gpu_seconds,omitempty"`
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	GPUSeconds float64 `json:"gpu_seconds,omitempty"`
+	// GPUBusySeconds is the GPUs' measured busy time (utilization ×
+	// seconds, machine-wide), where a worker measured it.
+	GPUBusySeconds  float64 `json:"gpu_busy_seconds,omitempty"`
 	PeakMemoryBytes uint64  `json:"peak_memory_bytes,omitempty"`
 	EnergyJoules    float64 `json:"energy_joules,omitempty"`
 	// Carbon-aware placement, each left out when empty or zero like the
@@ -848,6 +851,7 @@ func (p PoolJob) validate() error {
 	c.text("detail", p.Detail)
 	c.finite("cpu_seconds", p.CPUSeconds, true)
 	c.finite("gpu_seconds", p.GPUSeconds, true)
+	c.finite("gpu_busy_seconds", p.GPUBusySeconds, true)
 	c.finite("energy_joules", p.EnergyJoules, true)
 	c.text("carbon", p.Carbon)
 	c.hex("forecast_sha256", p.ForecastSHA256, false)
@@ -865,6 +869,9 @@ func (p PoolJob) encode(o *canon.Object) {
 	}
 	if p.GPUSeconds != 0 {
 		o.Float("gpu_seconds", p.GPUSeconds)
+	}
+	if p.GPUBusySeconds != 0 {
+		o.Float("gpu_busy_seconds", p.GPUBusySeconds)
 	}
 	if p.PeakMemoryBytes != 0 {
 		o.Uint("peak_memory_bytes", p.PeakMemoryBytes)

@@ -597,7 +597,11 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 	}
 	t.row("placement", orDash(strings.Join(where, ", ")))
 	u := j.GetUsage()
-	t.row("usage", fmt.Sprintf("%.1f CPU-s, %.1f GPU-s, peak %s, %s (meter %s, energy %s)", u.GetCpuSeconds(), u.GetGpuSeconds(),
+	gpu := fmt.Sprintf("%.1f GPU-s", u.GetGpuSeconds())
+	if m := u.GetGpuMeter(); m != "" {
+		gpu += fmt.Sprintf(" held, %.1f busy (%s)", u.GetGpuBusySeconds(), m)
+	}
+	t.row("usage", fmt.Sprintf("%.1f CPU-s, %s, peak %s, %s (meter %s, energy %s)", u.GetCpuSeconds(), gpu,
 		byteSize(uint64(max(u.GetPeakMemoryBytes(), 0))), energy(u.GetEnergyJoules()), orDash(u.GetMeter()), orDash(u.GetEnergySource())))
 	if z := j.GetCarbonZone(); z != "" {
 		t.row("carbon", fmt.Sprintf("zone %s from %s, %.1f gCO2e expected (forecast %s)", z, timeString(j.GetCarbonStart()),

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -57,6 +58,10 @@ type Agent struct {
 	log *slog.Logger
 	clk clock.Clock
 
+	// smi is nvidia-smi's path where it is on PATH: ranks that hold GPUs
+	// are metered through it (power and utilization).
+	smi string
+
 	mu    sync.Mutex
 	ranks map[rankKey]*rankRun
 	wg    sync.WaitGroup
@@ -89,7 +94,11 @@ func New(cfg Config) (*Agent, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Agent{cfg: cfg, log: log, clk: clock.Or(cfg.Clock), ranks: map[rankKey]*rankRun{}}, nil
+	a := &Agent{cfg: cfg, log: log, clk: clock.Or(cfg.Clock), ranks: map[rankKey]*rankRun{}}
+	if p, err := exec.LookPath("nvidia-smi"); err == nil {
+		a.smi = p
+	}
+	return a, nil
 }
 
 func (a *Agent) capacity(ctx context.Context) (*pb.PoolResources, []string, error) {
@@ -351,7 +360,7 @@ func (r *rankRun) usage(final bool) *pb.PoolUsage {
 		u = m.Sample()
 	}
 	gpus := r.lease.GetSpec().GetPerRank().GetGpus()
-	return &pb.PoolUsage{
+	out := &pb.PoolUsage{
 		CpuSeconds:      u.CPUSeconds,
 		GpuSeconds:      float64(gpus) * r.clk.Now().Sub(r.start).Seconds(),
 		PeakMemoryBytes: int64(min(u.PeakMemoryBytes, math.MaxInt64)),
@@ -359,6 +368,10 @@ func (r *rankRun) usage(final bool) *pb.PoolUsage {
 		Meter:           u.Backend,
 		EnergySource:    u.EnergySource,
 	}
+	if u.GPUMetered {
+		out.GpuBusySeconds, out.GpuMeter = u.GPUBusySeconds, "nvidia-smi"
+	}
+	return out
 }
 
 // stop asks the rank to stop: at its next checkpoint, or now. A rank not
@@ -553,7 +566,13 @@ func (a *Agent) runRank(r *rankRun, rs *runner.Spec) *pb.RankExitedRequest {
 	}
 	r.proc = proc
 	r.mu.Unlock()
-	if m, err := meter.Start(proc.Cmd(), meter.WithClock(a.clk)); err != nil {
+	opts := []meter.Option{meter.WithClock(a.clk)}
+	if r.lease.GetSpec().GetPerRank().GetGpus() > 0 {
+		// Machine-wide like the energy counters: a rank that holds no GPU
+		// is not charged for the others'.
+		opts = append(opts, meter.WithGPU(a.smi))
+	}
+	if m, err := meter.Start(proc.Cmd(), opts...); err != nil {
 		a.log.Warn("rank not metered", "job", k.job, "rank", k.rank, "err", err)
 	} else {
 		r.mu.Lock()

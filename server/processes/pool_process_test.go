@@ -230,9 +230,12 @@ func rankStarts(lines []*pb.PoolLogLine, attempt uint32) map[uint32]time.Time {
 type poolEvent struct {
 	Time    time.Time `json:"ts"`
 	Payload struct {
-		Job    string `json:"job"`
-		State  string `json:"state"`
-		Detail string `json:"detail"`
+		Job            string  `json:"job"`
+		State          string  `json:"state"`
+		Detail         string  `json:"detail"`
+		GPUSeconds     float64 `json:"gpu_seconds"`
+		GPUBusySeconds float64 `json:"gpu_busy_seconds"`
+		EnergyJoules   float64 `json:"energy_joules"`
 	} `json:"payload"`
 }
 
@@ -703,4 +706,80 @@ func TestPoolCancel(t *testing.T) {
 		b, _ := os.ReadFile(w.p.log)
 		t.Logf("worker %s: %d stop orders for the cancelled rank", w.name, strings.Count(string(b), `msg="stopping rank" job=cancelme`))
 	}
+}
+
+// fakeSMI is an nvidia-smi that reports one GPU to detection and, to the
+// meter's query, a constant 250 W at 80% utilization.
+const fakeSMI = `#!/bin/sh
+case "$*" in
+*index,uuid*) echo "0, GPU-00000000-0000-0000-0000-000000000001, Fake GPU, 16384" ;;
+*power.draw,utilization.gpu*) echo "250.00, 80" ;;
+*) echo "fake nvidia-smi: unexpected $*" >&2; exit 2 ;;
+esac
+`
+
+// TestPoolGPUMetering: a worker with nvidia-smi on its PATH (a fake one
+// reporting 250 W at 80%) offers the GPU it detects; a job rank holding it
+// is metered through nvidia-smi's power and utilization, and the GPUs'
+// busy time and energy reach pool get and the job's final pool.job audit
+// event, beside the GPU time held. The fake's constant readings make
+// energy / busy time exactly 250 W / 0.8.
+func TestPoolGPUMetering(t *testing.T) {
+	pc := newPoolCluster(t)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "nvidia-smi"), []byte(fakeSMI), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tok := runCLI(t, pc.cli, "", "token", "mint", "--data-dir", pc.dataDir, "--subject", "gpu-1", "--role", "pool-worker")
+	tokFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokFile, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// No --cpus or --memory: the worker detects what it offers, the GPU included.
+	cmd := exec.Command(pc.workerBin, "run", "--server", pc.grpcAddr, "--ca", server.CAFile(pc.dataDir),
+		"--token-file", tokFile, "--work-dir", filepath.Join(dir, "work"), "--name", "gpu-1", "--log-level", "debug")
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	startCmd(t, "gpu-1", cmd)
+	pc.waitFor("the GPU worker ready", func() bool {
+		for _, w := range pc.workers() {
+			if w.GetName() == "gpu-1" && w.GetState() == "ready" {
+				return w.GetCapacity().GetGpus() == 1
+			}
+		}
+		return false
+	})
+	pc.submit("--id", "gpu-job", "--ranks", "1", "--cpu", "1", "--gpus", "1", "--memory", fmt.Sprint(rankMemory),
+		"--arch", "mlp:784,32,10", "--dataset", "mnist-train:0:2000", "--steps", "60", "--checkpoint-every", "20",
+		"--seed", "7", "--init-seed", "3", "--output-model", "gpu-base")
+	if j := pc.waitEnd("gpu-job"); j.GetState() != pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job %v: %s", j.GetState(), j.GetStateReason())
+	}
+	u := pc.getCLI("gpu-job").GetUsage()
+	if u.GetGpuMeter() != "nvidia-smi" || !(u.GetGpuBusySeconds() > 0) || !(u.GetGpuSeconds() > 0) {
+		t.Fatalf("usage %v: want GPU busy time from nvidia-smi", u)
+	}
+	if u.GetEnergySource() == "nvidia-smi" {
+		// RAPL unreadable here: the energy is the GPU's alone.
+		if r := u.GetEnergyJoules() / u.GetGpuBusySeconds(); math.Abs(r-250/0.8) > 1e-6*r {
+			t.Fatalf("energy %v J over %v busy GPU-seconds = %v W, want 312.5", u.GetEnergyJoules(), u.GetGpuBusySeconds(), r)
+		}
+	} else if !strings.Contains(u.GetEnergySource(), "nvidia-smi") || !(u.GetEnergyJoules() >= 250/0.8*u.GetGpuBusySeconds()*(1-1e-6)) {
+		t.Fatalf("energy %v J from %q with %v busy GPU-seconds", u.GetEnergyJoules(), u.GetEnergySource(), u.GetGpuBusySeconds())
+	}
+	if out := runCLI(t, pc.cli, pc.grpcAddr, "pool", "get", "gpu-job"); !strings.Contains(out, " GPU-s held, ") ||
+		!strings.Contains(out, " busy (nvidia-smi)") {
+		t.Fatalf("pool get shows no GPU busy time:\n%s", out)
+	}
+	var final *poolEvent
+	for _, ev := range pc.poolEvents("gpu-job") {
+		if ev.Payload.State == "succeeded" {
+			final = &ev
+		}
+	}
+	if final == nil || final.Payload.GPUBusySeconds != u.GetGpuBusySeconds() || final.Payload.EnergyJoules != u.GetEnergyJoules() ||
+		final.Payload.GPUSeconds != u.GetGpuSeconds() {
+		t.Fatalf("final pool.job event %+v, want the job's usage %v", final, u)
+	}
+	t.Logf("usage: %.2f GPU-s held, %.2f busy, %.1f J (%s)", u.GetGpuSeconds(), u.GetGpuBusySeconds(), u.GetEnergyJoules(), u.GetEnergySource())
 }

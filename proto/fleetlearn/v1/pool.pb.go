@@ -987,7 +987,13 @@ type PoolUsage struct {
 	// How CPU and memory were measured: cgroup, cgroup+proc, proc.
 	Meter string `protobuf:"bytes,5,opt,name=meter,proto3" json:"meter,omitempty"`
 	// Where energy came from ("rapl", "nvidia-smi") or "unavailable".
-	EnergySource  string `protobuf:"bytes,6,opt,name=energy_source,json=energySource,proto3" json:"energy_source,omitempty"`
+	EnergySource string `protobuf:"bytes,6,opt,name=energy_source,json=energySource,proto3" json:"energy_source,omitempty"`
+	// GPU time the GPUs were busy: nvidia-smi's utilization.gpu integrated
+	// over the job's run and summed over GPUs (two GPUs at 40% for 10 s make
+	// 8), machine-wide like the energy; 0 where not measured (gpu_meter "").
+	GpuBusySeconds float64 `protobuf:"fixed64,7,opt,name=gpu_busy_seconds,json=gpuBusySeconds,proto3" json:"gpu_busy_seconds,omitempty"`
+	// How gpu_busy_seconds was measured: "nvidia-smi", or "" where it was not.
+	GpuMeter      string `protobuf:"bytes,8,opt,name=gpu_meter,json=gpuMeter,proto3" json:"gpu_meter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1060,6 +1066,20 @@ func (x *PoolUsage) GetMeter() string {
 func (x *PoolUsage) GetEnergySource() string {
 	if x != nil {
 		return x.EnergySource
+	}
+	return ""
+}
+
+func (x *PoolUsage) GetGpuBusySeconds() float64 {
+	if x != nil {
+		return x.GpuBusySeconds
+	}
+	return 0
+}
+
+func (x *PoolUsage) GetGpuMeter() string {
+	if x != nil {
+		return x.GpuMeter
 	}
 	return ""
 }
@@ -4466,7 +4486,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x1d\n" +
 	"\n" +
 	"first_rank\x18\x02 \x01(\rR\tfirstRank\x12\x14\n" +
-	"\x05ranks\x18\x03 \x01(\rR\x05ranks\"\xd9\x01\n" +
+	"\x05ranks\x18\x03 \x01(\rR\x05ranks\"\xa0\x02\n" +
 	"\tPoolUsage\x12\x1f\n" +
 	"\vcpu_seconds\x18\x01 \x01(\x01R\n" +
 	"cpuSeconds\x12\x1f\n" +
@@ -4475,7 +4495,9 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x11peak_memory_bytes\x18\x03 \x01(\x03R\x0fpeakMemoryBytes\x12#\n" +
 	"\renergy_joules\x18\x04 \x01(\x01R\fenergyJoules\x12\x14\n" +
 	"\x05meter\x18\x05 \x01(\tR\x05meter\x12#\n" +
-	"\renergy_source\x18\x06 \x01(\tR\fenergySource\"\xec\b\n" +
+	"\renergy_source\x18\x06 \x01(\tR\fenergySource\x12(\n" +
+	"\x10gpu_busy_seconds\x18\a \x01(\x01R\x0egpuBusySeconds\x12\x1b\n" +
+	"\tgpu_meter\x18\b \x01(\tR\bgpuMeter\"\xec\b\n" +
 	"\aPoolJob\x12.\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1a.fleetlearn.v1.PoolJobSpecR\x04spec\x12\x1f\n" +
 	"\vspec_digest\x18\x02 \x01(\tR\n" +

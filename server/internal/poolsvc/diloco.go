@@ -695,6 +695,7 @@ func (s *Service) sumIslandUsage(p *jobRT) {
 		ku := k.rec.GetUsage()
 		u.CpuSeconds += ku.GetCpuSeconds()
 		u.GpuSeconds += ku.GetGpuSeconds()
+		u.GpuBusySeconds += ku.GetGpuBusySeconds()
 		u.EnergyJoules += ku.GetEnergyJoules()
 		u.PeakMemoryBytes = max(u.PeakMemoryBytes, ku.GetPeakMemoryBytes())
 		if u.Meter == "" {

@@ -160,6 +160,7 @@ func (s *Service) poolJobEvent(rt *jobRT, model string) audit.PoolJob {
 	if rt.terminal() {
 		s.settleCarbon(rt)
 		ev.CPUSeconds, ev.GPUSeconds, ev.EnergyJoules = u.GetCpuSeconds(), u.GetGpuSeconds(), u.GetEnergyJoules()
+		ev.GPUBusySeconds = u.GetGpuBusySeconds()
 		ev.PeakMemoryBytes = uint64(max(u.GetPeakMemoryBytes(), 0))
 		ev.GCO2e = rt.rec.GetGco2E()
 	}

@@ -192,7 +192,8 @@ func checkUsage(u, prev *pb.PoolUsage) error {
 		name    string
 		v, prev float64
 	}{{"cpu_seconds", u.GetCpuSeconds(), prev.GetCpuSeconds()}, {"gpu_seconds", u.GetGpuSeconds(), prev.GetGpuSeconds()},
-		{"energy_joules", u.GetEnergyJoules(), prev.GetEnergyJoules()}} {
+		{"energy_joules", u.GetEnergyJoules(), prev.GetEnergyJoules()},
+		{"gpu_busy_seconds", u.GetGpuBusySeconds(), prev.GetGpuBusySeconds()}} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > 1e15 {
 			return invalidf("usage.%s %v: want a finite number in [0, 1e15]", f.name, f.v)
 		}
@@ -204,6 +205,9 @@ func checkUsage(u, prev *pb.PoolUsage) error {
 		return invalidf("usage.peak_memory_bytes %d outside [0, 2^50]", m)
 	}
 	if err := checkText("usage.meter", u.GetMeter(), 32); err != nil {
+		return err
+	}
+	if err := checkText("usage.gpu_meter", u.GetGpuMeter(), 32); err != nil {
 		return err
 	}
 	return checkText("usage.energy_source", u.GetEnergySource(), 32)
@@ -225,6 +229,11 @@ func (s *Service) applyUsage(rt *jobRT, le *lease, u *pb.PoolUsage) {
 	cpu := u.GetCpuSeconds() - le.usage.GetCpuSeconds()
 	energy := u.GetEnergyJoules() - le.usage.GetEnergyJoules()
 	s.charge(rt, cpu, gpu, energy, u.GetPeakMemoryBytes())
+	// The GPUs' measured busy time, beside the held time the server counts.
+	rt.rec.Usage.GpuBusySeconds += u.GetGpuBusySeconds() - le.usage.GetGpuBusySeconds()
+	if u.GetGpuMeter() != "" {
+		rt.rec.Usage.GpuMeter = u.GetGpuMeter()
+	}
 	if u.GetMeter() != "" {
 		rt.rec.Usage.Meter = u.GetMeter()
 	}

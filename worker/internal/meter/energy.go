@@ -28,9 +28,17 @@ type energy struct {
 	smi       string
 	clk       clock.Clock
 	gpuOK     bool
-	lastPower float64 // W, summed over GPUs
+	last      gpuReading // summed over GPUs
 	lastAt    time.Time
 	gpuJ      float64
+	gpuBusy   float64 // GPU-seconds at full utilization
+}
+
+// gpuReading is one nvidia-smi reading, summed over the machine's GPUs:
+// power in watts, and utilization as a number of fully busy GPUs (two GPUs
+// at 40% read 0.8).
+type gpuReading struct {
+	watts, busy float64
 }
 
 // newEnergy finds the RAPL package zones under powercap (top-level
@@ -55,12 +63,16 @@ func newEnergy(powercap, smi string, clk clock.Clock) *energy {
 		}
 	}
 	if smi != "" {
-		if w, err := gpuPower(smi); err == nil {
-			e.gpuOK, e.lastPower, e.lastAt = true, w, clk.Now()
+		if g, err := readGPUs(smi); err == nil {
+			e.gpuOK, e.last, e.lastAt = true, g, clk.Now()
 		}
 	}
 	return e
 }
+
+// gpuSeconds is the GPUs' busy time so far (utilization × seconds, summed
+// over GPUs), and whether nvidia-smi measures it.
+func (e *energy) gpuSeconds() (float64, bool) { return e.gpuBusy, e.gpuOK }
 
 // sample adds the energy since the last sample and returns the total and
 // its sources. Sampling at an interval well under a counter's wrap period
@@ -80,10 +92,12 @@ func (e *energy) sample() (float64, string) {
 	}
 	if e.gpuOK {
 		now := e.clk.Now()
-		if w, err := gpuPower(e.smi); err == nil {
-			// The trapezoid between two readings of the power.
-			e.gpuJ += (e.lastPower + w) / 2 * now.Sub(e.lastAt).Seconds()
-			e.lastPower, e.lastAt = w, now
+		if g, err := readGPUs(e.smi); err == nil {
+			// The trapezoid between two readings.
+			dt := now.Sub(e.lastAt).Seconds()
+			e.gpuJ += (e.last.watts + g.watts) / 2 * dt
+			e.gpuBusy += (e.last.busy + g.busy) / 2 * dt
+			e.last, e.lastAt = g, now
 		}
 		src = append(src, "nvidia-smi")
 	}
@@ -117,36 +131,45 @@ func readUint(path string) (uint64, error) {
 // meter behind a wedged driver.
 const gpuPowerTimeout = 5 * time.Second
 
-// gpuPower is the power drawn by all GPUs now, in watts.
-func gpuPower(smi string) (float64, error) {
+// GPUQuery is what the meter asks nvidia-smi at every sample: each GPU's
+// power draw (W) and utilization (%), one GPU a line, as its documented
+// CSV output gives them ("71.23, 87").
+var GPUQuery = []string{"--query-gpu=power.draw,utilization.gpu", "--format=csv,noheader,nounits"}
+
+// readGPUs is the GPUs' power and utilization now, summed over GPUs.
+func readGPUs(smi string) (gpuReading, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), gpuPowerTimeout)
 	defer cancel()
-	out, err := detect.RunNvidiaSMI(ctx, smi, "--query-gpu=power.draw", "--format=csv,noheader,nounits")
+	out, err := detect.RunNvidiaSMI(ctx, smi, GPUQuery...)
 	if err != nil {
-		return 0, err
+		return gpuReading{}, err
 	}
-	return parsePowerDraw(out)
+	return parseGPUReading(out)
 }
 
-// parsePowerDraw sums nvidia-smi's power.draw lines (watts); a GPU that
-// reports "[N/A]" makes the whole reading unusable rather than low.
-func parsePowerDraw(out []byte) (float64, error) {
-	var sum float64
+// parseGPUReading sums nvidia-smi's power.draw, utilization.gpu lines; a
+// GPU that reports "[N/A]" or anything out of range makes the whole
+// reading unusable rather than low.
+func parseGPUReading(out []byte) (gpuReading, error) {
+	var sum gpuReading
 	n := 0
 	for line := range strings.SplitSeq(string(out), "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" {
 			continue
 		}
-		w, err := strconv.ParseFloat(line, 64)
-		if err != nil || w < 0 || w > 1e5 {
-			return 0, fmt.Errorf("parse power.draw: bad value %.32q", line)
+		p, u, ok := strings.Cut(line, ",")
+		w, err1 := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		pct, err2 := strconv.ParseFloat(strings.TrimSpace(u), 64)
+		if !ok || err1 != nil || err2 != nil || !(w >= 0 && w <= 1e5) || !(pct >= 0 && pct <= 100) {
+			return gpuReading{}, fmt.Errorf("parse power.draw, utilization.gpu: bad line %.32q", line)
 		}
-		sum += w
+		sum.watts += w
+		sum.busy += pct / 100
 		n++
 	}
 	if n == 0 {
-		return 0, fmt.Errorf("parse power.draw: no GPUs")
+		return gpuReading{}, fmt.Errorf("parse power.draw, utilization.gpu: no GPUs")
 	}
 	return sum, nil
 }

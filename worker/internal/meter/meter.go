@@ -38,6 +38,11 @@ type Usage struct {
 	// EnergySource names the counters summed ("rapl", "nvidia-smi",
 	// "rapl+nvidia-smi"), all machine-wide, or is EnergyUnavailable.
 	EnergySource string
+	// GPUBusySeconds is the GPUs' busy time while the job ran: their
+	// utilization integrated over time and summed over GPUs, machine-wide
+	// like the energy; valid where GPUMetered.
+	GPUBusySeconds float64
+	GPUMetered     bool
 	// Backend is where the CPU and memory figures came from: BackendCgroup,
 	// BackendCgroupProc (CPU from the cgroup, memory from /proc because the
 	// cgroup has no memory controller) or BackendProc.
@@ -102,10 +107,11 @@ func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
 // /sys/class/powercap; "" turns RAPL off.
 func WithPowercap(dir string) Option { return func(o *options) { o.powercap = dir } }
 
-// WithGPUPower samples the GPUs' power.draw through the nvidia-smi at smi
-// at each interval and integrates it; "" (the default) leaves GPUs out,
-// since each sample runs a process.
-func WithGPUPower(smi string) Option { return func(o *options) { o.gpuSMI = smi } }
+// WithGPU samples the GPUs' power draw and utilization through the
+// nvidia-smi at smi (GPUQuery) at each interval and integrates both, into
+// energy and GPU busy time; "" (the default) leaves GPUs out, since each
+// sample runs a process.
+func WithGPU(smi string) Option { return func(o *options) { o.gpuSMI = smi } }
 
 // WithCgroupParent creates the job's cgroup under dir instead of under this
 // process's own cgroup.
@@ -196,6 +202,7 @@ func (m *Meter) sampleLocked() Usage {
 		}
 	}
 	u.EnergyJoules, u.EnergySource = m.en.sample()
+	u.GPUBusySeconds, u.GPUMetered = m.en.gpuSeconds()
 	m.last = u
 	return u
 }

@@ -128,7 +128,8 @@ func TestRAPL(t *testing.T) {
 	}
 }
 
-// TestGPUPower integrates nvidia-smi's power.draw over the injected clock.
+// TestGPUPower integrates nvidia-smi's power.draw and utilization.gpu over
+// the injected clock.
 func TestGPUPower(t *testing.T) {
 	dir := t.TempDir()
 	watts := filepath.Join(dir, "watts")
@@ -141,26 +142,30 @@ func TestGPUPower(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	set("100.00\n 50.00\n")
+	set("100.00, 100\n 50.00, 0\n")
 	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := newEnergy("", smi, fake)
 	fake.Advance(2 * time.Second)
-	set("200.00\n 50.00\n")
+	set("200.00, 50\n 50.00, 50\n")
 	j, src := e.sample()
 	if src != "nvidia-smi" || !within(j, (150+250)/2*2, 1e-9) {
 		t.Errorf("energy = %v J from %q, want 400 J from nvidia-smi", j, src)
 	}
-	set("[N/A]\n")
+	// One busy GPU, then two half busy: (1 + 1) / 2 × 2 s.
+	if busy, ok := e.gpuSeconds(); !ok || !within(busy, 2, 1e-9) {
+		t.Errorf("GPU busy time = %v (%v), want 2 GPU-seconds", busy, ok)
+	}
+	set("[N/A], [N/A]\n")
 	fake.Advance(time.Second)
 	if j2, _ := e.sample(); j2 != j {
 		t.Errorf("an unreadable power sample changed the energy: %v → %v", j, j2)
 	}
-	for _, bad := range []string{"", "[N/A]", "-3", "1e9", strings.Repeat("9", 400)} {
-		if _, err := parsePowerDraw([]byte(bad)); err == nil || len(err.Error()) > 100 {
-			t.Errorf("parsePowerDraw(%.20q) = %v", bad, err)
+	for _, bad := range []string{"", "[N/A]", "-3, 5", "1e9, 5", "5, 101", "5, -1", "5", "5, [N/A]", strings.Repeat("9", 400)} {
+		if _, err := parseGPUReading([]byte(bad)); err == nil || len(err.Error()) > 100 {
+			t.Errorf("parseGPUReading(%.20q) = %v", bad, err)
 		}
 	}
-	if w, err := parsePowerDraw([]byte("71.23\n" + strconv.Itoa(29) + "\n")); err != nil || !within(w, 100.23, 1e-9) {
-		t.Errorf("parsePowerDraw = %v, %v", w, err)
+	if g, err := parseGPUReading([]byte("71.23, 87\n" + strconv.Itoa(29) + ", 3\n")); err != nil || !within(g.watts, 100.23, 1e-9) || !within(g.busy, 0.9, 1e-9) {
+		t.Errorf("parseGPUReading = %+v, %v", g, err)
 	}
 }
