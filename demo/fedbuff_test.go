@@ -157,6 +157,15 @@ func TestFedBuffFull(t *testing.T) {
 		}
 		cfg.Seed = seed
 	}
+	if s := os.Getenv("FLEETLEARN_FEDBUFF_ALPHA"); s != "" {
+		// A Dirichlet label skew instead of the IID split; the settings
+		// stay the IID grid's.
+		alpha, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			t.Fatalf("FLEETLEARN_FEDBUFF_ALPHA: %v", err)
+		}
+		cfg.Alpha = alpha
+	}
 	cfg.Out = os.Stderr
 	start := time.Now()
 	res, err := demo.FedBuff(context.Background(), cfg)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What: issue 32's end-to-end job on one machine, as real processes: MNIST
+# What: the end-to-end MNIST job on one machine, as real processes: MNIST
 #   split over 100 devices (Dirichlet alpha 0.5, seed 1), one
 #   fleetlearn-server and 100 fleetlearn-edge agents, each freshly enrolled
 #   with an empty state directory (a fresh fleet: no agent has compiled the

@@ -215,15 +215,11 @@ func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.Ro
 		return p, r.tr.header, 0, 0, ""
 	}
 	t.mu.Unlock()
-	key, err := t.c.deviceKey(t.c.ctx, device)
-	if errors.Is(err, ErrRevoked) || (key == nil && t.c.d.RequireEnrollment) {
+	key, why := t.c.seatKey(device)
+	if why != "" {
 		t.mu.Lock()
 		a.eng.Release(device)
 		t.mu.Unlock()
-		why := "device is not enrolled"
-		if err != nil {
-			why = err.Error()
-		}
 		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
 	}
 	t.mu.Lock()
@@ -362,18 +358,11 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	}
 	defer drop()
 	msgs := make(chan jetstream.Msg, 64)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
-	}, jetstream.PullMaxBytes(8<<20), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		t.log().Debug("report consumer", "round", row.Round, "err", err)
-	}))
+	stop, err := t.pull(ctx, cons, row.Round, msgs)
 	if err != nil {
-		return fmt.Errorf("round %d: consume: %w", row.Round, err)
+		return err
 	}
-	defer cc.Stop()
+	defer stop()
 
 	t.traceRound(ctx, r)
 	defer t.endSpans(r)

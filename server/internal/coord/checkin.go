@@ -255,15 +255,11 @@ func (t *taskRun) offerCohort(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.R
 	}
 	// A reserved seat: concurrent check-ins cannot overfill the cohort
 	// while the store records it.
-	key, err := t.c.deviceKey(t.c.ctx, device)
-	if errors.Is(err, ErrRevoked) || (key == nil && t.c.d.RequireEnrollment) {
+	key, why := t.c.seatKey(device)
+	if why != "" {
 		t.mu.Lock()
 		r.cohort.Release(device)
 		t.mu.Unlock()
-		why := "device is not enrolled"
-		if err != nil {
-			why = err.Error()
-		}
 		return nil, nil, 10 * pace, pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE, why
 	}
 
@@ -309,6 +305,19 @@ func (c *Coordinator) deviceKey(ctx context.Context, device string) (ed25519.Pub
 		return nil, nil
 	}
 	return k, nil
+}
+
+// seatKey is the key a device taking a seat signs with, or why it may not
+// take one: revoked, or not enrolled where enrollment is required.
+func (c *Coordinator) seatKey(device string) (ed25519.PublicKey, string) {
+	key, err := c.deviceKey(c.ctx, device)
+	switch {
+	case errors.Is(err, ErrRevoked):
+		return nil, err.Error()
+	case key == nil && c.d.RequireEnrollment:
+		return nil, "device is not enrolled"
+	}
+	return key, ""
 }
 
 func withParticipant(plan *pb.RoundPlan, p uint32) *pb.RoundPlan {

@@ -41,6 +41,27 @@ func (t *taskRun) reportConsumer(ctx context.Context, round uint64, headersOnly 
 	return t.consumeReports(ctx, round, wire.RoundFilters(t.id, round), 0, headersOnly)
 }
 
+// pull starts delivering cons's reports of round to msgs until ctx ends or
+// the returned stop is called. What is in flight is bounded: reports are
+// ~400 KB each, and the default (500 messages) overruns the connection's
+// pending limit at large cohorts. Missed heartbeats (a NATS node lost)
+// are the client's to recover from by pulling again, from the consumer's
+// new leader.
+func (t *taskRun) pull(ctx context.Context, cons jetstream.Consumer, round uint64, msgs chan<- jetstream.Msg) (stop func(), err error) {
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxBytes(8<<20), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		t.log().Debug("report consumer", "round", round, "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("round %d: consume: %w", round, err)
+	}
+	return cc.Stop, nil
+}
+
 // consumeReports creates a consumer of round's reports on filters, from
 // stream sequence from (0: the start of the stream), as reportConsumer.
 func (t *taskRun) consumeReports(ctx context.Context, round uint64, filters []string, from uint64, headersOnly bool) (jetstream.Consumer, func(), error) {

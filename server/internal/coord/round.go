@@ -112,22 +112,11 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		return err
 	}
 	defer drop()
-	// Bound what is in flight: reports are ~400 KB each, and the default
-	// (500 messages) overruns the connection's pending limit at large cohorts.
-	// Missed heartbeats (a NATS node lost) are the client's to recover from
-	// by pulling again, from the consumer's new leader.
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
-	}, jetstream.PullMaxBytes(8<<20), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		t.log().Debug("report consumer", "round", row.Round, "err", err)
-	}))
+	stop, err := t.pull(ctx, cons, row.Round, msgs)
 	if err != nil {
-		return fmt.Errorf("round %d: consume: %w", row.Round, err)
+		return err
 	}
-	defer cc.Stop()
+	defer stop()
 
 	var parts map[string]store.Participation
 	if t.dp.limitsParticipation() {
