@@ -368,18 +368,9 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	defer t.endSpans(r)
 	r.selectionDone(0)
 	t.mu.Lock()
-	t.round, t.loading, t.parts = r, false, parts
 	a.rounds[row.Round] = a.eng.Version()
 	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		t.closeRun(r)
-		t.mu.Unlock()
-	}()
-	t.c.d.Metrics.OpenRounds.Inc()
-	defer t.c.d.Metrics.OpenRounds.Dec()
-	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
-		Time: timestamppb.New(t.c.now())})
+	defer t.openForCheckIns(r, parts, 0)()
 	t.announceAsync()
 
 	buf := &asyncBuffer{}

@@ -132,18 +132,7 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 	// The spans exist before check-ins can see the round.
 	t.traceRound(ctx, r)
 	defer t.endSpans(r)
-	t.mu.Lock()
-	t.round, t.loading, t.parts = r, false, parts
-	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		t.closeRun(r)
-		t.mu.Unlock()
-	}()
-	t.c.d.Metrics.OpenRounds.Inc()
-	defer t.c.d.Metrics.OpenRounds.Dec()
-	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: row.Kind,
-		Time: timestamppb.New(now), Assigned: uint32(len(assigned))})
+	defer t.openForCheckIns(r, parts, uint32(len(assigned)))()
 	if t.async != nil {
 		t.announceAsync()
 	} else {
@@ -153,6 +142,23 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		return t.runSecure(ctx, r, col, msgs)
 	}
 	return t.runPlain(ctx, r, col, msgs)
+}
+
+// openForCheckIns makes r the open round, the one check-ins see, and tells
+// watchers it opened with assigned seats; the returned func ends that.
+func (t *taskRun) openForCheckIns(r *roundRun, parts map[string]store.Participation, assigned uint32) (closed func()) {
+	t.mu.Lock()
+	t.round, t.loading, t.parts = r, false, parts
+	t.mu.Unlock()
+	t.c.d.Metrics.OpenRounds.Inc()
+	t.c.emit(&pb.RoundEvent{TaskId: t.id, Round: r.row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_OPENED, Kind: r.row.Kind,
+		Time: timestamppb.New(t.c.now()), Assigned: assigned})
+	return func() {
+		t.c.d.Metrics.OpenRounds.Dec()
+		t.mu.Lock()
+		t.closeRun(r)
+		t.mu.Unlock()
+	}
 }
 
 // runPlain consumes a plaintext round's reports until a close condition,
