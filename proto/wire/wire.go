@@ -161,6 +161,9 @@ func RoundFilters(task string, round uint64) []string {
 // rounds.
 func TaskReportFilter(task string) string { return "fl.report." + task + ".*.*" }
 
+// TaskChunkFilter matches the chunks of every round of task.
+func TaskChunkFilter(task string) string { return "fl.chunk." + task + ".*.*" }
+
 // SubjectSecAggUp is what the server subscribes to for devices' SecAggUp
 // requests: fl.secagg.up.<task>.<round>.<device>.
 const SubjectSecAggUp = "fl.secagg.up.>"

@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleetlearn/fleetlearn/audit"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 	"github.com/fleetlearn/fleetlearn/proto/wire"
@@ -359,5 +361,44 @@ func TestAsyncDPParticipation(t *testing.T) {
 		if r := d.checkIn().GetRetryAfter(); r == nil || r.Reason != pb.RetryReason_RETRY_REASON_NOT_ELIGIBLE || !containsAll(r.Detail, "cap of 1 rounds") {
 			t.Fatalf("%s at its cap: %v", d.id, r)
 		}
+	}
+}
+
+// TestAsyncStopPurgesBacklog: stopping an async task drops the reports
+// of every round's plans from the stream, not only the open round's: here
+// one that trained on round 1's plan and waits in round 2's buffer.
+func TestAsyncStopPurgesBacklog(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.asyncTask(3))
+	ev := h.watch(task.Id)
+	a, b, c := h.enroll("dev-a", 10), h.enroll("dev-b", 10), h.enroll("dev-c", 10)
+	pa, pb1, pc := a.join(), b.join(), c.join()
+	a.update(pa, constant(8, 0.1), 10, nil)
+	b.update(pb1, constant(8, 0.1), 10, nil)
+	if got := h.next(ev); got.Type != pb.RoundEventType_ROUND_EVENT_TYPE_COMMITTED {
+		t.Fatalf("buffer 1: %v", got)
+	}
+	h.awaitOpen(task.Id, 2)
+	c.update(pc, constant(8, 0.1), 10, nil)
+	if r := c.receipt(); !r.Accepted || r.Round != 1 {
+		t.Fatalf("c: %v", r)
+	}
+	stream, err := h.js.Stream(t.Context(), wire.StreamReports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() uint64 {
+		info, err := stream.Info(t.Context(), jetstream.WithSubjectFilter(wire.TaskReportFilter(task.Id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	h.until("buffer 1's reports purged", func() bool { return count() == 1 })
+	if err := h.c.StopTask(t.Context(), task.Id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d reports left after the stop", n)
 	}
 }

@@ -287,6 +287,10 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 		return err
 	}
 	c.purgeRound(id, row.Round)
+	if task.Spec.GetAsync() != nil {
+		// Reports of earlier rounds' plans wait for buffers no more.
+		c.purgeFilters(id, row.Round, wire.TaskReportFilter(id), wire.TaskChunkFilter(id))
+	}
 	c.emit(&pb.RoundEvent{TaskId: id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, Kind: row.Kind,
 		Time: timestamppb.New(row.Close), Assigned: row.Assigned, Dropped: row.Dropped, Reason: reason})
 	return nil
@@ -294,9 +298,14 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 
 // purgeRound drops a settled round's reports from the stream.
 func (c *Coordinator) purgeRound(task string, round uint64) {
+	c.purgeFilters(task, round, append(wire.RoundFilters(task, round), wire.ChunkFilter(task, round))...)
+}
+
+// purgeFilters drops the messages on filters, for task's round.
+func (c *Coordinator) purgeFilters(task string, round uint64, filters ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, f := range append(wire.RoundFilters(task, round), wire.ChunkFilter(task, round)) {
+	for _, f := range filters {
 		if err := c.d.Stream.Purge(ctx, jetstream.WithPurgeSubject(f)); err != nil {
 			c.d.Log.Warn("purging round reports", "task", task, "round", round, "err", err)
 		}
