@@ -402,3 +402,30 @@ func TestAsyncStopPurgesBacklog(t *testing.T) {
 		t.Fatalf("%d reports left after the stop", n)
 	}
 }
+
+// TestAsyncCompletionPurgesBacklog: a report still waiting when the last
+// buffer commits is dropped from the stream with the task's completion.
+func TestAsyncCompletionPurgesBacklog(t *testing.T) {
+	h := newHarness(t)
+	task := h.start(h.asyncTask(1))
+	a, b, c := h.enroll("dev-a", 10), h.enroll("dev-b", 10), h.enroll("dev-c", 10)
+	pa, pb1, pc := a.join(), b.join(), c.join()
+	for _, d := range []struct {
+		dev  *device
+		plan *pb.RoundPlan
+	}{{a, pa}, {b, pb1}, {c, pc}} {
+		d.dev.update(d.plan, constant(8, 0.1), 10, nil)
+	}
+	h.until("task completed", func() bool {
+		row, err := h.st.Task(h.t.Context(), task.Id)
+		return err == nil && row.State == pb.TaskState_TASK_STATE_COMPLETED
+	})
+	stream, err := h.js.Stream(t.Context(), wire.StreamReports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.until("the task's reports purged", func() bool {
+		info, err := stream.Info(t.Context(), jetstream.WithSubjectFilter(wire.TaskReportFilter(task.Id)))
+		return err == nil && info.State.Msgs == 0
+	})
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
+	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -398,6 +399,10 @@ func (t *taskRun) finish(ctx context.Context) error {
 		return err
 	}
 	t.recordStopped(ctx, audit.TaskCompleted, reason)
+	if t.async != nil {
+		// Reports that came after the last buffer filled wait for none.
+		t.c.purgeFilters(t.id, 0, wire.TaskReportFilter(t.id), wire.TaskChunkFilter(t.id))
+	}
 	return nil
 }
 
