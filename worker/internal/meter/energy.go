@@ -25,13 +25,13 @@ type energy struct {
 	zones []*raplZone
 	uj    float64 // RAPL µJ so far
 
-	smi       string
-	clk       clock.Clock
-	gpuOK     bool
-	last      gpuReading // summed over GPUs
-	lastAt    time.Time
-	gpuJ      float64
-	gpuBusy   float64 // GPU-seconds at full utilization
+	smi     string
+	clk     clock.Clock
+	gpuOK   bool
+	last    gpuReading // summed over GPUs
+	lastAt  time.Time
+	gpuJ    float64
+	gpuBusy float64 // GPU-seconds at full utilization
 }
 
 // gpuReading is one nvidia-smi reading, summed over the machine's GPUs:
