@@ -192,7 +192,7 @@ func (t *taskRun) offerAsync(ci *pb.CheckIn, now time.Time, r *roundRun) (*pb.Ro
 		t.mu.Unlock()
 		return nil, nil, 10 * pace, retryReasons[reason], why
 	}
-	if secure := r.secure != nil; secure {
+	if r.secure != nil {
 		if p, ok := a.joined[device]; ok {
 			t.mu.Unlock()
 			return p, r.tr.header, 0, 0, ""
