@@ -374,8 +374,8 @@ func (p *progress) line(ev *pb.RoundEvent) string {
 }
 
 // asyncLine writes what an async task's round did as a buffer: the reports
-// it took, their staleness and the seats in use when it stepped. It returns
-// the round's other metrics.
+// it took, their staleness and the seats in use as its last report came
+// in. It returns the round's other metrics.
 func asyncLine(b *strings.Builder, a *pb.AsyncConfig, ev *pb.RoundEvent) *pb.Metrics {
 	vals := ev.GetMetrics().GetValues()
 	if ev.GetType() == pb.RoundEventType_ROUND_EVENT_TYPE_OPENED {

@@ -85,8 +85,6 @@ type asyncBuffer struct {
 	// taken are the subjects of the reports the buffer took, purged when
 	// it closes.
 	taken []takenReport
-	// staleness sums and bounds the taken reports' staleness.
-	staleness, maxStale uint64
 }
 
 type takenReport struct {
@@ -291,17 +289,23 @@ func (t *taskRun) joinSecure(ci *pb.CheckIn, now time.Time, r *roundRun, p async
 	plan = proto.Clone(plan).(*pb.RoundPlan)
 	plan.AsyncStage, plan.StalenessWeight, plan.TrainedRound = pb.AsyncStage_ASYNC_STAGE_AGGREGATE, b.Weight, p.round
 	a.joined[device] = plan
-	n := float64(len(a.joined))
+	t.noteTaken(r, b.Staleness, len(a.joined))
+	return plan, h, 0, 0, ""
+}
+
+// noteTaken adds the n-th report a buffer took, s versions stale, to the
+// round's async metrics: the staleness's running mean and maximum, and the
+// seats held as it came in. t.mu is held.
+func (t *taskRun) noteTaken(r *roundRun, s uint64, n int) {
 	m := r.extraMetrics
 	if m == nil {
 		m = map[string]float64{}
 		r.extraMetrics = m
 	}
-	m["async_staleness_mean"] += (float64(b.Staleness) - m["async_staleness_mean"]) / n
-	m["async_staleness_max"] = max(m["async_staleness_max"], float64(b.Staleness))
-	m["async_training"] = float64(a.eng.Training())
-	t.c.d.Metrics.AsyncTraining.Set(float64(a.eng.Training()))
-	return plan, h, 0, 0, ""
+	m["async_staleness_mean"] += (float64(s) - m["async_staleness_mean"]) / float64(n)
+	m["async_staleness_max"] = max(m["async_staleness_max"], float64(s))
+	m["async_training"] = float64(t.async.eng.Training())
+	t.c.d.Metrics.AsyncTraining.Set(m["async_training"])
 }
 
 // asyncFailure releases the seat of a device that says it cannot carry out
@@ -326,15 +330,7 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: a.eng.Config().Buffer, SelectionEnd: row.Open,
 		Deadline: row.Deadline, Pace: t.c.d.PaceWindow}, t.c.now(), nil)
 	r.cohort.EndSelection()
-	t.mu.Lock()
-	resumed := a.opened != row.Round || len(a.eng.Buffer()) > 0
-	t.mu.Unlock()
-	if resumed {
-		// The buffer's sum was in memory: its reports are lost, and their
-		// devices may train again.
-		t.mu.Lock()
-		a.eng.Abandon()
-		t.mu.Unlock()
+	if t.beginBuffer(row.Round) {
 		return t.abandon(ctx, r, errBufferLost)
 	}
 	col, err := t.rule.NewCollector(t.normBound())
@@ -367,9 +363,6 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 	t.traceRound(ctx, r)
 	defer t.endSpans(r)
 	r.selectionDone(0)
-	t.mu.Lock()
-	a.rounds[row.Round] = a.eng.Version()
-	t.mu.Unlock()
 	defer t.openForCheckIns(r, parts, 0)()
 	t.announceAsync()
 
@@ -414,10 +407,11 @@ func (t *taskRun) runAsync(ctx context.Context, row *store.RoundRow) error {
 // errBufferLost is why a buffer found open by its runner is abandoned.
 const errBufferLost = "the server restarted or failed while the buffer was open; the reports it held are lost and their devices train again"
 
-// beginSecureBuffer readies the engine for secure buffer round rnd. lost
-// says the round was left open by a restart or a failed step, with the
-// group's updates: it can only be abandoned.
-func (t *taskRun) beginSecureBuffer(rnd uint64) (lost bool) {
+// beginBuffer readies the engine for buffer round rnd and takes reports of
+// it from now. lost says the round was left open by a restart or a failed
+// step, with the sum of the reports it took, or the secure group's
+// updates: it can only be abandoned, and their devices train again.
+func (t *taskRun) beginBuffer(rnd uint64) (lost bool) {
 	a := t.async
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -430,10 +424,10 @@ func (t *taskRun) beginSecureBuffer(rnd uint64) (lost bool) {
 	return lost
 }
 
-// endSecureBuffer steps the engine once secure buffer round rnd committed,
-// or empties its buffer if the round ended otherwise; the devices of an
-// abandoned group train again.
-func (t *taskRun) endSecureBuffer(ctx context.Context, rnd uint64) {
+// endBuffer steps the engine once buffer round rnd committed, or empties
+// its buffer if the round ended otherwise; the devices of an abandoned
+// buffer train again.
+func (t *taskRun) endBuffer(ctx context.Context, rnd uint64) {
 	a := t.async
 	row, err := t.c.d.Store.Round(context.WithoutCancel(ctx), t.id, rnd)
 	t.mu.Lock()
@@ -543,8 +537,7 @@ func (t *taskRun) acceptAsync(r *roundRun, sc *aggregator.Staleness, mm *metricM
 		seq = md.Sequence.Stream
 	}
 	buf.taken = append(buf.taken, takenReport{round: rnd, device: device, seq: seq})
-	buf.staleness += b.Staleness
-	buf.maxStale = max(buf.maxStale, b.Staleness)
+	t.noteTaken(r, b.Staleness, len(buf.taken))
 	return true, nil
 }
 
@@ -573,35 +566,12 @@ func (a *asyncRun) seatExamples(device string) uint64 {
 // advances the engine (or empties the buffer, if the step was abandoned)
 // and purges the reports the buffer took.
 func (t *taskRun) stepAsync(ctx context.Context, r *roundRun, sc *aggregator.Staleness, mm *metricMean, buf *asyncBuffer) error {
-	a := t.async
-	n := len(buf.taken)
-	t.mu.Lock()
-	training := a.eng.Training()
-	t.mu.Unlock()
-	r.extraMetrics = map[string]float64{
-		"async_staleness_mean": float64(buf.staleness) / float64(max(n, 1)),
-		"async_staleness_max":  float64(buf.maxStale),
-		"async_training":       float64(training),
-	}
-	err := t.commit(ctx, r, sc, mm, fmt.Sprintf("buffer of %d reports full", n), 0)
+	err := t.commit(ctx, r, sc, mm, fmt.Sprintf("buffer of %d reports full", len(buf.taken)), 0)
 	if err != nil {
 		// Left open: resumed, it is abandoned (runAsync), its sum being lost.
 		return err
 	}
-	row, err := t.c.d.Store.Round(ctx, t.id, r.row.Round)
-	t.mu.Lock()
-	if err == nil && row.State == pb.RoundState_ROUND_STATE_COMMITTED {
-		stale, _ := a.eng.Step()
-		for _, d := range stale {
-			p := a.plans[d]
-			p.stale = true
-			a.plans[d] = p
-		}
-	} else {
-		a.eng.Abandon()
-	}
-	a.prune()
-	t.mu.Unlock()
+	t.endBuffer(ctx, r.row.Round)
 	t.purgeTaken(buf)
 	return nil
 }

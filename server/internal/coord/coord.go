@@ -289,7 +289,7 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 	c.purgeRound(id, row.Round)
 	if task.Spec.GetAsync() != nil {
 		// Reports of earlier rounds' plans wait for buffers no more.
-		c.purgeFilters(id, row.Round, wire.TaskReportFilter(id), wire.TaskChunkFilter(id))
+		c.purgeTask(id)
 	}
 	c.emit(&pb.RoundEvent{TaskId: id, Round: row.Round, Type: pb.RoundEventType_ROUND_EVENT_TYPE_ABANDONED, Kind: row.Kind,
 		Time: timestamppb.New(row.Close), Assigned: row.Assigned, Dropped: row.Dropped, Reason: reason})
@@ -299,6 +299,12 @@ func (c *Coordinator) StopTask(ctx context.Context, id, reason string) error {
 // purgeRound drops a settled round's reports from the stream.
 func (c *Coordinator) purgeRound(task string, round uint64) {
 	c.purgeFilters(task, round, append(wire.RoundFilters(task, round), wire.ChunkFilter(task, round))...)
+}
+
+// purgeTask drops every report and chunk of every round of task from the
+// stream: an async task's, once it stopped or completed.
+func (c *Coordinator) purgeTask(task string) {
+	c.purgeFilters(task, 0, wire.TaskReportFilter(task), wire.TaskChunkFilter(task))
 }
 
 // purgeFilters drops the messages on filters, for task's round.

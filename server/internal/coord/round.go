@@ -39,12 +39,12 @@ func (t *taskRun) runRound(ctx context.Context, row *store.RoundRow) error {
 		// A secure buffer runs as a secure round whose cohort is the
 		// devices holding trained updates (joinSecure); the engine steps
 		// with its commit.
-		if lost := t.beginSecureBuffer(row.Round); lost {
+		if lost := t.beginBuffer(row.Round); lost {
 			r := &roundRun{row: row, kick: make(chan struct{}, 1)}
 			r.cohort = round.NewCohort(round.CohortConfig{Round: row.Round, Wanted: t.wanted(), Pace: t.c.d.PaceWindow}, t.c.now(), nil)
 			return t.abandon(ctx, r, errBufferLost)
 		}
-		defer t.endSecureBuffer(ctx, row.Round)
+		defer t.endBuffer(ctx, row.Round)
 	}
 	assigned, err := t.c.d.Store.Assignments(ctx, t.id, row.Round)
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/clock"
 	"github.com/fleetlearn/fleetlearn/model"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
-	"github.com/fleetlearn/fleetlearn/proto/wire"
 	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/fleetlearn/fleetlearn/server/internal/store"
 	"github.com/fleetlearn/fleetlearn/wasm"
@@ -401,7 +400,7 @@ func (t *taskRun) finish(ctx context.Context) error {
 	t.recordStopped(ctx, audit.TaskCompleted, reason)
 	if t.async != nil {
 		// Reports that came after the last buffer filled wait for none.
-		t.c.purgeFilters(t.id, 0, wire.TaskReportFilter(t.id), wire.TaskChunkFilter(t.id))
+		t.c.purgeTask(t.id)
 	}
 	return nil
 }
