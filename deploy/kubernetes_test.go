@@ -1208,19 +1208,24 @@ type apiAccess struct {
 	namespaced      bool // in the pool namespace; otherwise cluster-scoped
 	verbs           []string
 	queues          bool // only with --pool-kube-capacity (Controller.EnsureQueues)
+	perJob          bool // called when a job starts, not at the server's start
 }
 
 // poolExecutorAccess is every call server/internal/kube's Controller
 // makes: Start creates an attempt's JobSet and reads it back when the
 // create collides, Stop reads and deletes it, Watch lists and watches the
 // namespace's JobSets; EnsureQueues reads, creates and updates the
-// flavors and the tenants' queues. TestKubernetesPoolExecutorCalls keeps
-// it in step with the controller's source.
+// flavors and the tenants' queues; Start reads and creates the
+// WorkloadPriorityClass of a job's non-zero priority (and would update it,
+// through the same ensure, were its labels to differ).
+// TestKubernetesPoolExecutorCalls keeps it in step with the controller's
+// source.
 var poolExecutorAccess = []apiAccess{
 	{group: "jobset.x-k8s.io", resource: "jobsets", namespaced: true, verbs: []string{"create", "delete", "get", "list", "watch"}},
 	{group: "kueue.x-k8s.io", resource: "localqueues", namespaced: true, verbs: []string{"create", "get", "update"}, queues: true},
 	{group: "kueue.x-k8s.io", resource: "resourceflavors", verbs: []string{"create", "get", "update"}, queues: true},
 	{group: "kueue.x-k8s.io", resource: "clusterqueues", verbs: []string{"create", "get", "update"}, queues: true},
+	{group: "kueue.x-k8s.io", resource: "workloadpriorityclasses", verbs: []string{"create", "get", "update"}, perJob: true},
 }
 
 // defaultPoolNamespace is fleetlearn-server's --pool-kube-namespace default.
@@ -2764,8 +2769,12 @@ current-context: pool
 		{ns, "jobset.x-k8s.io", "jobsets", "list"}:  true,
 		{ns, "jobset.x-k8s.io", "jobsets", "watch"}: true,
 	}
+	perJob := map[string]bool{}
+	for _, a := range poolExecutorAccess {
+		perJob[a.resource] = a.perJob
+	}
 	for g := range requiredGrants(f) {
-		if g.group == "kueue.x-k8s.io" {
+		if g.group == "kueue.x-k8s.io" && !perJob[g.resource] {
 			startup[g] = true
 		}
 	}

@@ -38,6 +38,9 @@ var (
 	ResourceFlavorResource = kueue.GroupVersion.WithResource("resourceflavors")
 	ClusterQueueResource   = kueue.GroupVersion.WithResource("clusterqueues")
 	LocalQueueResource     = kueue.GroupVersion.WithResource("localqueues")
+	// PriorityClassResource holds the WorkloadPriorityClasses of the pool
+	// priorities jobs use (cluster-scoped).
+	PriorityClassResource = kueue.GroupVersion.WithResource("workloadpriorityclasses")
 )
 
 var (
@@ -135,6 +138,16 @@ func (c *Controller) Start(ctx context.Context, job *pb.PoolJob) error {
 		return fmt.Errorf("kube: start: %w", err)
 	}
 	id, attempt := job.GetSpec().GetId(), job.GetAttempt()
+	if p := job.GetSpec().GetPriority(); p != 0 {
+		// Kueue refuses a workload naming a class that does not exist.
+		pc, err := ToUnstructured(PriorityClass(p))
+		if err != nil {
+			return fmt.Errorf("kube: start %s attempt %d: %w", id, attempt, err)
+		}
+		if err := c.ensure(ctx, PriorityClassResource, "", &unstructured.Unstructured{Object: pc}, ""); err != nil {
+			return fmt.Errorf("kube: start %s attempt %d: priority %d: %w", id, attempt, p, err)
+		}
+	}
 	obj, err := ToUnstructured(js)
 	if err != nil {
 		return fmt.Errorf("kube: start %s attempt %d: %w", id, attempt, err)

@@ -547,7 +547,7 @@ func TestWatchReportsTransitions(t *testing.T) {
 	fc.mutate(t, cpu, func(u *unstructured.Unstructured) { u.SetAnnotations(map[string]string{"note": "x"}) })
 	fc.mutate(t, cpu, func(u *unstructured.Unstructured) { setStatus(t, u, false, jobset.JobSetStatus{}) })
 	fc.mutate(t, cpu, func(u *unstructured.Unstructured) { setStatus(t, u, false, jobset.JobSetStatus{Restarts: 1}) })
-	if st := sink.expectState(t, "mnist-cpu", 1, pool.Running, "restart 1 of at most 2"); st.Restarts != 1 {
+	if st := sink.expectState(t, "mnist-cpu", 1, pool.Running, "restart 1 of at most 0"); st.Restarts != 1 {
 		t.Errorf("restarts %d, want 1", st.Restarts)
 	}
 	fc.mutate(t, cpu, func(u *unstructured.Unstructured) {

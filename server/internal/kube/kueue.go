@@ -179,3 +179,15 @@ func TenantQueues(name string, t pool.Tenant, qc QueueConfig) (*kueue.ClusterQue
 	}
 	return cq, lq, nil
 }
+
+// PriorityClass is the Kueue WorkloadPriorityClass of a pool priority:
+// jobs with a higher one are admitted first and, where a ClusterQueue
+// preempts LowerPriority, evict lower ones.
+func PriorityClass(priority int32) *kueue.WorkloadPriorityClass {
+	return &kueue.WorkloadPriorityClass{
+		TypeMeta:    metav1.TypeMeta{APIVersion: kueue.GroupVersion.String(), Kind: "WorkloadPriorityClass"},
+		ObjectMeta:  metav1.ObjectMeta{Name: PriorityClassName(priority)},
+		Value:       priority,
+		Description: fmt.Sprintf("Fleetlearn pool priority %d", priority),
+	}
+}

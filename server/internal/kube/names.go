@@ -41,3 +41,12 @@ func JobSetName(jobID string, attempt uint32) string {
 func QueueName(tenant string) string {
 	return boundedName("fl-", tenant, "", maxLabelLen)
 }
+
+// PriorityClassName is the Kueue WorkloadPriorityClass of a pool priority.
+// Class names are DNS subdomains, so a negative priority is spelt "m".
+func PriorityClassName(priority int32) string {
+	if priority < 0 {
+		return "fl-priority-m" + strconv.FormatInt(-int64(priority), 10)
+	}
+	return "fl-priority-" + strconv.FormatInt(int64(priority), 10)
+}

@@ -27,6 +27,9 @@ const (
 	LabelTenant  = "fleetlearn.io/tenant"
 	// LabelQueueName selects the Kueue LocalQueue that admits a workload.
 	LabelQueueName = "kueue.x-k8s.io/queue-name"
+	// LabelPriorityClass names the Kueue WorkloadPriorityClass that gives
+	// a workload its priority, for admission order and preemption.
+	LabelPriorityClass = "kueue.x-k8s.io/priority-class"
 	// GPUResource is the device plugin's resource name for NVIDIA GPUs.
 	GPUResource corev1.ResourceName = "nvidia.com/gpu"
 )
@@ -176,6 +179,9 @@ func Render(job *pb.PoolJob, cfg Config) (*jobset.JobSet, error) {
 		LabelTenant:    spec.Tenant,
 		LabelQueueName: QueueName(spec.Tenant),
 	}
+	if spec.Priority != 0 {
+		labels[LabelPriorityClass] = PriorityClassName(int32(spec.Priority))
+	}
 	podLabels := map[string]string{LabelJob: spec.ID, LabelAttempt: labels[LabelAttempt]}
 
 	res := corev1.ResourceList{
@@ -256,8 +262,14 @@ func Render(job *pb.PoolJob, cfg Config) (*jobset.JobSet, error) {
 					},
 				},
 			}},
+			// No restart happens inside a JobSet: recreated pods would get
+			// this attempt's env, and so resume from the checkpoint the
+			// attempt started from. A retryable failure instead fails the
+			// JobSet with reason ReachedMaxRestarts (restart 0 of 0), and
+			// the job service starts the next attempt from the step every
+			// rank has committed since, counting it against max_restarts.
 			FailurePolicy: &jobset.FailurePolicy{
-				MaxRestarts:     int32(spec.MaxRestarts),
+				MaxRestarts:     0,
 				RestartStrategy: jobset.Recreate,
 				Rules: []jobset.FailurePolicyRule{
 					// The pod failure policy fails the Job with reason

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -65,6 +66,9 @@ func TestRenderGangAndTorchrunEnv(t *testing.T) {
 	if got := js.Labels[LabelQueueName]; got != "fl-research" {
 		t.Fatalf("queue label %q, want fl-research", got)
 	}
+	if got := js.Labels[LabelPriorityClass]; got != "fl-priority-10" {
+		t.Fatalf("priority class label %q, want fl-priority-10", got)
+	}
 	job := js.Spec.ReplicatedJobs[0].Template.Spec
 	if *job.Parallelism != 4 || *job.Completions != 4 || *job.BackoffLimit != 0 {
 		t.Fatalf("parallelism %d completions %d backoff %d; want 4, 4, 0", *job.Parallelism, *job.Completions, *job.BackoffLimit)
@@ -93,7 +97,7 @@ func TestRenderGangAndTorchrunEnv(t *testing.T) {
 		t.Fatalf("CPU request %s, want 8", c.String())
 	}
 	fp := js.Spec.FailurePolicy
-	if fp.MaxRestarts != 5 || len(fp.Rules) != 2 || fp.Rules[0].Action != jobset.FailJobSet || fp.Rules[1].Action != jobset.RestartJobSet {
+	if fp.MaxRestarts != 0 || len(fp.Rules) != 2 || fp.Rules[0].Action != jobset.FailJobSet || fp.Rules[1].Action != jobset.RestartJobSet {
 		t.Fatalf("failure policy %+v", fp)
 	}
 	codes := job.PodFailurePolicy.Rules[0].OnExitCodes.Values
@@ -206,5 +210,24 @@ func TestTenantQueuesRefuse(t *testing.T) {
 	qc.CPUFlavor = "gpu"
 	if _, err := Flavors(qc); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("one flavor for both: %v", err)
+	}
+}
+
+func TestPriorityClassNames(t *testing.T) {
+	for p, want := range map[int32]string{1: "fl-priority-1", -5: "fl-priority-m5", math.MinInt32: "fl-priority-m2147483648"} {
+		pc := PriorityClass(p)
+		if pc.Name != want || pc.Value != p {
+			t.Errorf("priority %d: class %s with value %d, want %s", p, pc.Name, pc.Value, want)
+		}
+		if errs := validation.IsDNS1123Subdomain(pc.Name); len(errs) > 0 {
+			t.Errorf("priority %d: %s is not a DNS subdomain: %v", p, pc.Name, errs)
+		}
+	}
+	js, err := Render(cpuJob(), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, ok := js.Labels[LabelPriorityClass]; ok {
+		t.Fatalf("a priority-0 job names class %q; it should take Kueue's default", l)
 	}
 }

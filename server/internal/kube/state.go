@@ -24,10 +24,20 @@ type Status struct {
 	State pool.State
 	// Reason says why, from the deciding condition where there is one.
 	Reason string
-	// Restarts are the JobSet's restarts of the whole gang. A rise since
-	// the last look is a restart for the job service to record.
+	// Restarts are the JobSet's restarts of the whole gang. The JobSets
+	// Render makes never restart (the job service starts a new attempt
+	// instead), so for them it stays 0.
 	Restarts int32
+	// Retryable marks a Failed JobSet whose failure the failure policy
+	// would have restarted (reason ReachedMaxRestarts): a rank exited with
+	// a retryable code, or its pod was lost. The job service may start
+	// the next attempt from the last checkpoint.
+	Retryable bool
 }
+
+// reachedMaxRestarts is the JobSet controller's Failed reason when its
+// restart rule matched with no restarts left.
+const reachedMaxRestarts = "ReachedMaxRestarts"
 
 // StateOf maps a JobSet's status onto the pool job's state. Terminal
 // conditions win over suspension: a finished JobSet stays finished.
@@ -43,6 +53,7 @@ func StateOf(js *jobset.JobSet) Status {
 	}
 	if c := meta.FindStatusCondition(st.Conditions, string(jobset.JobSetFailed)); c != nil && c.Status == metav1.ConditionTrue {
 		s.State, s.Reason = pool.Failed, reasonOf(c, "the JobSet failed")
+		s.Retryable = c.Reason == reachedMaxRestarts
 		return s
 	}
 	if c := meta.FindStatusCondition(st.Conditions, string(jobset.JobSetSuspended)); c != nil && c.Status == metav1.ConditionTrue {

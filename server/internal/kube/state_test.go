@@ -27,6 +27,9 @@ func TestStateThroughDynamicClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Render's JobSets never restart; one that does was made by another
+	// hand, with restarts of its own.
+	js.Spec.FailurePolicy.MaxRestarts = 5
 	m, err := ToUnstructured(js)
 	if err != nil {
 		t.Fatal(err)
@@ -45,15 +48,16 @@ func TestStateThroughDynamicClient(t *testing.T) {
 		want      pool.State
 		restarts  int32
 		reason    string
+		retryable bool
 	}{
-		{"created", false, jobset.JobSetStatus{}, pool.Queued, 0, "LocalQueue fl-research"},
-		{"admitted", true, jobset.JobSetStatus{}, pool.Running, 0, "running"},
-		{"restarted", true, jobset.JobSetStatus{Restarts: 2, RestartsCountTowardsMax: 2}, pool.Running, 2, "restart 2 of at most 5"},
-		{"preempted", false, jobset.JobSetStatus{Restarts: 2, Conditions: []metav1.Condition{cond(jobset.JobSetSuspended, "SuspendedJobs", "jobset is suspended")}}, pool.Queued, 2, "SuspendedJobs"},
-		{"exit 1", true, jobset.JobSetStatus{Restarts: 2, Conditions: []metav1.Condition{cond(jobset.JobSetFailed, "FailurePolicyRuleMatched", "rule nonRetryableExit matched job fl-llm-pretrain-a3-rank-0")}}, pool.Failed, 2, "nonRetryableExit"},
-		{"limit", true, jobset.JobSetStatus{Restarts: 5, Conditions: []metav1.Condition{cond(jobset.JobSetFailed, "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")}}, pool.Failed, 5, "ReachedMaxRestarts"},
-		{"done", true, jobset.JobSetStatus{Restarts: 1, Conditions: []metav1.Condition{cond(jobset.JobSetCompleted, "AllJobsCompleted", "jobset completed successfully")}}, pool.Succeeded, 1, "AllJobsCompleted"},
-		{"old controller", true, jobset.JobSetStatus{Restarts: 3}, pool.Running, 3, "restart 3"},
+		{"created", false, jobset.JobSetStatus{}, pool.Queued, 0, "LocalQueue fl-research", false},
+		{"admitted", true, jobset.JobSetStatus{}, pool.Running, 0, "running", false},
+		{"restarted", true, jobset.JobSetStatus{Restarts: 2, RestartsCountTowardsMax: 2}, pool.Running, 2, "restart 2 of at most 5", false},
+		{"preempted", false, jobset.JobSetStatus{Restarts: 2, Conditions: []metav1.Condition{cond(jobset.JobSetSuspended, "SuspendedJobs", "jobset is suspended")}}, pool.Queued, 2, "SuspendedJobs", false},
+		{"exit 1", true, jobset.JobSetStatus{Restarts: 2, Conditions: []metav1.Condition{cond(jobset.JobSetFailed, "FailurePolicyRuleMatched", "rule nonRetryableExit matched job fl-llm-pretrain-a3-rank-0")}}, pool.Failed, 2, "nonRetryableExit", false},
+		{"limit", true, jobset.JobSetStatus{Restarts: 5, Conditions: []metav1.Condition{cond(jobset.JobSetFailed, "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")}}, pool.Failed, 5, "ReachedMaxRestarts", true},
+		{"done", true, jobset.JobSetStatus{Restarts: 1, Conditions: []metav1.Condition{cond(jobset.JobSetCompleted, "AllJobsCompleted", "jobset completed successfully")}}, pool.Succeeded, 1, "AllJobsCompleted", false},
+		{"old controller", true, jobset.JobSetStatus{Restarts: 3}, pool.Running, 3, "restart 3", false},
 	}
 	for _, st := range steps {
 		got, err := res.Get(ctx, js.Name, metav1.GetOptions{})
@@ -82,8 +86,9 @@ func TestStateThroughDynamicClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.State != st.want || s.Restarts != st.restarts || !strings.Contains(s.Reason, st.reason) {
-			t.Errorf("%s: got %v (%q, %d restarts), want %v with %q and %d restarts", st.name, s.State, s.Reason, s.Restarts, st.want, st.reason, st.restarts)
+		if s.State != st.want || s.Restarts != st.restarts || !strings.Contains(s.Reason, st.reason) || s.Retryable != st.retryable {
+			t.Errorf("%s: got %v (%q, %d restarts, retryable %v), want %v with %q, %d restarts, retryable %v",
+				st.name, s.State, s.Reason, s.Restarts, s.Retryable, st.want, st.reason, st.restarts, st.retryable)
 		}
 	}
 }

@@ -64,8 +64,22 @@ func (s *Service) startKube(ctx context.Context, job *pb.PoolJob) *pb.PoolJob {
 	// The job is recorded: a client that hangs up must not leave it
 	// without its JobSet, nor a JobSet the API server took without a job.
 	ctx = context.WithoutCancel(ctx)
+	id := job.GetSpec().GetId()
 	err := s.d.Kube.Start(ctx, job)
 	if err == nil {
+		// A cancel, or a newer attempt, that came while the JobSet was
+		// being created found nothing to delete: delete it here instead.
+		stale := false
+		_ = s.do(ctx, func() error {
+			rt := s.jobs[id]
+			stale = rt == nil || rt.terminal() || rt.rec.GetAttempt() != job.GetAttempt()
+			return nil
+		})
+		if stale {
+			if serr := s.d.Kube.Stop(ctx, id, job.GetAttempt()); serr != nil {
+				s.log.Warn("removing the JobSet of an attempt that ended while it was created", "job", id, "attempt", job.GetAttempt(), "err", serr)
+			}
+		}
 		return job
 	}
 	s.log.Error("creating a pool job's JobSet", "job", job.GetSpec().GetId(), "err", err)
@@ -94,6 +108,7 @@ func (s *Service) watchKube(ctx context.Context) {
 	if s.d.KubeCheckpointDir != "" {
 		go s.pollKubeProgress(ctx)
 	}
+	s.resumeKube(ctx)
 	for ctx.Err() == nil {
 		err := s.d.Kube.Watch(ctx, kubeSink{s: s, ctx: ctx})
 		if ctx.Err() != nil {
@@ -103,6 +118,30 @@ func (s *Service) watchKube(ctx context.Context) {
 		if !clock.Sleep(s.clk, s.lossAfter(), ctx.Done()) {
 			return
 		}
+	}
+}
+
+// resumeKube makes sure every restored Kubernetes job has its current
+// attempt's JobSet and not the one before: a server that stopped between
+// recording a new attempt and replacing the JobSet left that undone. Both
+// calls are idempotent.
+func (s *Service) resumeKube(ctx context.Context) {
+	var jobs []*pb.PoolJob
+	_ = s.do(ctx, func() error {
+		for _, rt := range s.jobs {
+			if onKube(rt.rec.GetSpec()) && !rt.terminal() {
+				jobs = append(jobs, rt.snapshot())
+			}
+		}
+		return nil
+	})
+	for _, j := range jobs {
+		if a := j.GetAttempt(); a > 1 {
+			if err := s.d.Kube.Stop(ctx, j.GetSpec().GetId(), a-1); err != nil {
+				s.log.Warn("removing a replaced attempt's JobSet", "job", j.GetSpec().GetId(), "attempt", a-1, "err", err)
+			}
+		}
+		s.startKube(ctx, j)
 	}
 }
 
@@ -168,13 +207,25 @@ func (k kubeSink) JobSetState(job string, attempt uint32, st kube.Status) {
 		return
 	}
 	var rd kubeRead
-	if s.d.KubeCheckpointDir != "" && (st.State == pool.Running || st.State == pool.Succeeded) {
+	if s.d.KubeCheckpointDir != "" {
+		// Queued and Failed read it too: a replaced attempt resumes from
+		// what the ranks committed before they were stopped.
 		rd = s.readKubeCheckpoints(job, ranks, total, st.State == pool.Succeeded)
 	}
+	var next *pb.PoolJob
 	_ = s.do(k.ctx, func() error {
-		s.kubeState(job, attempt, st, rd)
+		next = s.kubeState(job, attempt, st, rd)
 		return nil
 	})
+	if next == nil {
+		return
+	}
+	// The old attempt's JobSet goes before the next one is created, so the
+	// two never hold quota or pods at once.
+	if err := s.d.Kube.Stop(k.ctx, job, attempt); err != nil {
+		s.log.Warn("removing a replaced attempt's JobSet", "job", job, "attempt", attempt, "err", err)
+	}
+	s.startKube(k.ctx, next)
 }
 
 func (k kubeSink) JobSetGone(job string, attempt uint32) {
@@ -227,32 +278,60 @@ func (s *Service) readKubeCheckpoints(job string, ranks int, total int64, final 
 	return rd
 }
 
-// kubeState moves a Kubernetes job to what its JobSet says.
-func (s *Service) kubeState(job string, attempt uint32, st kube.Status, rd kubeRead) {
+// kubeState moves a Kubernetes job to what its JobSet says. When the
+// attempt must be replaced — its gang failed in a way worth a restart, or
+// Kueue evicted it after admitting it — it records the next attempt and
+// returns the job to start; the caller stops the old JobSet and starts the
+// new one off the loop.
+func (s *Service) kubeState(job string, attempt uint32, st kube.Status, rd kubeRead) *pb.PoolJob {
 	rt := s.jobs[job]
 	if rt == nil || !onKube(rt.rec.GetSpec()) || rt.terminal() || rt.rec.GetAttempt() != attempt {
-		return
+		return nil
 	}
 	r := rt.rec
 	changed := s.kubeProgress(rt, rd)
-	if n := uint32(max(st.Restarts, 0)); n != r.Restarts {
-		r.Restarts, changed = n, true
-	}
 	reason := clip("Kubernetes: "+st.Reason, 1024)
 	switch st.State {
 	case pool.Queued:
+		if r.GetState() == pb.PoolJobState_POOL_JOB_STATE_RUNNING {
+			// Kueue suspends an admitted workload to preempt it or because
+			// its pods did not get ready in time; the JobSet's pods are
+			// gone. Readmitted as it is, the ranks would resume from the
+			// step this attempt started from, so the next attempt resumes
+			// from what they committed. An eviction is not the job's fault:
+			// it does not count against max_restarts.
+			return s.kubeReplace(rt, fmt.Sprintf("evicted by Kueue (%s); attempt %d resumes from checkpoint step %d once admitted again",
+				st.Reason, r.GetAttempt()+1, r.GetCommittedStep()))
+		}
 		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_QUEUED, reason)
 	case pool.Running:
 		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_RUNNING, reason)
 	case pool.Failed:
+		if st.Retryable {
+			if limit := rt.spec.MaxRestarts; int(r.GetRestarts()) < limit {
+				r.Restarts++
+				return s.kubeReplace(rt, fmt.Sprintf("restart %d of %d from checkpoint step %d: the gang failed (%s)",
+					r.GetRestarts(), limit, r.GetCommittedStep(), st.Reason))
+			}
+			reason = clip(fmt.Sprintf("Kubernetes: %s; no restarts left (%d of %d made)", st.Reason, r.GetRestarts(), rt.spec.MaxRestarts), 1024)
+		}
 		s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_FAILED, reason)
 	case pool.Succeeded:
 		s.kubeHandoff(rt, rd)
-		return
+		return nil
 	}
 	if changed {
 		s.save(rt)
 	}
+	return nil
+}
+
+// kubeReplace records the job's next attempt, queued, and returns the job
+// to create its JobSet from: it resumes at the committed step.
+func (s *Service) kubeReplace(rt *jobRT, reason string) *pb.PoolJob {
+	rt.rec.Attempt++
+	s.transition(rt, pb.PoolJobState_POOL_JOB_STATE_QUEUED, clip(reason, 1024))
+	return rt.snapshot()
 }
 
 // kubeProgress records the committed step the volume shows, if it is new.

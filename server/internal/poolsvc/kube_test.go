@@ -252,20 +252,35 @@ func TestKubeJobFollowsJobSet(t *testing.T) {
 		t.Fatalf("running job %v", j)
 	}
 
-	// Only rank 0 has step 10: nothing is committed yet.
+	// Only rank 0 has step 10: nothing is committed yet, so the next
+	// attempt starts from scratch.
 	c.writeStep(t, "kj", 0, 10, 1, 2)
-	c.setStatus(t, name, false, 1)
-	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetRestarts() == 1 })
-	if j.GetState() != running || j.GetCommittedStep() != 0 || !strings.Contains(j.GetStateReason(), "restart 1") {
+	c.setStatus(t, name, false, 0, retryableFailure)
+	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetAttempt() == 2 })
+	if j.GetState() != queued || j.GetRestarts() != 1 || j.GetCommittedStep() != 0 {
 		t.Fatalf("with one rank at step 10: %v", j)
 	}
+	e.wantEvent(t, "kj", "submitted", "restart 1 of 2 from checkpoint step 0")
+	name = c.waitReplaced(t, "kj", 2)
+	if got := c.resumeFrom(t, name); got != "" {
+		t.Fatalf("attempt 2 resumes from %q, want from scratch", got)
+	}
 
+	c.setStatus(t, name, false, 0)
+	e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
 	c.writeStep(t, "kj", 1, 10, 1, 2)
-	c.setStatus(t, name, false, 2)
-	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetRestarts() == 2 })
-	if j.GetState() != running || j.GetCommittedStep() != 10 || j.GetStep() != 10 {
+	c.setStatus(t, name, false, 0, retryableFailure)
+	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetAttempt() == 3 })
+	if j.GetState() != queued || j.GetRestarts() != 2 || j.GetCommittedStep() != 10 || j.GetStep() != 10 {
 		t.Fatalf("with both ranks at step 10: %v", j)
 	}
+	e.wantEvent(t, "kj", "submitted", "restart 2 of 2 from checkpoint step 10")
+	name = c.waitReplaced(t, "kj", 3)
+	if got := c.resumeFrom(t, name); got != "$(FLEETLEARN_CHECKPOINT_DIR)/step-10" {
+		t.Fatalf("attempt 3 resumes from %q, want step-10", got)
+	}
+	c.setStatus(t, name, false, 0)
+	e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
 
 	path := c.writeStep(t, "kj", 0, 100, 3, 4, 5)
 	c.writeStep(t, "kj", 1, 100, 9, 9, 9) // rank 1's copy is not the model
@@ -330,15 +345,129 @@ func TestKubeJobSetFailedFailsJob(t *testing.T) {
 	name := kube.JobSetName("kj", 1)
 	c.setStatus(t, name, false, 0)
 	e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
-	c.setStatus(t, name, false, 2, cond(jobset.JobSetFailed, "FailedJobs", "jobset failed due to reaching max number of restarts"))
+	c.setStatus(t, name, false, 0, cond(jobset.JobSetFailed, "FailJobSetFailurePolicyAction", "applying FailJobSet failure policy action (first failed job: fl-kj-a1-rank-0)"))
 	j := e.waitJob("kj", func(j *pb.PoolJob) bool { return terminalState(j.GetState()) })
-	if j.GetState() != failed || j.GetStateReason() != "Kubernetes: FailedJobs: jobset failed due to reaching max number of restarts" ||
-		j.GetRestarts() != 2 || j.GetEndTime() == nil {
+	if j.GetState() != failed || !strings.Contains(j.GetStateReason(), "Kubernetes: FailJobSetFailurePolicyAction: applying FailJobSet") ||
+		j.GetRestarts() != 0 || j.GetAttempt() != 1 || j.GetEndTime() == nil {
 		t.Fatalf("job %v", j)
 	}
-	if d := e.lastEvent("kj", "failed"); !strings.Contains(d, "FailedJobs") {
+	if d := e.lastEvent("kj", "failed"); !strings.Contains(d, "FailJobSetFailurePolicyAction") {
 		t.Fatalf("failed event detail %q", d)
 	}
+	if n := c.count(t); n != 1 {
+		t.Fatalf("%d JobSets; a failed job keeps its last one for inspection", n)
+	}
+}
+
+// A gang that keeps failing in a retryable way gets max_restarts new
+// attempts, then fails saying so.
+func TestKubeRestartLimit(t *testing.T) {
+	e, c := kubeEnv(t, true, nil)
+	submitKube(t, e, kubeSpec("kj", 1), nil)
+	for attempt := uint32(1); attempt <= 3; attempt++ {
+		name := c.waitReplaced(t, "kj", attempt)
+		c.setStatus(t, name, false, 0)
+		e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running && j.GetAttempt() == attempt })
+		c.setStatus(t, name, false, 0, retryableFailure)
+		if attempt < 3 {
+			e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetAttempt() == attempt+1 })
+		}
+	}
+	j := e.waitJob("kj", func(j *pb.PoolJob) bool { return terminalState(j.GetState()) })
+	if j.GetState() != failed || j.GetRestarts() != 2 || j.GetAttempt() != 3 ||
+		!strings.Contains(j.GetStateReason(), "no restarts left (2 of 2 made)") {
+		t.Fatalf("job %v", j)
+	}
+}
+
+// Kueue suspends an admitted JobSet to preempt it: the next attempt
+// resumes from the step the ranks committed, without counting a restart.
+func TestKubeEvictionResumesFromCheckpoint(t *testing.T) {
+	e, c := kubeEnv(t, true, nil)
+	submitKube(t, e, kubeSpec("kj", 2), nil)
+	name := kube.JobSetName("kj", 1)
+	c.setStatus(t, name, false, 0)
+	e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
+	c.writeStep(t, "kj", 0, 20, 1)
+	c.writeStep(t, "kj", 1, 20, 1)
+	c.setStatus(t, name, true, 0, cond(jobset.JobSetSuspended, "SuspendedJobs", "jobset is suspended"))
+	j := e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetAttempt() == 2 })
+	if j.GetState() != queued || j.GetRestarts() != 0 || j.GetCommittedStep() != 20 {
+		t.Fatalf("evicted job %v", j)
+	}
+	e.wantEvent(t, "kj", "submitted", "attempt 2 resumes from checkpoint step 20")
+	name = c.waitReplaced(t, "kj", 2)
+	if got := c.resumeFrom(t, name); got != "$(FLEETLEARN_CHECKPOINT_DIR)/step-20" {
+		t.Fatalf("attempt 2 resumes from %q, want step-20", got)
+	}
+	// Never admitted, a suspended JobSet is just waiting: no new attempt.
+	c.setStatus(t, name, true, 0, cond(jobset.JobSetSuspended, "SuspendedJobs", "jobset is suspended"))
+	c.setStatus(t, name, false, 0)
+	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
+	if j.GetAttempt() != 2 {
+		t.Fatalf("attempt %d after a wait in the queue, want 2", j.GetAttempt())
+	}
+}
+
+// wantEvent fails unless a pool.job event of job in state has a detail
+// containing detail.
+func (e *env) wantEvent(t *testing.T, job, state, detail string) {
+	t.Helper()
+	var seen []string
+	for _, ev := range e.poolEvents() {
+		if ev.Job == job && ev.State == state {
+			if strings.Contains(ev.Detail, detail) {
+				return
+			}
+			seen = append(seen, ev.Detail)
+		}
+	}
+	t.Fatalf("no %s pool.job event of %s says %q; those there say %q", state, job, detail, seen)
+}
+
+// retryableFailure is the JobSet controller's Failed condition when the
+// restart rule matched with no restarts left, which Render's JobSets
+// always are.
+var retryableFailure = cond(jobset.JobSetFailed, "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts (first failed job: fl-kj-rank-0)")
+
+// waitReplaced waits until the job's JobSets are exactly the attempt's
+// and returns its name.
+func (c *cluster) waitReplaced(t *testing.T, job string, attempt uint32) string {
+	t.Helper()
+	want := kube.JobSetName(job, attempt)
+	deadline := time.Now().Add(hangFor)
+	for {
+		l, err := c.jobsets().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, u := range l.Items {
+			names = append(names, u.GetName())
+		}
+		if len(names) == 1 && names[0] == want {
+			return want
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("JobSets %v, want only %s", names, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// resumeFrom is the FLEETLEARN_RESUME_FROM the JobSet's ranks get.
+func (c *cluster) resumeFrom(t *testing.T, name string) string {
+	t.Helper()
+	var js jobset.JobSet
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(c.get(t, name).Object, &js); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.Containers[0].Env {
+		if v.Name == "FLEETLEARN_RESUME_FROM" {
+			return v.Value
+		}
+	}
+	return ""
 }
 
 func TestKubeJobSetDeletedFailsJob(t *testing.T) {
@@ -481,17 +610,37 @@ func TestKubeJobSurvivesRestart(t *testing.T) {
 	e.stop()
 	c.writeStep(t, "kj", 0, 10, 1)
 	c.writeStep(t, "kj", 1, 10, 1)
-	c.setStatus(t, name, false, 1)
+	c.setStatus(t, name, false, 0, retryableFailure)
 	e.start()
 	c.waitWatching(t)
-	j := e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetRestarts() == 1 })
-	if j.GetState() != running || j.GetAttempt() != 1 || j.GetCommittedStep() != 10 {
+	// The watch's first list shows the failure the server missed.
+	j := e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetAttempt() == 2 })
+	if j.GetState() != queued || j.GetRestarts() != 1 || j.GetCommittedStep() != 10 {
 		t.Fatalf("after the restart: %v", j)
 	}
-	if n := c.count(t); n != 1 {
-		t.Fatalf("%d JobSets after the restart, want the one there was", n)
+	name = c.waitReplaced(t, "kj", 2)
+	c.setStatus(t, name, false, 0)
+	e.waitJob("kj", func(j *pb.PoolJob) bool { return j.GetState() == running })
+
+	// A server that stopped after recording attempt 3 but before replacing
+	// the JobSet finishes the replacement when it starts.
+	e.stop()
+	row, err := e.st.PoolJob(context.Background(), "kj")
+	if err != nil {
+		t.Fatal(err)
 	}
-	c.setStatus(t, name, false, 1, cond(jobset.JobSetFailed, "FailedJobs", "rank 1 exited 3"))
+	rec := row.Job
+	rec.Attempt, rec.State = 3, queued
+	if err := e.st.UpdatePoolJob(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	c.waitWatching(t)
+	name = c.waitReplaced(t, "kj", 3)
+	if got := c.resumeFrom(t, name); got != "$(FLEETLEARN_CHECKPOINT_DIR)/step-10" {
+		t.Fatalf("attempt 3 resumes from %q, want step-10", got)
+	}
+	c.setStatus(t, name, false, 0, cond(jobset.JobSetFailed, "FailJobSetFailurePolicyAction", "rank 1 exited 3"))
 	j = e.waitJob("kj", func(j *pb.PoolJob) bool { return terminalState(j.GetState()) })
 	if j.GetState() != failed || !strings.Contains(j.GetStateReason(), "rank 1 exited 3") {
 		t.Fatalf("after the restart's watch: %v", j)
