@@ -378,3 +378,28 @@ func TestDatabaseAccess(t *testing.T) {
 		}
 	}
 }
+
+// testHarnesses start real third-party programs for tests (a throwaway
+// PostgreSQL, a whole Kubernetes control plane, tools built into a cache):
+// only tests and other harnesses may depend on them, so no binary Fleetlearn
+// ships carries them or the test-only code they link.
+var testHarnesses = []string{"internal/testtool", "internal/pgtest", "server/internal/kube/kubetest", "server/servertest"}
+
+func TestHarnessesStayInTests(t *testing.T) {
+	seen := 0
+	for _, p := range listPackages(t) {
+		if underAny(p.path, testHarnesses) {
+			seen++
+			continue
+		}
+		for _, d := range p.deps {
+			if underAny(d, testHarnesses) {
+				t.Errorf("%s depends on %s: test harnesses are for tests only", p.path, d)
+				break
+			}
+		}
+	}
+	if seen < len(testHarnesses) {
+		t.Errorf("found %d packages under %v, want at least %d: a harness moved; update testHarnesses", seen, testHarnesses, len(testHarnesses))
+	}
+}

@@ -49,36 +49,24 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fleetlearn/fleetlearn/internal/freeport"
+	"github.com/fleetlearn/fleetlearn/internal/testtool"
 	"github.com/fleetlearn/fleetlearn/pool"
 	pb "github.com/fleetlearn/fleetlearn/proto/fleetlearn/v1"
 )
-
-// assetsEnv names the directory holding the kube-apiserver and etcd
-// binaries that deploy/kubeapi/build.sh builds.
-const assetsEnv = "FLEETLEARN_KUBE_ASSETS"
 
 // startupGuard bounds each wait on the API server (ready, CRD
 // established). It only stops a hung test; a healthy start takes seconds.
 const startupGuard = 120 * time.Second
 
-// realAssets returns the binaries' paths, or skips saying how to get them.
+// realAssets returns the binaries' paths: the etcd and kube-apiserver that
+// internal/testtool builds from the module proxy (testtool.Find skips
+// without them, saying how to build them, or fails under CI).
 func realAssets(t *testing.T) (etcd, apiserver string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("real API server tier: skipped in -short mode")
 	}
-	const how = "build them with deploy/kubeapi/build.sh DIR (about 20 minutes) and set " + assetsEnv + "=DIR"
-	dir := os.Getenv(assetsEnv)
-	if dir == "" {
-		t.Skipf("real API server tier: %s is not set; %s", assetsEnv, how)
-	}
-	etcd, apiserver = filepath.Join(dir, "etcd"), filepath.Join(dir, "kube-apiserver")
-	for _, p := range []string{etcd, apiserver} {
-		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			t.Skipf("real API server tier: %s has no executable %s (%v); %s", assetsEnv, filepath.Base(p), err, how)
-		}
-	}
-	return etcd, apiserver
+	return testtool.Find(t, testtool.Etcd), testtool.Find(t, testtool.KubeAPIServer)
 }
 
 // freePort is a port nobody held a moment ago. Another process can take
