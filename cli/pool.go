@@ -583,6 +583,10 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 				d.GetIslands(), s.GetId(), d.GetInnerSteps(), ds.GetOuterStep(), ds.GetOuterSteps(), ds.GetLastIslands(), ds.GetLateContributions(), mode))
 		}
 	}
+	if st := j.GetCheckpointStall(); st.GetCount() > 0 {
+		t.row("checkpoint stall", fmt.Sprintf("p50 %s, p99 %s, max %s over %d checkpoints, %s in all (as the ranks report)",
+			seconds(st.GetP50Seconds()), seconds(st.GetP99Seconds()), seconds(st.GetMaxSeconds()), st.GetCount(), seconds(st.GetTotalSeconds())))
+	}
 	if j.GetSyncBytesReceived() > 0 || j.GetSyncBytesSent() > 0 {
 		t.row("sync traffic", fmt.Sprintf("%s received, %s sent", byteSize(uint64(j.GetSyncBytesReceived())), byteSize(uint64(j.GetSyncBytesSent()))))
 	}
@@ -621,6 +625,11 @@ func printJob(w io.Writer, format string, j *pb.PoolJob) error {
 	t.row("started", timeString(j.GetStartTime()))
 	t.row("ended", timeString(j.GetEndTime()))
 	return t.flush()
+}
+
+// seconds prints a duration the server sent in seconds, to the microsecond.
+func seconds(sec float64) string {
+	return time.Duration(sec * float64(time.Second)).Round(time.Microsecond).String()
 }
 
 func energy(j float64) string {

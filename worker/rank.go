@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/model/kernel"
 
@@ -209,6 +210,7 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 	fmt.Fprintf(stderr, "rank %d of %d: job %s attempt %d, %s, %d examples, steps %d, checkpoint every %d, %s\n",
 		cfg.Rank, cfg.WorldSize, cfg.Job, l.GetAttempt(), kind, cfg.Data.Len(), cfg.TotalSteps, cfg.CheckpointEvery, from)
 	res, err := trainer.Run(ctx, cfg)
+	logSaves(stderr, res.Saves)
 	if err == nil {
 		fmt.Fprintf(stderr, "completed step %d (resumed from checkpoint %s), checkpoint %s, model %s\n", res.Step, orNone(res.ResumedFrom), res.Checkpoint, res.Digest)
 		if store.StopRequested() && res.Step < cfg.TotalSteps {
@@ -225,6 +227,16 @@ func runRank(ctx context.Context, path string, usr1 <-chan os.Signal, stdout, st
 		return fmt.Errorf("%w: at once (step %d): %w", ErrRankStopped, res.Step, err)
 	}
 	return fmt.Errorf("worker: rank: %w", err)
+}
+
+// logSaves says what checkpointing cost the rank's training loop; the
+// server has each checkpoint's figure (pool get's checkpoint stall).
+func logSaves(w io.Writer, st checkpoint.SaverStats) {
+	if st.Saves == 0 {
+		return
+	}
+	fmt.Fprintf(w, "checkpoints: %d taken, training blocked %v in all, %v at most; %d waited for an earlier upload\n",
+		st.Saves, st.Stall.Round(time.Microsecond), st.MaxStall.Round(time.Microsecond), st.Waits)
 }
 
 // initModel fetches and decodes the registered model version v.

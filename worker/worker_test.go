@@ -76,8 +76,11 @@ func (w testWriter) Write(b []byte) (int, error) {
 
 // TestRankStopsAtCheckpointAndResumes runs a built-in rank as a child of
 // the agent, asks it to stop at a checkpoint while the commit of step 5 is
-// held, and resumes it in a second attempt: it must stop at step 10 and end
-// bitwise equal, checkpoint ids included, to a run never interrupted.
+// held, and resumes it in a second attempt: it must stop at step 15 and end
+// bitwise equal, checkpoint ids included, to a run never interrupted. The
+// Saver's two buffers let the rank take step 10's checkpoint while 5's
+// commit is held; at 15 it waits for a buffer, and that is where the stop
+// finds it.
 func TestRankStopsAtCheckpointAndResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains in child processes")
@@ -92,9 +95,9 @@ func TestRankStopsAtCheckpointAndResumes(t *testing.T) {
 	startAgent(t, addr)
 	const job, steps, every = "mlp", 40, 5
 	p.lease(builtinLease(job, 1, steps, every, 0))
-	p.waitFor(t, "the rank to reach step 5", func() bool {
+	p.waitFor(t, "the rank to pass step 10's checkpoint", func() bool {
 		for _, s := range p.statuses {
-			if s.GetStep() >= 5 {
+			if s.GetStep() >= 14 {
 				return true
 			}
 		}
@@ -118,8 +121,8 @@ func TestRankStopsAtCheckpointAndResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mid.Step != 10 {
-		t.Fatalf("stopped at checkpoint step %d, want 10: the checkpoint after the signal", mid.Step)
+	if mid.Step != 15 {
+		t.Fatalf("stopped at checkpoint step %d, want 15: the checkpoint after the signal", mid.Step)
 	}
 
 	p.lease(builtinLease(job, 2, steps, every, mid.Step))

@@ -88,15 +88,26 @@ const (
 // "adamw.m.<name>" and "adamw.v.<name>" for every trainable parameter and
 // "adamw.step" (one value, exact up to lm.MaxSteps), to checkpoint beside
 // the parameters.
-func (s *LMStepper) OptimizerState() *model.Model {
+func (s *LMStepper) OptimizerState() *model.Model { return s.optimizer(slices.Clone[[]float32]) }
+
+// OptimizerView is OptimizerState without the copies: the moments' tensors
+// share AdamW's memory and are valid only until the next Step. A caller
+// that copies them anyway, as checkpoint.Saver does, saves the training
+// loop a copy of twice the trainable parameters.
+func (s *LMStepper) OptimizerView() *model.Model {
+	return s.optimizer(func(v []float32) []float32 { return v })
+}
+
+// optimizer is AdamW's state with each moment's values passed through vals.
+func (s *LMStepper) optimizer(vals func([]float32) []float32) *model.Model {
 	mm, vv := s.tr.Moments()
 	var ts []model.Tensor
 	for i, t := range s.m.Tensors {
 		if mm[i] == nil {
 			continue
 		}
-		ts = append(ts, model.Tensor{Name: adamFirst + t.Name, Shape: slices.Clone(t.Shape), Data: slices.Clone(mm[i].Vals())},
-			model.Tensor{Name: adamSecond + t.Name, Shape: slices.Clone(t.Shape), Data: slices.Clone(vv[i].Vals())})
+		ts = append(ts, model.Tensor{Name: adamFirst + t.Name, Shape: slices.Clone(t.Shape), Data: vals(mm[i].Vals())},
+			model.Tensor{Name: adamSecond + t.Name, Shape: slices.Clone(t.Shape), Data: vals(vv[i].Vals())})
 	}
 	ts = append(ts, model.Tensor{Name: adamStep, Shape: []int{1}, Data: []float32{float32(s.tr.Steps())}})
 	return &model.Model{Tensors: ts}

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,8 +46,9 @@ func modelBytes(ck *Checkpoint) int64 {
 }
 
 // BenchmarkSaveBlocking times what training waits for per checkpoint: the
-// snapshot Save takes before it returns. Each write finishes, untimed,
-// before the next Save, so that the figure is the snapshot alone.
+// snapshot Save takes before it returns. The buffers are prepared first, as
+// the trainer does, and each write finishes, untimed, before the next Save,
+// so that a buffer is always free and the figure is the copy alone.
 func BenchmarkSaveBlocking(b *testing.B) {
 	s, err := OpenDir(b.TempDir())
 	if err != nil {
@@ -57,6 +59,9 @@ func BenchmarkSaveBlocking(b *testing.B) {
 		b.Fatal(err)
 	}
 	ck := benchCheckpoint(b)
+	if err := sv.Prepare(ck); err != nil {
+		b.Fatal(err)
+	}
 	b.SetBytes(modelBytes(ck))
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
@@ -117,5 +122,72 @@ func BenchmarkSaveTotal(b *testing.B) {
 	b.StopTimer()
 	if err := sv.Close(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// throttledStore is a store behind a link of fixed bandwidth: PutBlob holds
+// the link for the time its bytes take to cross it, then keeps only their
+// size; Commit is free.
+type throttledStore struct {
+	*discardStore
+	link        sync.Mutex
+	bytesPerSec float64
+}
+
+func (s *throttledStore) PutBlob(d Digest, data []byte) error {
+	s.link.Lock()
+	time.Sleep(time.Duration(float64(len(data)) / s.bytesPerSec * float64(time.Second)))
+	s.link.Unlock()
+	return s.discardStore.PutBlob(d, data)
+}
+
+// BenchmarkSaveSlowStore checkpoints the 50 MiB model at a fixed cadence
+// (the training between checkpoints is a sleep), buffers prepared, into a
+// store whose link takes 200 ms per checkpoint. Ahead: a checkpoint every 300 ms, and every
+// Save finds a free buffer. Behind: one every 100 ms, faster than the link,
+// so the two buffers fill and each Save waits about the 100 ms the store
+// lacks; the wait is the stall, and waits/op counts it.
+func BenchmarkSaveSlowStore(b *testing.B) {
+	const perCheckpoint = 200 * time.Millisecond
+	for _, c := range []struct {
+		name    string
+		cadence time.Duration
+	}{{"ahead", 300 * time.Millisecond}, {"behind", 100 * time.Millisecond}} {
+		b.Run(c.name, func(b *testing.B) {
+			ck := benchCheckpoint(b)
+			s := &throttledStore{discardStore: &discardStore{Store: newGateStore()},
+				bytesPerSec: float64(modelBytes(ck)) / perCheckpoint.Seconds()}
+			sv, err := NewSaver(s, SaverOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := sv.Prepare(ck); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(modelBytes(ck))
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				time.Sleep(c.cadence)
+				touch(ck, i)
+				start := time.Now()
+				if err := sv.Save(ck); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			if _, err := sv.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			st := sv.Stats()
+			if err := sv.Close(); err != nil {
+				b.Fatal(err)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(percentile(lat, 0.99))/1e6, "p99-ms")
+			b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+			b.ReportMetric(float64(st.Waits)/float64(b.N), "waits/op")
+		})
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/fleetlearn/fleetlearn/model"
 )
@@ -79,7 +81,7 @@ func Write(s Store, ck *Checkpoint, opts Options) (Digest, error) {
 	if err := checkShapes(ck); err != nil {
 		return Digest{}, fmt.Errorf("checkpoint: write: %w", err)
 	}
-	id, err := writeCheckpoint(s, ck, cs, nil)
+	id, err := writeCheckpoint(s, ck, newChunkWriter(cs, 1), s.Commit)
 	if err != nil {
 		return Digest{}, fmt.Errorf("checkpoint: write: %w", err)
 	}
@@ -146,9 +148,9 @@ func sortedFiles(files []File) []File {
 
 func compareFiles(a, b File) int { return strings.Compare(a.Name, b.Name) }
 
-// writeCheckpoint validates ck fully, stores every chunk the store lacks and
-// commits the manifest. scratch, if big enough, is reused for encoding.
-func writeCheckpoint(s Store, ck *Checkpoint, chunkSize int, scratch []byte) (Digest, error) {
+// writeCheckpoint validates ck fully, stores every chunk with w and commits
+// the manifest with commit.
+func writeCheckpoint(s Store, ck *Checkpoint, w *chunkWriter, commit func(*Manifest) (Digest, error)) (Digest, error) {
 	for _, m := range []*model.Model{ck.Params, ck.Optimizer} {
 		if m == nil {
 			continue
@@ -157,10 +159,6 @@ func writeCheckpoint(s Store, ck *Checkpoint, chunkSize int, scratch []byte) (Di
 			return Digest{}, fmt.Errorf("%w: %w", ErrInvalidCheckpoint, err)
 		}
 	}
-	if cap(scratch) < chunkSize {
-		scratch = make([]byte, chunkSize)
-	}
-	scratch = scratch[:chunkSize]
 	man := &Manifest{
 		Format: manifestFormat,
 		Job:    ck.Job,
@@ -172,70 +170,139 @@ func writeCheckpoint(s Store, ck *Checkpoint, chunkSize int, scratch []byte) (Di
 	// A checkpoint of files only still has a params list, empty: the
 	// manifest format requires one.
 	man.Params = []TensorEntry{}
-	var err error
+	var pieces []piece
 	if ck.Params != nil {
-		if man.Params, err = writeTensors(s, ck.Params, chunkSize, scratch); err != nil {
-			return Digest{}, err
-		}
+		man.Params = w.planTensors(&pieces, ck.Params)
 	}
 	if ck.Optimizer != nil {
-		if man.Optimizer, err = writeTensors(s, ck.Optimizer, chunkSize, scratch); err != nil {
-			return Digest{}, err
-		}
+		man.Optimizer = w.planTensors(&pieces, ck.Optimizer)
 	}
-	if man.Files, err = writeFiles(s, sortedFiles(ck.Files), chunkSize); err != nil {
+	man.Files = w.planFiles(&pieces, sortedFiles(ck.Files))
+	if err := w.store(s, pieces); err != nil {
 		return Digest{}, err
 	}
 	if err := man.validate(); err != nil {
 		return Digest{}, fmt.Errorf("%w: %w", ErrInvalidCheckpoint, err)
 	}
-	return s.Commit(man)
+	return commit(man)
 }
 
-func writeTensors(s Store, m *model.Model, chunkSize int, scratch []byte) ([]TensorEntry, error) {
+// chunkWriter encodes, hashes and stores the chunks of one checkpoint at a
+// time on at most len(scratch) goroutines: the CPU a Saver's background work
+// takes is bounded by that count, whatever the model's size.
+type chunkWriter struct {
+	size int // chunk size in bytes
+	// scratch holds one encoding buffer per goroutine, allocated on first
+	// use and kept for the next checkpoint.
+	scratch [][]byte
+}
+
+func newChunkWriter(size, workers int) *chunkWriter {
+	return &chunkWriter{size: size, scratch: make([][]byte, workers)}
+}
+
+// piece is one chunk to store: float32 values to encode, or a file's bytes
+// as they are; out is where its manifest entry goes.
+type piece struct {
+	vals []float32
+	raw  []byte
+	file string // the file raw is from, for errors
+	out  *Chunk
+}
+
+// planTensors returns m's manifest entries, their chunks to be filled in
+// by the pieces it appends to ps.
+func (w *chunkWriter) planTensors(ps *[]piece, m *model.Model) []TensorEntry {
+	per := w.size / 4
 	out := make([]TensorEntry, 0, len(m.Tensors))
-	per := chunkSize / 4
 	for _, t := range m.Tensors {
-		e := TensorEntry{Name: t.Name, Shape: append([]int{}, t.Shape...), Chunks: []Chunk{}}
-		for data := t.Data; len(data) > 0; {
-			n := min(len(data), per)
-			b := scratch[:4*n]
-			for i, v := range data[:n] {
-				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-			}
-			data = data[n:]
-			d := Sum(b)
-			// PutBlob, not HasBlob: a store can tell a damaged copy
-			// from a good one and repair it.
-			if err := s.PutBlob(d, b); err != nil {
-				return nil, err
-			}
-			e.Chunks = append(e.Chunks, Chunk{Digest: d, Size: int64(len(b))})
+		e := TensorEntry{Name: t.Name, Shape: append([]int{}, t.Shape...), Chunks: make([]Chunk, (len(t.Data)+per-1)/per)}
+		for i := range e.Chunks {
+			*ps = append(*ps, piece{vals: t.Data[i*per : min((i+1)*per, len(t.Data))], out: &e.Chunks[i]})
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
 }
 
-// writeFiles stores files, already in name order, cut into chunks of
-// chunkSize bytes. The chunks are slices of the files' data: PutBlob does
-// not keep them.
-func writeFiles(s Store, files []File, chunkSize int) ([]FileEntry, error) {
+// planFiles is planTensors for files, already in name order. The chunks
+// are slices of the files' data: PutBlob does not keep them.
+func (w *chunkWriter) planFiles(ps *[]piece, files []File) []FileEntry {
 	var out []FileEntry // nil when there are none, so the manifest omits the list
 	for _, f := range files {
-		e := FileEntry{Name: f.Name, Size: int64(len(f.Data)), Chunks: []Chunk{}}
-		for data := f.Data; len(data) > 0; {
-			b := data[:min(len(data), chunkSize)]
-			data = data[len(b):]
-			d := Sum(b)
-			if err := s.PutBlob(d, b); err != nil {
-				return nil, fmt.Errorf("file %q: %w", f.Name, err)
-			}
-			e.Chunks = append(e.Chunks, Chunk{Digest: d, Size: int64(len(b))})
+		e := FileEntry{Name: f.Name, Size: int64(len(f.Data)), Chunks: make([]Chunk, (len(f.Data)+w.size-1)/w.size)}
+		for i := range e.Chunks {
+			*ps = append(*ps, piece{raw: f.Data[i*w.size : min((i+1)*w.size, len(f.Data))], file: f.Name, out: &e.Chunks[i]})
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
+}
+
+// store puts every piece, on as many goroutines as w has buffers, and
+// returns the first error; after one, no further piece is started.
+func (w *chunkWriter) store(s Store, ps []piece) error {
+	n := min(len(w.scratch), len(ps))
+	if n <= 1 {
+		for i := range ps {
+			if err := w.put(s, &ps[i], 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var next atomic.Int64
+	var failed atomic.Bool
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for !failed.Load() {
+				i := int(next.Add(1)) - 1
+				if i >= len(ps) {
+					return
+				}
+				if err := w.put(s, &ps[i], g); err != nil {
+					errs[g] = err
+					failed.Store(true)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// put encodes p (tensor values as little-endian float32) into the buffer
+// of goroutine g, hashes it and stores it.
+func (w *chunkWriter) put(s Store, p *piece, g int) error {
+	b := p.raw
+	if p.vals != nil {
+		if cap(w.scratch[g]) < w.size {
+			w.scratch[g] = make([]byte, w.size)
+		}
+		b = w.scratch[g][:4*len(p.vals)]
+		for i, v := range p.vals {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+	}
+	d := Sum(b)
+	// PutBlob, not HasBlob: a store can tell a damaged copy from a good
+	// one and repair it.
+	if err := s.PutBlob(d, b); err != nil {
+		if p.file != "" {
+			return fmt.Errorf("file %q: %w", p.file, err)
+		}
+		return err
+	}
+	*p.out = Chunk{Digest: d, Size: int64(len(b))}
+	return nil
 }
 
 // Load reads the checkpoint id, verifying the manifest and every blob.

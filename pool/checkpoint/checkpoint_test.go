@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/model"
@@ -438,7 +439,7 @@ func TestSaverBackToBack(t *testing.T) {
 	for step := int64(1); step <= 20; step++ {
 		ck.Step = step
 		ck.Params.Tensors[1].Data[0] = float32(step)
-		if err := sv.Save(ck); err != nil { // waits for the one in flight
+		if err := sv.Save(ck); err != nil { // waits for a buffer when all are in flight
 			t.Fatal(err)
 		}
 	}
@@ -465,13 +466,13 @@ func TestSaverBackToBack(t *testing.T) {
 // failStore fails the commit, as a full disk would, on a real directory.
 type failStore struct {
 	*Dir
-	fail bool
+	fail atomic.Bool
 }
 
 var errDiskFull = errors.New("disk full")
 
 func (f *failStore) Commit(m *Manifest) (Digest, error) {
-	if f.fail {
+	if f.fail.Load() {
 		return Digest{}, errDiskFull
 	}
 	return f.Dir.Commit(m)
@@ -479,7 +480,8 @@ func (f *failStore) Commit(m *Manifest) (Digest, error) {
 
 func TestSaverSurfacesErrors(t *testing.T) {
 	d, _ := openTest(t)
-	fs := &failStore{Dir: d, fail: true}
+	fs := &failStore{Dir: d}
+	fs.fail.Store(true)
 	sv, err := NewSaver(fs, SaverOptions{Options: Options{ChunkSize: 512}})
 	if err != nil {
 		t.Fatal(err)
@@ -488,11 +490,14 @@ func TestSaverSurfacesErrors(t *testing.T) {
 	if err := sv.Save(ck); err != nil {
 		t.Fatal(err)
 	}
-	// The background failure comes back on the next call, once.
-	if err := sv.Save(ck); !errors.Is(err, errDiskFull) {
-		t.Fatalf("next Save: %v, want the commit error", err)
+	// The background failure comes back from Wait, once.
+	if _, err := sv.Wait(); !errors.Is(err, errDiskFull) {
+		t.Fatalf("Wait: %v, want the commit error", err)
 	}
-	fs.fail = false
+	if _, err := sv.Wait(); err != nil {
+		t.Fatalf("second Wait: %v, want the error reported once", err)
+	}
+	fs.fail.Store(false)
 	if err := sv.Save(ck); err != nil {
 		t.Fatal(err)
 	}
@@ -522,4 +527,19 @@ func cloneCheckpoint(ck *Checkpoint) *Checkpoint {
 		c.Files = append(c.Files, File{Name: f.Name, Data: slices.Clone(f.Data)})
 	}
 	return &c
+}
+
+func TestBlobSize(t *testing.T) {
+	s, _ := openTest(t)
+	data := []byte("twelve bytes")
+	d := Sum(data)
+	if _, err := s.BlobSize(d); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("size of a missing blob: %v, want ErrNotFound", err)
+	}
+	if err := s.PutBlob(d, data); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.BlobSize(d); err != nil || n != int64(len(data)) {
+		t.Fatalf("BlobSize = %d, %v; want %d", n, err, len(data))
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -18,8 +19,10 @@ var errCrash = errors.New("injected crash")
 // of steps fails every further one. crash then throws away what a power
 // loss could: the contents of files not yet synced, and directory changes
 // (new names, replaced names, removals) made since their directory was last
-// synced.
+// synced. Each of its calls holds a lock while it runs, so that a Saver's
+// concurrent writes are a sequence of steps a crash can cut anywhere.
 type crashFS struct {
+	mu      sync.Mutex
 	limit   int // steps allowed before the crash; -1 for none
 	steps   []string
 	crashed bool
@@ -60,6 +63,8 @@ func (c *crashFS) noteChange(path string) {
 }
 
 func (c *crashFS) writeFile(path string, data []byte, exclusive bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	base := filepath.Base(path)
 	if err := c.step("create temp for " + base); err != nil {
 		return err
@@ -113,10 +118,12 @@ func (c *crashFS) writeFile(path string, data []byte, exclusive bool) error {
 			return err
 		}
 	}
-	return c.syncDir(filepath.Dir(path))
+	return c.syncDirLocked(filepath.Dir(path))
 }
 
 func (c *crashFS) remove(path string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.step("remove " + filepath.Base(path)); err != nil {
 		return err
 	}
@@ -125,14 +132,29 @@ func (c *crashFS) remove(path string) error {
 }
 
 func (c *crashFS) mkdir(path string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.step("mkdir " + filepath.Base(path)); err != nil {
 		return err
 	}
+	// As osFS: a directory another writer made first is not an error.
+	if err := os.Mkdir(path, 0o755); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil
+		}
+		return err
+	}
 	c.pending = append(c.pending, dirChange{dir: filepath.Dir(path), name: path, tree: true})
-	return os.Mkdir(path, 0o755)
+	return nil
 }
 
 func (c *crashFS) syncDir(dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.syncDirLocked(dir)
+}
+
+func (c *crashFS) syncDirLocked(dir string) error {
 	if err := c.step("fsync dir " + filepath.Base(dir)); err != nil {
 		return err
 	}
@@ -331,5 +353,71 @@ func TestCrashDuringGC(t *testing.T) {
 		if ck, err := LoadLatest(r); err != nil || ck.ID != ids[2] {
 			t.Fatalf("crash after GC step %d: LoadLatest = %v; want %s", n, err, ids[2])
 		}
+	}
+}
+
+// TestCrashDuringSaver cuts power after every step of a Saver writing two
+// checkpoints at once (two buffers, three workers storing chunks
+// concurrently): the reopened store has no checkpoint, the first, or the
+// second naming the first as its parent, each whole. Several saves in
+// flight never let a later checkpoint commit before the one it names.
+func TestCrashDuringSaver(t *testing.T) {
+	a := testCheckpoint(1, 160)
+	b := testCheckpoint(2, 160)
+	b.Params.Tensors[0].Data[0] = 99
+	crashed := 0
+	for n := 0; ; n++ {
+		if n > 10000 {
+			t.Fatal("the saves never ran to the end")
+		}
+		dir := t.TempDir()
+		cfs := newCrashFS(n)
+		s, err := openDir(dir, cfs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv, err := NewSaver(s, SaverOptions{Options: Options{ChunkSize: 64}, Buffers: 2, Workers: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errA := sv.Save(a)
+		errB := sv.Save(b)
+		last, err := sv.Wait()
+		err = errors.Join(errA, errB, err)
+		if !cfs.crashed {
+			if err != nil {
+				t.Fatalf("no crash at step %d, yet: %v", n, err)
+			}
+			cfs.crash(t)
+			checkLatest(t, dir, last, b)
+			break
+		}
+		if !errors.Is(err, errCrash) {
+			t.Fatalf("crash after step %d: the saves returned %v, want the injected crash", n, err)
+		}
+		crashed++
+		cfs.crash(t)
+		r, err := OpenDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := LoadLatest(r)
+		switch {
+		case errors.Is(err, ErrNoCheckpoint):
+		case err != nil:
+			t.Fatalf("crash after step %d: LoadLatest: %v", n, err)
+		case got.Step == 1:
+			assertSame(t, got, a)
+		default:
+			assertSame(t, got, b)
+			first, err := Load(r, got.Parent)
+			if err != nil {
+				t.Fatalf("crash after step %d: the second checkpoint is latest but its parent does not load: %v", n, err)
+			}
+			assertSame(t, first, a)
+		}
+	}
+	if crashed < 40 {
+		t.Fatalf("only %d crash points; they did not cover both writes", crashed)
 	}
 }

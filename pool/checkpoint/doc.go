@@ -26,8 +26,11 @@
 // that verifies.
 //
 // Saver takes a checkpoint without stalling training for the write: it
-// copies the tensors into buffers it reuses (the only part that blocks) and
-// writes in the background, one save at a time.
+// copies the tensors into one of a fixed number of buffers it reuses (the
+// only part that blocks, unless every buffer still holds a snapshot waiting
+// to be written) and writes in the background on a bounded number of
+// goroutines, several saves in flight, committed one after another in the
+// order they were taken.
 //
 // One store directory holds one job's checkpoints: Latest and GC order
 // manifests by step and do not look at the job id.

@@ -1,11 +1,28 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
-	"slices"
 	"sync"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/model"
+)
+
+// Saver defaults and limits (SaverOptions).
+const (
+	// DefaultBuffers lets one snapshot wait while the one before it is
+	// written, so that a write that is late but keeps pace on average
+	// does not stall training.
+	DefaultBuffers = 2
+	// DefaultWorkers lets one chunk be encoded and hashed while another
+	// is in the store's hands (a disk sync, an upload).
+	DefaultWorkers = 2
+	// MaxBuffers bounds SaverOptions.Buffers: each buffer is a whole
+	// checkpoint's memory.
+	MaxBuffers = 64
+	// MaxWorkers bounds SaverOptions.Workers.
+	MaxWorkers = 64
 )
 
 // SaverOptions tunes a Saver.
@@ -15,43 +32,108 @@ type SaverOptions struct {
 	// save, in the background like the write. The store must then be a
 	// Collector and no one else may write to it.
 	Keep int
+	// Buffers is how many snapshots the Saver holds at most: the one
+	// being written and those waiting, in order, to be. Each is as large
+	// as a checkpoint's tensors, files and RNG state, and is reused, so
+	// they bound the Saver's memory. 0 means DefaultBuffers.
+	Buffers int
+	// Workers is how many goroutines encode, hash and store a
+	// checkpoint's chunks at once, each with a buffer of one chunk: the
+	// CPU the background work may take from training. 0 means
+	// DefaultWorkers.
+	Workers int
 }
 
-// Saver writes checkpoints in the background. Save copies the tensors and
-// files into buffers the Saver owns and reuses, then returns; the encoding, hashing,
-// writing and syncing happen on another goroutine. At most one save is in
-// flight: a Save that finds the previous one still writing waits for it
-// before copying, so a job that checkpoints faster than the disk writes is
-// slowed to the disk's pace rather than queueing snapshots in memory.
+func (o SaverOptions) counts() (buffers, workers int, err error) {
+	buffers, workers = o.Buffers, o.Workers
+	if buffers == 0 {
+		buffers = DefaultBuffers
+	}
+	if workers == 0 {
+		workers = DefaultWorkers
+	}
+	if buffers < 1 || buffers > MaxBuffers || workers < 1 || workers > MaxWorkers {
+		return 0, 0, fmt.Errorf("%d buffers and %d workers: want 1 to %d and 1 to %d: %w", buffers, workers, MaxBuffers, MaxWorkers, ErrInvalidCheckpoint)
+	}
+	return buffers, workers, nil
+}
+
+// Saver writes checkpoints in the background. Save copies the tensors, files
+// and RNG state into one of the Saver's buffers and returns; encoding,
+// hashing, writing and syncing happen on other goroutines (at most
+// SaverOptions.Workers at once). Several saves may be in flight, one per
+// buffer: they are written one after the other in the order they were
+// taken, so each commits after the one before it, and LATEST and the chain
+// of parents never go backwards. Its memory is that of SaverOptions.Buffers
+// snapshots and Workers chunks, however many saves it takes.
+//
+// When every buffer holds a snapshot not yet written, the store is slower
+// than the checkpoints come, and Save waits for the oldest write to finish
+// before it copies. No snapshot is dropped or replaced by a newer one to
+// keep up: a job's final checkpoint, or the one a scheduler stops it at,
+// must never be lost, and the ranks of a pool job resume only from a step
+// every rank has committed. The wait is part of the stall Save reports
+// (SaverStats, StallRecorder), so a store that cannot keep up shows as
+// stall, never as unbounded memory.
 //
 // An error from a background save is returned by the next Save, Wait or
-// Close, once; the failed checkpoint is not retried. A Saver is safe for
-// concurrent use, though saves are serialized.
+// Close, once, joined with any others since; the failed checkpoint is not
+// retried, and the next one names the last checkpoint committed as its
+// parent. A Saver is safe for concurrent use; its Saves are serialized.
 type Saver struct {
-	store Store
-	opts  SaverOptions
-	chunk int
+	store  Store
+	stalls StallRecorder // store, when it records stalls
+	keep   int
+	w      *chunkWriter
+	// free holds the buffers not in use; a write returns its buffer
+	// before it counts as settled.
+	free chan *snapshot
 
-	mu      sync.Mutex
-	flight  *flight
-	err     error
-	last    Digest
-	closed  bool
-	params  model.Model
-	opt     model.Model
-	files   []File
-	scratch []byte
+	// mu serializes Save, Prepare, Wait and Close, so that snapshots are
+	// written in the order they were taken.
+	mu     sync.Mutex
+	closed bool
+	// tail is closed when the last snapshot taken has been written (or has
+	// failed); every write waits for the one before it.
+	tail chan struct{}
+
+	// res guards what writes report.
+	res   sync.Mutex
+	last  Digest
+	errs  []error
+	stats SaverStats
 }
 
-type flight struct {
-	done chan struct{}
-	id   Digest
-	err  error
+// SaverStats is what a Saver's checkpoints have cost its caller so far.
+type SaverStats struct {
+	// Saves counts the snapshots taken.
+	Saves int64
+	// Waits counts the Saves that found every buffer in use and waited
+	// for a write to finish: the store did not keep pace.
+	Waits int64
+	// Stall is the time Saves blocked their callers in all, MaxStall the
+	// longest one.
+	Stall, MaxStall time.Duration
 }
 
-// NewSaver returns a Saver writing to s.
+// snapshot is one buffer: a checkpoint whose tensors, files and RNG state
+// the Saver owns, and what its Save cost.
+type snapshot struct {
+	ck          Checkpoint
+	params, opt model.Model
+	files       []File
+	rng         []byte
+	stall       time.Duration
+}
+
+// NewSaver returns a Saver writing to s. Its buffers are allocated by
+// Prepare, or as the first saves need them.
 func NewSaver(s Store, opts SaverOptions) (*Saver, error) {
 	cs, err := opts.chunkSize()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: new saver: %w", err)
+	}
+	buffers, workers, err := opts.counts()
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: new saver: %w", err)
 	}
@@ -60,65 +142,159 @@ func NewSaver(s Store, opts SaverOptions) (*Saver, error) {
 			return nil, fmt.Errorf("checkpoint: new saver: keep %d needs a store that can delete: %w", opts.Keep, ErrInvalidCheckpoint)
 		}
 	}
-	return &Saver{store: s, opts: opts, chunk: cs}, nil
+	sv := &Saver{store: s, keep: opts.Keep, w: newChunkWriter(cs, workers), free: make(chan *snapshot, buffers), tail: make(chan struct{})}
+	sv.stalls, _ = s.(StallRecorder)
+	for range buffers {
+		sv.free <- &snapshot{}
+	}
+	close(sv.tail)
+	return sv, nil
 }
 
-// Save snapshots ck and starts writing it. ck may be changed as soon as Save
-// returns. A zero ck.Parent is filled in with the id of the last checkpoint
-// this Saver committed, so lineage follows without bookkeeping. The error,
-// if any, is from this call's checks or from the previous background save;
-// in either case nothing was snapshotted.
+// Save snapshots ck and queues it for writing. ck may be changed as soon as
+// Save returns. A zero ck.Parent is filled in, when the write starts, with
+// the id of the last checkpoint this Saver committed, so lineage follows
+// without bookkeeping. The error, if any, is from this call's checks or
+// from an earlier background save; in either case nothing was snapshotted.
+//
+// The time from Save's call to its return is the checkpoint's stall: the
+// copy, and the wait for a buffer when none was free.
 func (s *Saver) Save(ck *Checkpoint) error {
+	start := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return fmt.Errorf("checkpoint: save: %w", ErrClosed)
 	}
-	if err := s.settleLocked(); err != nil {
+	if err := s.takeErr(); err != nil {
 		return err
 	}
 	if err := checkShapes(ck); err != nil {
 		return fmt.Errorf("checkpoint: save: %w", err)
 	}
-	snap := &Checkpoint{
+	var b *snapshot
+	waited := false
+	select {
+	case b = <-s.free:
+	default:
+		waited = true
+		b = <-s.free
+		// The write that freed the buffer may have failed; it is
+		// reported before anything is taken past it.
+		if err := s.takeErr(); err != nil {
+			s.free <- b
+			return err
+		}
+	}
+	b.take(ck)
+	prev, done := s.tail, make(chan struct{})
+	s.tail = done
+	b.stall = time.Since(start)
+	s.res.Lock()
+	s.stats.Saves++
+	if waited {
+		s.stats.Waits++
+	}
+	s.stats.Stall += b.stall
+	s.stats.MaxStall = max(s.stats.MaxStall, b.stall)
+	s.res.Unlock()
+	go s.write(b, prev, done)
+	return nil
+}
+
+// Prepare sizes the Saver's free buffers for checkpoints shaped like ck,
+// copying ck into each, so that the first Saves copy into memory already
+// allocated and mapped rather than pay for that in the training loop. It
+// is optional; a job calls it once, before it trains. A buffer in use is
+// left as it is.
+func (s *Saver) Prepare(ck *Checkpoint) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("checkpoint: prepare: %w", ErrClosed)
+	}
+	if err := checkShapes(ck); err != nil {
+		return fmt.Errorf("checkpoint: prepare: %w", err)
+	}
+	var bs []*snapshot
+	for free := true; free; {
+		select {
+		case b := <-s.free:
+			bs = append(bs, b)
+		default:
+			free = false
+		}
+	}
+	for _, b := range bs {
+		b.take(ck)
+		s.free <- b
+	}
+	return nil
+}
+
+// take copies ck into b, reusing b's slices where they are big enough.
+func (b *snapshot) take(ck *Checkpoint) {
+	b.rng = append(b.rng[:0], ck.RNG...)
+	b.ck = Checkpoint{
 		Job:    ck.Job,
 		Step:   ck.Step,
 		Parent: ck.Parent,
 		Cursor: ck.Cursor,
-		RNG:    slices.Clone(ck.RNG),
-		Files:  copyFiles(&s.files, ck.Files),
+		RNG:    b.rng,
+		Files:  copyFiles(&b.files, ck.Files),
+	}
+	if ck.RNG == nil {
+		b.ck.RNG = nil
 	}
 	if ck.Params != nil {
-		snap.Params = copyInto(&s.params, ck.Params)
-	}
-	if snap.Parent.IsZero() {
-		snap.Parent = s.last
+		b.ck.Params = copyInto(&b.params, ck.Params)
 	}
 	if ck.Optimizer != nil {
-		snap.Optimizer = copyInto(&s.opt, ck.Optimizer)
+		b.ck.Optimizer = copyInto(&b.opt, ck.Optimizer)
 	}
-	f := &flight{done: make(chan struct{})}
-	s.flight = f
-	go s.write(f, snap)
-	return nil
 }
 
-func (s *Saver) write(f *flight, snap *Checkpoint) {
-	defer close(f.done)
-	if cap(s.scratch) < s.chunk {
-		// Only this goroutine touches scratch, and only one runs at a time.
-		s.scratch = make([]byte, s.chunk)
+// write writes b once the write before it (prev) has settled, then returns
+// b to the free buffers and closes done.
+func (s *Saver) write(b *snapshot, prev <-chan struct{}, done chan<- struct{}) {
+	<-prev
+	s.res.Lock()
+	if b.ck.Parent.IsZero() {
+		b.ck.Parent = s.last
 	}
-	f.id, f.err = writeCheckpoint(s.store, snap, s.chunk, s.scratch)
-	if f.err != nil {
-		f.err = fmt.Errorf("checkpoint: save step %d: %w", snap.Step, f.err)
-		return
+	s.res.Unlock()
+	commit := s.store.Commit
+	if s.stalls != nil {
+		commit = func(m *Manifest) (Digest, error) { return s.stalls.CommitStall(m, b.stall) }
 	}
-	if s.opts.Keep > 0 {
-		if _, err := GC(s.store.(Collector), s.opts.Keep); err != nil {
-			f.err = fmt.Errorf("checkpoint: save step %d: committed %s: %w", snap.Step, f.id, err)
+	id, err := writeCheckpoint(s.store, &b.ck, s.w, commit)
+	if err != nil {
+		err = fmt.Errorf("checkpoint: save step %d: %w", b.ck.Step, err)
+	} else if s.keep > 0 {
+		if _, gerr := GC(s.store.(Collector), s.keep); gerr != nil {
+			err = fmt.Errorf("checkpoint: save step %d: committed %s: %w", b.ck.Step, id, gerr)
 		}
 	}
+	s.res.Lock()
+	if !id.IsZero() {
+		s.last = id
+	}
+	if err != nil {
+		s.errs = append(s.errs, err)
+	}
+	s.res.Unlock()
+	s.free <- b
+	close(done)
+}
+
+// takeErr returns the background errors not yet returned, joined, and
+// forgets them.
+func (s *Saver) takeErr() error {
+	s.res.Lock()
+	defer s.res.Unlock()
+	err := errors.Join(s.errs...)
+	s.errs = nil
+	return err
 }
 
 // copyInto copies src into dst, reusing dst's slices where they are big
@@ -165,34 +341,26 @@ func copyFiles(dst *[]File, src []File) []File {
 	return fs[:len(src)]
 }
 
-// settleLocked waits for the save in flight and returns its error, or one
-// that an earlier call has not returned yet.
-func (s *Saver) settleLocked() error {
-	if f := s.flight; f != nil {
-		<-f.done
-		s.flight = nil
-		if f.err != nil {
-			s.err = f.err
-		}
-		if !f.id.IsZero() {
-			s.last = f.id
-		}
-	}
-	err := s.err
-	s.err = nil
-	return err
-}
-
-// Wait blocks until no save is in flight and returns the id of the last
-// checkpoint committed and the error of a save not yet reported.
+// Wait blocks until every save taken has been written and returns the id of
+// the last checkpoint committed and the errors of saves not yet reported.
 func (s *Saver) Wait() (Digest, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.settleLocked()
+	<-s.tail
+	err := s.takeErr()
+	s.res.Lock()
+	defer s.res.Unlock()
 	return s.last, err
 }
 
-// Close waits for the save in flight; later Saves fail with ErrClosed.
+// Stats returns what the Saver's checkpoints have cost its caller so far.
+func (s *Saver) Stats() SaverStats {
+	s.res.Lock()
+	defer s.res.Unlock()
+	return s.stats
+}
+
+// Close waits for the saves in flight; later Saves fail with ErrClosed.
 func (s *Saver) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -200,5 +368,6 @@ func (s *Saver) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.settleLocked()
+	<-s.tail
+	return s.takeErr()
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/smallfile"
@@ -37,6 +38,16 @@ type Store interface {
 	Latest() (Digest, *Manifest, error)
 	// List returns the ids of all stored manifests, sorted.
 	List() ([]Digest, error)
+}
+
+// StallRecorder is a Store that keeps, with each commit, how long taking
+// the checkpoint blocked training, as the pool server's store does. A Saver
+// whose store is one commits through CommitStall with the time the
+// checkpoint's Save blocked its caller; Write, which blocks for the whole
+// write, uses Commit.
+type StallRecorder interface {
+	// CommitStall is Commit, with the checkpoint's stall.
+	CommitStall(m *Manifest, stall time.Duration) (Digest, error)
 }
 
 // Collector is what GC needs beyond Store.
@@ -184,6 +195,20 @@ func (s *Dir) HasBlob(d Digest) (bool, error) {
 		return false, fmt.Errorf("checkpoint: has blob %s: %w", d, err)
 	}
 	return true, nil
+}
+
+// BlobSize returns the size of the blob stored under d, from the file
+// system and without reading it, or ErrNotFound: what a caller accounting
+// for storage needs, where GetBlob would read and hash the whole blob.
+func (s *Dir) BlobSize(d Digest) (int64, error) {
+	st, err := os.Stat(s.blobPath(d))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("checkpoint: blob size %s: %w", d, ErrNotFound)
+	case err != nil:
+		return 0, fmt.Errorf("checkpoint: blob size %s: %w", d, err)
+	}
+	return st.Size(), nil
 }
 
 // GetBlob implements Store.

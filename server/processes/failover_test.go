@@ -70,7 +70,7 @@ func TestLeaderFailover(t *testing.T) {
 }
 
 // scrapeCounter reads one series from a replica's /metrics (0 when absent).
-func scrapeCounter(t *testing.T, addr, series string) float64 {
+func scrapeCounter(t testing.TB, addr, series string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

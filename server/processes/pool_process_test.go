@@ -55,6 +55,7 @@ type poolCluster struct {
 	*cluster
 	workerBin string
 	jobs      apiv1.PoolServiceClient
+	metrics   string // the server's /metrics listener
 }
 
 // poolWorker is one fleetlearn-worker process and the id the server gave it.
@@ -63,7 +64,7 @@ type poolWorker struct {
 	p        *proc
 }
 
-func newPoolCluster(t *testing.T) *poolCluster {
+func newPoolCluster(t testing.TB) *poolCluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs separate processes")
@@ -80,12 +81,13 @@ func newPoolCluster(t *testing.T) *poolCluster {
 	if err := os.WriteFile(c.jwks, []byte(runCLI(t, cli, "", "module", "keygen", c.publisherKey)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	metricsAddr := servertest.FreeAddr(t)
 	c.server = start(t, "server", c.serverBin, "-data-dir", c.dataDir, "-nats-listen", c.nats,
-		"-grpc-addr", c.grpcAddr, "-metrics-addr", "off", "-pace-window", "200ms", "-log-level", "debug",
+		"-grpc-addr", c.grpcAddr, "-metrics-addr", metricsAddr, "-pace-window", "200ms", "-log-level", "debug",
 		"-module-publishers", c.jwks, "-pool-heartbeat", poolHeartbeat.String())
 	c.dial()
 	c.waitGRPC()
-	return &poolCluster{cluster: c, workerBin: workerBin(s), jobs: apiv1.NewPoolServiceClient(c.conn)}
+	return &poolCluster{cluster: c, workerBin: workerBin(s), jobs: apiv1.NewPoolServiceClient(c.conn), metrics: metricsAddr}
 }
 
 // startWorker mints a pool-worker token the way an operator would, starts
@@ -160,10 +162,17 @@ func (pc *poolCluster) get(id string) *pb.PoolJob {
 
 func (pc *poolCluster) waitFor(what string, cond func() bool) {
 	pc.t.Helper()
-	end := time.Now().Add(waitBound)
+	pc.waitForWithin(what, waitBound, cond)
+}
+
+// waitForWithin is waitFor with another bound, for jobs that train for
+// longer than the tests' own.
+func (pc *poolCluster) waitForWithin(what string, bound time.Duration, cond func() bool) {
+	pc.t.Helper()
+	end := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(end) {
-			pc.t.Fatalf("%s: not after %v", what, waitBound)
+			pc.t.Fatalf("%s: not after %v", what, bound)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -181,8 +190,14 @@ func terminal(s pb.PoolJobState) bool {
 // stored (the handoff follows the last checkpoint).
 func (pc *poolCluster) waitEnd(id string) *pb.PoolJob {
 	pc.t.Helper()
+	return pc.waitEndWithin(id, waitBound)
+}
+
+// waitEndWithin is waitEnd with another bound.
+func (pc *poolCluster) waitEndWithin(id string, bound time.Duration) *pb.PoolJob {
+	pc.t.Helper()
 	var j *pb.PoolJob
-	pc.waitFor("job "+id+" ended", func() bool {
+	pc.waitForWithin("job "+id+" ended", bound, func() bool {
 		j = pc.get(id)
 		if j.GetState() == pb.PoolJobState_POOL_JOB_STATE_SUCCEEDED {
 			return j.GetOutputVersion() != "" || !strings.Contains(j.GetStateReason(), "storing the model")
@@ -358,6 +373,19 @@ func TestPoolGangStartsTogether(t *testing.T) {
 	}
 	if m := pc.export(j.GetOutputVersion()); len(m.Tensors) != 4 {
 		t.Fatalf("output model has %d tensors, want the MLP's 4", len(m.Tensors))
+	}
+	// Each rank timed every checkpoint's stall and sent it with the commit:
+	// two ranks, checkpoints at steps 20 and 40.
+	if st := pc.getCLI("gang").GetCheckpointStall(); st.GetCount() != 4 || st.GetMaxSeconds() <= 0 ||
+		st.GetP50Seconds() > st.GetP99Seconds() || st.GetP99Seconds() > st.GetMaxSeconds() {
+		t.Fatalf("checkpoint stall %v, want 4 stalls, p50 ≤ p99 ≤ max", st)
+	}
+	out := runCLI(t, pc.cli, pc.grpcAddr, "pool", "get", "gang")
+	if !strings.Contains(out, "checkpoint stall") || !strings.Contains(out, "over 4 checkpoints") {
+		t.Fatalf("pool get shows no checkpoint stall over 4 checkpoints:\n%s", out)
+	}
+	if n := scrapeCounter(t, pc.metrics, `fleetlearn_pool_checkpoint_stall_seconds_count{tenant="default"}`); n != 4 {
+		t.Fatalf("fleetlearn_pool_checkpoint_stall_seconds counted %v stalls, want 4", n)
 	}
 }
 

@@ -40,7 +40,7 @@ import (
 // binaries returns the server, the edge agent and the CLI, with the pool
 // agent beside them (workerBin): the test binary standing in for each
 // program (cmd/cmdtest), the same code as cmd/'s mains.
-func binaries(t *testing.T) (serverBin, edgeBin, cliBin string) {
+func binaries(t testing.TB) (serverBin, edgeBin, cliBin string) {
 	t.Helper()
 	dir := cmdtest.Dir(t)
 	return filepath.Join(dir, "fleetlearn-server"), filepath.Join(dir, "fleetlearn-edge"), filepath.Join(dir, "fleetlearn")
@@ -74,14 +74,14 @@ type proc struct {
 	end    time.Time     // when it was seen to exit; read after exited closes
 }
 
-func start(t *testing.T, name, bin string, args ...string) *proc {
+func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	return startCmd(t, name, exec.Command(bin, args...))
 }
 
 // startCmd starts cmd, its output in a log that a failed test shows the
 // end of, and stops it when t ends.
-func startCmd(t *testing.T, name string, cmd *exec.Cmd) *proc {
+func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logPath)
@@ -137,7 +137,7 @@ func (p *proc) kill9() {
 	<-p.exited
 }
 
-func runCLI(t *testing.T, cli, server string, args ...string) string {
+func runCLI(t testing.TB, cli, server string, args ...string) string {
 	t.Helper()
 	// Only stdout is returned: warnings go to stderr and would break callers that parse -o json.
 	var stderr strings.Builder
@@ -151,7 +151,7 @@ func runCLI(t *testing.T, cli, server string, args ...string) string {
 }
 
 type cluster struct {
-	t                       *testing.T
+	t                       testing.TB
 	serverBin, edgeBin, cli string
 	dataDir, grpcAddr, nats string
 	publisherKey, jwks      string // module publisher key and the JWK Set the server trusts

@@ -1148,8 +1148,11 @@ type PoolJob struct {
 	// Bytes of parameter synchronisation the server sent for this job, the
 	// responses counted as sync_bytes_received counts requests.
 	SyncBytesSent int64 `protobuf:"varint,28,opt,name=sync_bytes_sent,json=syncBytesSent,proto3" json:"sync_bytes_sent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// How long taking checkpoints blocked the ranks' training, as the ranks
+	// reported it; unset until a rank reports one.
+	CheckpointStall *PoolCheckpointStall `protobuf:"bytes,29,opt,name=checkpoint_stall,json=checkpointStall,proto3" json:"checkpoint_stall,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PoolJob) Reset() {
@@ -1378,6 +1381,113 @@ func (x *PoolJob) GetSyncBytesSent() int64 {
 	return 0
 }
 
+func (x *PoolJob) GetCheckpointStall() *PoolCheckpointStall {
+	if x != nil {
+		return x.CheckpointStall
+	}
+	return nil
+}
+
+// PoolCheckpointStall summarises how long taking a checkpoint blocked a
+// job's training loop: each rank measures it for every checkpoint it
+// takes (the time its checkpoint call held the loop: the snapshot copy
+// and any wait for a free snapshot buffer, not the upload) and reports it
+// with the commit (CommitCheckpointRequest.stall_seconds). The figures are
+// the ranks' word, kept to bound and shown, never charged. The summary is
+// of fixed size whatever the job's length.
+type PoolCheckpointStall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stalls reported: one per rank per checkpoint.
+	Count int64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// Median stall in seconds: the upper bound of the bucket (counts) that
+	// holds it, at most max_seconds, so within 9% above the true median.
+	P50Seconds float64 `protobuf:"fixed64,2,opt,name=p50_seconds,json=p50Seconds,proto3" json:"p50_seconds,omitempty"`
+	// 99th percentile in seconds, as p50_seconds.
+	P99Seconds float64 `protobuf:"fixed64,3,opt,name=p99_seconds,json=p99Seconds,proto3" json:"p99_seconds,omitempty"`
+	// Longest stall reported, in seconds.
+	MaxSeconds float64 `protobuf:"fixed64,4,opt,name=max_seconds,json=maxSeconds,proto3" json:"max_seconds,omitempty"`
+	// Sum of the stalls, in seconds.
+	TotalSeconds float64 `protobuf:"fixed64,5,opt,name=total_seconds,json=totalSeconds,proto3" json:"total_seconds,omitempty"`
+	// Stalls per bucket: counts[0] those of at most 10 µs, counts[i] those
+	// in (10 µs × 2^((i−1)/8), 10 µs × 2^(i/8)]. Trailing empty buckets are
+	// left out; a stall is clipped to an hour, so there are at most 229.
+	Counts        []uint64 `protobuf:"varint,6,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolCheckpointStall) Reset() {
+	*x = PoolCheckpointStall{}
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolCheckpointStall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolCheckpointStall) ProtoMessage() {}
+
+func (x *PoolCheckpointStall) ProtoReflect() protoreflect.Message {
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolCheckpointStall.ProtoReflect.Descriptor instead.
+func (*PoolCheckpointStall) Descriptor() ([]byte, []int) {
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PoolCheckpointStall) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PoolCheckpointStall) GetP50Seconds() float64 {
+	if x != nil {
+		return x.P50Seconds
+	}
+	return 0
+}
+
+func (x *PoolCheckpointStall) GetP99Seconds() float64 {
+	if x != nil {
+		return x.P99Seconds
+	}
+	return 0
+}
+
+func (x *PoolCheckpointStall) GetMaxSeconds() float64 {
+	if x != nil {
+		return x.MaxSeconds
+	}
+	return 0
+}
+
+func (x *PoolCheckpointStall) GetTotalSeconds() float64 {
+	if x != nil {
+		return x.TotalSeconds
+	}
+	return 0
+}
+
+func (x *PoolCheckpointStall) GetCounts() []uint64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
 // PoolWorker is a registered worker.
 type PoolWorker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1406,7 +1516,7 @@ type PoolWorker struct {
 
 func (x *PoolWorker) Reset() {
 	*x = PoolWorker{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1528,7 @@ func (x *PoolWorker) String() string {
 func (*PoolWorker) ProtoMessage() {}
 
 func (x *PoolWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[11]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1541,7 @@ func (x *PoolWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWorker.ProtoReflect.Descriptor instead.
 func (*PoolWorker) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PoolWorker) GetId() string {
@@ -1511,7 +1621,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1633,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[12]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1646,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitJobRequest) GetSpec() *PoolJobSpec {
@@ -1564,7 +1674,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1686,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[13]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1699,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SubmitJobResponse) GetJob() *PoolJob {
@@ -1610,7 +1720,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1732,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[14]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1745,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1656,7 +1766,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1778,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[15]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1791,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetJobResponse) GetJob() *PoolJob {
@@ -1706,7 +1816,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1828,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[16]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1841,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListJobsRequest) GetPageSize() int32 {
@@ -1768,7 +1878,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1890,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[17]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1903,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListJobsResponse) GetJobs() []*PoolJob {
@@ -1823,7 +1933,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1945,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[18]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1958,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{18}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -1876,7 +1986,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +1998,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[19]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +2011,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{19}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CancelJobResponse) GetJob() *PoolJob {
@@ -1922,7 +2032,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2044,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[20]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2057,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{20}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -1969,7 +2079,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2091,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[21]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2104,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{21}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchJobResponse) GetJob() *PoolJob {
@@ -2017,7 +2127,7 @@ type JobLogsRequest struct {
 
 func (x *JobLogsRequest) Reset() {
 	*x = JobLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2139,7 @@ func (x *JobLogsRequest) String() string {
 func (*JobLogsRequest) ProtoMessage() {}
 
 func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[22]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2152,7 @@ func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsRequest.ProtoReflect.Descriptor instead.
 func (*JobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{22}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobLogsRequest) GetJobId() string {
@@ -2080,7 +2190,7 @@ type PoolLogLine struct {
 
 func (x *PoolLogLine) Reset() {
 	*x = PoolLogLine{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2202,7 @@ func (x *PoolLogLine) String() string {
 func (*PoolLogLine) ProtoMessage() {}
 
 func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[23]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2215,7 @@ func (x *PoolLogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolLogLine.ProtoReflect.Descriptor instead.
 func (*PoolLogLine) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{23}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PoolLogLine) GetAttempt() uint32 {
@@ -2161,7 +2271,7 @@ type JobLogsResponse struct {
 
 func (x *JobLogsResponse) Reset() {
 	*x = JobLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2283,7 @@ func (x *JobLogsResponse) String() string {
 func (*JobLogsResponse) ProtoMessage() {}
 
 func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[24]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2296,7 @@ func (x *JobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobLogsResponse.ProtoReflect.Descriptor instead.
 func (*JobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{24}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobLogsResponse) GetLines() []*PoolLogLine {
@@ -2205,7 +2315,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2327,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[25]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2340,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{25}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
 }
 
 // ListWorkersResponse is the output of PoolService.ListWorkers.
@@ -2244,7 +2354,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2366,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[26]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2379,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{26}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*PoolWorker {
@@ -2299,7 +2409,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2421,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[27]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2434,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{27}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterWorkerRequest) GetName() string {
@@ -2377,7 +2487,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2499,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[28]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2512,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{28}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegisterWorkerResponse) GetWorkerId() string {
@@ -2464,7 +2574,7 @@ type RankLease struct {
 
 func (x *RankLease) Reset() {
 	*x = RankLease{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2586,7 @@ func (x *RankLease) String() string {
 func (*RankLease) ProtoMessage() {}
 
 func (x *RankLease) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[29]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2599,7 @@ func (x *RankLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLease.ProtoReflect.Descriptor instead.
 func (*RankLease) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{29}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RankLease) GetJobId() string {
@@ -2601,7 +2711,7 @@ type RankStop struct {
 
 func (x *RankStop) Reset() {
 	*x = RankStop{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2723,7 @@ func (x *RankStop) String() string {
 func (*RankStop) ProtoMessage() {}
 
 func (x *RankStop) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[30]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2736,7 @@ func (x *RankStop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStop.ProtoReflect.Descriptor instead.
 func (*RankStop) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{30}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RankStop) GetJobId() string {
@@ -2678,7 +2788,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2800,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[31]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2813,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{31}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RankStatus) GetJobId() string {
@@ -2761,7 +2871,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2883,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[32]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2896,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{32}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatRequest) GetWorkerId() string {
@@ -2816,7 +2926,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +2938,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[33]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +2951,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{33}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HeartbeatResponse) GetStart() []*RankLease {
@@ -2887,7 +2997,7 @@ type RankExitedRequest struct {
 
 func (x *RankExitedRequest) Reset() {
 	*x = RankExitedRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3009,7 @@ func (x *RankExitedRequest) String() string {
 func (*RankExitedRequest) ProtoMessage() {}
 
 func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[34]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3022,7 @@ func (x *RankExitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedRequest.ProtoReflect.Descriptor instead.
 func (*RankExitedRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{34}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RankExitedRequest) GetWorkerId() string {
@@ -2994,7 +3104,7 @@ type RankExitedResponse struct {
 
 func (x *RankExitedResponse) Reset() {
 	*x = RankExitedResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3116,7 @@ func (x *RankExitedResponse) String() string {
 func (*RankExitedResponse) ProtoMessage() {}
 
 func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[35]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3129,7 @@ func (x *RankExitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExitedResponse.ProtoReflect.Descriptor instead.
 func (*RankExitedResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{35}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
 }
 
 // RankRef names one rank of a leased attempt: its checkpoint store on
@@ -3040,7 +3150,7 @@ type RankRef struct {
 
 func (x *RankRef) Reset() {
 	*x = RankRef{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3162,7 @@ func (x *RankRef) String() string {
 func (*RankRef) ProtoMessage() {}
 
 func (x *RankRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[36]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3175,7 @@ func (x *RankRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankRef.ProtoReflect.Descriptor instead.
 func (*RankRef) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{36}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RankRef) GetWorkerId() string {
@@ -3112,7 +3222,7 @@ type PutCheckpointBlobRequest struct {
 
 func (x *PutCheckpointBlobRequest) Reset() {
 	*x = PutCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3234,7 @@ func (x *PutCheckpointBlobRequest) String() string {
 func (*PutCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[37]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3247,7 @@ func (x *PutCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{37}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutCheckpointBlobRequest) GetRef() *RankRef {
@@ -3171,7 +3281,7 @@ type PutCheckpointBlobResponse struct {
 
 func (x *PutCheckpointBlobResponse) Reset() {
 	*x = PutCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +3293,7 @@ func (x *PutCheckpointBlobResponse) String() string {
 func (*PutCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[38]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +3306,7 @@ func (x *PutCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*PutCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{38}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
 }
 
 // HasCheckpointBlobRequest is the input of
@@ -3213,7 +3323,7 @@ type HasCheckpointBlobRequest struct {
 
 func (x *HasCheckpointBlobRequest) Reset() {
 	*x = HasCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3335,7 @@ func (x *HasCheckpointBlobRequest) String() string {
 func (*HasCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[39]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3348,7 @@ func (x *HasCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{39}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HasCheckpointBlobRequest) GetRef() *RankRef {
@@ -3267,7 +3377,7 @@ type HasCheckpointBlobResponse struct {
 
 func (x *HasCheckpointBlobResponse) Reset() {
 	*x = HasCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3389,7 @@ func (x *HasCheckpointBlobResponse) String() string {
 func (*HasCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[40]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3402,7 @@ func (x *HasCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HasCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*HasCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{40}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *HasCheckpointBlobResponse) GetPresent() bool {
@@ -3316,7 +3426,7 @@ type GetCheckpointBlobRequest struct {
 
 func (x *GetCheckpointBlobRequest) Reset() {
 	*x = GetCheckpointBlobRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3438,7 @@ func (x *GetCheckpointBlobRequest) String() string {
 func (*GetCheckpointBlobRequest) ProtoMessage() {}
 
 func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[41]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3451,7 @@ func (x *GetCheckpointBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{41}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetCheckpointBlobRequest) GetRef() *RankRef {
@@ -3370,7 +3480,7 @@ type GetCheckpointBlobResponse struct {
 
 func (x *GetCheckpointBlobResponse) Reset() {
 	*x = GetCheckpointBlobResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3492,7 @@ func (x *GetCheckpointBlobResponse) String() string {
 func (*GetCheckpointBlobResponse) ProtoMessage() {}
 
 func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[42]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3505,7 @@ func (x *GetCheckpointBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointBlobResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointBlobResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{42}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetCheckpointBlobResponse) GetData() []byte {
@@ -3413,14 +3523,19 @@ type CommitCheckpointRequest struct {
 	Ref *RankRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
 	// Canonical manifest encoding (pool/checkpoint); every blob it names
 	// must be stored.
-	Manifest      []byte `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	Manifest []byte `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// How long taking this checkpoint blocked the rank's training loop, in
+	// seconds, as the rank measured it; unset where it was not measured (a
+	// command job's checkpoints). Finite and not negative, or the commit is
+	// refused; more than an hour counts as an hour (PoolCheckpointStall).
+	StallSeconds  *float64 `protobuf:"fixed64,3,opt,name=stall_seconds,json=stallSeconds,proto3,oneof" json:"stall_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommitCheckpointRequest) Reset() {
 	*x = CommitCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3547,7 @@ func (x *CommitCheckpointRequest) String() string {
 func (*CommitCheckpointRequest) ProtoMessage() {}
 
 func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[43]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3560,7 @@ func (x *CommitCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{43}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommitCheckpointRequest) GetRef() *RankRef {
@@ -3460,6 +3575,13 @@ func (x *CommitCheckpointRequest) GetManifest() []byte {
 		return x.Manifest
 	}
 	return nil
+}
+
+func (x *CommitCheckpointRequest) GetStallSeconds() float64 {
+	if x != nil && x.StallSeconds != nil {
+		return *x.StallSeconds
+	}
+	return 0
 }
 
 // CommitCheckpointResponse is the output of
@@ -3477,7 +3599,7 @@ type CommitCheckpointResponse struct {
 
 func (x *CommitCheckpointResponse) Reset() {
 	*x = CommitCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3611,7 @@ func (x *CommitCheckpointResponse) String() string {
 func (*CommitCheckpointResponse) ProtoMessage() {}
 
 func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[44]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3624,7 @@ func (x *CommitCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CommitCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{44}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CommitCheckpointResponse) GetId() string {
@@ -3533,7 +3655,7 @@ type GetRankCheckpointRequest struct {
 
 func (x *GetRankCheckpointRequest) Reset() {
 	*x = GetRankCheckpointRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3545,7 +3667,7 @@ func (x *GetRankCheckpointRequest) String() string {
 func (*GetRankCheckpointRequest) ProtoMessage() {}
 
 func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[45]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3558,7 +3680,7 @@ func (x *GetRankCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{45}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetRankCheckpointRequest) GetRef() *RankRef {
@@ -3588,7 +3710,7 @@ type GetRankCheckpointResponse struct {
 
 func (x *GetRankCheckpointResponse) Reset() {
 	*x = GetRankCheckpointResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3600,7 +3722,7 @@ func (x *GetRankCheckpointResponse) String() string {
 func (*GetRankCheckpointResponse) ProtoMessage() {}
 
 func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[46]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3613,7 +3735,7 @@ func (x *GetRankCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRankCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetRankCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{46}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetRankCheckpointResponse) GetId() string {
@@ -3641,7 +3763,7 @@ type ListRankCheckpointsRequest struct {
 
 func (x *ListRankCheckpointsRequest) Reset() {
 	*x = ListRankCheckpointsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3653,7 +3775,7 @@ func (x *ListRankCheckpointsRequest) String() string {
 func (*ListRankCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[47]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3666,7 +3788,7 @@ func (x *ListRankCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{47}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListRankCheckpointsRequest) GetRef() *RankRef {
@@ -3688,7 +3810,7 @@ type ListRankCheckpointsResponse struct {
 
 func (x *ListRankCheckpointsResponse) Reset() {
 	*x = ListRankCheckpointsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3822,7 @@ func (x *ListRankCheckpointsResponse) String() string {
 func (*ListRankCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[48]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3835,7 @@ func (x *ListRankCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRankCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListRankCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{48}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListRankCheckpointsResponse) GetIds() []string {
@@ -3738,7 +3860,7 @@ type SyncChunk struct {
 
 func (x *SyncChunk) Reset() {
 	*x = SyncChunk{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3750,7 +3872,7 @@ func (x *SyncChunk) String() string {
 func (*SyncChunk) ProtoMessage() {}
 
 func (x *SyncChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[49]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3763,7 +3885,7 @@ func (x *SyncChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncChunk.ProtoReflect.Descriptor instead.
 func (*SyncChunk) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{49}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SyncChunk) GetOffset() int64 {
@@ -3799,7 +3921,7 @@ type AverageStart struct {
 
 func (x *AverageStart) Reset() {
 	*x = AverageStart{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +3933,7 @@ func (x *AverageStart) String() string {
 func (*AverageStart) ProtoMessage() {}
 
 func (x *AverageStart) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[50]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +3946,7 @@ func (x *AverageStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageStart.ProtoReflect.Descriptor instead.
 func (*AverageStart) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{50}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AverageStart) GetRef() *RankRef {
@@ -3873,7 +3995,7 @@ type AverageRequest struct {
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +4007,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[51]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +4020,7 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{51}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AverageRequest) GetPart() isAverageRequest_Part {
@@ -3957,7 +4079,7 @@ type AverageResponse struct {
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4091,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[52]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4104,7 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{52}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AverageResponse) GetChunk() *SyncChunk {
@@ -4015,7 +4137,7 @@ type OuterSyncStart struct {
 
 func (x *OuterSyncStart) Reset() {
 	*x = OuterSyncStart{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4027,7 +4149,7 @@ func (x *OuterSyncStart) String() string {
 func (*OuterSyncStart) ProtoMessage() {}
 
 func (x *OuterSyncStart) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[53]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4040,7 +4162,7 @@ func (x *OuterSyncStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncStart.ProtoReflect.Descriptor instead.
 func (*OuterSyncStart) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{53}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *OuterSyncStart) GetRef() *RankRef {
@@ -4089,7 +4211,7 @@ type OuterSyncRequest struct {
 
 func (x *OuterSyncRequest) Reset() {
 	*x = OuterSyncRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4223,7 @@ func (x *OuterSyncRequest) String() string {
 func (*OuterSyncRequest) ProtoMessage() {}
 
 func (x *OuterSyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[54]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4236,7 @@ func (x *OuterSyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncRequest.ProtoReflect.Descriptor instead.
 func (*OuterSyncRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{54}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *OuterSyncRequest) GetPart() isOuterSyncRequest_Part {
@@ -4178,7 +4300,7 @@ type OuterSyncResult struct {
 
 func (x *OuterSyncResult) Reset() {
 	*x = OuterSyncResult{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4312,7 @@ func (x *OuterSyncResult) String() string {
 func (*OuterSyncResult) ProtoMessage() {}
 
 func (x *OuterSyncResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[55]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4325,7 @@ func (x *OuterSyncResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncResult.ProtoReflect.Descriptor instead.
 func (*OuterSyncResult) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{55}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *OuterSyncResult) GetOuterStep() int64 {
@@ -4246,7 +4368,7 @@ type OuterSyncResponse struct {
 
 func (x *OuterSyncResponse) Reset() {
 	*x = OuterSyncResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4258,7 +4380,7 @@ func (x *OuterSyncResponse) String() string {
 func (*OuterSyncResponse) ProtoMessage() {}
 
 func (x *OuterSyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[56]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4271,7 +4393,7 @@ func (x *OuterSyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OuterSyncResponse.ProtoReflect.Descriptor instead.
 func (*OuterSyncResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{56}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *OuterSyncResponse) GetPart() isOuterSyncResponse_Part {
@@ -4330,7 +4452,7 @@ type AppendLogsRequest struct {
 
 func (x *AppendLogsRequest) Reset() {
 	*x = AppendLogsRequest{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4342,7 +4464,7 @@ func (x *AppendLogsRequest) String() string {
 func (*AppendLogsRequest) ProtoMessage() {}
 
 func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[57]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4355,7 +4477,7 @@ func (x *AppendLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsRequest.ProtoReflect.Descriptor instead.
 func (*AppendLogsRequest) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{57}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AppendLogsRequest) GetRef() *RankRef {
@@ -4381,7 +4503,7 @@ type AppendLogsResponse struct {
 
 func (x *AppendLogsResponse) Reset() {
 	*x = AppendLogsResponse{}
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4393,7 +4515,7 @@ func (x *AppendLogsResponse) String() string {
 func (*AppendLogsResponse) ProtoMessage() {}
 
 func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fleetlearn_v1_pool_proto_msgTypes[58]
+	mi := &file_fleetlearn_v1_pool_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4406,7 +4528,7 @@ func (x *AppendLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendLogsResponse.ProtoReflect.Descriptor instead.
 func (*AppendLogsResponse) Descriptor() ([]byte, []int) {
-	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{58}
+	return file_fleetlearn_v1_pool_proto_rawDescGZIP(), []int{59}
 }
 
 var File_fleetlearn_v1_pool_proto protoreflect.FileDescriptor
@@ -4497,7 +4619,7 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x05meter\x18\x05 \x01(\tR\x05meter\x12#\n" +
 	"\renergy_source\x18\x06 \x01(\tR\fenergySource\x12(\n" +
 	"\x10gpu_busy_seconds\x18\a \x01(\x01R\x0egpuBusySeconds\x12\x1b\n" +
-	"\tgpu_meter\x18\b \x01(\tR\bgpuMeter\"\xec\b\n" +
+	"\tgpu_meter\x18\b \x01(\tR\bgpuMeter\"\xbb\t\n" +
 	"\aPoolJob\x12.\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1a.fleetlearn.v1.PoolJobSpecR\x04spec\x12\x1f\n" +
 	"\vspec_digest\x18\x02 \x01(\tR\n" +
@@ -4535,7 +4657,18 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x06island\x18\x19 \x01(\rR\x06island\x127\n" +
 	"\x06diloco\x18\x1a \x01(\v2\x1f.fleetlearn.v1.PoolDiLoCoStatusR\x06diloco\x12.\n" +
 	"\x13sync_bytes_received\x18\x1b \x01(\x03R\x11syncBytesReceived\x12&\n" +
-	"\x0fsync_bytes_sent\x18\x1c \x01(\x03R\rsyncBytesSent\"\xb8\x02\n" +
+	"\x0fsync_bytes_sent\x18\x1c \x01(\x03R\rsyncBytesSent\x12M\n" +
+	"\x10checkpoint_stall\x18\x1d \x01(\v2\".fleetlearn.v1.PoolCheckpointStallR\x0fcheckpointStall\"\xcb\x01\n" +
+	"\x13PoolCheckpointStall\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\x12\x1f\n" +
+	"\vp50_seconds\x18\x02 \x01(\x01R\n" +
+	"p50Seconds\x12\x1f\n" +
+	"\vp99_seconds\x18\x03 \x01(\x01R\n" +
+	"p99Seconds\x12\x1f\n" +
+	"\vmax_seconds\x18\x04 \x01(\x01R\n" +
+	"maxSeconds\x12#\n" +
+	"\rtotal_seconds\x18\x05 \x01(\x01R\ftotalSeconds\x12\x16\n" +
+	"\x06counts\x18\x06 \x03(\x04R\x06counts\"\xb8\x02\n" +
 	"\n" +
 	"PoolWorker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -4673,10 +4806,12 @@ const file_fleetlearn_v1_pool_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\"/\n" +
 	"\x19GetCheckpointBlobResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"_\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x9b\x01\n" +
 	"\x17CommitCheckpointRequest\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.fleetlearn.v1.RankRefR\x03ref\x12\x1a\n" +
-	"\bmanifest\x18\x02 \x01(\fR\bmanifest\">\n" +
+	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12(\n" +
+	"\rstall_seconds\x18\x03 \x01(\x01H\x00R\fstallSeconds\x88\x01\x01B\x10\n" +
+	"\x0e_stall_seconds\">\n" +
 	"\x18CommitCheckpointResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\bR\x04stop\"T\n" +
@@ -4754,7 +4889,7 @@ func file_fleetlearn_v1_pool_proto_rawDescGZIP() []byte {
 }
 
 var file_fleetlearn_v1_pool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_fleetlearn_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(PoolJobState)(0),                   // 0: fleetlearn.v1.PoolJobState
 	(PoolExecutor)(0),                   // 1: fleetlearn.v1.PoolExecutor
@@ -4769,124 +4904,126 @@ var file_fleetlearn_v1_pool_proto_goTypes = []any{
 	(*PoolAssignment)(nil),              // 10: fleetlearn.v1.PoolAssignment
 	(*PoolUsage)(nil),                   // 11: fleetlearn.v1.PoolUsage
 	(*PoolJob)(nil),                     // 12: fleetlearn.v1.PoolJob
-	(*PoolWorker)(nil),                  // 13: fleetlearn.v1.PoolWorker
-	(*SubmitJobRequest)(nil),            // 14: fleetlearn.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 15: fleetlearn.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 16: fleetlearn.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 17: fleetlearn.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 18: fleetlearn.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 19: fleetlearn.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 20: fleetlearn.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 21: fleetlearn.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 22: fleetlearn.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 23: fleetlearn.v1.WatchJobResponse
-	(*JobLogsRequest)(nil),              // 24: fleetlearn.v1.JobLogsRequest
-	(*PoolLogLine)(nil),                 // 25: fleetlearn.v1.PoolLogLine
-	(*JobLogsResponse)(nil),             // 26: fleetlearn.v1.JobLogsResponse
-	(*ListWorkersRequest)(nil),          // 27: fleetlearn.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),         // 28: fleetlearn.v1.ListWorkersResponse
-	(*RegisterWorkerRequest)(nil),       // 29: fleetlearn.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),      // 30: fleetlearn.v1.RegisterWorkerResponse
-	(*RankLease)(nil),                   // 31: fleetlearn.v1.RankLease
-	(*RankStop)(nil),                    // 32: fleetlearn.v1.RankStop
-	(*RankStatus)(nil),                  // 33: fleetlearn.v1.RankStatus
-	(*HeartbeatRequest)(nil),            // 34: fleetlearn.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 35: fleetlearn.v1.HeartbeatResponse
-	(*RankExitedRequest)(nil),           // 36: fleetlearn.v1.RankExitedRequest
-	(*RankExitedResponse)(nil),          // 37: fleetlearn.v1.RankExitedResponse
-	(*RankRef)(nil),                     // 38: fleetlearn.v1.RankRef
-	(*PutCheckpointBlobRequest)(nil),    // 39: fleetlearn.v1.PutCheckpointBlobRequest
-	(*PutCheckpointBlobResponse)(nil),   // 40: fleetlearn.v1.PutCheckpointBlobResponse
-	(*HasCheckpointBlobRequest)(nil),    // 41: fleetlearn.v1.HasCheckpointBlobRequest
-	(*HasCheckpointBlobResponse)(nil),   // 42: fleetlearn.v1.HasCheckpointBlobResponse
-	(*GetCheckpointBlobRequest)(nil),    // 43: fleetlearn.v1.GetCheckpointBlobRequest
-	(*GetCheckpointBlobResponse)(nil),   // 44: fleetlearn.v1.GetCheckpointBlobResponse
-	(*CommitCheckpointRequest)(nil),     // 45: fleetlearn.v1.CommitCheckpointRequest
-	(*CommitCheckpointResponse)(nil),    // 46: fleetlearn.v1.CommitCheckpointResponse
-	(*GetRankCheckpointRequest)(nil),    // 47: fleetlearn.v1.GetRankCheckpointRequest
-	(*GetRankCheckpointResponse)(nil),   // 48: fleetlearn.v1.GetRankCheckpointResponse
-	(*ListRankCheckpointsRequest)(nil),  // 49: fleetlearn.v1.ListRankCheckpointsRequest
-	(*ListRankCheckpointsResponse)(nil), // 50: fleetlearn.v1.ListRankCheckpointsResponse
-	(*SyncChunk)(nil),                   // 51: fleetlearn.v1.SyncChunk
-	(*AverageStart)(nil),                // 52: fleetlearn.v1.AverageStart
-	(*AverageRequest)(nil),              // 53: fleetlearn.v1.AverageRequest
-	(*AverageResponse)(nil),             // 54: fleetlearn.v1.AverageResponse
-	(*OuterSyncStart)(nil),              // 55: fleetlearn.v1.OuterSyncStart
-	(*OuterSyncRequest)(nil),            // 56: fleetlearn.v1.OuterSyncRequest
-	(*OuterSyncResult)(nil),             // 57: fleetlearn.v1.OuterSyncResult
-	(*OuterSyncResponse)(nil),           // 58: fleetlearn.v1.OuterSyncResponse
-	(*AppendLogsRequest)(nil),           // 59: fleetlearn.v1.AppendLogsRequest
-	(*AppendLogsResponse)(nil),          // 60: fleetlearn.v1.AppendLogsResponse
-	nil,                                 // 61: fleetlearn.v1.PoolCommand.EnvEntry
-	(*durationpb.Duration)(nil),         // 62: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 63: google.protobuf.Timestamp
-	(*Task)(nil),                        // 64: fleetlearn.v1.Task
+	(*PoolCheckpointStall)(nil),         // 13: fleetlearn.v1.PoolCheckpointStall
+	(*PoolWorker)(nil),                  // 14: fleetlearn.v1.PoolWorker
+	(*SubmitJobRequest)(nil),            // 15: fleetlearn.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 16: fleetlearn.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 17: fleetlearn.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 18: fleetlearn.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 19: fleetlearn.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 20: fleetlearn.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 21: fleetlearn.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 22: fleetlearn.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 23: fleetlearn.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 24: fleetlearn.v1.WatchJobResponse
+	(*JobLogsRequest)(nil),              // 25: fleetlearn.v1.JobLogsRequest
+	(*PoolLogLine)(nil),                 // 26: fleetlearn.v1.PoolLogLine
+	(*JobLogsResponse)(nil),             // 27: fleetlearn.v1.JobLogsResponse
+	(*ListWorkersRequest)(nil),          // 28: fleetlearn.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 29: fleetlearn.v1.ListWorkersResponse
+	(*RegisterWorkerRequest)(nil),       // 30: fleetlearn.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),      // 31: fleetlearn.v1.RegisterWorkerResponse
+	(*RankLease)(nil),                   // 32: fleetlearn.v1.RankLease
+	(*RankStop)(nil),                    // 33: fleetlearn.v1.RankStop
+	(*RankStatus)(nil),                  // 34: fleetlearn.v1.RankStatus
+	(*HeartbeatRequest)(nil),            // 35: fleetlearn.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 36: fleetlearn.v1.HeartbeatResponse
+	(*RankExitedRequest)(nil),           // 37: fleetlearn.v1.RankExitedRequest
+	(*RankExitedResponse)(nil),          // 38: fleetlearn.v1.RankExitedResponse
+	(*RankRef)(nil),                     // 39: fleetlearn.v1.RankRef
+	(*PutCheckpointBlobRequest)(nil),    // 40: fleetlearn.v1.PutCheckpointBlobRequest
+	(*PutCheckpointBlobResponse)(nil),   // 41: fleetlearn.v1.PutCheckpointBlobResponse
+	(*HasCheckpointBlobRequest)(nil),    // 42: fleetlearn.v1.HasCheckpointBlobRequest
+	(*HasCheckpointBlobResponse)(nil),   // 43: fleetlearn.v1.HasCheckpointBlobResponse
+	(*GetCheckpointBlobRequest)(nil),    // 44: fleetlearn.v1.GetCheckpointBlobRequest
+	(*GetCheckpointBlobResponse)(nil),   // 45: fleetlearn.v1.GetCheckpointBlobResponse
+	(*CommitCheckpointRequest)(nil),     // 46: fleetlearn.v1.CommitCheckpointRequest
+	(*CommitCheckpointResponse)(nil),    // 47: fleetlearn.v1.CommitCheckpointResponse
+	(*GetRankCheckpointRequest)(nil),    // 48: fleetlearn.v1.GetRankCheckpointRequest
+	(*GetRankCheckpointResponse)(nil),   // 49: fleetlearn.v1.GetRankCheckpointResponse
+	(*ListRankCheckpointsRequest)(nil),  // 50: fleetlearn.v1.ListRankCheckpointsRequest
+	(*ListRankCheckpointsResponse)(nil), // 51: fleetlearn.v1.ListRankCheckpointsResponse
+	(*SyncChunk)(nil),                   // 52: fleetlearn.v1.SyncChunk
+	(*AverageStart)(nil),                // 53: fleetlearn.v1.AverageStart
+	(*AverageRequest)(nil),              // 54: fleetlearn.v1.AverageRequest
+	(*AverageResponse)(nil),             // 55: fleetlearn.v1.AverageResponse
+	(*OuterSyncStart)(nil),              // 56: fleetlearn.v1.OuterSyncStart
+	(*OuterSyncRequest)(nil),            // 57: fleetlearn.v1.OuterSyncRequest
+	(*OuterSyncResult)(nil),             // 58: fleetlearn.v1.OuterSyncResult
+	(*OuterSyncResponse)(nil),           // 59: fleetlearn.v1.OuterSyncResponse
+	(*AppendLogsRequest)(nil),           // 60: fleetlearn.v1.AppendLogsRequest
+	(*AppendLogsResponse)(nil),          // 61: fleetlearn.v1.AppendLogsResponse
+	nil,                                 // 62: fleetlearn.v1.PoolCommand.EnvEntry
+	(*durationpb.Duration)(nil),         // 63: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 64: google.protobuf.Timestamp
+	(*Task)(nil),                        // 65: fleetlearn.v1.Task
 }
 var file_fleetlearn_v1_pool_proto_depIdxs = []int32{
 	3,  // 0: fleetlearn.v1.PoolBuiltinTrainer.dataset:type_name -> fleetlearn.v1.PoolDataset
-	61, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
-	62, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
+	62, // 1: fleetlearn.v1.PoolCommand.env:type_name -> fleetlearn.v1.PoolCommand.EnvEntry
+	63, // 2: fleetlearn.v1.PoolCarbon.expected_duration:type_name -> google.protobuf.Duration
 	2,  // 3: fleetlearn.v1.PoolJobSpec.per_rank:type_name -> fleetlearn.v1.PoolResources
-	63, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
+	64, // 4: fleetlearn.v1.PoolJobSpec.deadline:type_name -> google.protobuf.Timestamp
 	4,  // 5: fleetlearn.v1.PoolJobSpec.builtin:type_name -> fleetlearn.v1.PoolBuiltinTrainer
 	5,  // 6: fleetlearn.v1.PoolJobSpec.command:type_name -> fleetlearn.v1.PoolCommand
 	6,  // 7: fleetlearn.v1.PoolJobSpec.carbon:type_name -> fleetlearn.v1.PoolCarbon
 	8,  // 8: fleetlearn.v1.PoolJobSpec.diloco:type_name -> fleetlearn.v1.PoolDiLoCo
 	1,  // 9: fleetlearn.v1.PoolJobSpec.executor:type_name -> fleetlearn.v1.PoolExecutor
-	62, // 10: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
+	63, // 10: fleetlearn.v1.PoolDiLoCo.grace:type_name -> google.protobuf.Duration
 	7,  // 11: fleetlearn.v1.PoolJob.spec:type_name -> fleetlearn.v1.PoolJobSpec
 	0,  // 12: fleetlearn.v1.PoolJob.state:type_name -> fleetlearn.v1.PoolJobState
-	63, // 13: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
-	63, // 14: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
-	63, // 15: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
+	64, // 13: fleetlearn.v1.PoolJob.submit_time:type_name -> google.protobuf.Timestamp
+	64, // 14: fleetlearn.v1.PoolJob.start_time:type_name -> google.protobuf.Timestamp
+	64, // 15: fleetlearn.v1.PoolJob.end_time:type_name -> google.protobuf.Timestamp
 	10, // 16: fleetlearn.v1.PoolJob.placement:type_name -> fleetlearn.v1.PoolAssignment
 	11, // 17: fleetlearn.v1.PoolJob.usage:type_name -> fleetlearn.v1.PoolUsage
-	63, // 18: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
+	64, // 18: fleetlearn.v1.PoolJob.carbon_start:type_name -> google.protobuf.Timestamp
 	9,  // 19: fleetlearn.v1.PoolJob.diloco:type_name -> fleetlearn.v1.PoolDiLoCoStatus
-	2,  // 20: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
-	2,  // 21: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
-	63, // 22: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
-	7,  // 23: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	64, // 24: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
-	12, // 25: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	12, // 26: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	0,  // 27: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
-	12, // 28: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
-	12, // 29: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	12, // 30: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
-	63, // 31: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
-	25, // 32: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
-	13, // 33: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
-	2,  // 34: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
-	62, // 35: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 36: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
-	11, // 37: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
-	33, // 38: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
-	31, // 39: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
-	32, // 40: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
-	11, // 41: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
-	38, // 42: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 43: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 44: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 45: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 46: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 47: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	38, // 48: fleetlearn.v1.AverageStart.ref:type_name -> fleetlearn.v1.RankRef
-	52, // 49: fleetlearn.v1.AverageRequest.start:type_name -> fleetlearn.v1.AverageStart
-	51, // 50: fleetlearn.v1.AverageRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
-	51, // 51: fleetlearn.v1.AverageResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
-	38, // 52: fleetlearn.v1.OuterSyncStart.ref:type_name -> fleetlearn.v1.RankRef
-	55, // 53: fleetlearn.v1.OuterSyncRequest.start:type_name -> fleetlearn.v1.OuterSyncStart
-	51, // 54: fleetlearn.v1.OuterSyncRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
-	57, // 55: fleetlearn.v1.OuterSyncResponse.result:type_name -> fleetlearn.v1.OuterSyncResult
-	51, // 56: fleetlearn.v1.OuterSyncResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
-	38, // 57: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
-	25, // 58: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
-	59, // [59:59] is the sub-list for method output_type
-	59, // [59:59] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	13, // 20: fleetlearn.v1.PoolJob.checkpoint_stall:type_name -> fleetlearn.v1.PoolCheckpointStall
+	2,  // 21: fleetlearn.v1.PoolWorker.capacity:type_name -> fleetlearn.v1.PoolResources
+	2,  // 22: fleetlearn.v1.PoolWorker.free:type_name -> fleetlearn.v1.PoolResources
+	64, // 23: fleetlearn.v1.PoolWorker.last_seen:type_name -> google.protobuf.Timestamp
+	7,  // 24: fleetlearn.v1.SubmitJobRequest.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	65, // 25: fleetlearn.v1.SubmitJobRequest.then_task:type_name -> fleetlearn.v1.Task
+	12, // 26: fleetlearn.v1.SubmitJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	12, // 27: fleetlearn.v1.GetJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	0,  // 28: fleetlearn.v1.ListJobsRequest.state:type_name -> fleetlearn.v1.PoolJobState
+	12, // 29: fleetlearn.v1.ListJobsResponse.jobs:type_name -> fleetlearn.v1.PoolJob
+	12, // 30: fleetlearn.v1.CancelJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	12, // 31: fleetlearn.v1.WatchJobResponse.job:type_name -> fleetlearn.v1.PoolJob
+	64, // 32: fleetlearn.v1.PoolLogLine.time:type_name -> google.protobuf.Timestamp
+	26, // 33: fleetlearn.v1.JobLogsResponse.lines:type_name -> fleetlearn.v1.PoolLogLine
+	14, // 34: fleetlearn.v1.ListWorkersResponse.workers:type_name -> fleetlearn.v1.PoolWorker
+	2,  // 35: fleetlearn.v1.RegisterWorkerRequest.capacity:type_name -> fleetlearn.v1.PoolResources
+	63, // 36: fleetlearn.v1.RegisterWorkerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 37: fleetlearn.v1.RankLease.spec:type_name -> fleetlearn.v1.PoolJobSpec
+	11, // 38: fleetlearn.v1.RankStatus.usage:type_name -> fleetlearn.v1.PoolUsage
+	34, // 39: fleetlearn.v1.HeartbeatRequest.ranks:type_name -> fleetlearn.v1.RankStatus
+	32, // 40: fleetlearn.v1.HeartbeatResponse.start:type_name -> fleetlearn.v1.RankLease
+	33, // 41: fleetlearn.v1.HeartbeatResponse.stop:type_name -> fleetlearn.v1.RankStop
+	11, // 42: fleetlearn.v1.RankExitedRequest.usage:type_name -> fleetlearn.v1.PoolUsage
+	39, // 43: fleetlearn.v1.PutCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 44: fleetlearn.v1.HasCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 45: fleetlearn.v1.GetCheckpointBlobRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 46: fleetlearn.v1.CommitCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 47: fleetlearn.v1.GetRankCheckpointRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 48: fleetlearn.v1.ListRankCheckpointsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	39, // 49: fleetlearn.v1.AverageStart.ref:type_name -> fleetlearn.v1.RankRef
+	53, // 50: fleetlearn.v1.AverageRequest.start:type_name -> fleetlearn.v1.AverageStart
+	52, // 51: fleetlearn.v1.AverageRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
+	52, // 52: fleetlearn.v1.AverageResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
+	39, // 53: fleetlearn.v1.OuterSyncStart.ref:type_name -> fleetlearn.v1.RankRef
+	56, // 54: fleetlearn.v1.OuterSyncRequest.start:type_name -> fleetlearn.v1.OuterSyncStart
+	52, // 55: fleetlearn.v1.OuterSyncRequest.chunk:type_name -> fleetlearn.v1.SyncChunk
+	58, // 56: fleetlearn.v1.OuterSyncResponse.result:type_name -> fleetlearn.v1.OuterSyncResult
+	52, // 57: fleetlearn.v1.OuterSyncResponse.chunk:type_name -> fleetlearn.v1.SyncChunk
+	39, // 58: fleetlearn.v1.AppendLogsRequest.ref:type_name -> fleetlearn.v1.RankRef
+	26, // 59: fleetlearn.v1.AppendLogsRequest.lines:type_name -> fleetlearn.v1.PoolLogLine
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_fleetlearn_v1_pool_proto_init() }
@@ -4900,15 +5037,16 @@ func file_fleetlearn_v1_pool_proto_init() {
 		(*PoolJobSpec_Command)(nil),
 	}
 	file_fleetlearn_v1_pool_proto_msgTypes[6].OneofWrappers = []any{}
-	file_fleetlearn_v1_pool_proto_msgTypes[51].OneofWrappers = []any{
+	file_fleetlearn_v1_pool_proto_msgTypes[44].OneofWrappers = []any{}
+	file_fleetlearn_v1_pool_proto_msgTypes[52].OneofWrappers = []any{
 		(*AverageRequest_Start)(nil),
 		(*AverageRequest_Chunk)(nil),
 	}
-	file_fleetlearn_v1_pool_proto_msgTypes[54].OneofWrappers = []any{
+	file_fleetlearn_v1_pool_proto_msgTypes[55].OneofWrappers = []any{
 		(*OuterSyncRequest_Start)(nil),
 		(*OuterSyncRequest_Chunk)(nil),
 	}
-	file_fleetlearn_v1_pool_proto_msgTypes[56].OneofWrappers = []any{
+	file_fleetlearn_v1_pool_proto_msgTypes[57].OneofWrappers = []any{
 		(*OuterSyncResponse_Result)(nil),
 		(*OuterSyncResponse_Chunk)(nil),
 	}
@@ -4918,7 +5056,7 @@ func file_fleetlearn_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fleetlearn_v1_pool_proto_rawDesc), len(file_fleetlearn_v1_pool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   60,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

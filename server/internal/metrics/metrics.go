@@ -5,8 +5,9 @@ package metrics
 import (
 	"slices"
 
-	"github.com/fleetlearn/fleetlearn/round"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetlearn/fleetlearn/round"
 )
 
 // M holds the aggregator's collectors.
@@ -51,6 +52,9 @@ type M struct {
 	// PoolRefusals counts what the pool refused a worker principal for
 	// exceeding a bound, by one of PoolRefusalReasons; use PoolRefused.
 	PoolRefusals *prometheus.CounterVec
+	// PoolCheckpointStall is how long taking a checkpoint blocked a pool
+	// rank's training, as the rank reported it with the commit, by tenant.
+	PoolCheckpointStall *prometheus.HistogramVec
 
 	state *stateCollector
 	names []string
@@ -182,6 +186,10 @@ func New() *M {
 	for _, reason := range PoolRefusalReasons {
 		m.PoolRefusals.WithLabelValues(reason)
 	}
+	m.PoolCheckpointStall = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fleetlearn_pool_checkpoint_stall_seconds",
+		Help:    "Time taking a checkpoint blocked a pool rank's training loop, in seconds, as the rank reported it with the commit (clipped to an hour), by tenant.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"tenant"})
+	m.register("fleetlearn_pool_checkpoint_stall_seconds", m.PoolCheckpointStall)
 	m.state = newStateCollector()
 	m.register("", m.state)
 	m.names = append(m.names, m.state.names...)

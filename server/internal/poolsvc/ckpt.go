@@ -163,8 +163,9 @@ func (c *ckptStores) gc(st *rankStore, keep map[string]bool) ([]string, error) {
 		if _, ok := st.fresh[b]; ok {
 			continue
 		}
-		data, err := st.dir.GetBlob(b)
-		size := int64(len(data))
+		// The size on disk is what reserve counted; reading the blob to
+		// learn it would cost a read and a hash of every byte freed.
+		size, err := st.dir.BlobSize(b)
 		if err != nil {
 			size = 0
 		}

@@ -2,6 +2,7 @@ package poolsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -457,9 +458,6 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 	if len(data) > MaxBlobBytes {
 		return nil, invalidf("put checkpoint blob: %d bytes, at most %d: cut tensors into chunks of the checkpoint chunk size", len(data), MaxBlobBytes)
 	}
-	if checkpoint.Sum(data) != d {
-		return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
-	}
 	st, limit, err := v.rankStoreCap(ctx, req.GetRef())
 	if err != nil {
 		return nil, err
@@ -467,6 +465,9 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if has, err := st.dir.HasBlob(d); err == nil && has {
+		if checkpoint.Sum(data) != d {
+			return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
+		}
 		st.fresh[d] = struct{}{}
 		return &pb.PutCheckpointBlobResponse{}, nil
 	}
@@ -477,8 +478,14 @@ func (v *workerServer) PutCheckpointBlob(ctx context.Context, req *pb.PutCheckpo
 	if !ok {
 		return nil, s.overCap("put checkpoint blob", req.GetRef(), used, int64(len(data)), limit)
 	}
+	// Dir.PutBlob hashes a new blob before it stores it: the data is
+	// hashed once, and data that is not d's is refused having stored
+	// nothing.
 	if err := st.dir.PutBlob(d, data); err != nil {
 		s.ckpt.release(st, int64(len(data)))
+		if errors.Is(err, checkpoint.ErrCorrupt) {
+			return nil, invalidf("put checkpoint blob: data has digest %s, not %s", checkpoint.Sum(data), d)
+		}
 		s.log.Error("storing a checkpoint blob", "job", req.GetRef().GetJobId(), "err", err)
 		return nil, errorf(codes.Internal, "put checkpoint blob: storage failed")
 	}
@@ -592,6 +599,10 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 	if err != nil {
 		return nil, invalidf("commit checkpoint: %v", err)
 	}
+	stall, hasStall, err := reportedStall(req)
+	if err != nil {
+		return nil, err
+	}
 	var spec pool.Spec
 	var rankCommitted int64
 	var limit storageLimit
@@ -679,8 +690,13 @@ func (v *workerServer) CommitCheckpoint(ctx context.Context, req *pb.CommitCheck
 			rt.stepRanks[m.Step] = map[uint32]bool{}
 		}
 		rt.stepRanks[m.Step][rank] = true
+		if hasStall {
+			s.noteStall(rt, stall)
+		}
 		if len(rt.stepRanks[m.Step]) == len(rt.leases) && m.Step > rt.rec.CommittedStep {
 			s.checkpointed(rt, m.Step)
+		} else if hasStall {
+			s.save(rt)
 		}
 		stop = rt.stopping || !rt.live && !rt.final
 		keep = keepSet(rt.ckpts[rank], rt.rec.CommittedStep)

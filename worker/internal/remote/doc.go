@@ -1,10 +1,12 @@
 // Package remote keeps a pool rank's checkpoints on the server and averages
 // its parameters through it: Store is a checkpoint.Store over the
-// PoolWorkerService calls of one rank of one leased attempt, Syncer a
-// trainer.Syncer over its Average stream, and OuterSyncer a DiLoCo island's
-// trainer.OuterSyncer over OuterSync (float32 or int8 pseudo-gradients,
-// each built once so that a retry sends the same bytes). Vectors go up and
-// come back in 1 MiB chunks, so no message holds a whole model.
+// PoolWorkerService calls of one rank of one leased attempt (its commits
+// carry the stall a checkpoint.Saver measured, checkpoint.StallRecorder),
+// Syncer a trainer.Syncer over its Average stream, and OuterSyncer a DiLoCo
+// island's trainer.OuterSyncer over OuterSync (float32 or int8
+// pseudo-gradients, each built once so that a retry sends the same bytes).
+// Vectors go up and come back in 1 MiB chunks, so no message holds a whole
+// model.
 //
 // Everything the server sends back is untrusted input: blobs are bounded
 // and their digests checked, manifests are decoded by pool/checkpoint's

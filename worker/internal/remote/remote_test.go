@@ -38,6 +38,7 @@ type service struct {
 	stop        bool // CommitCheckpoint says stop
 	shortAvg    bool // Average answers one value short
 	calls       int
+	stalls      []*float64 // stall_seconds of each commit, nil where unset
 }
 
 func (s *service) check(ref *pb.RankRef) error {
@@ -123,6 +124,7 @@ func (s *service) CommitCheckpoint(_ context.Context, r *pb.CommitCheckpointRequ
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.stalls = append(s.stalls, r.StallSeconds)
 	if s.wrongID {
 		id[0] ^= 1
 	}
@@ -287,6 +289,35 @@ func TestRoundTripBitwise(t *testing.T) {
 	}
 	if !s.StopRequested() {
 		t.Fatal("the commit's stop was not kept")
+	}
+}
+
+// TestCommitCarriesStall: a Saver's commit tells the server how long the
+// checkpoint's Save blocked; Write, which blocks for the whole write and
+// measures no stall, sends none.
+func TestCommitCarriesStall(t *testing.T) {
+	svc, c := start(t)
+	s := newStore(t, c, ref)
+	if _, err := checkpoint.Write(s, ckpt(t, 1), opts); err != nil {
+		t.Fatal(err)
+	}
+	sv, err := checkpoint.NewSaver(s, checkpoint.SaverOptions{Options: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.Save(ckpt(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if len(svc.stalls) != 2 || svc.stalls[0] != nil || svc.stalls[1] == nil {
+		t.Fatalf("commits carried stalls %v, want none and then one", svc.stalls)
+	}
+	if got, want := *svc.stalls[1], sv.Stats().Stall.Seconds(); got != want {
+		t.Fatalf("commit carried a stall of %v s, the Save took %v s", got, want)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,7 +29,10 @@ type Store struct {
 	stop atomic.Bool
 }
 
-var _ checkpoint.Store = (*Store)(nil)
+var (
+	_ checkpoint.Store         = (*Store)(nil)
+	_ checkpoint.StallRecorder = (*Store)(nil)
+)
 
 // NewStore returns the store of the rank ref names, calling c under ctx.
 func NewStore(ctx context.Context, c apiv1.PoolWorkerServiceClient, ref *pb.RankRef, r Retry) (*Store, error) {
@@ -114,6 +118,18 @@ func (s *Store) GetBlob(d checkpoint.Digest) ([]byte, error) {
 // the rank to stop (StopRequested), and refuses an answer naming another id
 // than the manifest's digest.
 func (s *Store) Commit(m *checkpoint.Manifest) (checkpoint.Digest, error) {
+	return s.commit(m, nil)
+}
+
+// CommitStall implements checkpoint.StallRecorder: Commit, telling the
+// server how long taking the checkpoint blocked the rank's training, for
+// the job's stall summary and metrics.
+func (s *Store) CommitStall(m *checkpoint.Manifest, stall time.Duration) (checkpoint.Digest, error) {
+	return s.commit(m, proto.Float64(max(stall, 0).Seconds()))
+}
+
+// commit is Commit with the stall in seconds, nil for none measured.
+func (s *Store) commit(m *checkpoint.Manifest, stall *float64) (checkpoint.Digest, error) {
 	b, id, err := m.Encode()
 	if err != nil {
 		return checkpoint.Digest{}, fmt.Errorf("remote: commit: %w", err)
@@ -124,7 +140,7 @@ func (s *Store) Commit(m *checkpoint.Manifest) (checkpoint.Digest, error) {
 	var resp *pb.CommitCheckpointResponse
 	err = s.retry.Do(s.ctx, func(ctx context.Context) error {
 		var err error
-		resp, err = s.c.CommitCheckpoint(ctx, &pb.CommitCheckpointRequest{Ref: s.ref, Manifest: b}, CallOptions()...)
+		resp, err = s.c.CommitCheckpoint(ctx, &pb.CommitCheckpointRequest{Ref: s.ref, Manifest: b, StallSeconds: stall}, CallOptions()...)
 		return err
 	})
 	if err != nil {

@@ -111,7 +111,8 @@ type Config struct {
 	// taken after the last step.
 	CheckpointEvery int64
 	Store           checkpoint.Store
-	// SaverOptions tunes the checkpoint writer (chunk size, GC).
+	// SaverOptions tunes the checkpoint writer (chunk size, GC, snapshot
+	// buffers, workers).
 	SaverOptions checkpoint.SaverOptions
 
 	Rank, WorldSize int
@@ -139,6 +140,10 @@ type Result struct {
 	Digest string
 	// Last are the metrics of the last batch stepped by this call.
 	Last train.Metrics
+	// Saves is what this call's checkpoints cost the training loop: how
+	// many it took, how long their Saves blocked it, how many waited for
+	// the writes before them.
+	Saves checkpoint.SaverStats
 }
 
 func (c *Config) validate() error {
@@ -185,11 +190,13 @@ type stepper interface {
 	Seek(epoch, batch int) error
 	Model() *model.Model
 	SetModel(m *model.Model) error
-	// OptimizerState returns a copy of the optimizer's state to checkpoint
-	// beside the parameters, nil when the optimizer keeps none.
-	OptimizerState() *model.Model
-	// SetOptimizerState restores what OptimizerState returned, nil
-	// included, and refuses state of another optimizer or model.
+	// OptimizerView returns the optimizer's state to checkpoint beside the
+	// parameters, nil when the optimizer keeps none: a view, valid until
+	// the next Step, since the Saver copies it.
+	OptimizerView() *model.Model
+	// SetOptimizerState restores what OptimizerView returned (as a
+	// checkpoint keeps it), nil included, and refuses state of another
+	// optimizer or model.
 	SetOptimizerState(st *model.Model) error
 }
 
@@ -197,7 +204,7 @@ type stepper interface {
 // besides the parameters.
 type sgdStepper struct{ *train.Stepper }
 
-func (sgdStepper) OptimizerState() *model.Model { return nil }
+func (sgdStepper) OptimizerView() *model.Model { return nil }
 
 func (sgdStepper) SetOptimizerState(st *model.Model) error {
 	if st != nil {
@@ -231,10 +238,10 @@ func (c *Config) rng() []byte { return binary.LittleEndian.AppendUint64(nil, c.S
 
 // Run trains this rank from the latest checkpoint in cfg.Store, or from the
 // initial model when there is none, to cfg.TotalSteps. When ctx is done it
-// stops before the next step, waits for a checkpoint still being written and
-// returns the context's error with the Result so far; it takes no extra
-// checkpoint then, as a preempted machine may not live long enough to
-// finish one, and a multi-rank job could only take one at a sync point.
+// stops before the next step, waits for the checkpoints still being written
+// and returns the context's error with the Result so far; it takes no
+// extra checkpoint then, as a preempted machine may not live long enough
+// to finish one, and a multi-rank job could only take one at a sync point.
 func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if err := cfg.validate(); err != nil {
 		return Result{}, fmt.Errorf("trainer: run: %w", err)
@@ -256,6 +263,23 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("trainer: run: %w", err)
 	}
+	state := func(step int64, parent checkpoint.Digest) *checkpoint.Checkpoint {
+		epoch, batch := st.Cursor()
+		return &checkpoint.Checkpoint{
+			Job:       cfg.Job,
+			Step:      step,
+			Parent:    parent,
+			Params:    st.Model(),
+			Optimizer: st.OptimizerView(),
+			Cursor:    checkpoint.Cursor{Epoch: int64(epoch), Offset: int64(batch) * int64(bs), Shard: cfg.shardName()},
+			RNG:       cfg.rng(),
+		}
+	}
+	// The snapshot buffers are allocated now, not by the first
+	// checkpoints, so that none of them stalls training for it.
+	if err := saver.Prepare(state(res.Step, res.ResumedFrom)); err != nil {
+		return Result{}, fmt.Errorf("trainer: run: %w", err)
+	}
 	res.Checkpoint = res.ResumedFrom
 	defer func() {
 		// Wait settles the last save: its id, and any error not yet reported.
@@ -266,6 +290,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		if cerr := saver.Close(); werr == nil {
 			werr = cerr
 		}
+		res.Saves = saver.Stats()
 		if err == nil && werr != nil {
 			err = fmt.Errorf("trainer: run: %w", werr)
 		}
@@ -291,17 +316,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			}
 		}
 		if res.Step%cfg.CheckpointEvery == 0 || last {
-			epoch, batch := st.Cursor()
-			ck := &checkpoint.Checkpoint{
-				Job:       cfg.Job,
-				Step:      res.Step,
-				Parent:    parent, // zero after the first save: the Saver links its own
-				Params:    st.Model(),
-				Optimizer: st.OptimizerState(),
-				Cursor:    checkpoint.Cursor{Epoch: int64(epoch), Offset: int64(batch) * int64(bs), Shard: cfg.shardName()},
-				RNG:       cfg.rng(),
-			}
-			if err := saver.Save(ck); err != nil {
+			// parent is zero after the first save: the Saver links its own.
+			if err := saver.Save(state(res.Step, parent)); err != nil {
 				return res, fmt.Errorf("trainer: run: checkpoint step %d: %w", res.Step, err)
 			}
 			parent = checkpoint.Digest{}

@@ -137,6 +137,9 @@ func TestResumeIsBitwise(t *testing.T) {
 	if got := chain(t, full); !slices64Equal(got, wantChain) {
 		t.Fatalf("checkpoint chain %v, want %v", got, wantChain)
 	}
+	if s := want.Saves; s.Saves != int64(len(wantChain)) || s.Stall < s.MaxStall || s.MaxStall <= 0 {
+		t.Fatalf("saver stats %+v, want %d saves, the stall summed over them", s, len(wantChain))
+	}
 
 	// A crash at step 50 loses the 10 steps since the checkpoint at 40.
 	cut := openStore(t)
