@@ -55,17 +55,21 @@ func loadMNIST() (train, test *data.Dataset, from string, err error) {
 }
 
 // newDataCommand is the data command group: device datasets in the
-// docs/DATASET.md format, made from public datasets, so a federation can be
-// tried without writing code. Other datasets would be further subcommands.
+// docs/DATASET.md format, made from public datasets or the user's own files,
+// so a federation can be tried without writing code.
 func newDataCommand(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "data",
-		Short: "Write device datasets (docs/DATASET.md format) from public datasets",
+		Short: "Write device datasets (docs/DATASET.md format) from public datasets, CSV files, images or IDX files",
 		Example: "  fleetlearn data mnist --devices 3 --alpha 0.5 --out datasets\n" +
+			"  fleetlearn data csv people.csv --label outcome --key user_id --devices 10 --out datasets\n" +
+			"  fleetlearn data images photos --size 32x32 --devices 5 --out datasets\n" +
+			"  fleetlearn data idx train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz --devices 10 --out fashion\n" +
 			"  fleetlearn data gosrc --embedded --out gosrc --window 32 --stride 32 --max-devices 3\n" +
 			"  fleetlearn data text --src corpus --out textsets",
 	}
-	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataGoSrcCommand(a, installedGoroot), newDataTextCommand(a))
+	cmd.AddCommand(newDataMNISTCommand(a, loadMNIST), newDataCSVCommand(a), newDataImagesCommand(a), newDataIDXCommand(a),
+		newDataGoSrcCommand(a, installedGoroot), newDataTextCommand(a))
 	return cmd
 }
 
@@ -168,77 +172,25 @@ func checkOutDir(dir string, force bool) error {
 }
 
 func (f *mnistFlags) write(w, warn io.Writer, train, test *data.Dataset) error {
-	pool := sample(train.Len(), f.trainExamples, f.seed, trainSampleStream)
-	labels := make([]uint8, len(pool))
-	for i, j := range pool {
-		labels[i] = train.Labels[j]
+	// The whole training set is split as it is, without a copy.
+	pool := train
+	if f.trainExamples < train.Len() {
+		pool = train.Subset(sample(train.Len(), f.trainExamples, f.seed, trainSampleStream))
 	}
-	parts, err := data.Dirichlet(labels, train.NumClasses, f.devices, f.alpha, f.seed)
+	parts, err := data.Dirichlet(pool.Labels, pool.NumClasses, f.devices, f.alpha, f.seed)
 	if err != nil {
 		return fmt.Errorf("data mnist: %w", err)
 	}
-	hist, err := data.Stats(labels, train.NumClasses, parts)
-	if err != nil {
-		return fmt.Errorf("data mnist: %w", err)
-	}
-	if err := os.MkdirAll(f.out, 0o700); err != nil {
-		return fmt.Errorf("data mnist: %w", err)
-	}
-	abs, err := filepath.Abs(f.out)
-	if err != nil {
-		return fmt.Errorf("data mnist: %w", err)
-	}
-
 	alpha := strconv.FormatFloat(f.alpha, 'g', -1, 64)
-	idx := make([]int, 0, len(pool))
-	for k, part := range parts {
-		idx = idx[:0]
-		for _, i := range part {
-			idx = append(idx, pool[i])
-		}
-		name := fmt.Sprintf("device-%d", k)
-		if err := data.WriteDir(filepath.Join(f.out, name), train.Subset(idx), "mnist-dirichlet-"+alpha+"/"+name); err != nil {
-			return fmt.Errorf("data mnist: %w", err)
-		}
+	s := &deviceSplit{
+		op: "data mnist", name: "mnist-dirichlet-" + alpha, how: "Dirichlet(alpha=" + alpha + ") label skew",
+		seed: f.seed, train: pool, parts: parts,
 	}
 	if f.evalExamples > 0 {
-		eval := test.Subset(sample(test.Len(), f.evalExamples, f.seed, evalSampleStream))
-		if err := data.WriteDir(filepath.Join(f.out, "eval"), eval, "mnist-test"); err != nil {
-			return fmt.Errorf("data mnist: %w", err)
-		}
+		s.eval = test.Subset(sample(test.Len(), f.evalExamples, f.seed, evalSampleStream))
+		s.evalName, s.evalFrom = "mnist-test", "the MNIST test split"
 	}
-	// Datasets of an earlier, larger split would otherwise pass for part of
-	// this one.
-	for k := f.devices; ; k++ {
-		stale := filepath.Join(f.out, fmt.Sprintf("device-%d", k))
-		if _, err := os.Stat(stale); err != nil {
-			break
-		}
-		fmt.Fprintf(warn, "warning: %s is not part of this split; remove it before enrolling devices on this directory\n", stale)
-	}
-
-	fmt.Fprintf(w, "wrote %d device datasets to %s: %d training examples, Dirichlet(alpha=%s) label skew, seed %d\n",
-		f.devices, abs, len(pool), alpha, f.seed)
-	printSplit(w, hist)
-	if f.evalExamples > 0 {
-		fmt.Fprintf(w, "wrote the server evaluation set %s: %d examples of the MNIST test split\n",
-			filepath.Join(abs, "eval"), f.evalExamples)
-	}
-
-	last := "0"
-	if f.devices > 1 {
-		last = "0 to " + strconv.Itoa(f.devices-1)
-	}
-	fmt.Fprintf(w, "\nNext, for each device K (%s), each agent with its own --data-dir:\n", last)
-	fmt.Fprintf(w, "  fleetlearn device token --ttl 1h > token-K\n")
-	fmt.Fprintf(w, "  fleetlearn-edge enroll --api HOST:7070 --ca ca.crt --token-file token-K --data-dir edge-K\n")
-	fmt.Fprintf(w, "  fleetlearn-edge --data-dir edge-K --dataset %s\n", shellQuote(filepath.Join(abs, "device-K")))
-	if f.evalExamples > 0 {
-		fmt.Fprintf(w, "and have the server evaluate each committed model on the evaluation set (a path on the server's host):\n")
-		fmt.Fprintf(w, "  fleetlearn task create --name NAME --model VERSION --module SHA256 --server-eval-dataset %s ...\n",
-			shellQuote(filepath.Join(abs, "eval")))
-	}
-	return nil
+	return s.write(w, warn, f.out)
 }
 
 // maxSplitRows bounds the per-device table; larger splits get the summary
@@ -392,6 +344,9 @@ func newDataGoSrcCommand(_ *app, goroot func() (string, error)) *cobra.Command {
 			"packages, the copy writes what --goroot with a " + data.EmbeddedGoVersion + " installation writes. The output\n" +
 			"depends only on the source and the flags. Nothing is downloaded.",
 		Example: "  fleetlearn data gosrc --out datasets\n" +
+			"  fleetlearn data csv people.csv --label outcome --key user_id --devices 10 --out datasets\n" +
+			"  fleetlearn data images photos --size 32x32 --devices 5 --out datasets\n" +
+			"  fleetlearn data idx train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz --devices 10 --out fashion\n" +
 			"  fleetlearn data gosrc --embedded --out gosrc --window 32 --stride 32 --max-devices 3   # the same files on every machine\n" +
 			"  fleetlearn data gosrc --out datasets --goroot /usr/local/go --window 128 --stride 32 --max-devices 20",
 		Args: cobra.NoArgs,
