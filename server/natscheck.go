@@ -127,6 +127,13 @@ func (s *Server) clusterReplicas(ctx context.Context) (int, error) {
 	for {
 		size, leader, err := s.metaCluster(ctx, sys)
 		switch {
+		case errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil:
+			// A node that has just started takes clients a moment before
+			// it answers its $SYS requests: wait for it as for a leader.
+			if err := s.sleep(ctx, b, "waiting for the NATS server to answer its system requests", "err", err); err != nil {
+				return 0, err
+			}
+			continue
 		case err != nil:
 			return 0, err
 		case size == 0:
