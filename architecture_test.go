@@ -285,7 +285,7 @@ func TestLayering(t *testing.T) {
 // moduleLibs are compiled into WASM update modules as well as run natively:
 // they may import only the standard library and each other, so modules stay
 // small and the model code a module runs is the code the native trainer runs.
-var moduleLibs = []string{"model/sgd", "model/lm"}
+var moduleLibs = []string{"model/sgd", "model/lm", "model/seq"}
 
 func TestModuleLibrariesUseOnlyTheStandardLibrary(t *testing.T) {
 	for _, p := range listPackages(t) {

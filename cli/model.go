@@ -138,7 +138,7 @@ func printModelHashes(w io.Writer, version, fileSHA256, content string) {
 		fmt.Fprintf(w, "  file sha256  %s  of the file's bytes, lineage metadata included\n", fileSHA256)
 	}
 	if content != "" {
-		fmt.Fprintf(w, "  content hash %s  of tensor names, shapes and values alone: the same in every copy; pool rank logs print it as \"model\"\n", content)
+		fmt.Fprintf(w, "  content hash %s  of tensor names, shapes and values (and a seq: layer list) alone: the same in every copy; pool rank logs print it as \"model\"\n", content)
 	}
 }
 
@@ -317,7 +317,7 @@ func newModelGetCommand(a *app) *cobra.Command {
 		Short: "Show one model version: NAME (the newest), NAME@N, or a sha256 (prefix)",
 		Long: "get shows one model version. VERSION is the server's name for it, the sha256 of the file it\n" +
 			"stores (SHA256, the same for every model the server keeps). --content-hash downloads the model\n" +
-			"and adds its content hash: the hash of its tensor names, shapes and values alone, which a pool\n" +
+			"and adds its content hash: the hash of its tensor names, shapes and values (and a seq: layer list) alone, which a pool\n" +
 			"rank's log prints as \"model\" and model init and model import print for a local file.",
 		Example: "  fleetlearn model get gocode\n" +
 			"  fleetlearn model get gocode@1 --content-hash   # match it with a pool rank's \"model\" line\n" +

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/countio"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/seq"
 	"github.com/fleetlearn/fleetlearn/model/train"
 )
 
@@ -39,11 +41,12 @@ const (
 func newModelInitCommand(_ *app) *cobra.Command {
 	var (
 		arch, out, name string
+		input, weights  string
 		seed            uint64
 		force           bool
 	)
 	cmd := &cobra.Command{
-		Use:   "init --arch mlp:SIZES|lm:SIZES -o FILE",
+		Use:   "init --arch mlp:SIZES|lm:SIZES|seq:LAYERS|@FILE.json -o FILE",
 		Short: "Write a seeded, untrained model to a safetensors file, for model import",
 		Long: "init writes a multi-layer perceptron with the layer sizes of --arch (input first, classes last;\n" +
 			"ReLU between layers), its weights drawn He-uniform from --seed and its biases zero, as the demo\n" +
@@ -53,17 +56,42 @@ func newModelInitCommand(_ *app) *cobra.Command {
 			"With lm:d=D,layers=L,context=T[,vocab=V][,hidden=F] it writes the decoder-only transformer the\n" +
 			"example lm module trains (package model/lm): width D, L blocks, windows of T tokens (the\n" +
 			"--window of `fleetlearn data gosrc`), a vocabulary of V ids (98, the byte vocabulary of data\n" +
-			"gosrc, by default) and an MLP of width F (4·D by default).",
+			"gosrc, by default) and an MLP of width F (4·D by default).\n\n" +
+			"With seq:LAYERS (or @FILE.json holding {\"input\": [C, H, W], \"layers\": [\"conv(32,5,pad=2)\", …]})\n" +
+			"it writes a network of any layer list the seq update module trains: conv(OUT,K[,stride=S][,pad=P]),\n" +
+			"dense(OUT), relu, maxpool(K[,stride=S]), avgpool(K[,stride=S]), groupnorm(G), layernorm,\n" +
+			"dropout(P) and flatten, on examples of --input's shape, ending in dense(CLASSES). The list is\n" +
+			"kept in the file (metadata fleetlearn.arch), so the module, the server's evaluation and model\n" +
+			"export read the same network. Tensors are named <i>.weight and <i>.bias after the layer's\n" +
+			"position, as PyTorch's nn.Sequential names them; --weights takes them from a safetensors file\n" +
+			"trained elsewhere instead of drawing them (docs/MODELS.md).",
 		Example: "  fleetlearn model init --arch mlp:784,128,10 -o base.safetensors\n" +
 			"  fleetlearn model init --arch mlp:784,256,64,10 --seed 7 -o base.safetensors --name mnist-deep\n" +
-			"  fleetlearn model init --arch lm:d=128,layers=4,context=64 -o lm.safetensors --name gocode-init",
+			"  fleetlearn model init --arch lm:d=128,layers=4,context=64 -o lm.safetensors --name gocode-init\n" +
+			"  fleetlearn model init --arch 'seq:conv(32,5,pad=2),relu,maxpool(2),conv(64,5,pad=2),relu,maxpool(2),dense(2048),relu,dense(10)' -o cnn.safetensors --name fmnist-cnn",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var (
 				m      *model.Model
 				params int64
 			)
-			if strings.HasPrefix(arch, lmArchPrefix) {
+			if strings.HasPrefix(arch, seq.Prefix) || strings.HasPrefix(arch, "@") {
+				a, err := parseSeqArch(arch, input)
+				if err != nil {
+					return err
+				}
+				if weights != "" {
+					if m, err = seqWeights(a, weights); err != nil {
+						return err
+					}
+				} else if m, err = train.InitSeq(a, seed); err != nil {
+					return fmt.Errorf("%w: --arch %q: %v", ErrUsage, arch, err)
+				}
+				params = int64(m.Layout().Size())
+				arch = a.String()
+			} else if weights != "" {
+				return fmt.Errorf("%w: --weights goes with a seq: architecture", ErrUsage)
+			} else if strings.HasPrefix(arch, lmArchPrefix) {
 				c, err := parseLMArch(arch)
 				if err != nil {
 					return err
@@ -93,6 +121,9 @@ func newModelInitCommand(_ *app) *cobra.Command {
 				name = "gocode-init"
 			}
 			m.Lineage.Source = fmt.Sprintf("fleetlearn model init --arch %s --seed %d", arch, seed)
+			if weights != "" {
+				m.Lineage.Source = fmt.Sprintf("fleetlearn model init --arch %s --weights %s", arch, filepath.Base(weights))
+			}
 			sum, size, err := writeModelFile(out, m, force)
 			if err != nil {
 				return err
@@ -106,8 +137,10 @@ func newModelInitCommand(_ *app) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&arch, "arch", "", fmt.Sprintf("architecture: mlp: then %d to %d comma-separated layer sizes from 1 to %d, input first; or lm:d=D,layers=L,context=T[,vocab=V][,hidden=F] (required)",
+	fl.StringVar(&arch, "arch", "", fmt.Sprintf("architecture: mlp: then %d to %d comma-separated layer sizes from 1 to %d, input first; or lm:d=D,layers=L,context=T[,vocab=V][,hidden=F]; or seq:LAYERS or @FILE.json, a layer list (required)",
 		minArchSizes, maxArchSizes, maxLayerSize))
+	fl.StringVar(&input, "input", "1x28x28", "seq: one example's shape, CxHxW or D, when the list does not start with input(…); 1x28x28 is what data mnist and data idx write")
+	fl.StringVar(&weights, "weights", "", "seq: take the tensors from this safetensors file (e.g. a PyTorch state dict saved with safetensors) instead of drawing them")
 	fl.StringVarP(&out, "output", "o", "", "safetensors file to write (required); it appears only once complete")
 	fl.Uint64Var(&seed, "seed", 1, "seed of the initial weights")
 	fl.StringVar(&name, "name", "mnist", "model name for the printed model import command (gocode-init for lm:, the pool then trains it into gocode)")
@@ -227,4 +260,108 @@ func parseLMArch(arch string) (train.LMConfig, error) {
 			params, byteSize(uint64(params)*4), byteSize(maxInitModelBytes))
 	}
 	return c, nil
+}
+
+// parseSeqArch parses a layer list given inline (seq:…) or as @FILE.json,
+// with input the shape to use when the list has none.
+func parseSeqArch(arch, input string) (*seq.Arch, error) {
+	usage := func(err error) error {
+		return fmt.Errorf("%w: --arch %q: %v", ErrUsage, arch, err)
+	}
+	if path, ok := strings.CutPrefix(arch, "@"); ok {
+		b, err := readBounded(path, 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --arch: %v", ErrUsage, err)
+		}
+		a, err := seq.ParseJSON(b)
+		if err != nil {
+			return nil, usage(err)
+		}
+		return a, nil
+	}
+	var in seq.Shape
+	dims := strings.Split(input, "x")
+	if len(dims) != 1 && len(dims) != 3 {
+		return nil, fmt.Errorf("%w: --input %q: want CxHxW (such as 1x28x28) or D", ErrUsage, input)
+	}
+	v := [3]int{1, 1, 1}
+	for i, d := range dims {
+		n, err := strconv.Atoi(d)
+		if err != nil || n < 1 || n > seq.MaxSize {
+			return nil, fmt.Errorf("%w: --input %q: %q is not a whole number from 1 to %d", ErrUsage, input, d, seq.MaxSize)
+		}
+		v[i] = n
+	}
+	in = seq.Shape{C: v[0], H: v[1], W: v[2]}
+	a, err := seq.ParseWithInput(arch, in)
+	if err != nil {
+		return nil, usage(err)
+	}
+	if a.Params()*4 > maxInitModelBytes-initHeaderAllowance {
+		return nil, usage(fmt.Errorf("%d parameters (%s of float32) exceed what model import accepts by default (%s)",
+			a.Params(), byteSize(uint64(a.Params())*4), byteSize(maxInitModelBytes)))
+	}
+	return a, nil
+}
+
+// readBounded reads a small file whole, refusing one over max bytes.
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is over %d bytes", path, max)
+	}
+	return b, nil
+}
+
+// seqWeights reads a safetensors file trained elsewhere and orders its
+// tensors as a's: every tensor the list needs, with its PyTorch shape, and
+// nothing else (LoRA adapters of dense layers aside).
+func seqWeights(a *seq.Arch, path string) (*model.Model, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --weights: %v", ErrUsage, err)
+	}
+	defer f.Close()
+	m, err := model.ReadSafetensors(bufio.NewReader(f), model.WithMaxTensorBytes(maxInitModelBytes))
+	if err != nil {
+		return nil, fmt.Errorf("model init: --weights %s: %w", path, err)
+	}
+	names := make([]string, len(m.Tensors))
+	shapes := make([][]int, len(m.Tensors))
+	for i, t := range m.Tensors {
+		names[i], shapes[i] = t.Name, t.Shape
+	}
+	if _, err := a.Bind(names, shapes); err != nil {
+		return nil, fmt.Errorf("%w: --weights %s does not fit the layer list: %v", ErrUsage, path, err)
+	}
+	byName := map[string]model.Tensor{}
+	for _, t := range m.Tensors {
+		byName[t.Name] = t
+	}
+	var ts []model.Tensor
+	for _, p := range a.ParamList() {
+		ts = append(ts, byName[p.Name])
+		if !p.Bias {
+			base := strings.TrimSuffix(p.Name, ".weight")
+			for _, ad := range []string{base + ".lora_a", base + ".lora_b"} {
+				if t, ok := byName[ad]; ok {
+					ts = append(ts, t)
+				}
+			}
+		}
+	}
+	out, err := model.New(ts...)
+	if err != nil {
+		return nil, fmt.Errorf("model init: --weights %s: %w", path, err)
+	}
+	out.Arch = a.String()
+	return out, nil
 }

@@ -82,7 +82,7 @@ func TestModelInit(t *testing.T) {
 	for _, line := range []string{
 		"wrote " + path + ": mlp:784,128,10, 101770 parameters in 4 tensors, seed 3 (",
 		"  file sha256  " + hex.EncodeToString(sum[:]) + "  of the file's bytes",
-		"  content hash " + m.HashHex() + "  of tensor names, shapes and values alone",
+		"  content hash " + m.HashHex() + "  of tensor names, shapes and values (and a seq: layer list) alone",
 		"next: fleetlearn model import " + path + " --name mnist\n",
 	} {
 		if !strings.Contains(out, line) {

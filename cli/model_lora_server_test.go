@@ -178,7 +178,7 @@ func TestModelImportParentServer(t *testing.T) {
 	for _, s := range []string{"imported " + loraFile + " as gocode-lora@1, derived from " + parent,
 		"  version      " + version + "  the server's name for it",
 		"  file sha256  " + digest(b) + "  of the file's bytes",
-		"  content hash " + lora.HashHex() + "  of tensor names, shapes and values alone"} {
+		"  content hash " + lora.HashHex() + "  of tensor names, shapes and values (and a seq: layer list) alone"} {
 		if !strings.Contains(stderr, s) {
 			t.Errorf("stderr lacks %q:\n%s", s, stderr)
 		}

@@ -44,15 +44,16 @@
 //
 // Lineage travels in "__metadata__" under the keys fleetlearn.version,
 // fleetlearn.parent, fleetlearn.task, fleetlearn.round (decimal),
-// fleetlearn.job and fleetlearn.source. The writer omits empty fields and a
+// fleetlearn.job and fleetlearn.source, and a model's architecture
+// (Model.Arch) under fleetlearn.arch. The writer omits empty fields and a
 // zero round; the reader ignores other metadata keys (PyTorch's
 // "format": "pt", for instance).
 //
 // # Hash
 //
 // Hash is SHA-256 over canonical bytes that depend only on tensor names,
-// shapes and values, never on lineage or on how a file's header was
-// formatted:
+// shapes, values and the architecture, never on lineage or on how a file's
+// header was formatted:
 //
 //	"fleetlearn-model-v1\n"
 //	uvarint(number of tensors)
@@ -60,6 +61,8 @@
 //	    uvarint(len(name)) name
 //	    uvarint(rank) uvarint(dim 0) ... uvarint(dim rank-1)
 //	    each value's float32 bits, 4 bytes little-endian
+//	if the model has an architecture (Arch):
+//	    uvarint(len(arch)) arch
 //
 // uvarint is encoding/binary's unsigned varint. The encoding is
 // self-delimiting: a tensor's byte length follows from its shape. Values are

@@ -21,6 +21,9 @@ var (
 	ErrNonFinite = errors.New("non-finite value")
 	// ErrInvalidLineage reports lineage that cannot be encoded or decoded.
 	ErrInvalidLineage = errors.New("invalid lineage")
+	// ErrInvalidArch reports an architecture (Model.Arch) that is not
+	// UTF-8 or too long to keep in a header.
+	ErrInvalidArch = errors.New("invalid architecture")
 	// ErrInvalidHeader reports a malformed safetensors header.
 	ErrInvalidHeader = errors.New("invalid safetensors header")
 	// ErrTruncated reports input that ends before the data it announces.

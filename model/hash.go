@@ -17,7 +17,7 @@ const canonicalMagic = "fleetlearn-model-v1\n"
 const chunkBytes = 64 << 10
 
 // Hash returns the SHA-256 of m's canonical bytes (see the package
-// documentation). It depends on names, shapes and values only, not on
+// documentation). It depends on names, shapes, values and Arch, not on
 // Lineage. A nil model hashes like an empty one; a model that fails Validate
 // still hashes deterministically, but its bytes are no longer self-delimiting.
 func (m *Model) Hash() [32]byte {
@@ -45,6 +45,9 @@ func (m *Model) writeCanonical(w io.Writer) {
 	for _, t := range tensors {
 		c.tensor(t.Name, t.Shape)
 		c.values(t.Data)
+	}
+	if m != nil {
+		c.arch(m.Arch)
 	}
 	c.flush()
 }
@@ -85,6 +88,17 @@ func (c *canonical) values(data []float32) {
 	}
 }
 
+// arch ends the bytes of a model with an architecture. The tensor count
+// comes first, so bytes after the last tensor can only be this; a model
+// without one hashes as it did before architectures existed.
+func (c *canonical) arch(a string) {
+	if a == "" {
+		return
+	}
+	c.buf = binary.AppendUvarint(c.buf, uint64(len(a)))
+	c.buf = append(c.buf, a...)
+}
+
 func (c *canonical) flush() {
 	c.w.Write(c.buf)
 	c.buf = c.buf[:0]
@@ -121,6 +135,7 @@ func HashSafetensors(r io.Reader, opts ...ReadOption) ([32]byte, error) {
 			c.values(v)
 		}
 	}
+	c.arch(d.hdr.arch)
 	c.flush()
 	h.Sum(sum[:0])
 	return sum, nil

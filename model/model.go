@@ -52,7 +52,16 @@ func shapeSize(shape []int) (int, error) {
 type Model struct {
 	Tensors []Tensor
 	Lineage Lineage
+	// Arch names the network the tensors parameterise when their names do
+	// not (a layer list, "seq:conv(32,5,pad=2),relu,…", package model/seq);
+	// empty for models whose tensor names say what they are. It travels in
+	// the safetensors metadata (fleetlearn.arch) and is part of Hash: the
+	// same tensors under another architecture are another model.
+	Arch string
 }
+
+// MaxArchBytes bounds Model.Arch.
+const MaxArchBytes = 8 << 10
 
 // Lineage records where a model version came from.
 type Lineage struct {
@@ -115,7 +124,17 @@ func (m *Model) validate() error {
 			return fmt.Errorf("tensor %q index %d: value %v: %w", t.Name, j, t.Data[j], ErrNonFinite)
 		}
 	}
+	if err := validateArch(m.Arch); err != nil {
+		return err
+	}
 	return m.Lineage.validate()
+}
+
+func validateArch(a string) error {
+	if len(a) > MaxArchBytes || !utf8.ValidString(a) {
+		return fmt.Errorf("architecture of %d bytes: %w: want UTF-8 of at most %d bytes", len(a), ErrInvalidArch, MaxArchBytes)
+	}
+	return nil
 }
 
 func validateName(name string) error {
@@ -147,7 +166,7 @@ func (m *Model) Clone() *Model {
 	if m == nil {
 		return nil
 	}
-	c := &Model{Lineage: m.Lineage}
+	c := &Model{Lineage: m.Lineage, Arch: m.Arch}
 	if m.Tensors != nil {
 		c.Tensors = make([]Tensor, len(m.Tensors))
 		for i, t := range m.Tensors {
@@ -169,7 +188,7 @@ func (m *Model) Select(idx []int) (*Model, error) {
 	if m == nil {
 		return nil, ErrNilModel
 	}
-	sub := &Model{Lineage: m.Lineage, Tensors: make([]Tensor, len(idx))}
+	sub := &Model{Lineage: m.Lineage, Arch: m.Arch, Tensors: make([]Tensor, len(idx))}
 	for k, i := range idx {
 		if i < 0 || i >= len(m.Tensors) || k > 0 && i <= idx[k-1] {
 			return nil, fmt.Errorf("model: select %v: %w: want ascending indices below %d", idx, ErrInvalidSelection, len(m.Tensors))

@@ -25,6 +25,7 @@ const (
 	metaRound   = "fleetlearn.round"
 	metaJob     = "fleetlearn.job"
 	metaSource  = "fleetlearn.source"
+	metaArch    = "fleetlearn.arch"
 )
 
 // dtypeSize gives the element size of each dtype the reader converts.
@@ -49,6 +50,7 @@ type tensorInfo struct {
 type header struct {
 	tensors []tensorInfo // in data_offsets order
 	lineage Lineage
+	arch    string
 	total   uint64 // buffer bytes
 }
 
@@ -77,7 +79,7 @@ func readSafetensors(r io.Reader, size int64, opts []ReadOption) (*Model, error)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Tensors: make([]Tensor, len(d.hdr.tensors)), Lineage: d.hdr.lineage}
+	m := &Model{Tensors: make([]Tensor, len(d.hdr.tensors)), Lineage: d.hdr.lineage, Arch: d.hdr.arch}
 	for i := range d.hdr.tensors {
 		ti := &d.hdr.tensors[i]
 		if _, err := d.Next(); err != nil {
@@ -204,6 +206,9 @@ func (d *SafetensorsReader) Tensors() []TensorInfo {
 
 // Lineage is the lineage the header's fleetlearn.* metadata keys record.
 func (d *SafetensorsReader) Lineage() Lineage { return d.hdr.lineage }
+
+// Arch is the architecture the header's fleetlearn.arch key records (Model.Arch).
+func (d *SafetensorsReader) Arch() string { return d.hdr.arch }
 
 // Next moves to the next tensor, reading (and checking) whatever values of
 // the current one were left unread. After the last tensor it checks that
@@ -347,7 +352,7 @@ func parseHeader(h []byte, cfg readConfig) (*header, error) {
 				return nil, fmt.Errorf("duplicate %q: %w", key, ErrInvalidHeader)
 			}
 			seen[key] = true
-			if hdr.lineage, err = p.metadata(); err != nil {
+			if hdr.lineage, hdr.arch, err = p.metadata(); err != nil {
 				return nil, fmt.Errorf("%s: %w", metadataKey, err)
 			}
 			continue
@@ -562,29 +567,29 @@ func (p *headerParser) tensor(name string, cfg readConfig) (tensorInfo, error) {
 }
 
 // metadata parses "__metadata__": null or an object of string values, taking
-// lineage from the fleetlearn.* keys and ignoring the rest.
-func (p *headerParser) metadata() (Lineage, error) {
-	var l Lineage
+// lineage and the architecture from the fleetlearn.* keys and ignoring the
+// rest.
+func (p *headerParser) metadata() (l Lineage, arch string, err error) {
 	tok, err := p.token()
 	if err != nil || tok == nil {
-		return l, err
+		return l, "", err
 	}
 	if tok != json.Delim('{') {
-		return l, fmt.Errorf("got %v, want an object: %w", describe(tok), ErrInvalidHeader)
+		return l, "", fmt.Errorf("got %v, want an object: %w", describe(tok), ErrInvalidHeader)
 	}
 	seen := make(map[string]bool)
 	for p.dec.More() {
 		key, err := p.str()
 		if err != nil {
-			return l, err
+			return l, "", err
 		}
 		if seen[key] {
-			return l, fmt.Errorf("duplicate key %q: %w", key, ErrInvalidHeader)
+			return l, "", fmt.Errorf("duplicate key %q: %w", key, ErrInvalidHeader)
 		}
 		seen[key] = true
 		v, err := p.str()
 		if err != nil {
-			return l, fmt.Errorf("%q: %w", key, err)
+			return l, "", fmt.Errorf("%q: %w", key, err)
 		}
 		switch key {
 		case metaVersion:
@@ -597,11 +602,16 @@ func (p *headerParser) metadata() (Lineage, error) {
 			l.Job = v
 		case metaSource:
 			l.Source = v
+		case metaArch:
+			if err := validateArch(v); err != nil {
+				return l, "", fmt.Errorf("%s: %w", key, err)
+			}
+			arch = v
 		case metaRound:
 			if l.Round, err = strconv.ParseInt(v, 10, 64); err != nil {
-				return l, fmt.Errorf("%s %q is not an integer: %w", key, v, ErrInvalidLineage)
+				return l, "", fmt.Errorf("%s %q is not an integer: %w", key, v, ErrInvalidLineage)
 			}
 		}
 	}
-	return l, p.delim('}')
+	return l, arch, p.delim('}')
 }

@@ -22,7 +22,7 @@ func WriteSafetensors(w io.Writer, m *Model) error {
 	for i, t := range m.Tensors {
 		tensors[i] = TensorInfo{Name: t.Name, Shape: t.Shape, DType: "F32"}
 	}
-	if err := writeHeader(w, tensors, m.Lineage); err != nil {
+	if err := writeHeader(w, tensors, m.Lineage, m.Arch); err != nil {
 		return err
 	}
 	buf := make([]byte, 0, chunkBytes)
@@ -48,9 +48,9 @@ func WriteSafetensors(w io.Writer, m *Model) error {
 }
 
 // writeHeader writes the length and the header of a file that holds tensors
-// as F32, in that order, and lineage l.
-func writeHeader(w io.Writer, tensors []TensorInfo, l Lineage) error {
-	hdr := appendHeader(make([]byte, 8, 256), tensors, l)
+// as F32, in that order, lineage l and architecture arch.
+func writeHeader(w io.Writer, tensors []TensorInfo, l Lineage, arch string) error {
+	hdr := appendHeader(make([]byte, 8, 256), tensors, l, arch)
 	binary.LittleEndian.PutUint64(hdr, uint64(len(hdr)-8))
 	if _, err := w.Write(hdr); err != nil {
 		return fmt.Errorf("safetensors: write: %w", err)
@@ -61,7 +61,7 @@ func writeHeader(w io.Writer, tensors []TensorInfo, l Lineage) error {
 // appendHeader appends the JSON header, written by hand because
 // encoding/json sorts map keys and the order must follow the model. Every
 // tensor is F32.
-func appendHeader(b []byte, tensors []TensorInfo, l Lineage) []byte {
+func appendHeader(b []byte, tensors []TensorInfo, l Lineage, arch string) []byte {
 	start := len(b)
 	b = append(b, `{"__metadata__":{`...)
 	first := true
@@ -85,6 +85,7 @@ func appendHeader(b []byte, tensors []TensorInfo, l Lineage) []byte {
 	}
 	meta(metaJob, l.Job)
 	meta(metaSource, l.Source)
+	meta(metaArch, arch)
 	b = append(b, '}')
 
 	var off uint64
@@ -138,7 +139,7 @@ func appendJSONString(b []byte, s string) []byte {
 
 // WriteCanonical writes to w the file WriteSafetensors would write for the
 // model d holds with its lineage replaced by l: every tensor as F32, in d's
-// order. It reads d to its end one chunk at a time, making every check
+// order, and d's architecture. It reads d to its end one chunk at a time, making every check
 // ReadSafetensors makes, so a file of any size is converted in memory that
 // does not grow with it. d must not have been read from yet. It returns the
 // bytes written; an error from w is reported as a write error
@@ -151,7 +152,7 @@ func (d *SafetensorsReader) WriteCanonical(w io.Writer, l Lineage) (int64, error
 		return 0, fmt.Errorf("safetensors: write: %w", err)
 	}
 	cw := &countio.Writer{W: w}
-	if err := writeHeader(cw, d.Tensors(), l); err != nil {
+	if err := writeHeader(cw, d.Tensors(), l, d.hdr.arch); err != nil {
 		return cw.N, err
 	}
 	buf := make([]byte, 0, chunkBytes)

@@ -11,13 +11,13 @@ import (
 // ABIVersion is the newest module ABI this host implements; see docs/ABI.md.
 // Every version from MinABIVersion up is still served: a module built for ABI
 // v1 imports fleetlearn_v1 and runs unchanged.
-const ABIVersion = 3
+const ABIVersion = 4
 
 // MinABIVersion is the oldest module ABI this host still serves.
 const MinABIVersion = 1
 
 // HostModule is the import module name of ABIVersion's host functions.
-const HostModule = "fleetlearn_v3"
+const HostModule = "fleetlearn_v4"
 
 // HostModuleOf is the import module name of ABI version v's host functions.
 // Each version has its own namespace, and a module imports only from the one
@@ -25,7 +25,7 @@ const HostModule = "fleetlearn_v3"
 func HostModuleOf(v int) string { return "fleetlearn_v" + strconv.Itoa(v) }
 
 // ABIRange says which module ABIs this build serves, for version lines:
-// "module ABI 1-3".
+// "module ABI 1-4".
 func ABIRange() string {
 	return fmt.Sprintf("module ABI %d-%d", MinABIVersion, ABIVersion)
 }
@@ -84,6 +84,9 @@ type request struct {
 	// Trainable is ABI 2's (and every later version's): the parameter
 	// indices a train call may change.
 	Trainable []int `json:"trainable,omitempty"`
+	// Arch is ABI 4's (and every later version's): the model's
+	// architecture (model.Model.Arch) when it has one.
+	Arch string `json:"arch,omitempty"`
 }
 
 type paramInfo struct {

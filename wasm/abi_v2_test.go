@@ -173,10 +173,10 @@ func TestABINamespaces(t *testing.T) {
 			wasm.ErrForbiddenImport, []string{"declares ABI v2", "fleetlearn_v1.tensor_new", "fleetlearn_v2"}},
 		{"v2 function from fleetlearn_v1", opsModule(1, "fleetlearn_v1", false, op("gelu", int32(1), int32(1))),
 			wasm.ErrForbiddenImport, []string{"fleetlearn_v1.gelu", "new in v2", "fleetlearn_v2"}},
-		{"unknown namespace", opsModule(2, "fleetlearn_v4", false, newT(2, 2)),
-			wasm.ErrForbiddenImport, []string{"fleetlearn_v4.tensor_new"}},
-		{"version 4", opsModule(4, "fleetlearn_v2", false), wasm.ErrABIVersion, []string{"v4", "v1 to v3"}},
-		{"version 0", opsModule(0, "fleetlearn_v1", false), wasm.ErrABIVersion, []string{"v0", "v1 to v3"}},
+		{"unknown namespace", opsModule(2, "fleetlearn_v5", false, newT(2, 2)),
+			wasm.ErrForbiddenImport, []string{"fleetlearn_v5.tensor_new"}},
+		{"version 5", opsModule(5, "fleetlearn_v2", false), wasm.ErrABIVersion, []string{"v5", "v1 to v4"}},
+		{"version 0", opsModule(0, "fleetlearn_v1", false), wasm.ErrABIVersion, []string{"v0", "v1 to v4"}},
 		{"version -1", opsModule(-1, "fleetlearn_v1", false), wasm.ErrABIVersion, []string{"v-1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

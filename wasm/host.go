@@ -210,7 +210,7 @@ func fl(v uint64) float32 { return api.DecodeF32(v) }
 // hostFunctions is every host function of every ABI version, served from
 // this one table so that a function shared by two versions has one
 // implementation. docs/ABI.md is its reference.
-var hostFunctions = slices.Concat(hostFunctionsV1, hostFunctionsV2, hostFunctionsV3)
+var hostFunctions = slices.Concat(hostFunctionsV1, hostFunctionsV2, hostFunctionsV3, hostFunctionsV4)
 
 // hostFunctionsV1 is ABI v1's host import module, fleetlearn_v1.
 var hostFunctionsV1 = []hostFn{

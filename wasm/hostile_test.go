@@ -385,9 +385,9 @@ func TestForbiddenImport(t *testing.T) {
 // TestABI: a module must export the ABI's entry points with their signatures
 // and declare an ABI version the host serves; Load reads the version.
 func TestABI(t *testing.T) {
-	t.Run("version 4", func(t *testing.T) {
-		_, err := loadHand(t, handModule(4, returnZero, nil, nil).Encode())
-		wantSentinel(t, err, wasm.ErrABIVersion, "v4")
+	t.Run("version 5", func(t *testing.T) {
+		_, err := loadHand(t, handModule(5, returnZero, nil, nil).Encode())
+		wantSentinel(t, err, wasm.ErrABIVersion, "v5")
 		requireHealthy(t)
 	})
 	drop := func(name string) func(*wasmbin.Module) {

@@ -141,6 +141,9 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 	}
 	req := &request{ABI: m.version, Kind: entry, Hyper: hyper, Seed: c.Seed, Trainable: c.Trainable,
 		Data: dataInfo{Examples: c.Data.Len(), Dim: c.Data.Dim, Classes: c.Data.NumClasses}}
+	if m.version >= 4 {
+		req.Arch = c.Model.Arch
+	}
 	st := &callState{log: m.s.cfg.logger, data: c.Data, limits: lim, handles: []*tensor{nil}, pool: &m.s.pool,
 		v3: v3State{req: req}}
 	defer st.release()
@@ -211,7 +214,7 @@ func (m *Module) run(ctx context.Context, entry string, c Call) (*Result, error)
 		Duration: time.Since(start), Stderr: out.String()}
 	if entry == exportTrain {
 		// The parameters' host storage becomes the result: no second copy.
-		out := &model.Model{Lineage: model.Lineage{Parent: c.Model.Lineage.Version}, Tensors: make([]model.Tensor, len(c.Model.Tensors))}
+		out := &model.Model{Lineage: model.Lineage{Parent: c.Model.Lineage.Version}, Arch: c.Model.Arch, Tensors: make([]model.Tensor, len(c.Model.Tensors))}
 		for i, in := range c.Model.Tensors {
 			d := st.handles[i+1].m.Data
 			if j := floats.FirstNonFinite(d); j >= 0 {

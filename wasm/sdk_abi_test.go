@@ -101,13 +101,13 @@ func wasmImports(t *testing.T, dir string) map[string]string {
 }
 
 func TestVersions(t *testing.T) {
-	if got := SupportedABIVersions(); !slices.Equal(got, []uint32{1, 2, 3}) || ABIVersion != 3 || MinABIVersion != 1 {
+	if got := SupportedABIVersions(); !slices.Equal(got, []uint32{1, 2, 3, 4}) || ABIVersion != 4 || MinABIVersion != 1 {
 		t.Errorf("SupportedABIVersions() = %v, ABIVersion %d, MinABIVersion %d", got, ABIVersion, MinABIVersion)
 	}
 	if HostModuleOf(1) != "fleetlearn_v1" || HostModuleOf(ABIVersion) != HostModule {
 		t.Errorf("HostModuleOf(1) = %q, HostModuleOf(%d) = %q, HostModule %q", HostModuleOf(1), ABIVersion, HostModuleOf(ABIVersion), HostModule)
 	}
-	for mod, v := range map[string]int{"fleetlearn_v1": 1, "fleetlearn_v2": 2, "fleetlearn_v3": 3, "fleetlearn_v4": 0, "fleetlearn_v0": 0, "env": 0} {
+	for mod, v := range map[string]int{"fleetlearn_v1": 1, "fleetlearn_v2": 2, "fleetlearn_v3": 3, "fleetlearn_v4": 4, "fleetlearn_v5": 0, "fleetlearn_v0": 0, "env": 0} {
 		if got := namespaceVersion(mod); got != v {
 			t.Errorf("namespaceVersion(%q) = %d, want %d", mod, got, v)
 		}

@@ -392,7 +392,12 @@ func MergeLoRA(m *model.Model) (*model.Model, error) {
 		}
 		ts = append(ts, nt)
 	}
-	return model.New(ts...)
+	out, err := model.New(ts...)
+	if err != nil {
+		return nil, err
+	}
+	out.Arch = m.Arch // a layer list's dense layers merge like any Linear
+	return out, nil
 }
 
 func tensorOf(m *model.Model, name string) *model.Tensor {

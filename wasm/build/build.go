@@ -19,6 +19,7 @@ const (
 	MLP     = "github.com/fleetlearn/fleetlearn/wasm/examples/mlp"
 	Softmax = "github.com/fleetlearn/fleetlearn/wasm/examples/softmax"
 	LM      = "github.com/fleetlearn/fleetlearn/wasm/examples/lm"
+	Seq     = "github.com/fleetlearn/fleetlearn/wasm/examples/seq"
 )
 
 // Module builds the Go package pkg (an import path, or a directory relative

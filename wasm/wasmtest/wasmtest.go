@@ -21,13 +21,14 @@ const (
 	MLP     = build.MLP
 	Softmax = build.Softmax
 	LM      = build.LM
+	Seq     = build.Seq
 	// MLPAsm is the MLP assembled without a language runtime: Build returns
 	// the embedded module, which CI checks against mlpasm.Module.
 	MLPAsm = "github.com/fleetlearn/fleetlearn/wasm/examples/mlpasm"
 )
 
 // prebuilt names the embedded module of each shipped example package.
-var prebuilt = map[string]string{MLPAsm: "mlp", MLP: "mlp-go", Softmax: "softmax", LM: "lm"}
+var prebuilt = map[string]string{MLPAsm: "mlp", MLP: "mlp-go", Softmax: "softmax", LM: "lm", Seq: "seq"}
 
 var (
 	mu    sync.Mutex

@@ -148,7 +148,7 @@ func TestPublicHost(t *testing.T) {
 
 func TestVersion(t *testing.T) {
 	want := versionLine() + "\n"
-	if !strings.HasPrefix(want, "fleetlearn-server ") || !strings.Contains(want, ", module ABI 1-3") {
+	if !strings.HasPrefix(want, "fleetlearn-server ") || !strings.Contains(want, ", module ABI 1-4") {
 		t.Fatalf("version line %q", want)
 	}
 	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}, {"-v"}} {

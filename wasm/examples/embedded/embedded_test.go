@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetlearn/fleetlearn/data"
 	"github.com/fleetlearn/fleetlearn/model"
+	"github.com/fleetlearn/fleetlearn/model/seq"
 	"github.com/fleetlearn/fleetlearn/model/train"
 	"github.com/fleetlearn/fleetlearn/wasm"
 )
@@ -98,14 +99,23 @@ func TestModulesRunInTheSandbox(t *testing.T) {
 	}
 	defer sb.Close(ctx)
 	d := &data.Dataset{Features: []float32{0, 1, 0, 1, 1, 0, 1, 0, 0.5, 0.5, 0, 0}, Labels: []uint8{0, 1, 1}, Dim: 4, NumClasses: 2}
-	archs := map[string][]int{"mlp": {4, 3, 2}, "mlp-go": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}, "lm": nil}
+	archs := map[string][]int{"mlp": {4, 3, 2}, "mlp-go": {4, 3, 2}, "softmax": {4, 2}, "noop": {4, 2}, "lm": nil, "seq": {}}
 	for _, m := range List() {
 		arch, ok := archs[m.Name]
 		if !ok {
 			t.Fatalf("%s: no test model for it", m.Name)
 		}
 		var init *model.Model
-		if arch == nil {
+		if arch != nil && len(arch) == 0 {
+			// A 1×2×2 image through a convolution and a dense layer.
+			a, err := seq.Parse("seq:input(1,2,2),conv(2,2,pad=1),relu,maxpool(2),dense(2)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if init, err = train.InitSeq(a, 1); err != nil {
+				t.Fatal(err)
+			}
+		} else if arch == nil {
 			// Windows of 4 tokens over a vocabulary of 2.
 			if init, err = train.InitLM(train.LMConfig{Vocab: 2, Context: 4, Dim: 8, Layers: 1}, 1); err != nil {
 				t.Fatal(err)

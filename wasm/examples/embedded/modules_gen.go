@@ -20,6 +20,9 @@ var mlpgoWASMGzip []byte
 //go:embed noop.wasm.gz
 var noopWASMGzip []byte
 
+//go:embed seq.wasm.gz
+var seqWASMGzip []byte
+
 //go:embed softmax.wasm.gz
 var softmaxWASMGzip []byte
 
@@ -55,6 +58,14 @@ var modules = []Module{
 		SHA256:      "49b3161cbecf8074c47462109809769b97419b0c15de0ad53585866c079ead39",
 		Size:        3324001,
 		gz:          noopWASMGzip,
+	},
+	{
+		Name:        "seq",
+		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/seq",
+		Description: "any layer list the model records (package seq: conv, pooling, group and layer norm, dropout, dense), mini-batch SGD with optional FedProx, ABI v4; trains only the task's trainable tensors",
+		SHA256:      "dd6d28411812ab6972a351f4a339b3dae2317930b2f9049d5dd56d16c7569ee1",
+		Size:        3587354,
+		gz:          seqWASMGzip,
 	},
 	{
 		Name:        "softmax",

@@ -26,4 +26,4 @@
 // what v2 adds is in imports_v2.go and transformer.go.
 package sdk
 
-//go:generate go run ../internal/gensdk/cmd
+//go:generate go run ../internal/gensdk/cmd 2

@@ -51,6 +51,8 @@ var examples = []example{
 		"the same multi-layer perceptron written in Go with wasm/sdk, ABI v1 (same weights bit for bit); the example to start from when writing a module in Go", nil},
 	{"noop", "github.com/fleetlearn/fleetlearn/wasm/examples/noop",
 		"adds a small constant to every parameter, for measuring the system rather than training", nil},
+	{"seq", "github.com/fleetlearn/fleetlearn/wasm/examples/seq",
+		"any layer list the model records (package seq: conv, pooling, group and layer norm, dropout, dense), mini-batch SGD with optional FedProx, ABI v4; trains only the task's trainable tensors", nil},
 	{"softmax", "github.com/fleetlearn/fleetlearn/wasm/examples/softmax",
 		"multinomial logistic regression (one Linear layer fc1), reports update_norm", nil},
 }
