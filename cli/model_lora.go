@@ -92,7 +92,7 @@ func newModelLoRACommand(a *app) *cobra.Command {
 		},
 	}
 	add.Flags().IntVar(&rank, "rank", 8, fmt.Sprintf("adapter rank, 1 to %d", lm.MaxRank))
-	add.Flags().StringVar(&targets, "targets", "attn.q,attn.v", "comma-separated Linear layers to adapt: "+strings.Join(lm.LoRATargets, ","))
+	add.Flags().StringVar(&targets, "targets", "attn.q,attn.v", "comma-separated Linear layers to adapt: "+strings.Join(lm.LoRATargets, ",")+"; for a seq: model, positions of dense layers (6,8)")
 	add.Flags().Uint64Var(&seed, "seed", 1, "seed of the adapters' A matrices")
 	add.Flags().StringVar(&name, "name", "", "MODEL is a registered model: import the adapted model under this name, with MODEL as its parent")
 	add.Flags().StringVar(&description, "description", "", "with --name: description of the imported model (default: what was added to which model)")

@@ -146,6 +146,51 @@ func TestSeqMatchesNative(t *testing.T) {
 	}
 }
 
+// TestSeqLEAFMatchesNative: the LEAF CNN itself (6.5 million parameters)
+// trains to the same bits in the sandbox and natively, on a few
+// Fashion-MNIST-shaped examples.
+func TestSeqLEAFMatchesNative(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiling the seq module under the race detector takes minutes on 2 cores; the plain run crosschecks")
+	}
+	const n = 6
+	d := &data.Dataset{Dim: 784, NumClasses: 10, Features: make([]float32, n*784), Labels: make([]uint8, n)}
+	for i := range d.Features {
+		d.Features[i] = float32((i*7919)%255) / 255
+	}
+	for i := range d.Labels {
+		d.Labels[i] = uint8(i % 10)
+	}
+	a, err := seq.Parse("seq:input(1,28,28),conv(32,5,pad=2),relu,maxpool(2),conv(64,5,pad=2),relu,maxpool(2),dense(2048),relu,dense(10)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := train.InitSeq(a, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hyper := []byte(`{"epochs": 1, "batch_size": 4, "learning_rate": 0.05}`)
+	h, err := sgd.ParseHyper(hyper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := train.TrainSeq(m, d, h, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := load(t, newSandbox(t), wasmtest.Seq).Train(context.Background(), wasm.Call{Model: m, Data: d, Hyper: hyper, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Model.HashHex() != want.HashHex() {
+		t.Fatal("the LEAF CNN trained in the sandbox differs from the native trainer's")
+	}
+	if res.Model.HashHex() == m.HashHex() {
+		t.Fatal("training changed nothing")
+	}
+	t.Logf("%d flops charged", res.Work)
+}
+
 // TestSeqRefuses: a model without an architecture, one whose tensors do
 // not match it, and data of another shape fail with the module's message.
 func TestSeqRefuses(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/fleetlearn/fleetlearn/data"
@@ -299,7 +300,21 @@ func InitLM(c LMConfig, seed uint64) (*model.Model, error) {
 // in ±1/√in (Kaiming, as PEFT does), B [out, r] zero, so the adapted model
 // computes exactly what m does until B trains. Adapters follow their weight
 // in the tensor order.
+//
+// A layer-list model (IsSeq) names its dense layers by position instead:
+// targets such as "6", "8" adapt those layers (AddSeqLoRA).
 func AddLoRA(m *model.Model, rank int, targets []string, seed uint64) (*model.Model, error) {
+	if IsSeq(m) {
+		var layers []int
+		for _, t := range targets {
+			l, err := strconv.Atoi(t)
+			if err != nil {
+				return nil, fmt.Errorf("%w: LoRA target %q: a layer list's targets are the positions of its dense layers (e.g. 6,8)", ErrArch, t)
+			}
+			layers = append(layers, l)
+		}
+		return AddSeqLoRA(m, rank, seed, layers...)
+	}
 	if rank < 1 || rank > lm.MaxRank {
 		return nil, fmt.Errorf("%w: LoRA rank %d, want 1..%d", ErrArch, rank, lm.MaxRank)
 	}
