@@ -56,6 +56,46 @@ func (s *callState) pool2D(op string, st []uint64) kernel.Pool2D {
 	return p
 }
 
+// poolGroupWork is about how much pooling work runs between two deadline
+// checks, as gemm's row blocks do: a window of k² reads per output value
+// makes one call's work far larger than its tensors.
+const poolGroupWork = 1 << 25
+
+// pooled runs a pooling kernel over groups of examples (rows of each
+// operand, all with the same number of rows), checking the deadline
+// between groups; one example's work is bounded by Pool2D.Check.
+func (s *callState) pooled(op string, p kernel.Pool2D, run func(ops []kernel.Mat) error, ops ...kernel.Mat) {
+	n := ops[0].Rows
+	step := int(max(1, poolGroupWork/max(1, p.Work(1))))
+	whole := step >= n
+	for _, m := range ops {
+		// Operands that do not line up go to the kernel whole, which
+		// refuses them naming the operand.
+		whole = whole || m.Rows != n || m.Cols == 0 || len(m.Data) < n*m.Cols
+	}
+	if whole {
+		if err := run(ops); err != nil {
+			s.kernelErr(err)
+		}
+		return
+	}
+	sub := make([]kernel.Mat, len(ops))
+	for lo := 0; lo < n; lo += step {
+		if lo > 0 {
+			if err := s.deadline(); err != nil {
+				s.kernelErr(fmt.Errorf("%s: %w", op, err))
+			}
+		}
+		hi := min(n, lo+step)
+		for i, m := range ops {
+			sub[i] = kernel.Mat{Rows: hi - lo, Cols: m.Cols, Data: m.Data[lo*m.Cols : hi*m.Cols]}
+		}
+		if err := run(sub); err != nil {
+			s.kernelErr(err)
+		}
+	}
+}
+
 // hostFunctionsV4 is what ABI v4 adds to v3's functions: the kernels of
 // convolutional networks. fleetlearn_v4 serves these and every earlier
 // version's.
@@ -89,9 +129,7 @@ var hostFunctionsV4 = []hostFn{
 		s.distinct(op, u32(st[0]), u32(st[1]))
 		p := s.pool2D(op, st[2:])
 		s.charge(op, p.Work(s.rowsOf(op, "x", x, p.C*p.H*p.W)))
-		if err := kernel.MaxPool2D(p, x, y); err != nil {
-			s.kernelErr(err)
-		}
+		s.pooled(op, p, func(m []kernel.Mat) error { return kernel.MaxPool2D(p, m[0], m[1]) }, x, y)
 	}},
 	{"max_pool2d_grad", 4, []api.ValueType{i32, i32, i32, i32, i32, i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		const op = "max_pool2d_grad"
@@ -100,9 +138,7 @@ var hostFunctionsV4 = []hostFn{
 		p := s.pool2D(op, st[3:])
 		n := s.rowsOf(op, "x", x, p.C*p.H*p.W)
 		s.charge(op, p.Work(n)+int64(n)*int64(p.C*p.H*p.W))
-		if err := kernel.MaxPool2DGrad(p, dy, x, dx); err != nil {
-			s.kernelErr(err)
-		}
+		s.pooled(op, p, func(m []kernel.Mat) error { return kernel.MaxPool2DGrad(p, m[0], m[1], m[2]) }, dy, x, dx)
 	}},
 	{"avg_pool2d", 4, []api.ValueType{i32, i32, i32, i32, i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		const op = "avg_pool2d"
@@ -110,9 +146,7 @@ var hostFunctionsV4 = []hostFn{
 		s.distinct(op, u32(st[0]), u32(st[1]))
 		p := s.pool2D(op, st[2:])
 		s.charge(op, p.Work(s.rowsOf(op, "x", x, p.C*p.H*p.W)))
-		if err := kernel.AvgPool2D(p, x, y); err != nil {
-			s.kernelErr(err)
-		}
+		s.pooled(op, p, func(m []kernel.Mat) error { return kernel.AvgPool2D(p, m[0], m[1]) }, x, y)
 	}},
 	{"avg_pool2d_grad", 4, []api.ValueType{i32, i32, i32, i32, i32, i32, i32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		const op = "avg_pool2d_grad"
@@ -121,9 +155,7 @@ var hostFunctionsV4 = []hostFn{
 		p := s.pool2D(op, st[2:])
 		n := s.rowsOf(op, "dx", dx, p.C*p.H*p.W)
 		s.charge(op, p.Work(n)+int64(n)*int64(p.C*p.H*p.W))
-		if err := kernel.AvgPool2DGrad(p, dy, dx); err != nil {
-			s.kernelErr(err)
-		}
+		s.pooled(op, p, func(m []kernel.Mat) error { return kernel.AvgPool2DGrad(p, m[0], m[1]) }, dy, dx)
 	}},
 	{"group_norm", 4, []api.ValueType{i32, i32, i32, i32, i32, i32, i32, i32, f32}, nil, func(s *callState, _ api.Module, st []uint64) {
 		const op = "group_norm"

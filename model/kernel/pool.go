@@ -68,7 +68,7 @@ func poolShapes(op string, p Pool2D, in, out, extra Mat, inName, outName, extraN
 		return fmt.Errorf("%w: %s: %s is %v, want %d columns (C·H·W)", ErrShape, op, inName, in, ic)
 	}
 	if out.Rows != n || out.Cols != oc {
-		return fmt.Errorf("%w: %s: %s is %v, want %dx%d (C·OutH·OutW)", ErrShape, op, outName, out, n, oc)
+		return fmt.Errorf("%w: %s: %s is %v, want %dx%d (C·OutH·OutW, a row for each of %s's %d)", ErrShape, op, outName, out, n, oc, inName, n)
 	}
 	return nil
 }
