@@ -60,8 +60,8 @@ func readIDXPair(images, labels string) (labelled, error) {
 	if idims[0] == 0 || len(px) == 0 {
 		return labelled{}, fmt.Errorf("%s holds no examples, or examples of no bytes: %w", images, ErrInput)
 	}
-	if len(px) > maxSplitValues {
-		return labelled{}, fmt.Errorf("%s: %d values, more than %d: %w", images, len(px), maxSplitValues, ErrInput)
+	if len(px) > data.DefaultMaxFeatureValues {
+		return labelled{}, fmt.Errorf("%s: %d values, more than %d: %w", images, len(px), data.DefaultMaxFeatureValues, ErrInput)
 	}
 	top := 0
 	for _, l := range ls {

@@ -209,6 +209,25 @@ type labelled struct {
 	from    string // what was read, as printed
 }
 
+// fromData sorts an error of package data's readers into the CLI's
+// sentinels, keeping its message: a bad argument is ErrUsage, a file that
+// is malformed or past a bound ErrInput.
+func fromData(err error) error {
+	switch {
+	case errors.Is(err, data.ErrInvalidArgument):
+		return dataError{err, ErrUsage}
+	case errors.Is(err, data.ErrCSV), errors.Is(err, data.ErrImage),
+		errors.Is(err, data.ErrTooLarge), errors.Is(err, data.ErrNoFeatures):
+		return dataError{err, ErrInput}
+	}
+	return err
+}
+
+type dataError struct{ err, kind error }
+
+func (e dataError) Error() string   { return e.err.Error() }
+func (e dataError) Unwrap() []error { return []error{e.err, e.kind} }
+
 // split holds out the evaluation sample, partitions the rest as the flags
 // say and writes the datasets. kind prefixes the manifests' names.
 func (f *splitFlags) split(w, warn io.Writer, op, kind string, in labelled) error {

@@ -13,6 +13,11 @@
 // sorted indices of the examples it holds. Every partition is a disjoint
 // cover of the example indices and is fully determined by its seed.
 //
+// A user's own data is read from a CSV file by [ReadCSV], one example a
+// row with named label, feature and key columns, and from a folder of
+// images, one sub-folder per class, by [ReadImageFolder]; both bound what
+// they read, as the files may come from anyone.
+//
 // A device's dataset on disk is a directory written by [WriteDir] and read
 // by [ReadDir]: a JSON manifest plus raw little-endian float32 features and
 // uint8 labels, each file protected by a SHA-256 digest in the manifest.

@@ -19,6 +19,21 @@ var (
 	// or dimensions that do not match what the caller expects.
 	ErrIDX = errors.New("malformed IDX data")
 
+	// ErrCSV reports a CSV file that ReadCSV cannot read as a dataset: a
+	// row that does not parse, a feature that is not a finite number, a bad
+	// label, duplicate column names or no data rows.
+	ErrCSV = errors.New("malformed CSV data")
+
+	// ErrNoFeatures reports a CSV file read without CSVOptions.Features
+	// whose first data row holds no number outside the label and key
+	// columns, so the feature columns must be named.
+	ErrNoFeatures = errors.New("no feature columns")
+
+	// ErrImage reports a file in an image folder that does not decode as a
+	// PNG, JPEG or GIF image, or decodes to other bounds than its header
+	// declares.
+	ErrImage = errors.New("malformed image")
+
 	// ErrTruncated reports input that ended before its declared length.
 	ErrTruncated = errors.New("truncated input")
 
