@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlearn/fleetlearn/internal/atomicfile"
 	"github.com/fleetlearn/fleetlearn/internal/countio"
 	"github.com/fleetlearn/fleetlearn/internal/ident"
+	"github.com/fleetlearn/fleetlearn/internal/smallfile"
 	"github.com/fleetlearn/fleetlearn/model"
 	"github.com/fleetlearn/fleetlearn/model/seq"
 	"github.com/fleetlearn/fleetlearn/model/train"
@@ -269,7 +270,7 @@ func parseSeqArch(arch, input string) (*seq.Arch, error) {
 		return fmt.Errorf("%w: --arch %q: %v", ErrUsage, arch, err)
 	}
 	if path, ok := strings.CutPrefix(arch, "@"); ok {
-		b, err := readBounded(path, 1<<20)
+		b, err := smallfile.Read(path, 1<<20)
 		if err != nil {
 			return nil, fmt.Errorf("%w: --arch: %v", ErrUsage, err)
 		}
@@ -304,22 +305,6 @@ func parseSeqArch(arch, input string) (*seq.Arch, error) {
 	return a, nil
 }
 
-// readBounded reads a small file whole, refusing one over max bytes.
-func readBounded(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s is over %d bytes", path, max)
-	}
-	return b, nil
-}
 
 // seqWeights reads a safetensors file trained elsewhere and orders its
 // tensors as a's: every tensor the list needs, with its PyTorch shape, and

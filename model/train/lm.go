@@ -345,20 +345,25 @@ func AddLoRA(m *model.Model, rank int, targets []string, seed uint64) (*model.Mo
 		if tensorOf(m, base+".lora_a") != nil {
 			return nil, fmt.Errorf("%w: %s already has a LoRA adapter (fold it in first: fleetlearn model lora merge)", ErrArch, base)
 		}
-		out, in := t.Shape[0], t.Shape[1]
-		a := make([]float32, rank*in)
-		bound := 1 / math.Sqrt(float64(in))
-		for i := range a {
-			a[i] = float32((2*r.float64() - 1) * bound)
-		}
-		ts = append(ts, model.Tensor{Name: base + ".lora_a", Shape: []int{rank, in}, Data: a},
-			model.Tensor{Name: base + ".lora_b", Shape: []int{out, rank}, Data: make([]float32, out*rank)})
+		ts = append(ts, loraPair(base, t.Shape[0], t.Shape[1], rank, &r)...)
 		added++
 	}
 	if added == 0 {
 		return nil, fmt.Errorf("%w: no Linear layer matches LoRA targets %v", ErrArch, targets)
 	}
 	return model.New(ts...)
+}
+
+// loraPair is a fresh adapter of base (a Linear weight out×in): A [r, in]
+// uniform in ±1/√in (Kaiming, as PEFT does), B [out, r] zero.
+func loraPair(base string, out, in, rank int, r *splitMix) []model.Tensor {
+	a := make([]float32, rank*in)
+	bound := 1 / math.Sqrt(float64(in))
+	for i := range a {
+		a[i] = float32((2*r.float64() - 1) * bound)
+	}
+	return []model.Tensor{{Name: base + ".lora_a", Shape: []int{rank, in}, Data: a},
+		{Name: base + ".lora_b", Shape: []int{out, rank}, Data: make([]float32, out*rank)}}
 }
 
 // LoRAParams lists the indices of m's LoRA adapter tensors: the trainable

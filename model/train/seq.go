@@ -211,14 +211,7 @@ func AddSeqLoRA(m *model.Model, rank int, seed uint64, layers ...int) (*model.Mo
 		if tensorOf(m, base+".lora_a") != nil {
 			return nil, fmt.Errorf("%w: layer %s already has a LoRA adapter (fold it in first: fleetlearn model lora merge)", ErrArch, base)
 		}
-		out, in := t.Shape[0], t.Shape[1]
-		av := make([]float32, rank*in)
-		bound := 1 / math.Sqrt(float64(in))
-		for i := range av {
-			av[i] = float32((2*r.float64() - 1) * bound)
-		}
-		ts = append(ts, model.Tensor{Name: base + ".lora_a", Shape: []int{rank, in}, Data: av},
-			model.Tensor{Name: base + ".lora_b", Shape: []int{out, rank}, Data: make([]float32, out*rank)})
+		ts = append(ts, loraPair(base, t.Shape[0], t.Shape[1], rank, &r)...)
 		added++
 	}
 	if added == 0 {
