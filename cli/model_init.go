@@ -305,7 +305,6 @@ func parseSeqArch(arch, input string) (*seq.Arch, error) {
 	return a, nil
 }
 
-
 // seqWeights reads a safetensors file trained elsewhere and orders its
 // tensors as a's: every tensor the list needs, with its PyTorch shape, and
 // nothing else (LoRA adapters of dense layers aside).
