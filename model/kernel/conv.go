@@ -7,21 +7,30 @@ package kernel
 // output row. The gradient reuses the same two views: dW += dY·colᵀ and
 // dcol = Wᵀ·dY, whose columns col2im adds back onto the input positions.
 //
-// Everything runs per example, in ascending order, whatever the thread
-// count: Gemm is bit-for-bit the same on any number of threads, im2col and
-// col2im are serial, so every output has the same bits on every run.
+// Examples go through the GEMM in chunks (convChunk: as many as keep the
+// chunk's unfolded inputs and outputs under 2^22 values, a number that
+// does not depend on the thread count): the chunk's cols sit side by side
+// in one K×(chunk·P) matrix, so one wide product splits across threads
+// where one example's would be too small to. Every output keeps the fma
+// chain it would have example by example (over K for y and dcol, over the
+// examples' positions in order for dW), and Gemm gives the same bits on any
+// number of threads, so the result is the same on every run and machine.
+// im2col, col2im and the copies between the chunk and the NCHW rows run
+// per example on up to Threads() goroutines, each writing its own part.
 //
 // Geometry integers come from untrusted modules. Conv2D.Check bounds each
 // size and each product the kernels compute or allocate by MaxConvValues
 // before anything is multiplied in int, so no later product can overflow,
-// and the one scratch matrix of a call (K·P values, up to 1 GiB at the
-// bound) is set by the geometry, not by the batch.
+// and a call's scratch (at most max(K·P, 2^22) values for the cols and as
+// many for the outputs' chunk) is set by the geometry, not by the batch.
 
 import (
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
+	"sync"
 	"unsafe"
 )
 
@@ -301,29 +310,44 @@ func Conv2DForward(g Conv2D, x, w, b, y Mat, check func() error) error {
 		return nil
 	}
 	k := g.InC * g.KH * g.KW
-	col := Mat{Rows: k, Cols: p, Data: make([]float32, k*p)}
+	chunk := convChunk(n, k*p, oc*p)
+	colBuf, ycBuf := getScratch(k*chunk*p), getScratch(oc*chunk*p)
+	defer putScratch(colBuf)
+	defer putScratch(ycBuf)
+	col, yc := *colBuf, *ycBuf
 	m := meter{check: check}
 	beta := float32(0)
 	if !b.absent() {
 		beta = 1
 	}
-	work := GemmFLOPs(oc, p, k)
-	xc, yc := x.Cols, y.Cols
-	for e := 0; e < n; e++ {
-		if err := im2col(g, x.Data[e*xc:(e+1)*xc], col.Data, &m); err != nil {
-			return fmt.Errorf("%s: example %d: %w", op, e, err)
+	xc, ycols := x.Cols, y.Cols
+	for e0 := 0; e0 < n; e0 += chunk {
+		cn := min(chunk, n-e0)
+		ld := cn * p
+		colM := Mat{Rows: k, Cols: ld, Data: col[:k*ld]}
+		yM := Mat{Rows: oc, Cols: ld, Data: yc[:oc*ld]}
+		forExamples(cn, func(e int) {
+			im2col(g, x.Data[(e0+e)*xc:(e0+e+1)*xc], col, ld, e*p)
+		})
+		if err := m.add(int64(k * ld)); err != nil {
+			return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 		}
-		ye := Mat{Rows: oc, Cols: p, Data: y.Data[e*yc : (e+1)*yc : (e+1)*yc]}
 		if beta != 0 {
 			// The chain of each output starts from its bias: one rounding
 			// fewer than adding it after the product.
 			for c, v := range b.Vals() {
-				fill(ye.Data[c*p:(c+1)*p], v)
+				fill(yM.Data[c*ld:(c+1)*ld], v)
 			}
 		}
-		if err := m.gemm(false, false, w, col, beta, ye, work); err != nil {
-			return fmt.Errorf("%s: example %d: %w", op, e, err)
+		if err := m.gemm(false, false, w, colM, beta, yM, GemmFLOPs(oc, ld, k)); err != nil {
+			return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 		}
+		forExamples(cn, func(e int) {
+			ye := y.Data[(e0+e)*ycols : (e0+e+1)*ycols]
+			for c := 0; c < oc; c++ {
+				copy(ye[c*p:(c+1)*p], yc[c*ld+e*p:])
+			}
+		})
 	}
 	return nil
 }
@@ -376,46 +400,72 @@ func Conv2DGrad(g Conv2D, dy, x, w, dx, dw, db Mat, check func() error) error {
 		return nil
 	}
 	m := meter{check: check}
-	work := GemmFLOPs(oc, p, k)
-	// One K×P buffer serves both: an example's col is done with (its dw
-	// product) before its dcol is written.
-	var col Mat
+	chunk := convChunk(n, k*p, oc*p)
+	// One K×(chunk·P) buffer serves both: a chunk's columns are done with
+	// (its dw product) before its dcol is written.
+	var col, dyc []float32
 	if !dw.absent() || !dx.absent() {
-		col = Mat{Rows: k, Cols: p, Data: make([]float32, k*p)}
+		colBuf, dycBuf := getScratch(k*chunk*p), getScratch(oc*chunk*p)
+		defer putScratch(colBuf)
+		defer putScratch(dycBuf)
+		col, dyc = *colBuf, *dycBuf
 	}
 	var bsum []float64
 	if !db.absent() {
 		bsum = make([]float64, oc)
 	}
 	xc, yc := x.Cols, dy.Cols
-	for e := 0; e < n; e++ {
-		dye := Mat{Rows: oc, Cols: p, Data: dy.Data[e*yc : (e+1)*yc : (e+1)*yc]}
+	for e0 := 0; e0 < n; e0 += chunk {
+		cn := min(chunk, n-e0)
+		ld := cn * p
 		if bsum != nil {
-			for c := range bsum {
-				s := bsum[c]
-				for _, v := range dye.Data[c*p : (c+1)*p] {
-					s += float64(v)
+			for e := e0; e < e0+cn; e++ {
+				dye := dy.Data[e*yc : (e+1)*yc]
+				for c := range bsum {
+					s := bsum[c]
+					for _, v := range dye[c*p : (c+1)*p] {
+						s += float64(v)
+					}
+					bsum[c] = s
 				}
-				bsum[c] = s
 			}
-			if err := m.add(int64(oc * p)); err != nil {
-				return fmt.Errorf("%s: example %d: %w", op, e, err)
+			if err := m.add(int64(oc * ld)); err != nil {
+				return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 			}
 		}
-		if !dw.absent() {
-			if err := im2col(g, x.Data[e*xc:(e+1)*xc], col.Data, &m); err != nil {
-				return fmt.Errorf("%s: example %d: %w", op, e, err)
+		if col == nil {
+			continue
+		}
+		colM := Mat{Rows: k, Cols: ld, Data: col[:k*ld]}
+		dyM := Mat{Rows: oc, Cols: ld, Data: dyc[:oc*ld]}
+		forExamples(cn, func(e int) {
+			dye := dy.Data[(e0+e)*yc : (e0+e+1)*yc]
+			for c := 0; c < oc; c++ {
+				copy(dyc[c*ld+e*p:c*ld+(e+1)*p], dye[c*p:(c+1)*p])
 			}
-			if err := m.gemm(false, true, dye, col, 1, dw, work); err != nil {
-				return fmt.Errorf("%s: example %d: %w", op, e, err)
+		})
+		if !dw.absent() {
+			forExamples(cn, func(e int) {
+				im2col(g, x.Data[(e0+e)*xc:(e0+e+1)*xc], col, ld, e*p)
+			})
+			if err := m.add(int64(k * ld)); err != nil {
+				return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
+			}
+			// One chain per value of dw over the examples' positions in
+			// order, as a product per example would continue it.
+			if err := m.gemm(false, true, dyM, colM, 1, dw, GemmFLOPs(oc, k, ld)); err != nil {
+				return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 			}
 		}
 		if !dx.absent() {
-			if err := m.gemm(true, false, w, dye, 0, col, work); err != nil {
-				return fmt.Errorf("%s: example %d: %w", op, e, err)
+			if err := m.gemm(true, false, w, dyM, 0, colM, GemmFLOPs(k, ld, oc)); err != nil {
+				return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 			}
-			if err := col2im(g, col.Data, dx.Data[e*xc:(e+1)*xc], &m); err != nil {
-				return fmt.Errorf("%s: example %d: %w", op, e, err)
+			forExamples(cn, func(e int) {
+				col2im(g, col, ld, e*p, dx.Data[(e0+e)*xc:(e0+e+1)*xc])
+			})
+			if err := m.add(int64(k * ld)); err != nil {
+				return fmt.Errorf("%s: examples %d to %d: %w", op, e0, e0+cn-1, err)
 			}
 		}
 	}
@@ -426,6 +476,57 @@ func Conv2DGrad(g Conv2D, dy, x, w, dx, dw, db Mat, check func() error) error {
 		}
 	}
 	return nil
+}
+
+// convChunkValues bounds a chunk's unfolded inputs and outputs: examples
+// go through the GEMM together, in one product wide enough to split
+// across threads, as long as their K·P and OutC·P values stay under it.
+const convChunkValues = 1 << 22
+
+// convChunk is how many of n examples a product takes at once, whatever
+// the thread count: the result then never depends on it.
+func convChunk(n, kp, ocp int) int {
+	return max(1, min(n, convChunkValues/max(kp, ocp, 1)))
+}
+
+// scratch recycles the convolutions' buffers: a training step asks for the
+// same sizes every batch, and zeroing fresh ones cost more than filling
+// them. Every value of a buffer is written before it is read, so what a
+// buffer held before never reaches a result.
+var scratch sync.Pool // of *[]float32
+
+func getScratch(n int) *[]float32 {
+	if b, ok := scratch.Get().(*[]float32); ok && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]float32, n)
+	return &b
+}
+
+func putScratch(b *[]float32) { scratch.Put(b) }
+
+// forExamples runs f for every example of a chunk, on up to Threads()
+// goroutines; each example writes only its own part of the outputs.
+func forExamples(n int, f func(e int)) {
+	workers := min(n, Threads(), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for e := 0; e < n; e++ {
+			f(e)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for e := n * w / workers; e < n*(w+1)/workers; e++ {
+				f(e)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // window is the range [lo, hi) of output positions o whose input position
@@ -443,9 +544,10 @@ func window(in, out, stride, pad, off int) (lo, hi int) {
 	return min(lo, hi), hi
 }
 
-// im2col writes one example's K×P matrix: row (c, kh, kw), column (oh, ow)
-// holds x[c, oh·S−Pad+kh, ow·S−Pad+kw], or 0 in the padding.
-func im2col(g Conv2D, x, col []float32, m *meter) error {
+// im2col writes one example's K×P matrix into the columns [off, off+P) of
+// col, whose rows are ld apart: row (c, kh, kw), column (oh, ow) holds
+// x[c, oh·S−Pad+kh, ow·S−Pad+kw], or 0 in the padding.
+func im2col(g Conv2D, x, col []float32, ld, off int) {
 	oh, ow := g.OutH(), g.OutW()
 	p, s, hw := oh*ow, g.Stride, g.InH*g.InW
 	r := 0
@@ -455,7 +557,7 @@ func im2col(g Conv2D, x, col []float32, m *meter) error {
 			hlo, hhi := window(g.InH, oh, s, g.Pad, kh)
 			for kw := 0; kw < g.KW; kw++ {
 				wlo, whi := window(g.InW, ow, s, g.Pad, kw)
-				dst := col[r*p : (r+1)*p]
+				dst := col[r*ld+off : r*ld+off+p]
 				r++
 				clear(dst[:hlo*ow])
 				clear(dst[hhi*ow:])
@@ -476,20 +578,16 @@ func im2col(g Conv2D, x, col []float32, m *meter) error {
 						d[j] = src[iw]
 					}
 				}
-				if err := m.add(int64(p)); err != nil {
-					return err
-				}
 			}
 		}
 	}
-	return nil
 }
 
-// col2im overwrites one example's input gradient dx with the sum of dcol's
-// values onto the input positions im2col read them from, row by row of
-// dcol in (c, kh, kw) order and then by (oh, ow): overlapping windows add
-// in that fixed order.
-func col2im(g Conv2D, dcol, dx []float32, m *meter) error {
+// col2im overwrites one example's input gradient dx with the sum of the
+// values in columns [off, off+P) of dcol (rows ld apart) onto the input
+// positions im2col read them from, row by row of dcol in (c, kh, kw) order
+// and then by (oh, ow): overlapping windows add in that fixed order.
+func col2im(g Conv2D, dcol []float32, ld, off int, dx []float32) {
 	oh, ow := g.OutH(), g.OutW()
 	p, s, hw := oh*ow, g.Stride, g.InH*g.InW
 	clear(dx[:g.InC*hw])
@@ -500,29 +598,26 @@ func col2im(g Conv2D, dcol, dx []float32, m *meter) error {
 			hlo, hhi := window(g.InH, oh, s, g.Pad, kh)
 			for kw := 0; kw < g.KW; kw++ {
 				wlo, whi := window(g.InW, ow, s, g.Pad, kw)
-				src := dcol[r*p : (r+1)*p]
+				src := dcol[r*ld+off : r*ld+off+p]
 				r++
-				if wlo < whi {
-					for i := hlo; i < hhi; i++ {
-						d := src[i*ow : (i+1)*ow]
-						row := xc[(i*s-g.Pad+kh)*g.InW:][:g.InW]
-						iw := wlo*s - g.Pad + kw
-						if s == 1 {
-							addVec(d[wlo:whi], row[iw:])
-							continue
-						}
-						for j := wlo; j < whi; j, iw = j+1, iw+s {
-							row[iw] += d[j]
-						}
-					}
+				if wlo >= whi {
+					continue
 				}
-				if err := m.add(int64(p)); err != nil {
-					return err
+				for i := hlo; i < hhi; i++ {
+					d := src[i*ow : (i+1)*ow]
+					row := xc[(i*s-g.Pad+kh)*g.InW:][:g.InW]
+					iw := wlo*s - g.Pad + kw
+					if s == 1 {
+						addVec(d[wlo:whi], row[iw:])
+						continue
+					}
+					for j := wlo; j < whi; j, iw = j+1, iw+s {
+						row[iw] += d[j]
+					}
 				}
 			}
 		}
 	}
-	return nil
 }
 
 func fill(x []float32, v float32) {

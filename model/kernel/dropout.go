@@ -61,7 +61,8 @@ func dropout(op, inName, outName string, in, out Mat, p float32, seed uint64) er
 // i for state seed, over 2^24), and a kept value is multiplied by
 // s = 1/(1−p) (computed in float64, rounded to float32 once); a dropped one
 // is +0 whatever x held. p must be in [0, 1); p = 0 copies x. y may be x
-// itself but must not otherwise share memory with it. Work: 8 per value.
+// itself but must not otherwise share memory with it. The WASM host charges
+// 4 per value.
 func Dropout(x, y Mat, p float32, seed uint64) error {
 	return dropout("dropout", "x", "y", x, y, p, seed)
 }

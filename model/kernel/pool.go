@@ -86,17 +86,16 @@ func MaxPool2D(p Pool2D, x, y Mat) error {
 		return err
 	}
 	oh, ow, hw, ohw := p.OutH(), p.OutW(), p.H*p.W, p.OutH()*p.OutW()
-	for e := 0; e < x.Rows; e++ {
-		for c := 0; c < p.C; c++ {
-			xc := x.Data[(e*p.C+c)*hw:][:hw]
-			yc := y.Data[(e*p.C+c)*ohw:][:ohw]
-			for i := 0; i < oh; i++ {
-				for j := 0; j < ow; j++ {
-					yc[i*ow+j] = xc[maxAt(p, xc, i, j)]
-				}
+	// Each (example, channel) plane is its own; they run in parallel.
+	forExamples(x.Rows*p.C, func(ec int) {
+		xc := x.Data[ec*hw:][:hw]
+		yc := y.Data[ec*ohw:][:ohw]
+		for i := 0; i < oh; i++ {
+			for j := 0; j < ow; j++ {
+				yc[i*ow+j] = xc[maxAt(p, xc, i, j)]
 			}
 		}
-	}
+	})
 	return nil
 }
 
@@ -134,18 +133,17 @@ func MaxPool2DGrad(p Pool2D, dy, x, dx Mat) error {
 	}
 	oh, ow, hw, ohw := p.OutH(), p.OutW(), p.H*p.W, p.OutH()*p.OutW()
 	clear(dx.Vals())
-	for e := 0; e < dx.Rows; e++ {
-		for c := 0; c < p.C; c++ {
-			xc := x.Data[(e*p.C+c)*hw:][:hw]
-			dxc := dx.Data[(e*p.C+c)*hw:][:hw]
-			dyc := dy.Data[(e*p.C+c)*ohw:][:ohw]
-			for i := 0; i < oh; i++ {
-				for j := 0; j < ow; j++ {
-					dxc[maxAt(p, xc, i, j)] += dyc[i*ow+j]
-				}
+	// Each (example, channel) plane is its own; they run in parallel.
+	forExamples(dx.Rows*p.C, func(ec int) {
+		xc := x.Data[ec*hw:][:hw]
+		dxc := dx.Data[ec*hw:][:hw]
+		dyc := dy.Data[ec*ohw:][:ohw]
+		for i := 0; i < oh; i++ {
+			for j := 0; j < ow; j++ {
+				dxc[maxAt(p, xc, i, j)] += dyc[i*ow+j]
 			}
 		}
-	}
+	})
 	return nil
 }
 
@@ -163,24 +161,23 @@ func AvgPool2D(p Pool2D, x, y Mat) error {
 	}
 	oh, ow, hw, ohw := p.OutH(), p.OutW(), p.H*p.W, p.OutH()*p.OutW()
 	kk := float64(p.K * p.K)
-	for e := 0; e < x.Rows; e++ {
-		for c := 0; c < p.C; c++ {
-			xc := x.Data[(e*p.C+c)*hw:][:hw]
-			yc := y.Data[(e*p.C+c)*ohw:][:ohw]
-			for i := 0; i < oh; i++ {
-				for j := 0; j < ow; j++ {
-					var s float64
-					for kh := 0; kh < p.K; kh++ {
-						row := (i*p.Stride+kh)*p.W + j*p.Stride
-						for _, v := range xc[row : row+p.K] {
-							s += float64(v)
-						}
+	// Each (example, channel) plane is its own; they run in parallel.
+	forExamples(x.Rows*p.C, func(ec int) {
+		xc := x.Data[ec*hw:][:hw]
+		yc := y.Data[ec*ohw:][:ohw]
+		for i := 0; i < oh; i++ {
+			for j := 0; j < ow; j++ {
+				var s float64
+				for kh := 0; kh < p.K; kh++ {
+					row := (i*p.Stride+kh)*p.W + j*p.Stride
+					for _, v := range xc[row : row+p.K] {
+						s += float64(v)
 					}
-					yc[i*ow+j] = float32(s / kk)
 				}
+				yc[i*ow+j] = float32(s / kk)
 			}
 		}
-	}
+	})
 	return nil
 }
 
@@ -199,23 +196,22 @@ func AvgPool2DGrad(p Pool2D, dy, dx Mat) error {
 	oh, ow, hw, ohw := p.OutH(), p.OutW(), p.H*p.W, p.OutH()*p.OutW()
 	kk := float64(p.K * p.K)
 	clear(dx.Vals())
-	for e := 0; e < dx.Rows; e++ {
-		for c := 0; c < p.C; c++ {
-			dxc := dx.Data[(e*p.C+c)*hw:][:hw]
-			dyc := dy.Data[(e*p.C+c)*ohw:][:ohw]
-			for i := 0; i < oh; i++ {
-				for j := 0; j < ow; j++ {
-					g := float32(float64(dyc[i*ow+j]) / kk)
-					for kh := 0; kh < p.K; kh++ {
-						row := (i*p.Stride+kh)*p.W + j*p.Stride
-						seg := dxc[row : row+p.K]
-						for kw := range seg {
-							seg[kw] += g
-						}
+	// Each (example, channel) plane is its own; they run in parallel.
+	forExamples(dx.Rows*p.C, func(ec int) {
+		dxc := dx.Data[ec*hw:][:hw]
+		dyc := dy.Data[ec*ohw:][:ohw]
+		for i := 0; i < oh; i++ {
+			for j := 0; j < ow; j++ {
+				g := float32(float64(dyc[i*ow+j]) / kk)
+				for kh := 0; kh < p.K; kh++ {
+					row := (i*p.Stride+kh)*p.W + j*p.Stride
+					seg := dxc[row : row+p.K]
+					for kw := range seg {
+						seg[kw] += g
 					}
 				}
 			}
 		}
-	}
+	})
 	return nil
 }
