@@ -211,7 +211,7 @@ func fmnistFederate(b *testing.B, name string, m *model.Model, devices []*data.D
 
 func plotFMNIST(path string, runs []fmnistRun, epochs int) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Fashion-MNIST, 100 devices Dir(0.5), 10 a round, E=%d, FedAvgM", epochs)
+	p.Title.Text = fmt.Sprintf("Fashion-MNIST: 100 devices, Dir(0.5), 10 a round, E=%d", epochs)
 	p.X.Label.Text = "round"
 	p.Y.Label.Text = "test accuracy (%)"
 	for i, r := range runs {
@@ -234,7 +234,7 @@ func plotFMNIST(path string, runs []fmnistRun, epochs int) error {
 		p.Legend.Add(label, line, points)
 	}
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
+	p.Legend.Top = false // the curves rise to the top right
 	p.Legend.Left = false
 	return savePNG(p, path)
 }

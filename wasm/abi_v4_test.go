@@ -603,8 +603,9 @@ func TestV4Deadline(t *testing.T) {
 }
 
 // TestV4ScratchMemory: whatever the geometry, one conv2d or conv2d_grad
-// call makes the host allocate no more than its tensors and one scratch
-// matrix of kernel.MaxConvValues values (docs/ABI.md: 64 MiB). The scratch
+// call makes the host allocate no more than its tensors and its scratch:
+// the unfolded inputs, here one example's kernel.MaxConvValues values, and
+// a chunk's outputs (docs/ABI.md: at most 128 MiB in all). The scratch
 // is not counted against Limits.MaxTensorBytes, so this bound is all that
 // holds it: a geometry at the bound unfolds about 4·quartB² input values
 // into B.
