@@ -2,11 +2,13 @@ package seq_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/fleetlearn/fleetlearn/model/seq"
+	"github.com/fleetlearn/fleetlearn/model/sgd"
 )
 
 const leaf = "seq:input(1,28,28),conv(32,5,pad=2),relu,maxpool(2),conv(64,5,pad=2),relu,maxpool(2),dense(2048),relu,dense(10)"
@@ -159,3 +161,56 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestTrainStopsOnDivergence: a loss that is no longer finite ends the
+// call with ErrDiverged and a hint, instead of a NaN metric.
+func TestTrainStopsOnDivergence(t *testing.T) {
+	a, err := seq.Parse("seq:input(2),dense(2)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &nanOps{}
+	m := &seq.Model[int]{Params: []int{1, 2}, Shapes: [][]int{{2, 2}, {2}}}
+	if m.Bind, err = a.Bind([]string{"0.weight", "0.bias"}, m.Shapes); err != nil {
+		t.Fatal(err)
+	}
+	_, err = seq.Train[int](o, a, m, sgd.Hyper{Epochs: 3, BatchSize: 2, LearningRate: 0.1}, 4, 1)
+	if !errors.Is(err, seq.ErrDiverged) || !strings.Contains(err.Error(), "learning_rate") {
+		t.Errorf("%v, want ErrDiverged naming learning_rate", err)
+	}
+	if o.steps != 1 {
+		t.Errorf("%d losses computed, want the first only", o.steps)
+	}
+}
+
+// nanOps is an Ops whose loss is NaN: only the control flow matters here.
+type nanOps struct{ steps int }
+
+func (o *nanOps) New(rows, cols int) int                                         { return 1 }
+func (o *nanOps) Resize(t int, rows, cols int)                                   {}
+func (o *nanOps) Fill(t int, v float32)                                          {}
+func (o *nanOps) Copy(dst, src int)                                              {}
+func (o *nanOps) Gather(x, labels int, idx []int32)                              {}
+func (o *nanOps) Gemm(ta, tb bool, alpha float32, a, b int, beta float32, c int) {}
+func (o *nanOps) BiasAdd(x, b int)                                               {}
+func (o *nanOps) ColSum(x, out int)                                              {}
+func (o *nanOps) Axpy(alpha float32, x, y int)                                   {}
+func (o *nanOps) ReLU(x, y int)                                                  {}
+func (o *nanOps) ReLUGrad(dy, x, dx int)                                         {}
+func (o *nanOps) SoftmaxXent(logits, labels, grad int) float64 {
+	o.steps++
+	return math.NaN()
+}
+func (o *nanOps) CountCorrect(logits, labels int) int                                { return 0 }
+func (o *nanOps) LayerNorm(x, gamma, beta, y, mean, rstd int, eps float32)           {}
+func (o *nanOps) LayerNormGrad(dy, x, gamma, mean, rstd, dx, dgamma, dbeta int)      {}
+func (o *nanOps) Conv2D(x, w, b, y int, inC, inH, inW, k, stride, pad int)           {}
+func (o *nanOps) Conv2DGrad(dy, x, w, dx, dw, db int, inC, inH, inW, k, s, p int)    {}
+func (o *nanOps) MaxPool2D(x, y int, c, h, w, k, stride int)                         {}
+func (o *nanOps) MaxPool2DGrad(dy, x, dx int, c, h, w, k, stride int)                {}
+func (o *nanOps) AvgPool2D(x, y int, c, h, w, k, stride int)                         {}
+func (o *nanOps) AvgPool2DGrad(dy, dx int, c, h, w, k, stride int)                   {}
+func (o *nanOps) GroupNorm(x, gamma, beta, y, mean, rstd int, g, c int, eps float32) {}
+func (o *nanOps) GroupNormGrad(dy, x, gamma, mean, rstd, dx, dg, db int, g, c int)   {}
+func (o *nanOps) Dropout(x, y int, p float32, seed uint64)                           {}
+func (o *nanOps) DropoutGrad(dy, dx int, p float32, seed uint64)                     {}

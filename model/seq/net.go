@@ -2,6 +2,7 @@ package seq
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/fleetlearn/fleetlearn/model/sgd"
 )
@@ -363,6 +364,11 @@ func Train[T comparable](o Ops[T], a *Arch, m *Model[T], h sgd.Hyper, examples i
 				dl = n.dacts[len(a.Layers)-1]
 			}
 			loss := o.SoftmaxXent(logits, n.lab, dl)
+			if math.IsNaN(loss) || math.IsInf(loss, 0) {
+				// Stop here: every later step would only spread the NaN,
+				// and a NaN metric cannot be reported anyway.
+				return Metrics{}, fmt.Errorf("%w: the loss is %v at batch %d of epoch %d; lower learning_rate (or the DP noise the model received)", ErrDiverged, loss, bi, epoch)
+			}
 			correct += o.CountCorrect(logits, n.lab)
 			n.backward(seed, epoch, bi)
 			for i, t := range m.Params {

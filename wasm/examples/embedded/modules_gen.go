@@ -63,8 +63,8 @@ var modules = []Module{
 		Name:        "seq",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/seq",
 		Description: "any layer list the model records (package seq: conv, pooling, group and layer norm, dropout, dense), mini-batch SGD with optional FedProx, ABI v4; trains only the task's trainable tensors",
-		SHA256:      "dd6d28411812ab6972a351f4a339b3dae2317930b2f9049d5dd56d16c7569ee1",
-		Size:        3587354,
+		SHA256:      "a213bdeaff1524905478aeae5c31212d79ecf429f38be03c9f2b4f5fbe5e2044",
+		Size:        3588984,
 		gz:          seqWASMGzip,
 	},
 	{
