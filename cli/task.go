@@ -125,6 +125,7 @@ type createFlags struct {
 	serverEvalDataset       string
 	memoryPages             uint32
 	callTimeout             time.Duration
+	maxFlops                float64
 	format                  string
 	privacy                 privacyFlags
 }
@@ -213,6 +214,7 @@ func newTaskCreateCommand(a *app) *cobra.Command {
 		"train only these tensors (names, path.Match patterns such as 'blocks.3.*', or lora for the LoRA adapters); the rest stay frozen and only these travel; needs an ABI 2 module")
 	fl.Uint32Var(&f.memoryPages, "memory-pages", 0, "WASM memory limit per call in 64 KiB pages; 0 uses the agent default")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "time limit per WASM call on devices; 0 uses the agent default")
+	fl.Float64Var(&f.maxFlops, "max-flops", 0, "kernel work limit per WASM call on devices, such as 2e13 for a CNN on large local datasets; 0 uses the agent default (2e12)")
 	f.privacy.register(cmd)
 	addFormatFlag(cmd, &f.format)
 	for _, n := range []string{"name", "model", "module"} {
@@ -294,6 +296,8 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 		return nil, usage("--selection-timeout and --report-timeout must be positive")
 	case f.callTimeout < 0:
 		return nil, usage("--call-timeout must not be negative")
+	case !(f.maxFlops >= 0 && f.maxFlops < math.MaxInt64):
+		return nil, usage("--max-flops %g must be a count of flops from 0 (the agent default) to 9.2e18", f.maxFlops)
 	case f.serverLR <= 0:
 		return nil, usage("--server-lr must be positive")
 	case f.maxUpdateNorm < 0:
@@ -341,8 +345,8 @@ func (f *createFlags) task(cmd *cobra.Command) (*pb.Task, error) {
 		t.Eligibility = &pb.Eligibility{MinExamples: f.minExamples, RequireCharging: f.charging,
 			RequireIdle: f.idle, RequireUnmetered: f.metered}
 	}
-	if f.memoryPages > 0 || f.callTimeout > 0 {
-		t.Limits = &pb.Limits{MemoryPages: f.memoryPages}
+	if f.memoryPages > 0 || f.callTimeout > 0 || f.maxFlops > 0 {
+		t.Limits = &pb.Limits{MemoryPages: f.memoryPages, MaxFlops: uint64(f.maxFlops)}
 		if f.callTimeout > 0 {
 			t.Limits.Timeout = durationpb.New(f.callTimeout)
 		}
@@ -720,9 +724,10 @@ func limits(l *pb.Limits) string {
 		}
 		return s
 	}
-	return fmt.Sprintf("memory %s, call timeout %s",
+	return fmt.Sprintf("memory %s, call timeout %s, work %s",
 		orDefault(l.GetMemoryPages() > 0, fmt.Sprintf("%d pages", l.GetMemoryPages())),
-		orDefault(l.GetTimeout().AsDuration() > 0, l.GetTimeout().AsDuration().String()))
+		orDefault(l.GetTimeout().AsDuration() > 0, l.GetTimeout().AsDuration().String()),
+		orDefault(l.GetMaxFlops() > 0, fmt.Sprintf("%.3g flops", float64(l.GetMaxFlops()))))
 }
 
 func aggregation(c *pb.AggregationConfig) string {

@@ -31,7 +31,7 @@ func TestTaskCreate(t *testing.T) {
 		"--cohort", "20", "--over-selection", "1.5", "--rounds", "50", "--selection-timeout", "1m",
 		"--report-timeout", "5m", "--rule", "fedavgm", "--server-lr", "0.5", "--momentum", "0.8",
 		"--max-update-norm", "10", "--max-examples-per-report", "500", "--min-examples", "100", "--require-charging", "--require-unmetered",
-		"--eval-every", "5", "--server-eval-dataset", "data/heldout", "--memory-pages", "512", "--call-timeout", "20s")
+		"--eval-every", "5", "--server-eval-dataset", "data/heldout", "--memory-pages", "512", "--call-timeout", "20s", "--max-flops", "2e13")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestTaskCreate(t *testing.T) {
 		Eligibility:       &pb.Eligibility{MinExamples: 100, RequireCharging: true, RequireUnmetered: true},
 		EvalEvery:         5,
 		ServerEvalDataset: "data/heldout",
-		Limits:            &pb.Limits{MemoryPages: 512, Timeout: durationpb.New(20 * time.Second)},
+		Limits:            &pb.Limits{MemoryPages: 512, Timeout: durationpb.New(20 * time.Second), MaxFlops: 2e13},
 	}
 	if !proto.Equal(f.created, want) {
 		t.Errorf("sent\n%v\nwant\n%v", f.created, want)
@@ -343,5 +343,28 @@ func TestTaskCreateUnbounded(t *testing.T) {
 	}
 	if !strings.Contains(out, "updates unbounded") {
 		t.Errorf("output does not show the opt-out:\n%s", out)
+	}
+}
+
+// TestTaskCreateMaxFlops: the work limit is a count of flops, refused
+// negative, not a number or beyond int64.
+func TestTaskCreateMaxFlops(t *testing.T) {
+	f := newFake()
+	addr := f.serve(t)
+	f.addModel("m", safetensors(1))
+	for _, bad := range []string{"-1", "NaN", "1e19", "+Inf"} {
+		_, err := run(t, addr, "task", "create", "--name", "n", "--model", "m@1", "--module", moduleSHA, "--max-flops", bad)
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "--max-flops") {
+			t.Errorf("--max-flops %s: %v, want a usage error naming it", bad, err)
+		}
+	}
+	if f.created != nil {
+		t.Fatalf("a task was created: %v", f.created)
+	}
+	if _, err := run(t, addr, "task", "create", "--name", "n", "--model", "m@1", "--module", moduleSHA, "--max-flops", "5e12"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.created.GetLimits().GetMaxFlops(); got != 5e12 {
+		t.Errorf("max_flops %d, want 5e12", got)
 	}
 }
