@@ -486,6 +486,10 @@ func (t *taskRun) acceptAsync(r *roundRun, sc *aggregator.Staleness, mm *metricM
 	examples := a.seatExamples(device)
 	var b round.Buffered
 	switch {
+	case !a.open(rnd):
+		// The buffer's consumer may still read a round its step has just
+		// pruned: answer as the coordinator does for any closed round.
+		err = refuseAs(metrics.RefusedNotOpen, "round %d of task %q is not open", rnd, t.id)
 	case !seated || p.round != rnd:
 		err = refuseAs(metrics.RefusedCohort, "%s holds no seat on round %d of this async task: check in for a plan", device, rnd)
 	case p.stale:

@@ -125,6 +125,14 @@ func TestAsyncBuffers(t *testing.T) {
 	if r := f.receipt(); r.Accepted || !strings.Contains(r.Reason, "holds no seat") {
 		t.Fatalf("a report without a seat: %v", r)
 	}
+	// Round 2 stops taking reports when its buffer's step has pruned it,
+	// just after the commit the test saw: wait for that, not for luck.
+	h.until("round 2 closed to reports", func() bool {
+		h.c.mu.Lock()
+		tr := h.c.tasks[task.Id]
+		h.c.mu.Unlock()
+		return tr != nil && !tr.isOpen(2)
+	})
 	f.update(&pb.RoundPlan{TaskId: task.Id, Round: 2, Model: pa2.Model, Module: pa2.Module}, constant(8, 0.5), 10, nil)
 	if r := f.receipt(); r.Accepted || !strings.Contains(r.Reason, "round 2 of task \"t-test\" is not open") {
 		t.Fatalf("a report on a round without plans: %v", r)
