@@ -1,6 +1,7 @@
 package seq
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -202,7 +203,7 @@ func ParseJSON(b []byte) (*Arch, error) {
 		Input  []int    `json:"input"`
 		Layers []string `json:"layers"`
 	}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrArch, err)
@@ -307,8 +308,8 @@ func splitItems(s string) ([]item, error) {
 	return items, nil
 }
 
-// args parses an item's arguments: positional whole numbers, then
-// key=value pairs among keys.
+// ints parses an item's arguments: positional whole numbers, then
+// key=value pairs among optional's keys, which give the defaults.
 func (it item) ints(positional []string, optional map[string]int) (map[string]int, error) {
 	out := map[string]int{}
 	for k, v := range optional {
@@ -447,7 +448,7 @@ func (l Layer) parse(it item) (Layer, error) {
 			return l, err
 		}
 		l.Out, l.K, l.Stride, l.Pad = v["out"], v["k"], v["stride"], v["pad"]
-		if err := errorsJoin(between("conv", "out", l.Out, 1, MaxSize), between("conv", "k", l.K, 1, MaxKernel),
+		if err := firstErr(between("conv", "out", l.Out, 1, MaxSize), between("conv", "k", l.K, 1, MaxKernel),
 			between("conv", "stride", l.Stride, 1, MaxKernel), between("conv", "pad", l.Pad, 0, l.K-1)); err != nil {
 			return l, err
 		}
@@ -478,7 +479,7 @@ func (l Layer) parse(it item) (Layer, error) {
 		if l.Stride == 0 {
 			l.Stride = l.K
 		}
-		if err := errorsJoin(between(it.name, "k", l.K, 1, MaxKernel), between(it.name, "stride", l.Stride, 1, MaxKernel)); err != nil {
+		if err := firstErr(between(it.name, "k", l.K, 1, MaxKernel), between(it.name, "stride", l.Stride, 1, MaxKernel)); err != nil {
 			return l, err
 		}
 		if l.K > in.H || l.K > in.W {
@@ -523,7 +524,9 @@ func (l Layer) parse(it item) (Layer, error) {
 	return l, nil
 }
 
-func errorsJoin(errs ...error) error {
+// firstErr is the first of errs that is not nil: a layer reports its
+// first bad argument.
+func firstErr(errs ...error) error {
 	for _, e := range errs {
 		if e != nil {
 			return e

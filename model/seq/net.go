@@ -53,7 +53,6 @@ type net[T comparable] struct {
 	lab    T
 	acts   []T // output of each layer; a flatten's, and an evaluation dropout's, is its input's
 	dacts  []T // gradient of each layer's output (backward only)
-	feats  []int
 	mean   []T
 	rstd   []T
 	loraH  []T // x·Aᵀ of adapted dense layers
@@ -82,7 +81,6 @@ func newNet[T comparable](o Ops[T], a *Arch, m *Model[T], rows int, train bool) 
 	n.lab = buf(1)
 	L := len(a.Layers)
 	n.acts = make([]T, L)
-	n.feats = make([]int, L)
 	n.mean, n.rstd = make([]T, L), make([]T, L)
 	n.loraH, n.dh = make([]T, L), make([]T, L)
 	n.zg, n.zb = make([]T, L), make([]T, L)
@@ -99,12 +97,11 @@ func newNet[T comparable](o Ops[T], a *Arch, m *Model[T], rows int, train bool) 
 	}
 	in := n.x
 	for i, l := range a.Layers {
-		n.feats[i] = l.OutShape.Size()
 		switch {
 		case l.Kind == Flatten, l.Kind == Dropout && !train:
 			n.acts[i] = in
 		default:
-			n.acts[i] = buf(n.feats[i])
+			n.acts[i] = buf(l.OutShape.Size())
 		}
 		switch l.Kind {
 		case GroupNorm:
@@ -123,20 +120,13 @@ func newNet[T comparable](o Ops[T], a *Arch, m *Model[T], rows int, train bool) 
 	}
 	if train {
 		n.dacts = make([]T, L)
-		for i := L - 1; i >= n.lowest; i-- {
-			if a.Layers[i].Kind == Flatten {
-				continue // aliased below
-			}
-			n.dacts[i] = buf(n.feats[i])
-		}
-		// A flatten's output gradient is its input's.
 		for i := n.lowest; i < L; i++ {
 			if a.Layers[i].Kind == Flatten {
-				if i == 0 {
-					n.dacts[i] = buf(n.feats[i])
-				} else {
-					n.dacts[i] = n.dacts[i-1]
-				}
+				// A flatten's output gradient is its input's. It has no
+				// tensors, so it is never the lowest layer: i-1 has one.
+				n.dacts[i] = n.dacts[i-1]
+			} else {
+				n.dacts[i] = buf(a.Layers[i].OutShape.Size())
 			}
 		}
 		n.grads = make([]T, len(m.Params))

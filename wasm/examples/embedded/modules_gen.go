@@ -63,8 +63,8 @@ var modules = []Module{
 		Name:        "seq",
 		Package:     "github.com/fleetlearn/fleetlearn/wasm/examples/seq",
 		Description: "any layer list the model records (package seq: conv, pooling, group and layer norm, dropout, dense), mini-batch SGD with optional FedProx, ABI v4; trains only the task's trainable tensors",
-		SHA256:      "a213bdeaff1524905478aeae5c31212d79ecf429f38be03c9f2b4f5fbe5e2044",
-		Size:        3588984,
+		SHA256:      "35d1bc7dafc089e747d571b063c4a7b209bd391a2d9df5ba6e68998a8d0497b4",
+		Size:        3587322,
 		gz:          seqWASMGzip,
 	},
 	{
